@@ -1,0 +1,199 @@
+"""Graph config: token budgets, the item limit, and the padding logics that fill graph buffers.
+
+A CUDA graph replays fixed shapes, so the manager captures one graph per *budget* (output tokens
+it can hold) and pads each replay's data up to the chosen budget's buffers. How a buffer is padded
+is a *padding logic* ``fn(dst, src)``: it writes ``src`` into the persistent ``dst`` and makes the
+rest harmless. This module holds those rules and the config object that names them per buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+PaddingLogic = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+# --------------------------------------------------------------------------------------------
+# Padding logics
+# --------------------------------------------------------------------------------------------
+
+
+def pad_default(dst: torch.Tensor, src) -> None:
+    """Write ``src`` into the prefix of ``dst`` and zero the rest; 0-dim buffers are copied directly.
+
+    ``src`` may be a tensor or a list of tensors (concatenated into the prefix in one kernel, so
+    per-item pieces need no temporary). Zeroing only the tail is equivalent to vLLM's "zero the
+    buffer, then copy" and writes fewer bytes.
+    """
+    if dst.dim() == 0:
+        dst.copy_(src)
+        return
+    n = sum(t.shape[0] for t in src) if isinstance(src, (list, tuple)) else src.shape[0]
+    if n > dst.shape[0]:
+        raise ValueError(f"padding: {n} rows do not fit a buffer of {dst.shape[0]} rows (shape {tuple(dst.shape)})")
+    if isinstance(src, (list, tuple)):
+        torch.cat(list(src), out=dst[:n])
+    else:
+        dst[:n].copy_(src, non_blocking=True)
+    dst[n:].zero_()
+
+
+def pad_cu_seqlens_repeat_last(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """vLLM's rule: trailing entries repeat the last offset (zero-length trailing sequences).
+
+    ``cu_seqlens[-1]`` then counts only the real rows, not the rows the buffers pass to the
+    kernel: the padded rows belong to no sequence. That is the pattern behind vLLM issue #57136
+    (NaN embeddings with FlashAttention 3/4).
+    """
+    n = src.shape[0]
+    if n > dst.shape[0]:
+        raise ValueError(f"cu_seqlens: {n} entries do not fit a buffer of {dst.shape[0]}")
+    dst[:n].copy_(src)
+    dst[n:].fill_(int(src[-1]))
+
+
+def make_pad_cu_seqlens_safe(total_rows: int, max_seqlen: int) -> PaddingLogic:
+    """The safe rule: trailing dummy sequences, each at most ``max_seqlen`` rows, cover the padded
+    rows, so ``cu_seqlens[-1]`` equals the rows actually passed (``total_rows``) and every row is
+    computed by the kernel (no row is left unwritten; vLLM issue #57136). Remaining slots repeat
+    ``total_rows`` (zero-length sequences after the end)."""
+
+    def pad_cu_seqlens_safe(dst: torch.Tensor, src: torch.Tensor) -> None:
+        n, end = src.shape[0], int(src[-1])
+        dummies = list(range(end + max_seqlen, total_rows, max_seqlen)) + ([total_rows] if end < total_rows else [])
+        if n + len(dummies) > dst.shape[0]:
+            raise ValueError(
+                f"cu_seqlens: {n} entries plus {len(dummies)} dummy sequences do not fit a buffer of {dst.shape[0]}"
+            )
+        dst[:n].copy_(src)
+        dst[n : n + len(dummies)] = torch.tensor(dummies, dtype=dst.dtype)
+        dst[n + len(dummies) :].fill_(total_rows)
+
+    return pad_cu_seqlens_safe
+
+
+CU_SEQLENS_RULES = ("safe", "repeat_last")
+MAX_SEQLEN_MODES = ("tight", "loose")
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets
+# --------------------------------------------------------------------------------------------
+
+
+def auto_budgets(min_tokens: int, max_tokens: int) -> list[int]:
+    """Double from ``min_tokens`` up to ``max_tokens``, always ending at ``max_tokens``.
+
+    >>> auto_budgets(64, 1024)
+    [64, 128, 256, 512, 1024]
+    >>> auto_budgets(64, 800)
+    [64, 128, 256, 512, 800]
+    """
+    if min_tokens <= 0 or max_tokens <= 0:
+        raise ValueError(f"budget bounds must be positive, got min={min_tokens}, max={max_tokens}")
+    if min_tokens > max_tokens:
+        raise ValueError(f"min budget {min_tokens} exceeds max budget {max_tokens}")
+    out, b = [], min_tokens
+    while b < max_tokens:
+        out.append(b)
+        b *= 2
+    out.append(max_tokens)
+    return out
+
+
+def check_budgets(budgets) -> list[int]:
+    budgets = list(budgets)
+    if not budgets:
+        raise ValueError("budgets must not be empty")
+    for b in budgets:
+        if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
+            raise ValueError(f"every budget must be a positive int, got {b!r} in {budgets}")
+    if len(set(budgets)) != len(budgets):
+        raise ValueError(f"budgets contain duplicates: {budgets}")
+    return sorted(budgets)
+
+
+def auto_max_items(budgets: list[int], min_tokens: int) -> int:
+    """vLLM's automatic item limit: min(max_budget // min_tokens, min(budgets)), at least 1."""
+    return max(1, min(max(budgets) // min_tokens, min(budgets)))
+
+
+@dataclass
+class EncoderGraphConfig:
+    """What the model side tells the graph manager (vLLM's ``EncoderCudaGraphConfig`` in spirit).
+
+    * ``budgets``: output tokens per captured graph (sorted ascending)
+    * ``max_items``: the most encoder items one replay packs; must be ≤ min(budgets)
+    * ``cu_seqlens_rule``: ``"safe"`` (default) or vLLM's ``"repeat_last"``
+    * ``max_seqlen_mode``: ``"tight"`` (default: the largest item a budget can hold, never above the
+      patch limit) or vLLM's ``"loose"`` (4·budget)
+    * ``buffer_keys`` / ``out_hidden_size``: the buffers the graph reads and the width it writes
+    """
+
+    budgets: list[int]
+    max_items: int
+    out_hidden_size: int
+    max_num_patches: int = 1024
+    factor: int = 2
+    cu_seqlens_rule: str = "safe"
+    max_seqlen_mode: str = "tight"
+    buffer_keys: tuple[str, ...] = ("pixel_values", "pos_embeds", "cu_seqlens", "gather_idx")
+    padding_logics: dict[str, PaddingLogic] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.budgets = check_budgets(self.budgets)
+        if not isinstance(self.max_items, int) or self.max_items < 1:
+            raise ValueError(f"max_items must be a positive int, got {self.max_items!r}")
+        if self.max_items > min(self.budgets):
+            raise ValueError(
+                f"max_items={self.max_items} breaks the invariant max_items <= min(budgets)={min(self.budgets)}: "
+                "the smallest graph could be asked to hold more items than it has tokens"
+            )
+        if self.cu_seqlens_rule not in CU_SEQLENS_RULES:
+            raise ValueError(f"cu_seqlens_rule must be one of {CU_SEQLENS_RULES}, got {self.cu_seqlens_rule!r}")
+        if self.max_seqlen_mode not in MAX_SEQLEN_MODES:
+            raise ValueError(f"max_seqlen_mode must be one of {MAX_SEQLEN_MODES}, got {self.max_seqlen_mode!r}")
+
+    @classmethod
+    def build(cls, out_hidden_size: int, budgets=None, max_items=None, min_tokens: int = 64,
+              max_tokens: int | None = None, **kw) -> "EncoderGraphConfig":
+        """Fill in automatic budgets (doubling from ``min_tokens``) and the automatic item limit."""
+        if budgets is None:
+            budgets = auto_budgets(min_tokens, max_tokens if max_tokens is not None else 1024)
+        budgets = check_budgets(budgets)
+        if max_items is None:
+            max_items = auto_max_items(budgets, min_tokens)
+        return cls(budgets=budgets, max_items=max_items, out_hidden_size=out_hidden_size, **kw)
+
+    # -- per-budget geometry ---------------------------------------------------------------------
+    def rows(self, budget: int) -> int:
+        """Patch rows a budget's buffers hold (each output token is factor² rows)."""
+        return budget * self.factor**2
+
+    def cu_size(self, budget: int) -> int:
+        """items+1 offsets, plus room for the safe rule's dummy sequences (each ≤ max_seqlen rows)."""
+        return self.max_items + 1 + -(-self.rows(budget) // self.max_seqlen(budget))
+
+    def max_seqlen(self, budget: int) -> int:
+        if self.max_seqlen_mode == "loose":
+            return self.rows(budget)
+        return min(self.rows(budget), self.max_num_patches)
+
+    def padding_for(self, key: str, budget: int) -> PaddingLogic:
+        if key in self.padding_logics:
+            return self.padding_logics[key]
+        if key == "cu_seqlens":
+            if self.cu_seqlens_rule == "safe":
+                return make_pad_cu_seqlens_safe(self.rows(budget), self.max_seqlen(budget))
+            return pad_cu_seqlens_repeat_last
+        return pad_default
+
+    def budget_for(self, tokens: int) -> int | None:
+        """The smallest budget that holds ``tokens``, or None if none does."""
+        for b in self.budgets:
+            if tokens <= b:
+                return b
+        return None

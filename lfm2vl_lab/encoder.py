@@ -1,0 +1,261 @@
+"""The packed split-forward vision encoder, on the transformers model's own parameters.
+
+transformers runs LFM2-VL's vision path on a padded batch (every item padded to 1024 rows) and
+ends in a per-image Python loop (unpad → reshape → pixel-unshuffle → projector). Both defeat CUDA
+graphs: shapes depend on the data and the loop reads sizes on the host.
+
+Here the same math runs on a packed batch (see :mod:`lfm2vl_lab.packing`):
+
+    patch linear + pos  →  SigLIP2 layers with varlen attention over cu_seqlens  →  post-LN
+    →  projector.forward_with_gather_idx(x, gather_idx)
+         = index_select(gather_idx) → reshape(-1, 4C) → projector.forward_from_unshuffled
+         = LayerNorm → Linear → GELU → Linear
+
+Given its tensors on the GPU, ``PackedVisionEncoder.forward`` performs no host synchronisation,
+so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .packing import PackedBatch, PositionEmbeddingCache, pack_inputs
+
+ATTENTION_BACKENDS = ("varlen", "sdpa_blockmask")
+
+
+# --------------------------------------------------------------------------------------------
+# Attention over packed sequences
+# --------------------------------------------------------------------------------------------
+
+
+def varlen_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def attention_varlen(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
+    """FlashAttention varlen (CUDA only): q/k/v (T, H, D), sequences given by ``cu_seqlens``."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale)
+
+
+def attention_sdpa_blockmask(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
+    """Exact reference on any device: SDPA with a block-diagonal mask built from ``cu_seqlens``.
+
+    Rows past ``cu_seqlens[-1]`` (buffer padding) get a segment of their own, so they never mix
+    with real rows. Memory grows as T², which is fine for tests and the CPU, not for big batches.
+    """
+    t = q.shape[0]
+    rows = torch.arange(t, device=q.device, dtype=cu_seqlens.dtype)
+    seg = torch.searchsorted(cu_seqlens[1:].contiguous(), rows, right=True)
+    mask = seg[:, None] == seg[None, :]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask, scale=scale,
+    )
+    return out.squeeze(0).transpose(0, 1)
+
+
+def resolve_attention(name: str, device: torch.device):
+    """``auto`` → varlen on CUDA when torch has it, else the exact block-mask SDPA."""
+    if name == "auto":
+        name = "varlen" if device.type == "cuda" and varlen_available() else "sdpa_blockmask"
+    if name == "varlen":
+        if device.type != "cuda":
+            raise ValueError("attention='varlen' needs a CUDA device (torch's varlen_attn has no CPU kernel)")
+        return name, attention_varlen
+    if name == "sdpa_blockmask":
+        return name, attention_sdpa_blockmask
+    raise ValueError(f"unknown attention backend {name!r}; choose from auto, {', '.join(ATTENTION_BACKENDS)}")
+
+
+# --------------------------------------------------------------------------------------------
+# The split projector
+# --------------------------------------------------------------------------------------------
+
+
+class SplitProjector(nn.Module):
+    """transformers' ``Lfm2VlMultiModalProjector`` split in two, sharing its parameters.
+
+    * ``forward_with_gather_idx(x, gather_idx)``: packed rows → pixel-unshuffle by index → MLP
+    * ``forward_from_unshuffled(x)``: the MLP alone, on already unshuffled (tokens, 4C) rows
+    * ``forward(features)``: eager convenience on one (1, h, w, C) item, same contract as the
+      original module's forward (builds the index itself)
+    """
+
+    def __init__(self, projector: nn.Module, factor: int):
+        super().__init__()
+        self.inner = projector  # shared, not copied
+        self.factor = factor
+
+    def forward_from_unshuffled(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.inner
+        if p.layer_norm is not None:
+            x = p.layer_norm(x)
+        return p.linear_2(p.act(p.linear_1(x)))
+
+    def forward_with_gather_idx(self, x: torch.Tensor, gather_idx: torch.Tensor) -> torch.Tensor:
+        c = x.shape[-1]
+        x = x.index_select(0, gather_idx).reshape(-1, c * self.factor**2)
+        return self.forward_from_unshuffled(x)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        from .packing import lfm2vl_local_gather_idx
+
+        b, h, w, c = features.shape
+        assert b == 1, "SplitProjector.forward takes one item (1, h, w, C), like the per-image loop it replaces"
+        idx = lfm2vl_local_gather_idx(h, w, self.factor).to(features.device)
+        out = self.forward_with_gather_idx(features.reshape(h * w, c), idx)
+        return out.reshape(1, h // self.factor, w // self.factor, -1)
+
+
+# --------------------------------------------------------------------------------------------
+# The packed encoder
+# --------------------------------------------------------------------------------------------
+
+
+def lfm2vl_parts(model):
+    """(vision_tower, projector, config) from an Lfm2VlForConditionalGeneration or Lfm2VlModel."""
+    inner = getattr(model, "model", model)
+    if not hasattr(inner, "vision_tower") or not hasattr(inner, "multi_modal_projector"):
+        raise TypeError(f"expected a transformers LFM2-VL model, got {type(model).__name__}")
+    return inner.vision_tower, inner.multi_modal_projector, inner.config
+
+
+class PackedVisionEncoder(nn.Module):
+    """Packed varlen LFM2-VL vision encoder + split projector on a transformers model's weights.
+
+    >>> enc = PackedVisionEncoder(model)                # no weight copies
+    >>> feats = enc.encode(processor_output)            # list of (tokens_i, text_hidden) per item
+
+    ``forward(pixel_values, pos_embeds, cu_seqlens, max_seqlen, gather_idx)`` is the graph body.
+    """
+
+    def __init__(self, model, attention: str = "auto"):
+        super().__init__()
+        vt, proj, cfg = lfm2vl_parts(model)
+        self.vision = vt
+        self.factor = cfg.downsample_factor
+        self.projector = SplitProjector(proj, self.factor)
+        self.embed_dim = cfg.vision_config.hidden_size
+        self.num_heads = cfg.vision_config.num_attention_heads
+        self.head_dim = self.embed_dim // self.num_heads
+        self.scale = self.head_dim**-0.5
+        self.out_hidden_size = cfg.text_config.hidden_size
+        self.patch_dim = vt.embeddings.patch_embedding.in_features
+        self.max_num_patches = getattr(getattr(model, "lab_preset", None), "max_num_patches", 1024)
+        self.pos_cache = PositionEmbeddingCache(vt.embeddings.position_embedding)
+        self.attention_name = attention
+        self._attn_cache = None
+
+    # -- properties that follow the shared weights --------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.vision.embeddings.patch_embedding.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.vision.embeddings.patch_embedding.weight.dtype
+
+    def attention_fn(self):
+        key = (self.attention_name, self.device)
+        if self._attn_cache is None or self._attn_cache[0] != key:
+            self._attn_cache = (key, *resolve_attention(self.attention_name, self.device))
+        return self._attn_cache[2]
+
+    @property
+    def attention_backend(self) -> str:
+        self.attention_fn()
+        return self._attn_cache[1]
+
+    # -- the graph body -------------------------------------------------------------------------
+    def embed(self, pixel_values: torch.Tensor, pos_embeds: torch.Tensor) -> torch.Tensor:
+        pe = self.vision.embeddings.patch_embedding
+        return pe(pixel_values.to(pe.weight.dtype)) + pos_embeds
+
+    def layer(self, layer: nn.Module, x: torch.Tensor, cu_seqlens, max_seqlen: int, attn) -> torch.Tensor:
+        """One SigLIP2 encoder layer on packed rows (same modules, varlen attention)."""
+        sa = layer.self_attn
+        h = layer.layer_norm1(x)
+        q = sa.q_proj(h).view(-1, self.num_heads, self.head_dim)
+        k = sa.k_proj(h).view(-1, self.num_heads, self.head_dim)
+        v = sa.v_proj(h).view(-1, self.num_heads, self.head_dim)
+        a = attn(q, k, v, cu_seqlens, max_seqlen, self.scale).reshape(-1, self.embed_dim)
+        x = x + sa.out_proj(a)
+        return x + layer.mlp(layer.layer_norm2(x))
+
+    def encoder_layers(self, x, cu_seqlens, max_seqlen: int) -> torch.Tensor:
+        attn = self.attention_fn()
+        for layer in self.vision.encoder.layers:
+            x = self.layer(layer, x, cu_seqlens, max_seqlen, attn)
+        return self.vision.post_layernorm(x)
+
+    def forward(self, pixel_values, pos_embeds, cu_seqlens, max_seqlen: int, gather_idx) -> torch.Tensor:
+        x = self.embed(pixel_values, pos_embeds)
+        x = self.encoder_layers(x, cu_seqlens, max_seqlen)
+        return self.projector.forward_with_gather_idx(x, gather_idx)
+
+    # -- eager convenience ------------------------------------------------------------------------
+    def pack(self, inputs: dict) -> PackedBatch:
+        """Processor output → packed batch on this encoder's device, with position embeddings."""
+        pv = inputs.get("pixel_values")
+        if pv is not None and pv.dim() == 3 and pv.shape[-1] != self.patch_dim:
+            raise ValueError(f"pixel_values rows have {pv.shape[-1]} values, the patch embedding takes {self.patch_dim}")
+        return pack_inputs(
+            inputs, max_num_patches=self.max_num_patches, factor=self.factor, pos_cache=self.pos_cache, device=self.device
+        )
+
+    def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
+        return self(batch.pixel_values, batch.pos_embeds, batch.cu_seqlens, batch.max_seqlen, batch.gather_idx)
+
+    @torch.no_grad()
+    def encode(self, inputs: dict) -> list[torch.Tensor]:
+        """Per-item embeddings in input order — the contract of transformers' ``get_image_features``."""
+        batch = self.pack(inputs)
+        out = self.forward_packed(batch)
+        return list(out.split(batch.out_tokens))
+
+
+def hf_image_features(model, inputs: dict) -> list[torch.Tensor]:
+    """transformers' own eager image path (the reference), inputs moved to the model's device."""
+    vt = lfm2vl_parts(model)[0]
+    dev, dt = vt.embeddings.patch_embedding.weight.device, vt.embeddings.patch_embedding.weight.dtype
+    with torch.no_grad():
+        out = model.get_image_features(
+            pixel_values=inputs["pixel_values"].to(dev, dt),
+            spatial_shapes=inputs["spatial_shapes"].to(dev),
+            pixel_attention_mask=inputs["pixel_attention_mask"].to(dev),
+        )
+    return list(out.pooler_output if hasattr(out, "pooler_output") else out)
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ in float64; NaN or Inf anywhere gives ``inf`` so it never passes a tolerance."""
+    a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
+    if a64.shape != b64.shape:
+        raise ValueError(f"shape mismatch: {tuple(a64.shape)} vs {tuple(b64.shape)}")
+    if not torch.isfinite(a64).all() or not torch.isfinite(b64).all():
+        return float("inf")
+    den = b64.norm().item()
+    return (a64 - b64).norm().item() / (den if den > 0 else 1.0)
+
+
+def max_rel_error(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
+    if len(outs) != len(refs):
+        raise ValueError(f"{len(outs)} outputs vs {len(refs)} references")
+    return max(rel_error(o, r) for o, r in zip(outs, refs))
+
+
+def warn_once(msg: str, _seen=set()):  # noqa: B006 - the default set is the memory
+    if msg not in _seen:
+        _seen.add(msg)
+        warnings.warn(msg, stacklevel=3)

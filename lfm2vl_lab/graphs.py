@@ -1,0 +1,359 @@
+"""Capture and replay: the encoder CUDA-graph manager and its public face, ``GraphedEncoder``.
+
+Capture (once): for each budget, largest first, allocate persistent input buffers, run the packed
+encoder on dummy data on a side stream (warm-up: lazy kernel loading, cuBLAS handles), then
+capture it into one shared memory pool and copy its output into a persistent output buffer
+*inside* the graph.
+
+Replay (every call): sort items by output tokens, pack greedily under the largest budget and the
+item limit, pick the smallest budget that fits, fill the buffers through the padding logics, replay,
+then clone each item's rows out of the output buffer (the next replay overwrites it) and hand them
+back in the caller's order. Items too large for any graph run eagerly and are counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from .budgets import EncoderGraphConfig, pad_default
+from .encoder import PackedVisionEncoder, warn_once
+from .packing import Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels, lfm2vl_read_inputs
+
+
+# --------------------------------------------------------------------------------------------
+# Planning (pure host logic, testable without a GPU)
+# --------------------------------------------------------------------------------------------
+
+
+def plan_batches(tokens: list[int], max_budget: int, max_items: int) -> tuple[list[list[int]], list[int]]:
+    """Greedy packing of item indices into replay batches.
+
+    Items are taken largest first; a batch grows while its tokens stay ≤ ``max_budget`` and its
+    items < ``max_items``. Items larger than ``max_budget`` are returned separately (eager).
+    """
+    order = sorted(range(len(tokens)), key=lambda i: -tokens[i])
+    eager = [i for i in order if tokens[i] > max_budget]
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_tokens = 0
+    for i in order:
+        if tokens[i] > max_budget:
+            continue
+        if cur and (cur_tokens + tokens[i] > max_budget or len(cur) >= max_items):
+            batches.append(cur)
+            cur, cur_tokens = [], 0
+        cur.append(i)
+        cur_tokens += tokens[i]
+    if cur:
+        batches.append(cur)
+    return batches, eager
+
+
+@dataclass
+class GraphStats:
+    """Counters of the replay path. ``padding_waste`` = padded tokens / real tokens."""
+
+    hits: int = 0  # items served by a graph replay
+    misses: int = 0  # items run eagerly because they exceed the largest budget
+    overflow: int = 0  # batches refused by the buffer guard (never reached a kernel)
+    eager_calls: int = 0  # encode() calls served eagerly because nothing was captured
+    replays: dict[int, int] = field(default_factory=dict)
+    real_tokens: int = 0
+    padded_tokens: int = 0
+
+    @property
+    def padding_waste(self) -> float:
+        return self.padded_tokens / self.real_tokens if self.real_tokens else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "hits": self.hits, "misses": self.misses, "overflow": self.overflow, "eager_calls": self.eager_calls,
+            "replays": dict(sorted(self.replays.items())), "real_tokens": self.real_tokens,
+            "padded_tokens": self.padded_tokens, "padding_waste": self.padding_waste, "hit_rate": self.hit_rate,
+        }
+
+
+@dataclass
+class BudgetGraph:
+    """One captured graph and the persistent buffers it reads and writes."""
+
+    budget: int
+    rows: int
+    max_seqlen: int
+    cu_size: int
+    pixel_values: torch.Tensor  # [rows, 3·p·p]
+    pos_embeds: torch.Tensor  # [rows, C]
+    meta: torch.Tensor  # int32 [cu_size + rows]: cu_seqlens then gather_idx, one upload per replay
+    out: torch.Tensor  # [budget, text hidden]
+    graph: "torch.cuda.CUDAGraph | None" = None
+    capture_s: float = 0.0
+    mem_allocated_bytes: int = 0
+    mem_reserved_bytes: int = 0
+
+    @property
+    def cu_seqlens(self) -> torch.Tensor:
+        return self.meta[: self.cu_size]
+
+    @property
+    def gather_idx(self) -> torch.Tensor:
+        return self.meta[self.cu_size :]
+
+    def info(self) -> dict:
+        return {
+            "budget": self.budget, "rows": self.rows, "max_seqlen": self.max_seqlen,
+            "capture_s": self.capture_s, "mem_allocated_mb": self.mem_allocated_bytes / 2**20,
+            "mem_reserved_mb": self.mem_reserved_bytes / 2**20,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# The manager / facade
+# --------------------------------------------------------------------------------------------
+
+
+class GraphedEncoder:
+    """LFM2-VL's vision encoder with CUDA-graph capture and replay.
+
+    >>> genc = GraphedEncoder(model)            # budgets from the preset: [64, 128, 256, 512, 1024]
+    >>> genc.capture()                          # one graph per budget, one shared memory pool
+    >>> feats = genc.encode(processor_output)   # or genc.encode_images([pil, ...])
+
+    ``encode`` returns per-item embeddings in input order, like transformers' ``get_image_features``.
+    Without CUDA, ``encode`` runs the packed eager path (and says so once); ``capture`` raises.
+    """
+
+    def __init__(self, model, budgets=None, max_items=None, cu_seqlens_rule: str = "safe",
+                 max_seqlen_mode: str = "tight", attention: str = "auto", max_budget: int | None = None,
+                 body=None, meta_cache_size: int = 256):
+        self.model = model
+        self.encoder = PackedVisionEncoder(model, attention=attention)
+        preset = getattr(model, "lab_preset", None)
+        min_tokens = preset.min_image_tokens if preset is not None else 64
+        self.config = EncoderGraphConfig.build(
+            out_hidden_size=self.encoder.out_hidden_size, budgets=budgets, max_items=max_items,
+            min_tokens=min_tokens, max_tokens=max_budget if max_budget is not None else 1024,
+            max_num_patches=self.encoder.max_num_patches, factor=self.encoder.factor,
+            cu_seqlens_rule=cu_seqlens_rule, max_seqlen_mode=max_seqlen_mode,
+        )
+        # The callable captured per budget; defaults to the packed encoder's forward. The benchmark's
+        # fused mode passes an inductor-compiled version of it here.
+        self.body = body if body is not None else self.encoder
+        self.graphs: dict[int, BudgetGraph] = {}
+        self.pool = None
+        self.stats = GraphStats()
+        self._meta_cache: OrderedDict = OrderedDict()
+        self._meta_cache_size = meta_cache_size
+
+    # -- state -------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.device
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.graphs)
+
+    def reset_stats(self) -> None:
+        self.stats = GraphStats()
+
+    def capture_info(self) -> list[dict]:
+        """Capture time and memory per budget (largest first, the capture order)."""
+        return [self.graphs[b].info() for b in sorted(self.graphs, reverse=True)]
+
+    # -- capture -----------------------------------------------------------------------------------
+    def _allocate(self, budget: int) -> BudgetGraph:
+        cfg, enc = self.config, self.encoder
+        rows, cu_size = cfg.rows(budget), cfg.cu_size(budget)
+        dev, dt = self.device, enc.dtype
+        return BudgetGraph(
+            budget=budget, rows=rows, max_seqlen=cfg.max_seqlen(budget), cu_size=cu_size,
+            pixel_values=torch.zeros(rows, enc.patch_dim, device=dev, dtype=dt),
+            pos_embeds=torch.zeros(rows, enc.embed_dim, device=dev, dtype=dt),
+            meta=torch.zeros(cu_size + rows, device=dev, dtype=torch.int32),
+            out=torch.zeros(budget, cfg.out_hidden_size, device=dev, dtype=dt),
+        )
+
+    def _fill_dummy(self, g: BudgetGraph, seed: int) -> None:
+        """Random (never zero) data and a valid layout: items of max_seqlen rows fill the buffer."""
+        gen = torch.Generator(device=g.pixel_values.device).manual_seed(seed)
+        g.pixel_values.uniform_(-1, 1, generator=gen)
+        g.pos_embeds.normal_(0, 0.02, generator=gen)
+        offsets = list(range(0, g.rows, g.max_seqlen)) + [g.rows]
+        cu = offsets[: g.cu_size] + [g.rows] * (g.cu_size - len(offsets))
+        meta = torch.tensor(cu + list(range(g.rows)), dtype=torch.int32)
+        g.meta.copy_(meta)
+
+    def _run_body(self, g: BudgetGraph) -> torch.Tensor:
+        return self.body(g.pixel_values, g.pos_embeds, g.cu_seqlens, g.max_seqlen, g.gather_idx)
+
+    @torch.no_grad()
+    def capture(self, progress: bool = True, warmup_iters: int = 2) -> list[dict]:
+        """Capture one graph per budget, largest first, into one shared memory pool."""
+        if self.device.type != "cuda" or not torch.cuda.is_available():
+            raise RuntimeError(
+                f"capture() needs the model on a CUDA device (it is on {self.device}); "
+                "encode() works without capture and runs the packed eager path"
+            )
+        from tqdm.auto import tqdm
+
+        self.graphs.clear()
+        self.pool = torch.cuda.graph_pool_handle()
+        budgets = sorted(self.config.budgets, reverse=True)  # largest first: smaller graphs reuse its blocks
+        for budget in tqdm(budgets, desc="capturing encoder graphs", disable=not progress, unit="graph"):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            alloc0, res0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+            g = self._allocate(budget)
+            self._fill_dummy(g, seed=budget)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup_iters):
+                    g.out.copy_(self._run_body(g))
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                g.out.copy_(self._run_body(g))
+            torch.cuda.synchronize()
+            g.graph = graph
+            g.capture_s = time.perf_counter() - t0
+            g.mem_allocated_bytes = torch.cuda.memory_allocated() - alloc0
+            g.mem_reserved_bytes = torch.cuda.memory_reserved() - res0
+            self.graphs[budget] = g
+        return self.capture_info()
+
+    # -- replay ------------------------------------------------------------------------------------
+    def _host_meta(self, g: BudgetGraph, shapes: list[Shape]) -> torch.Tensor:
+        """cu_seqlens and gather_idx of a batch, padded by the config's padding logics, as one
+        pinned int32 host tensor; cached per (budget, shapes) so repeats build nothing."""
+        key = (g.budget, tuple(shapes))
+        hit = self._meta_cache.get(key)
+        if hit is not None:
+            self._meta_cache.move_to_end(key)
+            return hit
+        meta = torch.empty(g.cu_size + g.rows, dtype=torch.int32)
+        self.config.padding_for("cu_seqlens", g.budget)(meta[: g.cu_size], lfm2vl_cu_seqlens(shapes))
+        self.config.padding_for("gather_idx", g.budget)(meta[g.cu_size :], lfm2vl_gather_idx(shapes, self.config.factor).int())
+        if torch.cuda.is_available():
+            meta = meta.pin_memory()  # read-only from here on, so async uploads of it are safe
+        self._meta_cache[key] = meta
+        if len(self._meta_cache) > self._meta_cache_size:
+            self._meta_cache.popitem(last=False)
+        return meta
+
+    def _fits(self, g: BudgetGraph, shapes: list[Shape], tokens: int) -> bool:
+        """The guard: a batch larger than any captured buffer must never reach a kernel."""
+        rows = sum(h * w for h, w in shapes)
+        return (
+            tokens <= g.budget and rows <= g.rows and len(shapes) <= self.config.max_items
+            and max(h * w for h, w in shapes) <= g.max_seqlen
+        )
+
+    def _replay(self, pixel_values: torch.Tensor, shapes: list[Shape], batch: list[int]) -> torch.Tensor | None:
+        cfg = self.config
+        bshapes = [shapes[i] for i in batch]
+        tokens = sum((h // cfg.factor) * (w // cfg.factor) for h, w in bshapes)
+        budget = cfg.budget_for(tokens)
+        g = self.graphs.get(budget) if budget is not None else None
+        if g is None or not self._fits(g, bshapes, tokens):
+            self.stats.overflow += 1
+            return None
+        pad_pix = cfg.padding_for("pixel_values", budget)
+        pad_pos = cfg.padding_for("pos_embeds", budget)
+        pad_pix(g.pixel_values, [pixel_values[i, : h * w] for i, (h, w) in zip(batch, bshapes)])
+        pad_pos(g.pos_embeds, [self.encoder.pos_cache.get(h, w) for h, w in bshapes])
+        g.meta.copy_(self._host_meta(g, bshapes), non_blocking=True)
+        g.graph.replay()
+        self.stats.replays[budget] = self.stats.replays.get(budget, 0) + 1
+        self.stats.real_tokens += tokens
+        self.stats.padded_tokens += budget - tokens
+        self.stats.hits += len(batch)
+        # Clone: the buffer belongs to the graph and the next replay overwrites it.
+        return g.out[:tokens].clone()
+
+    def _eager(self, pixel_values: torch.Tensor, shapes: list[Shape], batch: list[int]) -> torch.Tensor:
+        from .packing import PackedBatch
+
+        bshapes = [shapes[i] for i in batch]
+        f = self.config.factor
+        packed = PackedBatch(
+            shapes=bshapes, pixel_values=lfm2vl_pack_pixels(pixel_values, shapes, index=batch),
+            cu_seqlens=lfm2vl_cu_seqlens(bshapes).to(self.device), max_seqlen=max(h * w for h, w in bshapes),
+            gather_idx=lfm2vl_gather_idx(bshapes, f).to(self.device), pos_embeds=self.encoder.pos_cache.pack(bshapes),
+            factor=f, out_tokens=[(h // f) * (w // f) for h, w in bshapes],
+        )
+        return self.encoder.forward_packed(packed)
+
+    @torch.no_grad()
+    def encode(self, inputs) -> list[torch.Tensor]:
+        """Processor output (or a list of images) → per-item embeddings in input order."""
+        if not isinstance(inputs, dict):
+            return self.encode_images(inputs)
+        pv, shapes, _ = lfm2vl_read_inputs(inputs)
+        lfm2vl_check_shapes(shapes, self.encoder.max_num_patches, self.config.factor)
+        pv = pv.to(self.device, self.encoder.dtype, non_blocking=True)
+        f = self.config.factor
+        tokens = [(h // f) * (w // f) for h, w in shapes]
+        if not self.captured:
+            if self.device.type != "cuda":
+                warn_once("GraphedEncoder: no CUDA device, so encode() runs the packed eager encoder (no graphs)")
+            self.stats.eager_calls += 1
+            out = self._eager(pv, shapes, list(range(len(shapes))))
+            return list(out.split(tokens))
+
+        batches, eager = plan_batches(tokens, max(self.config.budgets), self.config.max_items)
+        results: list[torch.Tensor | None] = [None] * len(shapes)
+        for batch in batches:
+            out = self._replay(pv, shapes, batch)
+            if out is None:  # refused by the guard: run those items eagerly instead
+                out = self._eager(pv, shapes, batch)
+                self.stats.misses += len(batch)
+            for i, piece in zip(batch, out.split([tokens[i] for i in batch])):
+                results[i] = piece
+        for i in eager:
+            results[i] = self._eager(pv, shapes, [i])
+            self.stats.misses += 1
+        return results
+
+    def encode_images(self, images) -> list[torch.Tensor]:
+        from .inputs import process_images
+
+        preset = getattr(self.model, "lab_preset", None)
+        if preset is None:
+            raise ValueError("encode_images needs a model built by build_model (it knows its preset); pass processor output instead")
+        return self.encode(process_images(images, preset))
+
+    # -- plugging into transformers ----------------------------------------------------------------
+    def image_features_fn(self):
+        """A drop-in for ``Lfm2VlModel.get_image_features`` that uses this graphed encoder."""
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        def get_image_features(pixel_values, spatial_shapes, pixel_attention_mask=None, **kwargs):
+            feats = self.encode({"pixel_values": pixel_values, "spatial_shapes": spatial_shapes.cpu(),
+                                 "pixel_attention_mask": pixel_attention_mask})
+            return BaseModelOutputWithPooling(last_hidden_state=None, pooler_output=feats)
+
+        return get_image_features
+
+    @contextmanager
+    def installed(self, model=None):
+        """Within the block, ``model`` (default: the one this encoder wraps) computes its image
+        features — in ``forward`` and so in ``generate`` — with this graphed encoder."""
+        model = model if model is not None else self.model
+        inner = getattr(model, "model", model)
+        fn = self.image_features_fn()
+        inner.get_image_features = fn
+        try:
+            yield model
+        finally:
+            del inner.get_image_features  # back to the class's own method

@@ -1,0 +1,231 @@
+"""Input packing: from the processor's padded batch to the packed (varlen) layout.
+
+The processor pads every encoder item to ``max_num_patches`` rows. A packed batch drops that
+padding and stacks the items' real rows one after another:
+
+* ``pixel_values``  [Σh·w, 3·p·p]  the real patch rows of every item, in order
+* ``cu_seqlens``    int32 [items+1] row offsets of the items (0, h0·w0, h0·w0+h1·w1, ...)
+* ``max_seqlen``    int             the longest item (rows), which the attention kernel needs
+* ``gather_idx``    int64 [Σh·w]    pixel-unshuffle ×2 written as an index into the packed rows
+* ``pos_embeds``    [Σh·w, C]       the learned 16×16 position grid resized per item
+
+Everything that depends only on an item's (h, w) — its gather index and its resized position
+embeddings — is cached per shape, so a repeated shape costs no interpolation and no index build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+Shape = tuple[int, int]
+
+
+@dataclass
+class PackedBatch:
+    """A batch of encoder items in the packed layout (see module docstring)."""
+
+    shapes: list[Shape]
+    pixel_values: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    gather_idx: torch.Tensor
+    pos_embeds: torch.Tensor | None = None
+    factor: int = 2
+    out_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def n_items(self) -> int:
+        return len(self.shapes)
+
+    @property
+    def total_rows(self) -> int:
+        return sum(h * w for h, w in self.shapes)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.out_tokens)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def lfm2vl_check_shapes(shapes: list[Shape], max_num_patches: int, factor: int = 2) -> None:
+    """Raise ``ValueError`` naming the first item whose patch grid the encoder cannot take."""
+    if len(shapes) == 0:
+        raise ValueError("empty batch: no encoder items to pack")
+    for i, (h, w) in enumerate(shapes):
+        if h <= 0 or w <= 0:
+            raise ValueError(f"item {i}: patch grid {h}x{w} has a non-positive side")
+        if h % factor or w % factor:
+            raise ValueError(
+                f"item {i}: patch grid {h}x{w} has a side not divisible by the downsample factor {factor}; "
+                "pixel-unshuffle needs even sides (the LFM2-VL processor always produces them)"
+            )
+        if h * w > max_num_patches:
+            raise ValueError(f"item {i}: patch grid {h}x{w} = {h * w} rows exceeds max_num_patches={max_num_patches}")
+
+
+def lfm2vl_read_inputs(inputs: dict) -> tuple[torch.Tensor, list[Shape], torch.Tensor | None]:
+    """Check the processor-output dict and return (pixel_values, shapes, mask).
+
+    ``spatial_shapes`` is read on the host: keep it on the CPU (the processor does) to avoid a sync.
+    """
+    for key in ("pixel_values", "spatial_shapes"):
+        if key not in inputs:
+            raise ValueError(f"inputs lack {key!r}; expected the LFM2-VL processor's output")
+    pv, ss = inputs["pixel_values"], inputs["spatial_shapes"]
+    mask = inputs.get("pixel_attention_mask")
+    if pv.dim() != 3:
+        raise ValueError(f"pixel_values must be (items, patches, 3*p*p), got shape {tuple(pv.shape)}")
+    if ss.dim() != 2 or ss.shape[-1] != 2:
+        raise ValueError(f"spatial_shapes must be (items, 2), got shape {tuple(ss.shape)}")
+    if ss.shape[0] != pv.shape[0]:
+        raise ValueError(f"pixel_values has {pv.shape[0]} items but spatial_shapes has {ss.shape[0]}")
+    if mask is not None and tuple(mask.shape) != tuple(pv.shape[:2]):
+        raise ValueError(f"pixel_attention_mask shape {tuple(mask.shape)} != pixel_values' {tuple(pv.shape[:2])}")
+    shapes = [(int(h), int(w)) for h, w in ss.tolist()]
+    for i, (h, w) in enumerate(shapes):
+        if h * w > pv.shape[1]:
+            raise ValueError(f"item {i}: patch grid {h}x{w} = {h * w} rows but pixel_values holds {pv.shape[1]} per item")
+    if mask is not None and mask.device.type == "cpu":
+        # The processor marks exactly the first h*w rows real; anything else means the tensors
+        # were mixed up, and packing by spatial_shapes would silently read the wrong rows.
+        counts = mask.sum(dim=1).tolist()
+        for i, ((h, w), c) in enumerate(zip(shapes, counts)):
+            if int(c) != h * w:
+                raise ValueError(f"item {i}: pixel_attention_mask marks {int(c)} rows real but spatial_shapes says {h}x{w} = {h * w}")
+    return pv, shapes, mask
+
+
+# --------------------------------------------------------------------------------------------
+# Per-shape pieces (cached)
+# --------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1024)
+def lfm2vl_local_gather_idx(h: int, w: int, factor: int = 2) -> torch.Tensor:
+    """Pixel-unshuffle of one (h, w) item as row indices into its own rows (CPU, int64).
+
+    Output token (r, c) of the unshuffled grid takes rows (factor·r + dh)·w + (factor·c + dw)
+    for dh, dw in row-major order, which is the channel order of transformers'
+    ``Lfm2VlMultiModalProjector.pixel_unshuffle``.
+    """
+    r = torch.arange(h // factor).view(-1, 1, 1, 1)
+    c = torch.arange(w // factor).view(1, -1, 1, 1)
+    dh = torch.arange(factor).view(1, 1, -1, 1)
+    dw = torch.arange(factor).view(1, 1, 1, -1)
+    idx = (factor * r + dh) * w + (factor * c + dw)
+    out = idx.reshape(-1)
+    out.requires_grad_(False)
+    return out
+
+
+def lfm2vl_gather_idx(shapes: list[Shape], factor: int = 2, offset: int = 0) -> torch.Tensor:
+    """The packed gather index of a batch: each item's local index shifted by its row offset."""
+    parts, o = [], offset
+    for h, w in shapes:
+        parts.append(lfm2vl_local_gather_idx(h, w, factor) + o)
+        o += h * w
+    return torch.cat(parts)
+
+
+def lfm2vl_cu_seqlens(shapes: list[Shape]) -> torch.Tensor:
+    """int32 cumulative row offsets (items+1) on the CPU."""
+    lens = torch.tensor([h * w for h, w in shapes], dtype=torch.int32)
+    return F.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
+
+
+class PositionEmbeddingCache:
+    """Resized position embeddings per item shape, computed the way transformers does.
+
+    SigLIP2 NaFlex learns a g×g grid (g = 16) and resizes it to each item's (h, w) with bilinear,
+    ``align_corners=False``, ``antialias=True``. transformers redoes that for every item of every
+    call (a Python loop with a host read). Here each shape is resized once and kept on the device.
+    Like transformers, the CPU path interpolates in float32 (antialias has no bf16 CPU kernel) and
+    the result is cast back to the weight's dtype.
+    """
+
+    def __init__(self, position_embedding: torch.nn.Embedding):
+        self.embedding = position_embedding
+        self.grid = int(round(position_embedding.num_embeddings**0.5))
+        self._cache: dict[Shape, torch.Tensor] = {}
+        self._stamp = None
+        self.hits = 0
+        self.misses = 0
+
+    def _weight_stamp(self):
+        wt = self.embedding.weight
+        return (wt.data_ptr(), wt._version, wt.dtype, wt.device)
+
+    def get(self, h: int, w: int) -> torch.Tensor:
+        stamp = self._weight_stamp()
+        if stamp != self._stamp:  # weights moved, changed dtype or were loaded: start over
+            self._cache.clear()
+            self._stamp = stamp
+        key = (h, w)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self.hits += 1
+            return hit
+        self.misses += 1
+        with torch.no_grad():
+            wt = self.embedding.weight
+            grid = wt.reshape(self.grid, self.grid, -1).permute(2, 0, 1).unsqueeze(0)
+            if grid.device.type == "cpu":
+                grid = grid.float()
+            out = F.interpolate(grid, size=(h, w), mode="bilinear", align_corners=False, antialias=True)
+            out = out.reshape(wt.shape[-1], h * w).transpose(0, 1).to(wt.dtype).contiguous()
+        self._cache[key] = out
+        return out
+
+    def pack(self, shapes: list[Shape], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Concatenate the cached embeddings of a batch (one device kernel), optionally into ``out``."""
+        parts = [self.get(h, w) for h, w in shapes]
+        if out is None:
+            return torch.cat(parts)
+        return torch.cat(parts, out=out)
+
+
+# --------------------------------------------------------------------------------------------
+# The packer
+# --------------------------------------------------------------------------------------------
+
+
+def lfm2vl_pack_pixels(pixel_values: torch.Tensor, shapes: list[Shape], index=None, out=None) -> torch.Tensor:
+    """Stack the real rows of the chosen items (all, or ``index``) — one cat kernel, no host sync."""
+    index = range(len(shapes)) if index is None else index
+    parts = [pixel_values[i, : shapes[i][0] * shapes[i][1]] for i in index]
+    if out is None:
+        return torch.cat(parts)
+    return torch.cat(parts, out=out)
+
+
+def pack_inputs(
+    inputs: dict,
+    *,
+    max_num_patches: int = 1024,
+    factor: int = 2,
+    pos_cache: PositionEmbeddingCache | None = None,
+    device: "torch.device | str | None" = None,
+) -> PackedBatch:
+    """Processor output → :class:`PackedBatch` on ``device`` (default: where pixel_values live)."""
+    pv, shapes, _ = lfm2vl_read_inputs(inputs)
+    lfm2vl_check_shapes(shapes, max_num_patches, factor)
+    device = torch.device(device) if device is not None else pv.device
+    packed_pixels = lfm2vl_pack_pixels(pv, shapes).to(device, non_blocking=True)
+    return PackedBatch(
+        shapes=shapes,
+        pixel_values=packed_pixels,
+        cu_seqlens=lfm2vl_cu_seqlens(shapes).to(device, non_blocking=True),
+        max_seqlen=max(h * w for h, w in shapes),
+        gather_idx=lfm2vl_gather_idx(shapes, factor).to(device, non_blocking=True),
+        pos_embeds=pos_cache.pack(shapes) if pos_cache is not None else None,
+        factor=factor,
+        out_tokens=[(h // factor) * (w // factor) for h, w in shapes],
+    )

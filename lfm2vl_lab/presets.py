@@ -1,0 +1,171 @@
+"""Model presets and model construction.
+
+A preset is data (``data/presets/<name>.json``) carrying the real LFM2-VL shapes: vision tower,
+projector, text model and image-processor settings, plus a ``status`` block that says which of
+those shapes are verified. ``build_model`` turns a preset into a transformers
+``Lfm2VlForConditionalGeneration`` with seeded random weights; ``load_model`` loads a real
+checkpoint from a local folder. Nothing here ever reaches a model hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "data" / "presets"
+
+# Vision-only work does not need a 65k-token vocabulary or 16 text layers: the projector's output
+# width is all the vision path sees of the text model. These stub sizes keep it cheap.
+STUB_TEXT_LAYERS = 1
+STUB_VOCAB = 1024
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One named model shape. ``vision``/``projector``/``text``/``processor`` are plain dicts."""
+
+    name: str
+    description: str
+    status: dict[str, str]
+    vision: dict[str, Any]
+    projector: dict[str, Any]
+    text: dict[str, Any]
+    processor: dict[str, Any]
+    expected_params: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_name(cls, name: str) -> "Preset":
+        path = PRESET_DIR / f"{name}.json"
+        if not path.exists():
+            raise ValueError(f"unknown preset {name!r}; available: {', '.join(available_presets())}")
+        return cls(**json.loads(path.read_text()))
+
+    # -- handy derived numbers ------------------------------------------------------------
+    @property
+    def patch_size(self) -> int:
+        return self.processor["patch_size"]
+
+    @property
+    def downsample_factor(self) -> int:
+        return self.processor["downsample_factor"]
+
+    @property
+    def max_num_patches(self) -> int:
+        return self.processor["max_num_patches"]
+
+    @property
+    def min_image_tokens(self) -> int:
+        return self.processor["min_image_tokens"]
+
+    @property
+    def max_image_tokens(self) -> int:
+        return self.processor["max_image_tokens"]
+
+    @property
+    def is_verified(self) -> bool:
+        return all(v == "verified" for v in self.status.values())
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def as_preset(preset: "str | Preset") -> Preset:
+    return preset if isinstance(preset, Preset) else Preset.from_name(preset)
+
+
+def build_config(preset: "str | Preset", text_layers: "int | str | None" = None):
+    """Build an ``Lfm2VlConfig`` for a preset.
+
+    ``text_layers``: ``None`` → a one-layer text stub with a small vocabulary (vision-only work);
+    ``"full"`` → the preset's real text depth and vocabulary; an int → that many text layers with
+    the real vocabulary.
+    """
+    from transformers import Lfm2VlConfig
+
+    p = as_preset(preset)
+    text = dict(p.text)
+    if text_layers is None:
+        text["num_hidden_layers"] = STUB_TEXT_LAYERS
+        text["vocab_size"] = min(text["vocab_size"], STUB_VOCAB)
+    elif text_layers != "full":
+        if not isinstance(text_layers, int) or text_layers < 1:
+            raise ValueError(f"text_layers must be None, 'full' or a positive int, got {text_layers!r}")
+        text["num_hidden_layers"] = text_layers
+    n = text["num_hidden_layers"]
+    full_idx = [i for i in text.pop("full_attn_idxs") if i < n] or [n - 1]
+    text["layer_types"] = ["full_attention" if i in full_idx else "conv" for i in range(n)]
+    text["model_type"] = "lfm2"
+
+    vision = dict(p.vision, patch_size=p.patch_size, num_channels=3, model_type="siglip2_vision_model")
+    # The default Siglip2 vision config builds an attention-pooling head LFM2-VL never uses.
+    vision["vision_use_head"] = False
+    cfg = Lfm2VlConfig(
+        vision_config=vision,
+        text_config=text,
+        projector_hidden_size=p.projector["hidden_size"],
+        projector_use_layernorm=p.projector["use_layernorm"],
+        projector_hidden_act=p.projector["hidden_act"],
+        projector_bias=p.projector["bias"],
+        downsample_factor=p.downsample_factor,
+    )
+    cfg.vision_config.vision_use_head = False
+    return cfg
+
+
+def build_model(
+    preset: "str | Preset" = "tiny",
+    dtype: torch.dtype = torch.float32,
+    device: "str | torch.device" = "cpu",
+    seed: int = 0,
+    text_layers: "int | str | None" = None,
+    attn_implementation: str = "sdpa",
+):
+    """A transformers LFM2-VL model with seeded random weights and the preset's shapes.
+
+    Random weights are fine for timing and for parity checks: every kernel sees the real shapes.
+    """
+    from transformers import Lfm2VlForConditionalGeneration
+
+    cfg = build_config(preset, text_layers)
+    cfg._attn_implementation = attn_implementation
+    cfg.vision_config._attn_implementation = attn_implementation
+    cfg.text_config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = Lfm2VlForConditionalGeneration(cfg)
+    model.lab_preset = as_preset(preset)  # remembered so helpers can find processor settings
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_model(path: "str | os.PathLike", dtype: torch.dtype = torch.bfloat16, device="cpu"):
+    """Load a real LFM2-VL checkpoint from a local folder (never from a hub)."""
+    from transformers import AutoConfig, Lfm2VlForConditionalGeneration
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"checkpoint folder {str(folder)!r} does not exist (load_model never downloads)")
+    if not (folder / "config.json").exists():
+        raise ValueError(f"{str(folder)!r} has no config.json; is it a transformers checkpoint?")
+    cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
+    if getattr(cfg, "model_type", None) != "lfm2_vl":
+        raise ValueError(f"{str(folder)!r} holds a {cfg.model_type!r} checkpoint, not an LFM2-VL one")
+    model = Lfm2VlForConditionalGeneration.from_pretrained(
+        folder, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
+    )
+    return model.to(device).eval()
+
+
+def count_params(model) -> dict[str, int]:
+    """Parameter counts of the vision tower, projector and text model."""
+    m = model.model
+    count = lambda mod: sum(p.numel() for p in mod.parameters())  # noqa: E731
+    return {
+        "vision": count(m.vision_tower),
+        "projector": count(m.multi_modal_projector),
+        "text": count(m.language_model),
+    }
