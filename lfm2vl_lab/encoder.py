@@ -140,7 +140,7 @@ class PackedVisionEncoder(nn.Module):
     ``forward(pixel_values, pos_embeds, cu_seqlens, max_seqlen, gather_idx)`` is the graph body.
     """
 
-    def __init__(self, model, attention: str = "auto"):
+    def __init__(self, model, attention: str = "auto", fuse_qkv: bool = False):
         super().__init__()
         vt, proj, cfg = lfm2vl_parts(model)
         self.vision = vt
@@ -156,6 +156,32 @@ class PackedVisionEncoder(nn.Module):
         self.pos_cache = PositionEmbeddingCache(vt.embeddings.position_embedding)
         self.attention_name = attention
         self._attn_cache = None
+        # Optional: one (3C × C) GEMM per layer instead of three. The model's q/k/v weights are
+        # re-pointed as views into one fused storage (same values, same memory, transformers'
+        # own forward still works), so nothing is copied per call.
+        self.fuse_qkv = fuse_qkv
+        self._qkv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if fuse_qkv:
+            self._fuse_qkv()
+
+    def _fuse_qkv(self) -> None:
+        self._qkv = []
+        with torch.no_grad():
+            for layer in self.vision.encoder.layers:
+                sa = layer.self_attn
+                projs = (sa.q_proj, sa.k_proj, sa.v_proj)
+                w = torch.cat([p.weight for p in projs])
+                b = torch.cat([p.bias for p in projs])
+                c = self.embed_dim
+                for i, p in enumerate(projs):
+                    p.weight = nn.Parameter(w[i * c : (i + 1) * c], requires_grad=p.weight.requires_grad)
+                    p.bias = nn.Parameter(b[i * c : (i + 1) * c], requires_grad=p.bias.requires_grad)
+                self._qkv.append((w, b))
+
+    def _qkv_current(self) -> bool:
+        """False when the model was moved/cast since fusing (``.to`` breaks the shared storage)."""
+        sa = self.vision.encoder.layers[0].self_attn
+        return bool(self._qkv) and sa.q_proj.weight.data_ptr() == self._qkv[0][0].data_ptr()
 
     # -- properties that follow the shared weights --------------------------------------------
     @property
@@ -182,21 +208,27 @@ class PackedVisionEncoder(nn.Module):
         pe = self.vision.embeddings.patch_embedding
         return pe(pixel_values.to(pe.weight.dtype)) + pos_embeds
 
-    def layer(self, layer: nn.Module, x: torch.Tensor, cu_seqlens, max_seqlen: int, attn) -> torch.Tensor:
+    def layer(self, layer: nn.Module, x: torch.Tensor, cu_seqlens, max_seqlen: int, attn, qkv=None) -> torch.Tensor:
         """One SigLIP2 encoder layer on packed rows (same modules, varlen attention)."""
         sa = layer.self_attn
         h = layer.layer_norm1(x)
-        q = sa.q_proj(h).view(-1, self.num_heads, self.head_dim)
-        k = sa.k_proj(h).view(-1, self.num_heads, self.head_dim)
-        v = sa.v_proj(h).view(-1, self.num_heads, self.head_dim)
+        if qkv is not None:
+            q, k, v = F.linear(h, *qkv).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
+        else:
+            q = sa.q_proj(h).view(-1, self.num_heads, self.head_dim)
+            k = sa.k_proj(h).view(-1, self.num_heads, self.head_dim)
+            v = sa.v_proj(h).view(-1, self.num_heads, self.head_dim)
         a = attn(q, k, v, cu_seqlens, max_seqlen, self.scale).reshape(-1, self.embed_dim)
         x = x + sa.out_proj(a)
         return x + layer.mlp(layer.layer_norm2(x))
 
     def encoder_layers(self, x, cu_seqlens, max_seqlen: int) -> torch.Tensor:
         attn = self.attention_fn()
-        for layer in self.vision.encoder.layers:
-            x = self.layer(layer, x, cu_seqlens, max_seqlen, attn)
+        if self.fuse_qkv and not self._qkv_current():
+            self._fuse_qkv()
+        fused = self._qkv if self.fuse_qkv else [None] * len(self.vision.encoder.layers)
+        for layer, qkv in zip(self.vision.encoder.layers, fused):
+            x = self.layer(layer, x, cu_seqlens, max_seqlen, attn, qkv)
         return self.vision.post_layernorm(x)
 
     def forward(self, pixel_values, pos_embeds, cu_seqlens, max_seqlen: int, gather_idx) -> torch.Tensor:

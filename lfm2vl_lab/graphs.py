@@ -134,9 +134,9 @@ class GraphedEncoder:
 
     def __init__(self, model, budgets=None, max_items=None, cu_seqlens_rule: str = "safe",
                  max_seqlen_mode: str = "tight", attention: str = "auto", max_budget: int | None = None,
-                 body=None, meta_cache_size: int = 256):
+                 body=None, meta_cache_size: int = 256, fuse_qkv: bool = False):
         self.model = model
-        self.encoder = PackedVisionEncoder(model, attention=attention)
+        self.encoder = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
         preset = getattr(model, "lab_preset", None)
         min_tokens = preset.min_image_tokens if preset is not None else 64
         self.config = EncoderGraphConfig.build(
@@ -301,7 +301,7 @@ class GraphedEncoder:
             return self.encode_images(inputs)
         pv, shapes, _ = lfm2vl_read_inputs(inputs)
         lfm2vl_check_shapes(shapes, self.encoder.max_num_patches, self.config.factor)
-        pv = pv.to(self.device, self.encoder.dtype, non_blocking=True)
+        pv = pv.to(self.device, non_blocking=True)  # dtype is cast while packing into the buffers
         f = self.config.factor
         tokens = [(h // f) * (w // f) for h, w in shapes]
         if not self.captured:

@@ -1,0 +1,159 @@
+"""``python -m lfm2vl_lab check``: the correctness run, meant for the GPU.
+
+For each preset: transformers eager vs our packed eager (parity, no NaN), the packed forward under
+``torch.cuda.set_sync_debug_mode("error")`` (no host sync), graph capture for both cu_seqlens
+rules and both max_seqlen modes, replay vs eager on fresh random inputs sized for *every* budget,
+aliasing (earlier results unchanged after later replays), the oversize fallback, and capture
+time/memory per budget. Writes one JSON file with provenance.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from .encoder import PackedVisionEncoder, hf_image_features, max_rel_error
+from .graphs import GraphedEncoder
+from .inputs import random_processor_output
+from .presets import as_preset, build_model
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
+
+
+def shapes_for_tokens(tokens: int, max_items: int, seed: int) -> list[tuple[int, int]]:
+    """Random even patch grids whose output tokens sum to exactly ``tokens`` (≤ 256 per item)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes, left = [], tokens
+    while left > 0:
+        last = len(shapes) == max_items - 1
+        t = left if (last or left <= 16) else int(torch.randint(16, min(256, left) + 1, (1,), generator=g))
+        assert t <= 256, f"{tokens} tokens cannot be split into {max_items} items of at most 256 tokens"
+        a = max(d for d in range(1, int(t**0.5) + 1) if t % d == 0)  # the squarest (a × t/a) token grid
+        shapes.append((2 * a, 2 * (t // a)))
+        left -= t
+    return shapes
+
+
+def budget_cases(budgets: list[int]) -> list[int]:
+    """Token counts that exercise every budget: the full budget, and a smaller batch that still
+    needs this budget (just over the next smaller one) — replayed with padding."""
+    out, prev = [], 0
+    for b in budgets:
+        out += [b, prev + 1 + (b - prev - 1) // 2]
+        prev = b
+    return out
+
+
+def check_graphs(model, dtype, seed: int, budgets=None) -> list[dict]:
+    """Replay vs eager for every budget, both cu rules, both max_seqlen modes; aliasing; fallback."""
+    rows = []
+    tol = TOLERANCE[dtype]
+    preset = model.lab_preset
+    for rule in ("safe", "repeat_last"):
+        for mode in ("tight", "loose"):
+            genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule, max_seqlen_mode=mode)
+            info = genc.capture(progress=False)
+            eager = genc.encoder
+            kept = []
+            for k, tokens in enumerate(budget_cases(genc.config.budgets)):
+                b = genc.config.budget_for(tokens)
+                shapes = shapes_for_tokens(tokens, genc.config.max_items, seed + 31 * k)
+                inp = random_processor_output(shapes, preset, seed=seed + k)
+                genc.reset_stats()
+                out = genc.encode(inp)
+                ref = eager.encode(inp)
+                err = max_rel_error(out, ref)
+                nan = any(not torch.isfinite(o).all() for o in out)
+                kept.append((out, [o.clone() for o in out]))
+                rows.append({
+                    "cu_rule": rule, "max_seqlen_mode": mode, "budget": b, "items": len(shapes),
+                    "tokens": tokens, "replays": genc.stats.as_dict()["replays"], "rel_err": err,
+                    "nan": nan, "pass": (err <= tol) and not nan and genc.stats.replays == {b: 1},
+                })
+            # aliasing: results handed out earlier must not have changed after all later replays
+            aliasing_ok = all(torch.equal(a, b) for out, copy in kept for a, b in zip(out, copy))
+            buffers = {t.untyped_storage().data_ptr() for g in genc.graphs.values()
+                       for t in (g.out, g.pixel_values, g.pos_embeds, g.meta)}
+            shares = any(o.untyped_storage().data_ptr() in buffers for out, _ in kept for o in out)
+            rows.append({"cu_rule": rule, "max_seqlen_mode": mode, "aliasing_ok": aliasing_ok,
+                         "shares_graph_storage": shares, "capture": info,
+                         "pass": aliasing_ok and not shares})
+            del genc
+            torch.cuda.empty_cache()
+    # oversize fallback: graphs only up to 128 tokens, an item of 256 tokens must run eagerly
+    genc = GraphedEncoder(model, budgets=[64, 128], max_items=4)
+    genc.capture(progress=False)
+    inp = random_processor_output([(32, 32), (8, 8)], preset, seed=seed + 7)
+    out, ref = genc.encode(inp), genc.encoder.encode(inp)
+    err = max_rel_error(out, ref)
+    st = genc.stats.as_dict()
+    rows.append({"check": "oversize_fallback", "rel_err": err, "stats": st,
+                 "pass": err <= tol and st["misses"] == 1 and st["hits"] == 1})
+    return rows
+
+
+def check_sync_free(enc: PackedVisionEncoder, inp) -> dict:
+    batch = enc.pack(inp)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            enc.forward_packed(batch)
+        ok, msg = True, ""
+    except RuntimeError as e:
+        ok, msg = False, str(e)[:300]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {"check": "no_host_sync", "pass": ok, "error": msg}
+
+
+def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
+    dtype = DTYPES[dtype_name]
+    tol = TOLERANCE[dtype]
+    t0 = time.perf_counter()
+    model = build_model(name, dtype=dtype, device="cuda", seed=seed)
+    enc = PackedVisionEncoder(model)
+    p = as_preset(name)
+    parity = []
+    cases = {
+        "1x512": [(32, 32)], "1x256": [(16, 16)], "4x512": [(32, 32)] * 4,
+        "mixed": [(32, 32), (16, 24), (8, 8), (26, 38), (34, 28), (20, 14)],
+    }
+    # Two bf16 implementations differ by bf16 rounding amplified through depth; the judge is a
+    # float32 copy of the same weights (METHOD: compare with a higher-precision reference).
+    ref_model = copy.deepcopy(model).float() if dtype != torch.float32 else model
+    for case, shapes in cases.items():
+        inp = random_processor_output(shapes, p, seed=seed + len(shapes))
+        ref = hf_image_features(ref_model, inp)
+        hf, out = hf_image_features(model, inp), enc.encode(inp)
+        err = max_rel_error(out, ref)
+        parity.append({"case": case, "rel_err": err, "hf_rel_err": max_rel_error(hf, ref),
+                       "lab_vs_hf": max_rel_error(out, hf), "pass": err <= tol})
+    del ref_model
+    sync = check_sync_free(enc, random_processor_output([(32, 32), (16, 24)], p, seed=seed))
+    graphs = check_graphs(model, dtype, seed)
+    return {"preset": name, "dtype": dtype_name, "attention": enc.attention_backend, "parity": parity,
+            "sync": sync, "graphs": graphs, "seconds": time.perf_counter() - t0,
+            "pass": all(r["pass"] for r in parity) and sync["pass"] and all(r["pass"] for r in graphs)}
+
+
+def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=None, command: str = "") -> dict:
+    """Run every check on the GPU and write ``check-<date>.json`` with provenance."""
+    from .results import provenance, save_result
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the check run needs a CUDA GPU; on a CPU run the test-suite instead")
+    result = {"provenance": provenance(command or "python -m lfm2vl_lab check", dtype=dtype),
+              "presets": [check_preset(p, dtype) for p in presets]}
+    result["pass"] = all(r["pass"] for r in result["presets"])
+    path = save_result(result, name="check", root=out_dir)
+    for r in result["presets"]:
+        worst = max(g.get("rel_err", 0) for g in r["graphs"])
+        print(f"{r['preset']:>16} {r['dtype']} attention={r['attention']} parity="
+              f"{max(p['rel_err'] for p in r['parity']):.2e} graphs worst={worst:.2e} sync={r['sync']['pass']} "
+              f"pass={r['pass']} ({r['seconds']:.1f}s)")
+    print("wrote", path)
+    return result
