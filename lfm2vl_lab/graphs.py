@@ -351,9 +351,12 @@ class GraphedEncoder:
         features — in ``forward`` and so in ``generate`` — with this graphed encoder."""
         model = model if model is not None else self.model
         inner = getattr(model, "model", model)
-        fn = self.image_features_fn()
-        inner.get_image_features = fn
+        prev = inner.__dict__.get("get_image_features")  # an earlier override, if any (nesting)
+        inner.get_image_features = self.image_features_fn()
         try:
             yield model
         finally:
-            del inner.get_image_features  # back to the class's own method
+            if prev is None:
+                del inner.get_image_features  # back to the class's own method
+            else:
+                inner.get_image_features = prev

@@ -1,0 +1,43 @@
+# lfm2vl-lab: two commands for newcomers (`make bench`, `make test`), plus `make lab`.
+#
+# `make install` builds .venv once (a stamp file inside it marks it done). torch and torchvision
+# are pinned to the pair that lies on local disk on the CPU machines (see README: "Why
+# torch==2.14.1"); everything else comes from pyproject.toml.
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+STAMP  := $(VENV)/.lfm2vl-lab-installed
+NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+
+# Never reach a model hub: presets build random-weight models, checkpoints load from local folders.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+# The repo root on the path too, so notebook kernels (cwd notebooks/) import the package even in a
+# venv that was made by hand without the editable install.
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+.PHONY: install bench test lab
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install torch==2.14.1 torchvision==0.29.1 && $(VENV)/bin/pip install -e '.[test]'
+	touch $(STAMP)
+
+# A missing venv is built first; an existing one is used as it is (run `make install` to refresh).
+$(VPY):
+	$(MAKE) install
+
+bench: | $(VPY)
+	$(VPY) -m lfm2vl_lab bench
+
+test: | $(VPY)
+ifneq ($(NOTEBOOKS),)
+	$(VPY) -m pytest -q tests --nbval-lax --nbval-current-env notebooks/
+else
+	$(VPY) -m pytest -q
+endif
+
+lab: | $(VPY)
+	$(VENV)/bin/jupyter lab notebooks/

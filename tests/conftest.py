@@ -1,0 +1,43 @@
+"""Shared test setup: offline hub, the `gpu` marker's auto-skip, and the expensive fixtures.
+
+Everything here runs at import, before any test module imports transformers, so no test can
+reach a model hub.
+"""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+GPU_SKIP_REASON = "needs a CUDA GPU; run on the device (see README)"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """The tiny preset, fp32 on the CPU (cheap: build it once per session anyway)."""
+    from lfm2vl_lab import build_model
+
+    return build_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def model_450m():
+    """The 450M preset (vision 85.8M + projector 10.5M, 1-layer text stub), fp32 on the CPU.
+
+    ~4 s to build and ~1.2 s per vision forward on two cores: built once per session, used sparingly.
+    """
+    from lfm2vl_lab import build_model
+
+    return build_model("lfm2-vl-450m")

@@ -1,0 +1,580 @@
+"""Graph config, padding logics, batch planning and the graph manager (CPU parts + GPU parts)."""
+
+import random
+import warnings
+
+import pytest
+import torch
+
+from lfm2vl_lab import (
+    EncoderGraphConfig,
+    GraphedEncoder,
+    auto_budgets,
+    build_model,
+    hf_image_features,
+    plan_batches,
+    process_images,
+    random_processor_output,
+    rel_error,
+    synthetic_image,
+    synthetic_workload,
+)
+from lfm2vl_lab.budgets import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
+from lfm2vl_lab.encoder import warn_once
+from lfm2vl_lab.graphs import GraphStats
+from lfm2vl_lab.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx
+
+FP32_TOL = 1e-4
+BF16_TOL = 1e-2
+DEFAULT_BUDGETS = [64, 128, 256, 512, 1024]
+
+
+def _assert_parity(outs, refs, tol):
+    assert len(outs) == len(refs)
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        assert o.shape == r.shape, f"item {i}: {tuple(o.shape)} vs {tuple(r.shape)}"
+        assert not torch.isnan(o).any(), f"item {i}: NaN in the output"
+        err = rel_error(o, r)
+        assert err <= tol, f"item {i}: rel error {err:.3g} > {tol}"
+
+
+def _tokens(shapes):
+    return [(h // 2) * (w // 2) for h, w in shapes]
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets and the config
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "lo,hi,expected",
+    [(64, 1024, [64, 128, 256, 512, 1024]), (64, 800, [64, 128, 256, 512, 800]), (64, 64, [64]), (32, 100, [32, 64, 100])],
+)
+def test_auto_budgets(lo, hi, expected):
+    assert auto_budgets(lo, hi) == expected
+
+
+@pytest.mark.parametrize("lo,hi,bad", [(0, 1024, "min=0"), (64, -1, "max=-1"), (128, 64, "128")])
+def test_auto_budgets_errors(lo, hi, bad):
+    with pytest.raises(ValueError, match=bad):
+        auto_budgets(lo, hi)
+
+
+def test_config_auto_values():
+    cfg = EncoderGraphConfig.build(out_hidden_size=64)
+    assert cfg.budgets == DEFAULT_BUDGETS
+    assert cfg.max_items == 16  # min(1024 // 64, min(budgets)=64)
+    assert cfg.cu_seqlens_rule == "safe" and cfg.max_seqlen_mode == "tight"
+    assert [cfg.rows(b) for b in cfg.budgets] == [256, 512, 1024, 2048, 4096]
+    assert [cfg.max_seqlen(b) for b in cfg.budgets] == [256, 512, 1024, 1024, 1024]
+    loose = EncoderGraphConfig.build(out_hidden_size=64, max_seqlen_mode="loose")
+    assert [loose.max_seqlen(b) for b in loose.budgets] == [256, 512, 1024, 2048, 4096]
+    assert cfg.budget_for(1) == 64 and cfg.budget_for(64) == 64 and cfg.budget_for(65) == 128
+    assert cfg.budget_for(1024) == 1024 and cfg.budget_for(1025) is None
+    # budgets are sorted; the item limit follows the smallest budget
+    cfg2 = EncoderGraphConfig.build(out_hidden_size=8, budgets=[512, 64, 128])
+    assert cfg2.budgets == [64, 128, 512] and cfg2.max_items == 8
+
+
+def test_config_cu_size_leaves_room_for_dummies():
+    cfg = EncoderGraphConfig.build(out_hidden_size=64)
+    for b in cfg.budgets:
+        dummies = -(-cfg.rows(b) // cfg.max_seqlen(b))
+        assert cfg.cu_size(b) == cfg.max_items + 1 + dummies
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(budgets=[], max_items=1), "empty"),
+        (dict(budgets=[64, 0], max_items=1), "0"),
+        (dict(budgets=[64, -128], max_items=1), "-128"),
+        (dict(budgets=[64, 64], max_items=1), "duplicates"),
+        (dict(budgets=[64, 12.5], max_items=1), "12.5"),
+        (dict(budgets=[64, 256], max_items=65), "max_items=65"),
+        (dict(budgets=[64, 256], max_items=0), "0"),
+        (dict(budgets=[64], max_items=1, cu_seqlens_rule="zeros"), "zeros"),
+        (dict(budgets=[64], max_items=1, max_seqlen_mode="huge"), "huge"),
+    ],
+)
+def test_config_errors_name_the_bad_value(kwargs, needle):
+    with pytest.raises(ValueError) as e:
+        EncoderGraphConfig(out_hidden_size=64, **kwargs)
+    assert needle in str(e.value)
+
+
+def test_config_max_items_invariant_mentions_min_budget():
+    with pytest.raises(ValueError) as e:
+        EncoderGraphConfig.build(out_hidden_size=64, budgets=[128, 256], max_items=200)
+    assert "200" in str(e.value) and "128" in str(e.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Padding logics
+# --------------------------------------------------------------------------------------------
+
+
+def _check_safe(dst, src, total_rows, max_seqlen):
+    cu = dst.tolist()
+    n = len(src)
+    assert cu[:n] == src.tolist()
+    assert cu[-1] == total_rows, "safe rule: cu_seqlens[-1] must equal the rows passed to the kernel"
+    diffs = [b - a for a, b in zip(cu, cu[1:])]
+    assert all(d >= 0 for d in diffs), "cu_seqlens must not decrease"
+    assert all(d <= max_seqlen for d in diffs[n - 1 :]), f"a dummy sequence is longer than max_seqlen: {diffs}"
+
+
+@pytest.mark.parametrize(
+    "budget,shapes",
+    [
+        (1024, [(2, 2)]),  # 4 real rows in a 4096-row buffer: three 1024-row dummies + one of 1020
+        (512, [(4, 6), (32, 32)]),
+        (256, [(32, 32)]),  # exactly full: no dummy
+        (64, [(8, 8), (4, 6)]),
+    ],
+)
+def test_safe_cu_seqlens_rule(budget, shapes):
+    cfg = EncoderGraphConfig.build(out_hidden_size=64)
+    rows, ms = cfg.rows(budget), cfg.max_seqlen(budget)
+    dst = torch.full((cfg.cu_size(budget),), -7, dtype=torch.int32)
+    src = lfm2vl_cu_seqlens(shapes)
+    cfg.padding_for("cu_seqlens", budget)(dst, src)
+    _check_safe(dst, src, rows, ms)
+
+
+def test_safe_cu_seqlens_exact_buffer():
+    dst = torch.zeros(8, dtype=torch.int32)
+    make_pad_cu_seqlens_safe(4096, 1024)(dst, torch.tensor([0, 4], dtype=torch.int32))
+    assert dst.tolist() == [0, 4, 1028, 2052, 3076, 4096, 4096, 4096]
+
+
+def test_safe_cu_seqlens_loose_max_seqlen():
+    cfg = EncoderGraphConfig.build(out_hidden_size=64, max_seqlen_mode="loose")
+    dst = torch.zeros(cfg.cu_size(1024), dtype=torch.int32)
+    cfg.padding_for("cu_seqlens", 1024)(dst, torch.tensor([0, 24, 1048], dtype=torch.int32))
+    assert dst.tolist()[:4] == [0, 24, 1048, 4096] and set(dst.tolist()[3:]) == {4096}
+
+
+def test_safe_cu_seqlens_too_small_buffer():
+    with pytest.raises(ValueError, match="do not fit a buffer of 3"):
+        make_pad_cu_seqlens_safe(4096, 1024)(torch.zeros(3, dtype=torch.int32), torch.tensor([0, 4], dtype=torch.int32))
+
+
+def test_repeat_last_cu_seqlens_rule():
+    cfg = EncoderGraphConfig.build(out_hidden_size=64, cu_seqlens_rule="repeat_last")
+    assert cfg.padding_for("cu_seqlens", 512) is pad_cu_seqlens_repeat_last
+    dst = torch.full((cfg.cu_size(512),), -7, dtype=torch.int32)
+    src = lfm2vl_cu_seqlens([(4, 6), (32, 32)])
+    pad_cu_seqlens_repeat_last(dst, src)
+    assert dst.tolist() == [0, 24, 1048] + [1048] * (len(dst) - 3)
+    with pytest.raises(ValueError, match="3 entries"):
+        pad_cu_seqlens_repeat_last(torch.zeros(2, dtype=torch.int32), src)
+
+
+def test_pad_default_tensor():
+    dst = torch.ones(8, 3)
+    src = torch.arange(9.0).reshape(3, 3)
+    pad_default(dst, src)
+    assert torch.equal(dst[:3], src) and torch.equal(dst[3:], torch.zeros(5, 3))
+
+
+def test_pad_default_list_and_scalar():
+    dst = torch.full((6, 2), 5, dtype=torch.int64)
+    a, b = torch.tensor([[1, 2], [3, 4]]), torch.tensor([[9, 9]])
+    pad_default(dst, [a, b])
+    assert dst.tolist() == [[1, 2], [3, 4], [9, 9], [0, 0], [0, 0], [0, 0]]
+    s = torch.tensor(0)
+    pad_default(s, torch.tensor(1234))
+    assert s.item() == 1234
+
+
+def test_pad_default_too_big():
+    with pytest.raises(ValueError, match=r"9 rows.*8 rows"):
+        pad_default(torch.zeros(8, 3), torch.zeros(9, 3))
+    with pytest.raises(ValueError, match=r"10 rows"):
+        pad_default(torch.zeros(8, 3), [torch.zeros(5, 3), torch.zeros(5, 3)])
+
+
+def test_config_padding_for_defaults():
+    cfg = EncoderGraphConfig.build(out_hidden_size=64)
+    assert cfg.padding_for("pixel_values", 64) is pad_default
+    assert cfg.padding_for("gather_idx", 64) is pad_default
+    custom = lambda dst, src: None  # noqa: E731
+    cfg2 = EncoderGraphConfig.build(out_hidden_size=64, padding_logics={"pixel_values": custom})
+    assert cfg2.padding_for("pixel_values", 64) is custom
+
+
+@pytest.mark.parametrize("rule", ["safe", "repeat_last"])
+def test_host_meta_buffer(tiny_model, rule):
+    """What a replay uploads: cu_seqlens padded by the rule, then gather_idx zero-padded."""
+    genc = GraphedEncoder(tiny_model, cu_seqlens_rule=rule)
+    g = genc._allocate(512)
+    shapes = [(32, 32), (4, 6)]
+    meta = genc._host_meta(g, shapes)
+    assert meta.dtype == torch.int32 and meta.shape == (g.cu_size + g.rows,)
+    cu, gi = meta[: g.cu_size], meta[g.cu_size :]
+    assert cu[:3].tolist() == [0, 1024, 1048]
+    if rule == "safe":
+        _check_safe(cu, lfm2vl_cu_seqlens(shapes), g.rows, g.max_seqlen)
+    else:
+        assert set(cu[3:].tolist()) == {1048}
+    assert torch.equal(gi[:1048], lfm2vl_gather_idx(shapes).int())
+    assert not gi[1048:].any()
+    assert genc._host_meta(g, shapes) is meta  # cached per (budget, shapes)
+
+
+# --------------------------------------------------------------------------------------------
+# Planning
+# --------------------------------------------------------------------------------------------
+
+
+def test_plan_largest_first_and_budget_limit():
+    batches, eager = plan_batches([64, 256, 16, 128, 256], max_budget=512, max_items=3)
+    assert batches == [[1, 4], [3, 0, 2]]
+    assert eager == []
+
+
+def test_plan_item_limit():
+    batches, eager = plan_batches([1] * 7, max_budget=1024, max_items=3)
+    assert batches == [[0, 1, 2], [3, 4, 5], [6]] and eager == []
+
+
+def test_plan_budget_limit():
+    assert plan_batches([300, 300, 300], max_budget=512, max_items=16) == ([[0], [1], [2]], [])
+
+
+def test_plan_oversize_items_are_eager():
+    batches, eager = plan_batches([1024, 64, 2000, 48], max_budget=512, max_items=4)
+    assert batches == [[1, 3]]
+    assert eager == [2, 0]  # largest first
+
+
+def test_plan_empty():
+    assert plan_batches([], max_budget=64, max_items=1) == ([], [])
+
+
+def test_plan_invariants_random():
+    rng = random.Random(0)
+    for _ in range(200):
+        tokens = [rng.choice([1, 6, 48, 64, 96, 130, 256, 300]) for _ in range(rng.randint(1, 40))]
+        max_budget, max_items = rng.choice([128, 256, 512, 1024]), rng.choice([1, 2, 4, 16])
+        batches, eager = plan_batches(tokens, max_budget, max_items)
+        seen = sorted(i for b in batches for i in b)
+        assert sorted(seen + eager) == list(range(len(tokens)))
+        assert all(tokens[i] > max_budget for i in eager)
+        for b in batches:
+            assert 1 <= len(b) <= max_items
+            assert sum(tokens[i] for i in b) <= max_budget
+            assert [tokens[i] for i in b] == sorted((tokens[i] for i in b), reverse=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Stats
+# --------------------------------------------------------------------------------------------
+
+
+def test_stats_fields():
+    s = GraphStats()
+    assert (s.hits, s.misses, s.overflow, s.eager_calls, s.replays) == (0, 0, 0, 0, {})
+    assert s.hit_rate == 0.0 and s.padding_waste == 0.0
+    s = GraphStats(hits=3, misses=1, real_tokens=100, padded_tokens=28, replays={512: 1, 64: 2})
+    assert s.hit_rate == 0.75
+    assert s.padding_waste == pytest.approx(0.28)
+    d = s.as_dict()
+    assert set(d) == {"hits", "misses", "overflow", "eager_calls", "replays", "real_tokens", "padded_tokens",
+                      "padding_waste", "hit_rate"}
+    assert list(d["replays"]) == [64, 512]
+    assert d["hit_rate"] == 0.75
+
+
+# --------------------------------------------------------------------------------------------
+# GraphedEncoder on the CPU: the packed eager path
+# --------------------------------------------------------------------------------------------
+
+
+def test_graphed_encoder_cpu_defaults(tiny_model):
+    genc = GraphedEncoder(tiny_model)
+    assert genc.config.budgets == DEFAULT_BUDGETS and genc.config.max_items == 16
+    assert genc.config.out_hidden_size == 64
+    assert not genc.captured and genc.device.type == "cpu"
+    assert genc.encoder.attention_backend == "sdpa_blockmask"
+
+
+def test_graphed_encoder_cpu_matches_transformers_and_warns_once(tiny_model):
+    genc = GraphedEncoder(tiny_model)
+    shapes = [(16, 16), (32, 32), (4, 6), (26, 38), (16, 24)]  # not sorted: order must come back as given
+    inputs = random_processor_output(shapes, "tiny", seed=21)
+    refs = hf_image_features(tiny_model, inputs)
+    warn_once.__defaults__[0].clear()  # forget earlier warnings of this session
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = genc.encode(inputs)
+        outs2 = genc.encode(inputs)
+    mine = [w for w in caught if "no CUDA device" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in caught]
+    _assert_parity(outs, refs, FP32_TOL)
+    for a, b in zip(outs, outs2):
+        assert torch.equal(a, b)
+    assert genc.stats.eager_calls == 2
+    assert genc.stats.hits == 0 and genc.stats.replays == {}
+
+
+def test_graphed_encoder_cpu_encode_images(tiny_model):
+    genc = GraphedEncoder(tiny_model)
+    images = [synthetic_image(300, 200, seed=1), synthetic_image(1024, 768, seed=2)]
+    refs = hf_image_features(tiny_model, process_images(images, "tiny"))
+    _assert_parity(genc.encode(images), refs, FP32_TOL)
+
+
+def test_capture_on_cpu_raises(tiny_model):
+    genc = GraphedEncoder(tiny_model)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        genc.capture(progress=False)
+    assert not genc.captured
+
+
+def test_graphed_encoder_rejects_bad_inputs(tiny_model):
+    genc = GraphedEncoder(tiny_model)
+    with pytest.raises(ValueError, match="3x4"):
+        genc.encode(random_processor_output([(3, 4)], "tiny"))
+
+
+def _lm_inputs(model, inputs, prefix=(1, 5, 7), suffix=(9, 11)):
+    n = sum(_tokens([tuple(s) for s in inputs["spatial_shapes"].tolist()]))
+    tok = model.config.image_token_id
+    ids = torch.tensor([list(prefix) + [tok] * n + list(suffix)])
+    return dict(input_ids=ids, attention_mask=torch.ones_like(ids), **inputs)
+
+
+def test_installed_forward_and_generate_cpu(tiny_model):
+    genc = GraphedEncoder(tiny_model)
+    inputs = random_processor_output([(16, 16), (8, 16)], "tiny", seed=3)
+    batch = _lm_inputs(tiny_model, inputs)
+    inner = tiny_model.model
+    with torch.no_grad():
+        ref = tiny_model(**batch).logits
+        ref_gen = tiny_model.generate(**batch, max_new_tokens=3, do_sample=False)
+        with genc.installed() as m:
+            assert m is tiny_model
+            assert "get_image_features" in inner.__dict__
+            got = tiny_model(**batch).logits
+            calls = genc.stats.eager_calls
+            got_gen = tiny_model.generate(**batch, max_new_tokens=3, do_sample=False)
+    assert calls >= 1, "forward did not go through the graphed encoder"
+    assert genc.stats.eager_calls > calls, "generate did not go through the graphed encoder"
+    assert "get_image_features" not in inner.__dict__, "installed() must restore the class method"
+    assert rel_error(got, ref) <= FP32_TOL
+    assert torch.equal(got_gen, ref_gen)
+
+
+# --------------------------------------------------------------------------------------------
+# The replay path on the CPU, with the graph simulated: replay() runs the body on the persistent
+# buffers, exactly what the captured graph does. Tests padding, slicing, order and stats.
+# --------------------------------------------------------------------------------------------
+
+
+class _BodyOnBuffers:
+    def __init__(self, genc, g):
+        self.genc, self.g = genc, g
+
+    def replay(self):
+        self.g.out.copy_(self.genc._run_body(self.g))
+
+
+def _simulated(model, budgets, rule, only=None):
+    genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule)
+    for b in genc.config.budgets:
+        if only is not None and b not in only:
+            continue
+        g = genc._allocate(b)
+        genc._fill_dummy(g, seed=b)
+        g.graph = _BodyOnBuffers(genc, g)
+        genc.graphs[b] = g
+    return genc
+
+
+def _buffer_ptrs(genc):
+    return {
+        t.untyped_storage().data_ptr()
+        for g in genc.graphs.values()
+        for t in (g.pixel_values, g.pos_embeds, g.meta, g.out)
+    }
+
+
+@pytest.mark.parametrize("rule", ["safe", "repeat_last"])
+def test_simulated_replay_matches_transformers(tiny_model, rule):
+    genc = _simulated(tiny_model, [64, 128, 256], rule)
+    assert genc.config.max_items == 4
+    shapes = [(8, 8), (16, 32), (2, 2), (20, 20), (32, 32), (12, 8), (16, 16)]
+    inputs = random_processor_output(shapes, "tiny", seed=31)
+    refs = hf_image_features(tiny_model, inputs)
+    outs = genc.encode(inputs)
+    _assert_parity(outs, refs, FP32_TOL)
+    tokens = _tokens(shapes)
+    batches, eager = plan_batches(tokens, 256, 4)
+    s = genc.stats
+    assert eager == [] and s.misses == 0 and s.overflow == 0
+    assert s.hits == len(shapes)
+    assert sum(s.replays.values()) == len(batches)
+    used = [genc.config.budget_for(sum(tokens[i] for i in b)) for b in batches]
+    assert s.replays == {b: used.count(b) for b in set(used)}
+    assert s.real_tokens == sum(tokens)
+    assert s.padded_tokens == sum(used) - sum(tokens)
+    ptrs = _buffer_ptrs(genc)
+    assert all(o.untyped_storage().data_ptr() not in ptrs for o in outs)
+
+
+def test_simulated_replay_no_aliasing(tiny_model):
+    genc = _simulated(tiny_model, [64, 128], "safe")
+    first = genc.encode(random_processor_output([(16, 16), (8, 8)], "tiny", seed=1))
+    kept = [t.clone() for t in first]
+    for seed in (2, 3):
+        genc.encode(random_processor_output([(16, 16), (8, 8)], "tiny", seed=seed))
+    for a, b in zip(first, kept):
+        assert torch.equal(a, b), "an earlier result changed after a later replay"
+
+
+def test_simulated_oversize_and_guard(tiny_model):
+    genc = _simulated(tiny_model, [64, 128], "safe")
+    assert genc.config.max_items == 2
+    shapes = [(16, 16), (32, 32), (12, 16)]  # 64 + 256 (oversize) + 48 tokens
+    inputs = random_processor_output(shapes, "tiny", seed=8)
+    refs = hf_image_features(tiny_model, inputs)
+    _assert_parity(genc.encode(inputs), refs, FP32_TOL)
+    assert (genc.stats.hits, genc.stats.misses) == (2, 1)
+    assert genc.stats.replays == {128: 1}
+    # a budget without a graph: the guard refuses the batch and it runs eagerly, still correct
+    genc2 = _simulated(tiny_model, [64, 128], "safe", only={128})
+    small = random_processor_output([(12, 16)], "tiny", seed=9)
+    _assert_parity(genc2.encode(small), hf_image_features(tiny_model, small), FP32_TOL)
+    assert (genc2.stats.overflow, genc2.stats.misses, genc2.stats.hits) == (1, 1, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU (run on the device): real capture and replay
+# --------------------------------------------------------------------------------------------
+
+# Shapes whose total output tokens need exactly this budget (above the previous one), unsorted.
+BUDGET_CASES = {
+    64: [(12, 16)],  # 48 tokens
+    128: [(12, 16), (16, 16)],  # 112
+    256: [(8, 16), (24, 32)],  # 224
+    512: [(8, 8), (32, 32), (24, 32)],  # 464
+    1024: [(16, 24), (32, 32), (32, 32), (32, 32)],  # 864
+}
+_CAPTURED = {}
+_MODELS = {}
+
+
+def _cuda_model(preset, dtype):
+    if (preset, dtype) not in _MODELS:
+        _MODELS[preset, dtype] = build_model(preset, dtype=dtype, device="cuda")
+    return _MODELS[preset, dtype]
+
+
+def _captured(preset, dtype, rule, budgets=None):
+    """A captured GraphedEncoder per (preset, dtype, rule, budgets), built once per session."""
+    key = (preset, dtype, rule, tuple(budgets or ()))
+    if key not in _CAPTURED:
+        model = _cuda_model(preset, dtype)
+        # fp32: FlashAttention varlen takes only half precision, so use the exact block-mask path
+        attention = "auto" if dtype != torch.float32 else "sdpa_blockmask"
+        genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule, attention=attention)
+        info = genc.capture(progress=False)
+        assert [i["budget"] for i in info] == sorted(genc.config.budgets, reverse=True)
+        _CAPTURED[key] = genc
+    genc = _CAPTURED[key]
+    genc.reset_stats()
+    return genc
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", DEFAULT_BUDGETS)
+@pytest.mark.parametrize("rule", ["safe", "repeat_last"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("preset", ["tiny", "lfm2-vl-450m"])
+def test_replay_equals_eager(preset, dtype, rule, budget):
+    genc = _captured(preset, dtype, rule)
+    assert genc.captured and sorted(genc.graphs) == DEFAULT_BUDGETS
+    shapes = BUDGET_CASES[budget]
+    inputs = random_processor_output(shapes, preset, seed=1000 + budget)
+    outs = genc.encode(inputs)
+    assert genc.stats.replays == {budget: 1}, genc.stats.as_dict()
+    assert (genc.stats.hits, genc.stats.misses) == (len(shapes), 0)
+    eager = genc.encoder.encode(inputs)
+    tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
+    _assert_parity(outs, eager, tol)
+    _assert_parity(outs, hf_image_features(genc.model, inputs), tol)
+    assert all(o.device.type == "cuda" and o.dtype == dtype for o in outs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tiny", "lfm2-vl-450m"])
+def test_replay_results_are_not_aliased(preset):
+    genc = _captured(preset, torch.bfloat16, "safe")
+    first = genc.encode(random_processor_output(BUDGET_CASES[256], preset, seed=1))
+    kept = [t.clone() for t in first]
+    for seed in (2, 3):  # same budget (same output buffer), then others
+        genc.encode(random_processor_output(BUDGET_CASES[256], preset, seed=seed))
+    for b in DEFAULT_BUDGETS:
+        genc.encode(random_processor_output(BUDGET_CASES[b], preset, seed=10 + b))
+    torch.cuda.synchronize()
+    for a, b in zip(first, kept):
+        assert torch.equal(a, b), "an earlier result changed after a later replay"
+    ptrs = _buffer_ptrs(genc)
+    assert len(ptrs) == 4 * len(DEFAULT_BUDGETS)
+    assert all(t.untyped_storage().data_ptr() not in ptrs for t in first)
+
+
+@pytest.mark.gpu
+def test_oversize_item_falls_back_to_eager():
+    genc = _captured("tiny", torch.bfloat16, "safe", budgets=[64, 128])
+    shapes = [(32, 32), (16, 16), (12, 16)]  # 256 tokens > 128: eager
+    inputs = random_processor_output(shapes, "tiny", seed=5)
+    outs = genc.encode(inputs)
+    assert (genc.stats.hits, genc.stats.misses) == (2, 1)
+    assert genc.stats.replays == {128: 1}
+    _assert_parity(outs, hf_image_features(genc.model, inputs), BF16_TOL)
+
+
+@pytest.mark.gpu
+def test_stats_add_up_on_a_workload():
+    genc = _captured("tiny", torch.bfloat16, "safe")
+    images = [r.image() for r in synthetic_workload(12, seed=4)]
+    inputs = process_images(images, "tiny")
+    shapes = [tuple(s) for s in inputs["spatial_shapes"].tolist()]
+    tokens = _tokens(shapes)
+    outs = genc.encode(inputs)
+    s = genc.stats
+    batches, eager = plan_batches(tokens, 1024, genc.config.max_items)
+    assert s.hits + s.misses == len(shapes)
+    assert s.misses == len(eager) == 0 and s.overflow == 0
+    assert sum(s.replays.values()) == len(batches)
+    used = [genc.config.budget_for(sum(tokens[i] for i in b)) for b in batches]
+    assert s.replays == {b: used.count(b) for b in set(used)}
+    assert s.real_tokens == sum(tokens) and s.padded_tokens == sum(used) - sum(tokens)
+    _assert_parity(outs, hf_image_features(genc.model, inputs), BF16_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tiny", "lfm2-vl-450m"])
+def test_installed_forward_and_generate_cuda(preset):
+    genc = _captured(preset, torch.bfloat16, "safe")
+    model = genc.model
+    inputs = random_processor_output([(32, 32), (16, 24)], preset, seed=6)
+    batch = {k: v.to("cuda") for k, v in _lm_inputs(model, inputs).items()}
+    batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+    gen_kw = dict(max_new_tokens=3, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    with torch.no_grad():
+        ref = model(**batch).logits
+        ref_gen = model.generate(**batch, **gen_kw)
+        with genc.installed():
+            got = model(**batch).logits
+            hits = genc.stats.hits
+            got_gen = model.generate(**batch, **gen_kw)
+    assert hits == 2, "forward did not go through the graphed encoder"
+    assert genc.stats.hits == 4, "generate did not go through the graphed encoder"
+    assert "get_image_features" not in model.model.__dict__
+    assert rel_error(got, ref) <= BF16_TOL
+    assert rel_error(got_gen.logits[0], ref_gen.logits[0]) <= BF16_TOL
