@@ -19,7 +19,6 @@ from .graphs import GraphedEncoder
 from .inputs import random_processor_output
 from .presets import as_preset, build_model
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
 
 
@@ -111,7 +110,9 @@ def check_sync_free(enc: PackedVisionEncoder, inp) -> dict:
 
 
 def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
-    dtype = DTYPES[dtype_name]
+    from .bench import parse_dtype
+
+    dtype = parse_dtype(dtype_name)
     tol = TOLERANCE[dtype]
     t0 = time.perf_counter()
     model = build_model(name, dtype=dtype, device="cuda", seed=seed)
@@ -142,14 +143,14 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
 
 def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=None, command: str = "") -> dict:
     """Run every check on the GPU and write ``check-<date>.json`` with provenance."""
-    from .results import provenance, save_result
+    from .results import RESULTS_ROOT, provenance, save_result
 
     if not torch.cuda.is_available():
         raise RuntimeError("the check run needs a CUDA GPU; on a CPU run the test-suite instead")
     result = {"provenance": provenance(command or "python -m lfm2vl_lab check", dtype=dtype),
               "presets": [check_preset(p, dtype) for p in presets]}
     result["pass"] = all(r["pass"] for r in result["presets"])
-    path = save_result(result, name="check", root=out_dir)
+    path = save_result(result, root=out_dir if out_dir is not None else RESULTS_ROOT, name="check")
     for r in result["presets"]:
         worst = max(g.get("rel_err", 0) for g in r["graphs"])
         print(f"{r['preset']:>16} {r['dtype']} attention={r['attention']} parity="
@@ -157,3 +158,19 @@ def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=
               f"pass={r['pass']} ({r['seconds']:.1f}s)")
     print("wrote", path)
     return result
+
+
+def add_check_args(p) -> None:
+    p.add_argument("--preset", action="append", default=None,
+                   help="preset(s) to check (repeatable; default: lfm2-vl-450m and lfm2-vl-1.6b)")
+    p.add_argument("--dtype", default="bf16", help="bf16 | fp16 | fp32 (default: bf16)")
+    p.add_argument("--out", default=None, help="results root (default: data/results)")
+
+
+def run_check_cli(args) -> int:
+    """Correctness on the GPU: parity, no host sync, replay vs eager for every budget and rule."""
+    import sys
+
+    result = main(presets=tuple(args.preset or ("lfm2-vl-450m", "lfm2-vl-1.6b")), dtype=args.dtype,
+                  out_dir=args.out, command="python -m lfm2vl_lab " + " ".join(sys.argv[1:]))
+    return 0 if result["pass"] else 1

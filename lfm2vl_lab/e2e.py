@@ -127,3 +127,57 @@ def logits_parity(model, genc: GraphedEncoder, n_requests: int = 1, seed: int = 
     rel = ((out - ref).norm() / ref.norm()).item()
     same_first = bool((out[:, -1].argmax(-1) == ref[:, -1].argmax(-1)).all())
     return {"rel_err": rel, "same_first_token": same_first, "finite": bool(torch.isfinite(out).all())}
+
+
+def add_e2e_args(p) -> None:
+    p.add_argument("--preset", action="append", default=None, help="preset(s) (repeatable; default: lfm2-vl-450m)")
+    p.add_argument("--image", default="1x512,tiled", help="images, comma list of: " + ", ".join(IMAGES))
+    p.add_argument("--requests", default="1,2,4", help="requests per generate call, comma list")
+    p.add_argument("--new-tokens", default="16,64", help="new tokens for the total-latency columns, comma list")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--dtype", default=None, help="bf16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--out", default=None, help="results root (default: data/results)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run_e2e_cli(args) -> int:
+    """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
+    import sys
+
+    from .bench import parse_dtype
+    from .presets import build_model
+    from .results import RESULTS_ROOT, provenance, save_result
+
+    on_cuda = torch.cuda.is_available()
+    dev = "cuda" if on_cuda else "cpu"
+    dt = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if on_cuda else torch.float32)
+    presets = args.preset or (["lfm2-vl-450m"] if on_cuda else ["tiny"])
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
+    result = {"name": "e2e", "provenance": provenance(command, dtype=str(dt).replace("torch.", ""),
+                                                        preset=",".join(presets), text="full depth, random weights"),
+              "rows": [], "parity": []}
+    for name in presets:
+        model = build_model(name, dtype=dt, device=dev, text_layers="full")
+        genc = GraphedEncoder(model)
+        if on_cuda:
+            genc.capture(progress=not args.no_progress)
+        result["parity"].append({"preset": name, **logits_parity(model, genc)})
+        result["rows"] += run_e2e(model, images=tuple(args.image.split(",")), requests=ints(args.requests),
+                                  new_tokens=ints(args.new_tokens), repeats=args.repeats, genc=genc,
+                                  progress=not args.no_progress)
+        del model, genc
+        if on_cuda:
+            torch.cuda.empty_cache()
+    for r in result["rows"]:
+        base = next(b for b in result["rows"] if b["mode"] == "hf-eager" and
+                    all(b[k] == r[k] for k in ("preset", "image", "requests")))
+        r["ttft_reduction"] = 1 - r["ttft_ms"] / base["ttft_ms"]
+    path = save_result(result, args.out or RESULTS_ROOT, "e2e")
+    for r in result["rows"]:
+        print(f"{r['preset']:>14} {r['image']:>6} x{r['requests']} {r['mode']:>10}  encoder {r['encoder_ms']:7.2f} ms"
+              f"  TTFT {r['ttft_ms']:7.2f} ms ({-100 * r['ttft_reduction']:+.1f}% vs hf)  share {100 * r['encoder_share_of_ttft']:.0f}%"
+              + "".join(f"  {k} {v:.1f}" for k, v in r.items() if k.startswith("total_")))
+    print("parity:", result["parity"])
+    print("results:", path)
+    return 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .budgets import EncoderGraphConfig, pad_default
+from .budgets import EncoderGraphConfig
 from .encoder import PackedVisionEncoder, warn_once
 from .packing import Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels, lfm2vl_read_inputs
 

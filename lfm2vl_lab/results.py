@@ -1,12 +1,18 @@
-"""Recorded results: provenance and where result JSON lives (``data/results/<gpu-slug>/``)."""
+"""Recorded results: provenance, and where result JSON lives (``data/results/<gpu-slug>/``).
+
+Every GPU figure in the repo comes from a file written here by a real run: the file carries the
+GPU name, library versions, preset, dtype, date, git commit and the exact command.
+"""
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
+import os
 import platform
 import re
+import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -14,48 +20,104 @@ import torch
 RESULTS_ROOT = Path(__file__).resolve().parent.parent / "data" / "results"
 
 
-def device_name() -> str:
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+def gpu_slug(name: str) -> str:
+    """``"NVIDIA H200"`` → ``"nvidia-h200"``; ``"cpu"`` → ``"cpu"``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug or "unknown"
 
 
-def device_slug(name: str | None = None) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", (name or device_name()).lower()).strip("-")
+def _host_cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
-def provenance(command: str, **extra) -> dict:
-    """Who measured what, where and when: attached to every result file."""
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance(command: str | None = None, device=None, **extra) -> dict:
+    """Where and how numbers were made: GPU, library versions, date, command, host CPU, git commit.
+
+    ``extra`` (dtype, preset, …) is merged in. ``gpu`` is the CUDA device name, or ``"cpu"`` when
+    ``device`` (default: CUDA if available) is not a CUDA device.
+    """
     import transformers
 
-    return {
-        "gpu": device_name(),
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_cuda = dev.type == "cuda" and torch.cuda.is_available()
+    prov = {
+        "gpu": torch.cuda.get_device_name(dev) if on_cuda else "cpu",
+        "device": dev.type,
+        "gpu_count": torch.cuda.device_count() if on_cuda else 0,
+        "cuda": torch.version.cuda if on_cuda else None,
         "torch": torch.__version__,
-        "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
-        "host_cpu": platform.processor() or platform.machine(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": command or " ".join(sys.argv),
-        **extra,
+        "platform": platform.platform(),
+        "host_cpu": _host_cpu(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command if command is not None else " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "git_commit": _git_commit(),
     }
+    prov.update(extra)
+    return prov
 
 
-def save_result(result: dict, name: str, root=None) -> Path:
-    """Write ``<root>/<gpu-slug>/<name>-<UTC timestamp>.json`` and return the path."""
-    root = Path(root) if root is not None else RESULTS_ROOT
-    folder = root / device_slug(result.get("provenance", {}).get("gpu"))
+def save_result(result: dict, root=RESULTS_ROOT, name: str | None = None) -> Path:
+    """Write ``result`` to ``<root>/<gpu-slug>/<name>-<timestamp>.json`` (never overwrites)."""
+    prov = result.get("provenance", {})
+    name = name or result.get("name") or "bench"
+    try:
+        stamp = datetime.fromisoformat(prov["date"]).strftime("%Y%m%d-%H%M%S")
+    except (KeyError, ValueError):
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    folder = Path(root) / gpu_slug(str(prov.get("gpu", "unknown")))
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    path = folder / f"{name}-{stamp}.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
+    path, k = folder / f"{name}-{stamp}.json", 1
+    while path.exists():
+        path, k = folder / f"{name}-{stamp}-{k}.json", k + 1
+    path.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
     return path
 
 
-def load_results(root=None, pattern: str = "*.json") -> list[dict]:
-    """Every result file under ``root`` (each dict gains ``_path``), oldest first."""
-    root = Path(root) if root is not None else RESULTS_ROOT
+def _json_default(obj):
+    if isinstance(obj, torch.dtype):
+        return str(obj).replace("torch.", "")
+    if isinstance(obj, (torch.device, Path)):
+        return str(obj)
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def load_results(root=RESULTS_ROOT, pattern: str = "*.json", rows_only: bool = False) -> list[dict]:
+    """Every result JSON under ``root`` (recursively) matching ``pattern``, oldest first; each
+    gets ``"_path"``. ``rows_only`` keeps benchmark-shaped files (``provenance`` and ``rows``)."""
     out = []
-    for p in sorted(root.glob(f"**/{pattern}")):
-        d = json.loads(p.read_text())
-        d["_path"] = str(p)
-        out.append(d)
-    return out
+    for path in sorted(Path(root).rglob(pattern)):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "provenance" in data and (not rows_only or isinstance(data.get("rows"), list)):
+            data["_path"] = str(path)
+            out.append(data)
+    return sorted(out, key=lambda r: str(r["provenance"].get("date", "")))
+
+

@@ -1,0 +1,355 @@
+"""Figures from benchmark results (the JSON that :mod:`lfm2vl_lab.bench` writes).
+
+Every figure function takes plain data (result rows, timelines, capture-info rows) and returns a
+``matplotlib.figure.Figure``. Figures are built without ``pyplot``, so nothing depends on a GUI
+backend or global state (safe on headless machines and in tests); in a notebook a returned Figure
+displays itself. :func:`report` regenerates every figure the stored results have data for.
+
+* :func:`latency_figure`      — median latency per mode, bars grouped by workload (p90 whisker)
+* :func:`speedup_figure`      — speedup over hf-eager vs number of images (``NxS`` workloads)
+* :func:`floor_share_figure`  — median split into GPU-busy floor and everything else
+* :func:`timeline_figure`     — CPU launch lane vs GPU kernel lane, eager vs graph
+* :func:`padding_waste_figure`— padded / real tokens per budget set
+* :func:`graph_memory_figure` — graph memory and capture time per budget
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused")
+MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b4", "lab-graph": "#2ca02c",
+               "lab-graph-fused": "#d62728"}
+DEFAULT_GRAPH_CONFIG = ("auto", "safe", "tight")  # preferred (budget_set, cu_rule, max_seqlen_mode) in figures
+_NXS = re.compile(r"(\d+)x(\d+)")
+
+
+class NoData(ValueError):
+    """A figure has no data to draw (``report`` skips it and prints the reason)."""
+
+
+def _mode_key(mode: str) -> tuple:
+    return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
+
+
+def _config(r: dict) -> tuple:
+    return (r.get("budget_set"), r.get("cu_rule"), r.get("max_seqlen_mode"))
+
+
+def pick_rows(rows: list[dict]) -> list[dict]:
+    """One row per (mode, workload): the default graph config when there is a sweep (else the
+    first config seen); among equals, the last row wins (rows come oldest first)."""
+    best: dict = OrderedDict()
+    for r in rows:
+        if r.get("median_ms") is None:
+            continue
+        key = (r.get("mode"), r.get("workload"))
+        cur = best.get(key)
+        if cur is None or _config(r) == _config(cur) or (_config(r) == DEFAULT_GRAPH_CONFIG and _config(cur) != DEFAULT_GRAPH_CONFIG):
+            best[key] = r
+    return list(best.values())
+
+
+def _workloads(rows) -> list[str]:
+    return list(dict.fromkeys(r["workload"] for r in rows))
+
+
+def _modes(rows) -> list[str]:
+    return sorted({r["mode"] for r in rows}, key=_mode_key)
+
+
+def _title(fig: Figure, title: str | None) -> None:
+    if title:
+        fig.suptitle(title, fontsize=10)
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------
+
+
+def latency_figure(rows: list[dict], title: str | None = None, log: bool = False) -> Figure:
+    """Median latency (ms) per mode, bars grouped by workload; the whisker reaches p90."""
+    rows = pick_rows(rows)
+    if not rows:
+        raise NoData("latency_figure: no rows with median_ms")
+    workloads, modes = _workloads(rows), _modes(rows)
+    by = {(r["mode"], r["workload"]): r for r in rows}
+    fig = Figure(figsize=(max(6, 1.6 * len(workloads) + 2), 4), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        xs, ys, errs = [], [], []
+        for j, w in enumerate(workloads):
+            r = by.get((mode, w))
+            if r is None:
+                continue
+            xs.append(j + (i - (len(modes) - 1) / 2) * width)
+            ys.append(r["median_ms"])
+            errs.append(max(0.0, (r.get("p90_ms") or r["median_ms"]) - r["median_ms"]))
+        bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=mode, color=MODE_COLORS.get(mode), capsize=2)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax.set_xticks(range(len(workloads)), workloads)
+    ax.set_ylabel("median latency per call (ms)")
+    ax.set_xlabel("workload")
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8, ncols=min(len(modes), 5))
+    _title(fig, title or "Encoder latency per mode (whisker: p90)")
+    return fig
+
+
+def speedup_figure(rows: list[dict], side: int | None = None, title: str | None = None) -> Figure:
+    """Speedup over hf-eager against the number of images, for the ``NxS`` workloads of one side
+    ``S`` (default: the side with the most image counts)."""
+    rows = [r for r in pick_rows(rows) if r.get("speedup_vs_hf") and _NXS.fullmatch(str(r.get("workload")))]
+    if side is None:
+        sides: dict[int, set] = {}
+        for r in rows:
+            n, s = map(int, _NXS.fullmatch(r["workload"]).groups())
+            sides.setdefault(s, set()).add(n)
+        if not sides:
+            raise NoData("speedup_figure: no NxS rows with speedup_vs_hf")
+        side = max(sides, key=lambda s: len(sides[s]))
+    rows = [r for r in rows if int(_NXS.fullmatch(r["workload"])[2]) == side and r["mode"] != "hf-eager"]
+    if not rows:
+        raise NoData(f"speedup_figure: no rows for {side} px images")
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.add_subplot()
+    for mode in _modes(rows):
+        pts = sorted((int(_NXS.fullmatch(r["workload"])[1]), r["speedup_vs_hf"]) for r in rows if r["mode"] == mode)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=mode, color=MODE_COLORS.get(mode))
+    ax.axhline(1.0, color=MODE_COLORS["hf-eager"], ls="--", lw=1, label="hf-eager")
+    ax.set_xscale("log", base=2)
+    ns = sorted({int(_NXS.fullmatch(r["workload"])[1]) for r in rows})
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel(f"images per call ({side}×{side} px)")
+    ax.set_ylabel("speedup over hf-eager (×)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    _title(fig, title or "Speedup over transformers' eager path vs batch size")
+    return fig
+
+
+def floor_share_figure(rows: list[dict], title: str | None = None) -> Figure:
+    """Each median split into the GPU-busy floor (kernels running) and the rest (host overhead,
+    launch gaps, syncs); the label is busy / median, i.e. how close the call runs to its floor."""
+    rows = [r for r in pick_rows(rows) if r.get("gpu_busy_ms")]
+    if not rows:
+        raise NoData("floor_share_figure: no rows with gpu_busy_ms (run bench with --profile on a GPU)")
+    order = _workloads(rows)
+    rows.sort(key=lambda r: (order.index(r["workload"]), _mode_key(r["mode"])))
+    labels = [f"{r['workload']}  {r['mode']}" for r in rows]
+    busy = [min(r["gpu_busy_ms"], r["median_ms"]) for r in rows]
+    rest = [max(0.0, r["median_ms"] - b) for r, b in zip(rows, busy)]
+    fig = Figure(figsize=(7, 0.35 * len(rows) + 1.5), layout="constrained")
+    ax = fig.add_subplot()
+    y = range(len(rows))
+    ax.barh(y, busy, color=[MODE_COLORS.get(r["mode"], "C0") for r in rows])
+    ax.barh(y, rest, left=busy, color="#dddddd")
+    for i, r in enumerate(rows):
+        ax.text(r["median_ms"], i, f" {100 * busy[i] / r['median_ms']:.0f}% busy", va="center", fontsize=7)
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.18 * max(r["median_ms"] for r in rows))  # room for the labels
+    ax.set_xlabel("ms per call (coloured: GPU busy = the floor; grey: host overhead, launch gaps, syncs)")
+    _title(fig, title or "Share of each call spent at the GPU-busy floor")
+    return fig
+
+
+def timeline_figure(timelines: dict, title: str | None = None, max_us: float | None = None) -> Figure:
+    """One panel per timeline (e.g. ``{"lab-eager": tl, "lab-graph": tl}``): a CPU lane (CUDA API
+    calls: launches orange, others such as syncs grey) above a GPU lane (kernels and copies), on
+    a shared µs axis so the panels compare directly.
+
+    A timeline is ``{"cpu": [(start_us, dur_us, name)], "gpu": [...]}`` as in
+    :class:`profiling.ProfileReport`.
+    """
+    if not timelines:
+        raise NoData("timeline_figure: no timelines")
+    fig = Figure(figsize=(9, 1.5 * len(timelines) + 0.8), layout="constrained")
+    axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
+    end = 0.0
+    from .profiling import LAUNCH_PREFIXES
+
+    for ax, (label, tl) in zip(axes, timelines.items()):
+        for lane, y in (("cpu", 1), ("gpu", 0)):
+            events = tl.get(lane, [])
+            spans = [(float(s), max(float(d), 0.05)) for s, d, *_ in events]
+            if lane == "gpu":
+                colors = ["#2ca02c"] * len(events)
+            else:  # launch calls orange; other API calls (syncs, queries) grey
+                colors = ["#ff7f0e" if str(e[2] if len(e) > 2 else "").startswith(LAUNCH_PREFIXES) else "#999999" for e in events]
+            ax.broken_barh(spans, (y - 0.35, 0.7), facecolors=colors, lw=0)
+            end = max([end] + [s + d for s, d in spans])
+        n_launch, n_kernel = len(tl.get("cpu", [])), len(tl.get("gpu", []))
+        ax.set_yticks([0, 1], [f"GPU ({n_kernel})", f"CPU ({n_launch})"], fontsize=8)
+        ax.set_ylim(-0.6, 1.6)
+        ax.set_title(label, fontsize=9, loc="left")
+    axes[-1].set_xlim(0, max_us or end * 1.02 or 1)
+    axes[-1].set_xlabel("µs from the first event of the call")
+    _title(fig, title or "One call: CPU launch calls vs GPU kernels")
+    return fig
+
+
+def padding_waste_figure(rows: list[dict], title: str | None = None) -> Figure:
+    """Padded tokens / real tokens of graph replays per budget set (bars grouped by workload);
+    the hit rate is printed on each bar."""
+    rows = [r for r in rows if r.get("padding_waste") is not None and r.get("budget_set") is not None]
+    if not rows:
+        raise NoData("padding_waste_figure: no graph rows with padding_waste")
+    if any(r["workload"] == "stream" for r in rows):  # the mixed stream is what budgets are chosen for
+        rows = [r for r in rows if r["workload"] == "stream"]
+    last = OrderedDict(((r["mode"], r["workload"], r["budget_set"]), r) for r in rows)
+    rows = list(last.values())
+    sets = list(dict.fromkeys(r["budget_set"] for r in rows))
+    series = list(dict.fromkeys((r["mode"], r["workload"]) for r in rows))
+    fig = Figure(figsize=(max(6, 1.4 * len(sets) + 2), 4), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(series)
+    for i, (mode, w) in enumerate(series):
+        pts = [(sets.index(r["budget_set"]), r) for r in rows if (r["mode"], r["workload"]) == (mode, w)]
+        xs = [j + (i - (len(series) - 1) / 2) * width for j, _ in pts]
+        bars = ax.bar(xs, [100 * r["padding_waste"] for _, r in pts], width, label=f"{mode} · {w}")
+        if len(series) <= 3:  # more labels than that overlap
+            hits = [f"hit {100 * r['hit_rate']:.0f}%" if r.get("hit_rate") is not None else "" for _, r in pts]
+            ax.bar_label(bars, labels=hits, fontsize=7, padding=1)
+    ax.set_xticks(range(len(sets)), sets, fontsize=8)
+    ax.set_xlabel("budget set (output tokens per graph)")
+    ax.set_ylabel("padding waste (% of real tokens)")
+    ax.legend(fontsize=8)
+    _title(fig, title or "Padding waste per budget set")
+    return fig
+
+
+def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
+    """Memory (MiB reserved and allocated) and capture time per budget, from
+    ``GraphedEncoder.capture_info()`` rows; pass a list, or ``{label: rows}`` for several runs."""
+    groups = capture_info if isinstance(capture_info, dict) else {"graphs": capture_info}
+    groups = {k: v for k, v in groups.items() if v}
+    if not groups:
+        raise NoData("graph_memory_figure: no capture_info rows")
+    budgets = sorted({int(r["budget"]) for rows in groups.values() for r in rows})
+    fig = Figure(figsize=(max(6, 0.9 * len(budgets) * len(groups) + 2), 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax2 = ax.twinx()
+    width = 0.8 / len(groups)
+    for i, (label, rows) in enumerate(groups.items()):
+        by = {int(r["budget"]): r for r in rows}
+        xs = [budgets.index(b) + (i - (len(groups) - 1) / 2) * width for b in by]
+        ax.bar(xs, [r.get("mem_reserved_mb", 0) for r in by.values()], width, label=f"{label}: reserved", alpha=0.85)
+        ax.bar(xs, [r.get("mem_allocated_mb", 0) for r in by.values()], width * 0.5, label=f"{label}: allocated")
+        ax2.plot(xs, [r.get("capture_s", 0) for r in by.values()], "kx", ms=6)
+    ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
+    ax.set_xlabel("budget (output tokens); captured largest first into one pool")
+    ax.set_ylabel("memory added by the capture (MiB)")
+    ax2.set_ylabel("capture time (s, × markers)")
+    ax2.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper left")
+    _title(fig, title or "Graph memory and capture time per budget")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def _groups(results: list[dict]) -> dict:
+    """Rows of all results grouped by (gpu slug, preset, dtype); later results come later."""
+    from .results import gpu_slug
+
+    groups: dict = OrderedDict()
+    for res in results:
+        slug = gpu_slug(str(res["provenance"].get("gpu", "unknown")))
+        for r in res["rows"]:
+            key = (slug, r.get("preset", res["provenance"].get("preset")), r.get("dtype", res["provenance"].get("dtype")))
+            groups.setdefault(key, []).append(r)
+    return groups
+
+
+def _timeline_pair(rows: list[dict]):
+    with_tl = [r for r in pick_rows(rows) if r.get("timeline") and (r["timeline"].get("cpu") or r["timeline"].get("gpu"))]
+    for w in ["1x512"] + _workloads(with_tl):
+        eager = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-eager", "hf-eager")]
+        graph = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-graph", "lab-graph-fused", "compile")]
+        if eager and graph:
+            eager.sort(key=lambda r: _mode_key(r["mode"]), reverse=True)  # lab-eager before hf-eager
+            graph.sort(key=lambda r: ("lab-graph", "lab-graph-fused", "compile").index(r["mode"]))
+            return w, {f"{r['mode']} · {w}": r["timeline"] for r in (eager[0], graph[0])}
+    return None, None
+
+
+def _capture_groups(rows: list[dict]) -> dict:
+    out = OrderedDict()
+    for r in rows:
+        if r.get("capture_info"):
+            extra = "" if (r.get("cu_rule"), r.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:] else \
+                f" {r.get('cu_rule')}/{r.get('max_seqlen_mode')}"
+            out[f"{r['mode']} [{r.get('budget_set', '?')}]{extra}"] = r["capture_info"]
+    return out
+
+
+def report(root="data/results", out="data/figures", verbose: bool = True) -> list[Path]:
+    """Regenerate every figure the results under ``root`` have data for; write PNGs to ``out``.
+
+    Rows are grouped by (GPU, preset, dtype); one set of figures per group, named
+    ``<gpu-slug>-<preset>-<dtype>-<figure>.png``. A figure without data is skipped and the reason
+    printed. Returns the paths written.
+    """
+    from .results import load_results
+
+    results = load_results(root, rows_only=True)
+    say = print if verbose else (lambda *a, **k: None)
+    if not results:
+        say(f"report: no result JSON under {root}")
+        return []
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for (slug, preset, dtype), rows in _groups(results).items():
+        prefix = f"{slug}-{preset}-{dtype}"
+        label = f"{preset}, {dtype}, {slug}"
+        tl_workload, tls = _timeline_pair(rows)
+        plans = {
+            "latency": lambda: latency_figure(rows, f"Encoder latency per mode — {label} (whisker: p90)"),
+            "speedup": lambda: speedup_figure(rows, title=f"Speedup over hf-eager vs images — {label}"),
+            "floor-share": lambda: floor_share_figure(rows, f"Share of each call at the GPU-busy floor — {label}"),
+            "timeline": lambda: timeline_figure(tls, f"One call ({tl_workload}): CPU launch calls vs GPU kernels — {label}")
+            if tls else _missing("no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)"),
+            "padding-waste": lambda: padding_waste_figure(rows, f"Padding waste per budget set — {label}"),
+            "graph-memory": lambda: graph_memory_figure(_capture_groups(rows), f"Graph memory per budget — {label}"),
+        }
+        for kind, make in plans.items():
+            if kind == "speedup" and len({r["workload"] for r in rows if _NXS.fullmatch(str(r.get("workload")))}) < 2:
+                say(f"skip {prefix}-{kind}: needs at least two NxS workloads (e.g. --workload 1..16x512)")
+                continue
+            try:
+                fig = make()
+            except NoData as exc:
+                say(f"skip {prefix}-{kind}: {exc}")
+                continue
+            path = out / f"{prefix}-{kind}.png"
+            fig.savefig(path, dpi=120)
+            written.append(path)
+            say(f"wrote {path}")
+    return written
+
+
+def _missing(reason: str):
+    raise NoData(reason)
+
+
+def add_report_args(p) -> None:
+    """Options of ``python -m lfm2vl_lab report``."""
+    p.add_argument("--root", default="data/results", help="results root to read (default: data/results)")
+    p.add_argument("--out", default="data/figures", help="folder for the PNGs (default: data/figures)")
+
+
+def run_report_cli(args) -> int:
+    """Draw every figure the stored benchmark results have data for."""
+    return 0 if report(args.root, args.out) else 1

@@ -1,0 +1,129 @@
+"""The bench CLI end to end on the tiny preset (CPU), result files, and the report figures."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lfm2vl_lab.__main__ import SUBCOMMANDS, main
+from lfm2vl_lab.bench import (expand_workloads, format_table, gpu_slug, load_results, run_bench, save_result,
+                              summarize)
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = Path(__file__).parent / "fixtures"
+PROVENANCE_KEYS = {"gpu", "torch", "transformers", "python", "date", "command", "host_cpu", "dtype", "preset"}
+ROW_KEYS = {"preset", "mode", "workload", "median_ms", "p90_ms", "p99_ms", "gpu_busy_ms", "kernels",
+            "n_items", "tokens", "speedup_vs_hf", "pct_of_floor", "device", "dtype"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU defaults and labels")
+def test_cli_bench_writes_result_json(tmp_path):
+    cmd = [sys.executable, "-m", "lfm2vl_lab", "bench", "--preset", "tiny", "--mode", "lab-eager,hf-eager",
+           "--workload", "1x256", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = list((tmp_path / "cpu").glob("bench-*.json"))
+    assert len(files) == 1
+    assert f"results: {files[0]}" in proc.stdout
+    assert "lab-eager" in proc.stdout and "median ms" in proc.stdout  # the table
+
+    res = json.loads(files[0].read_text())
+    prov = res["provenance"]
+    assert PROVENANCE_KEYS <= set(prov)
+    assert prov["gpu"] == "cpu" and prov["preset"] == "tiny" and prov["dtype"] == "float32"
+    assert prov["torch"] == torch.__version__
+    assert "bench --preset tiny" in prov["command"]
+    assert res["errors"] == [] and res["skipped"] == []
+
+    rows = res["rows"]
+    assert sorted(r["mode"] for r in rows) == ["hf-eager", "lab-eager"]
+    for r in rows:
+        assert ROW_KEYS <= set(r)
+        assert (r["preset"], r["workload"], r["device"]) == ("tiny", "1x256", "cpu")
+        assert r["repeats"] == 2
+        assert 0 < r["median_ms"] <= r["p90_ms"] <= r["p99_ms"] < 60_000
+        # A 256 px image: one item of 16x16 patches → 64 tokens after the 2x2 pixel-unshuffle.
+        assert (r["n_images"], r["n_items"], r["tokens"], r["patch_rows"]) == (1, 1, 64, 256)
+        assert r["gpu_busy_ms"] is None  # not profiled
+        assert r["max_rel_err_vs_hf"] < 1e-4  # the modes compute the same features
+    by = {r["mode"]: r for r in rows}
+    assert by["hf-eager"]["speedup_vs_hf"] == pytest.approx(1.0)
+    assert by["lab-eager"]["speedup_vs_hf"] == pytest.approx(by["hf-eager"]["median_ms"] / by["lab-eager"]["median_ms"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="graph modes run on CUDA")
+def test_graph_modes_skipped_on_cpu_and_profile_rows():
+    res = run_bench(preset="tiny", modes=["lab-graph", "lab-eager", "compile"], workloads=["1x256"], repeats=2,
+                    warmup=0, profile=True, progress=False, command="test")
+    assert [s["mode"] for s in res["skipped"]] == ["lab-graph", "compile"]
+    assert all("CUDA" in s["reason"] for s in res["skipped"])
+    (row,) = res["rows"]
+    assert row["mode"] == "lab-eager" and row["device"] == "cpu"
+    assert row["kernels"] == 0 and row["gpu_busy_ms"] is None and row["pct_of_floor"] is None
+    assert row["profile_wall_ms"] > 0 and row["timeline"]["cpu"] and row["timeline"]["gpu"] == []
+    assert row["speedup_vs_hf"] is None  # no hf-eager row to compare with
+    table = format_table(res)
+    assert "skipped lab-graph" in table and "skipped compile" in table
+
+
+def test_expand_workloads():
+    assert expand_workloads("1..16x512") == ["1x512", "2x512", "4x512", "8x512", "16x512"]
+    assert expand_workloads(["1..16"]) == expand_workloads("1..16x512")
+    assert expand_workloads("1..3x256,tiled") == ["1x256", "2x256", "3x256", "tiled"]
+    assert expand_workloads(["4x512", "stream", "4x512"]) == ["4x512", "stream"]
+    for bad in ("big", "0..4x512", "4..2"):
+        with pytest.raises(ValueError):
+            expand_workloads(bad)
+
+
+def test_summarize():
+    s = summarize([4.0, 1.0, 3.0, 2.0])
+    assert s["median_ms"] == 2.5 and s["min_ms"] == 1.0 and s["max_ms"] == 4.0 and s["mean_ms"] == 2.5
+    assert s["p90_ms"] == pytest.approx(3.7)
+    assert summarize([])["median_ms"] is None
+
+
+def test_save_and_load_results(tmp_path):
+    res = {"name": "x", "provenance": {"gpu": "NVIDIA H200", "date": "2026-11-01T12:00:00+00:00"}, "rows": [{"mode": "a"}]}
+    assert gpu_slug("NVIDIA H200") == "nvidia-h200" and gpu_slug("cpu") == "cpu"
+    p1 = save_result(res, tmp_path)
+    p2 = save_result(res, tmp_path)  # same timestamp: a new file, never an overwrite
+    assert p1 == tmp_path / "nvidia-h200" / "x-20261101-120000.json" and p2 != p1 and p2.exists()
+    (tmp_path / "not-a-result.json").write_text('{"traceEvents": []}')
+    loaded = load_results(tmp_path)
+    assert len(loaded) == 2 and loaded[0]["rows"] == [{"mode": "a"}] and "_path" in loaded[0]
+
+
+def test_report_draws_pngs_from_fixture(tmp_path, capsys):
+    assert main(["report", "--root", str(FIX / "results"), "--out", str(tmp_path)]) == 0
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    kinds = ["floor-share", "graph-memory", "latency", "padding-waste", "speedup", "timeline"]
+    assert pngs == [f"nvidia-h200-lfm2-vl-450m-bfloat16-{k}.png" for k in kinds]
+    for p in tmp_path.glob("*.png"):
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_report_skips_figures_without_data(tmp_path, capsys):
+    # A CPU result: latency only (no profiler floor, no graphs, one NxS workload).
+    res = json.loads((FIX / "results" / "nvidia-h200" / "fixture-20261101-120000.json").read_text())
+    res["provenance"]["gpu"] = "cpu"
+    res["rows"] = [dict(r, gpu_busy_ms=None, timeline=None, capture_info=None, padding_waste=None)
+                   for r in res["rows"] if r["mode"] in ("hf-eager", "lab-eager") and r["workload"] in ("1x512", "tiled")]
+    save_result(res, tmp_path / "results")
+    assert main(["report", "--root", str(tmp_path / "results"), "--out", str(tmp_path / "figs")]) == 0
+    assert [p.name for p in (tmp_path / "figs").glob("*.png")] == ["cpu-lfm2-vl-450m-bfloat16-latency.png"]
+    out = capsys.readouterr().out
+    for kind in ("speedup", "floor-share", "timeline", "padding-waste", "graph-memory"):
+        assert f"skip cpu-lfm2-vl-450m-bfloat16-{kind}:" in out
+    assert main(["report", "--root", str(tmp_path / "empty"), "--out", str(tmp_path / "figs2")]) == 1
+
+
+def test_subcommand_table_is_extensible():
+    assert {"bench", "report"} <= set(SUBCOMMANDS)
+    assert all(callable(a) and callable(r) for a, r in SUBCOMMANDS.values())

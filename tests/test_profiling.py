@@ -1,0 +1,133 @@
+"""analyze_trace against hand-written traces with known answers; profile_callable on the CPU."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lfm2vl_lab.profiling import ProfileReport, analyze_trace, merge_intervals, percentile, profile_callable
+
+FIX = Path(__file__).parent / "fixtures"
+EAGER = FIX / "trace_eager.json"
+GRAPH = FIX / "trace_graph.json"
+
+
+def test_eager_trace_known_answers():
+    # Two annotated calls. Call 0: kernels [1015,1035] and [1025,1045] overlap on two streams,
+    # then [1070,1080]; call 1: [2010,2020], [2028,2034]. See tests/fixtures/trace_eager.json.
+    r = analyze_trace(EAGER)
+    assert r.calls == 2
+    assert r.kernels == 2.5  # 5 kernels / 2 calls; the gpu_user_annotation is not a kernel
+    assert r.memcpys == 0.5 and r.memsets == 0
+    assert r.launch_calls == 3.0  # 4 + 2 launch calls; cudaStreamSynchronize is not a launch
+    assert r.launch_cpu_ms == pytest.approx((4 + 6 + 5 + 3 + 5 + 5) / 2 / 1e3)
+    assert r.graph_launches == 0
+    # Union, not sum: call 0 busy = 30 + 10 µs, call 1 = 10 + 6 µs; the plain sum would be 66 µs.
+    assert r.gpu_busy_ms == pytest.approx((40 + 16) / 2 / 1e3)
+    assert r.kernel_sum_ms == pytest.approx(66 / 2 / 1e3)
+    # Wall: call 0 from 1000 to the last kernel end 1080 (the trailing sync is not counted),
+    # call 1 from 2000 to 2034.
+    assert r.wall_ms == pytest.approx((80 + 34) / 2 / 1e3)
+    # Gaps inside calls only (the 930 µs between the calls is not the GPU waiting on this code).
+    assert sorted(r.gaps) == [8.0, 25.0]
+    assert r.gap_count == 1.0
+    assert r.gap_median_us == pytest.approx(16.5)
+    assert r.gap_p90_us == pytest.approx(23.3)
+    assert r.gap_total_us == pytest.approx(16.5)
+    assert r.has_gpu and r.cpu_lane == "runtime"
+
+
+def test_timeline_of_last_call_and_whole_trace():
+    last = analyze_trace(EAGER, timeline_call=-1)
+    assert last.timeline_call == 1
+    assert last.timeline == {"cpu": [(0.0, 5.0, "cudaLaunchKernel"), (10.0, 5.0, "cudaLaunchKernel")],
+                             "gpu": [(5.0, 10.0, "layernorm"), (23.0, 6.0, "gelu")]}
+    whole = analyze_trace(EAGER)
+    assert whole.timeline_call is None
+    assert whole.timeline["cpu"][0] == (0.0, 4.0, "cudaLaunchKernel")  # t0 = first runtime call at 1010
+    assert [e[2] for e in whole.timeline["cpu"]].count("cudaStreamSynchronize") == 1
+    assert [e[2] for e in whole.timeline["gpu"]] == ["gemm_a", "gemm_b", "softmax", "Memcpy HtoD (Pinned -> Device)", "layernorm", "gelu"]
+    assert whole.timeline["gpu"][0] == (5.0, 20.0, "gemm_a")
+    with pytest.raises(IndexError):
+        analyze_trace(EAGER, timeline_call=5)
+
+
+def test_without_call_annotations_iters_divides():
+    events = json.loads(EAGER.read_text())["traceEvents"]
+    events = [e for e in events if e.get("cat") != "user_annotation"]
+    r = analyze_trace(events, iters=2)  # a bare event list is accepted too
+    assert r.calls == 2
+    assert r.kernels == 2.5
+    assert r.gpu_busy_ms == pytest.approx(0.028)
+    assert sorted(r.gaps) == [8.0, 25.0, 930.0]  # now the gap between the calls counts as well
+    assert r.gap_count == 1.5
+    assert r.wall_ms == pytest.approx((2034 - 1005) / 2 / 1e3)  # first cpu_op → last kernel end
+
+
+def test_graph_replay_counts_kernels_not_correlation_ids():
+    trace = json.loads(GRAPH.read_text())
+    launches = [e for e in trace["traceEvents"] if e.get("name") == "cudaGraphLaunch"]
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    assert len(launches) == 1 and {k["args"]["correlation"] for k in kernels} == {launches[0]["args"]["correlation"]}
+    r = analyze_trace(trace)
+    assert r.kernels == 4  # four kernels, one correlation id
+    assert r.graph_launches == 1
+    assert r.launch_calls == 2  # cudaMemcpyAsync + cudaGraphLaunch
+    assert r.launch_cpu_ms == pytest.approx(0.014)
+    assert r.memcpys == 1
+    assert r.gpu_busy_ms == pytest.approx(0.024)  # [20,25] + [26,35] (touching kernels merge) + [40,50]
+    assert sorted(r.gaps) == [1.0, 5.0]
+    assert r.wall_ms == pytest.approx(0.050)
+
+
+def test_merge_and_percentile():
+    assert merge_intervals([(5, 7), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 7)]
+    assert percentile([], 50) == 0.0
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10], 99) == 10
+
+
+def test_profile_callable_on_cpu(tmp_path):
+    calls = []
+    a = torch.randn(64, 64)
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.002)
+        return (a @ a).relu()
+
+    path = tmp_path / "t.pt.trace.json"
+    r = profile_callable(fn, warmup=2, iters=3, trace_path=path, device="cpu")
+    assert len(calls) == 5
+    assert isinstance(r, ProfileReport)
+    assert r.calls == 3
+    # CPU only: no kernel or launch events, yet a valid report with a CPU-measured wall time.
+    assert r.kernels == 0 and r.launch_calls == 0 and r.gpu_busy_ms == 0 and r.gaps == []
+    assert not r.has_gpu and r.cpu_lane == "ops"
+    assert 2.0 <= r.wall_ms < 1000
+    assert r.timeline["gpu"] == []
+    names = [e[2] for e in r.timeline["cpu"]]
+    assert any(n.startswith("aten::") for n in names)  # the last call's top-level operators
+    assert r.timeline_call == 2
+    assert path.exists() and r.trace_path == str(path)
+    assert analyze_trace(path, iters=3).calls == 3
+    json.dumps(r.as_dict())  # JSON-ready
+
+
+def test_profile_callable_temp_trace_is_removed():
+    r = profile_callable(lambda: torch.ones(8).sum(), warmup=0, iters=1, device="cpu")
+    assert r.calls == 1 and r.trace_path is None and r.wall_ms > 0
+
+
+def test_hta_optional():
+    from lfm2vl_lab.profiling import hta_launch_stats
+
+    try:
+        import hta  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pip install HolisticTraceAnalysis"):
+            hta_launch_stats(FIX)
+    else:
+        pytest.skip("HTA is installed here; the ImportError path cannot be checked")
