@@ -14,21 +14,21 @@ M="python3 -m lfm2vl_lab"
 PART=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if [ "$PART" = a ] || [ "$PART" = all ]; then
-LOG=check    step 90 $M check --out "$R"
-LOG=pytest   step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
-LOG=b450     TAILN=30 step 200 $M bench --preset lfm2-vl-450m --mode hf-eager,lab-eager,lab-graph,compile,lab-graph-fused \
-             --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 40 --repeats 30 --profile --out "$R" --name bench --no-progress
-LOG=b16      TAILN=20 step 110 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-eager,lab-graph,compile \
+LOG=check    step 70 $M check --out "$R"
+LOG=pytest   step 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=b450     TAILN=30 step 170 $M bench --preset lfm2-vl-450m --mode hf-eager,lab-eager,lab-graph,compile,lab-graph-fused \
+             --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" --name bench --no-progress
+LOG=b16      TAILN=20 step 90 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-eager,lab-graph,compile \
              --workload 1x512,1x256,4x512,tiled --attention varlen,sdpa_blockmask --repeats 30 --profile --out "$R" \
              --name bench --no-progress
 fi
 if [ "$PART" = b ] || [ "$PART" = all ]; then
-LOG=sweepA   TAILN=10 step 60 $M bench --mode lab-graph --workload 1x512,4x512,tiled --cu-rule safe,repeat_last \
+LOG=sweepA   TAILN=10 step 35 $M bench --mode lab-graph --workload 1x512,4x512,tiled --cu-rule safe,repeat_last \
              --max-seqlen-mode tight,loose --repeats 30 --out "$R" --name sweep-rules --no-progress
-LOG=sweepB   TAILN=10 step 60 $M bench --mode lab-graph --workload 1x512,4x512,stream --stream-n 40 --budgets auto \
+LOG=sweepB   TAILN=10 step 40 $M bench --mode lab-graph --workload 1x512,4x512,stream --stream-n 40 --budgets auto \
              --budgets 256,1024 --budgets 64,128,256,512,1024,2048,4096 --repeats 30 --out "$R" --name sweep-budgets --no-progress
-LOG=sweepC   TAILN=10 step 60 $M bench --mode lab-graph --workload 1x512,tiled --attention varlen,sdpa_blockmask \
+LOG=sweepC   TAILN=10 step 35 $M bench --mode lab-graph --workload 1x512,tiled --attention varlen,sdpa_blockmask \
              --fuse-qkv off,on --repeats 30 --out "$R" --name sweep-attention --no-progress
-LOG=e2e      TAILN=30 step 150 $M e2e --preset lfm2-vl-450m --preset lfm2-vl-1.6b --repeats 3 --out "$R" --no-progress
+LOG=e2e      TAILN=30 step 100 $M e2e --preset lfm2-vl-450m --preset lfm2-vl-1.6b --repeats 3 --out "$R" --no-progress
 fi
 ls -la "$OUT"
