@@ -8,6 +8,7 @@ and ``generate`` timed to the first token (TTFT) and to 16/64 new tokens.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from contextlib import nullcontext
@@ -87,8 +88,11 @@ IMAGES = {"1x512": (512, 512), "tiled": (1024, 768)}
 
 
 def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16, 64), repeats: int = 5,
-            genc: GraphedEncoder | None = None, progress: bool = True) -> list[dict]:
-    """TTFT (generate with one new token) and total latency, eager image path vs graphed encoder."""
+            genc: GraphedEncoder | None = None, progress: bool = True, on_row=None) -> list[dict]:
+    """TTFT (generate with one new token) and total latency, eager image path vs graphed encoder.
+
+    ``on_row(row)`` is called as each row completes (the CLI saves partial results with it).
+    """
     from tqdm.auto import tqdm
 
     preset = model.lab_preset
@@ -113,6 +117,8 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
                 row[f"total_{t}_ms"] = time_generate(model, batch, t, repeats, ctx)
             row["encoder_share_of_ttft"] = row["encoder_ms"] / row["ttft_ms"]
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
     return rows
 
 
@@ -157,27 +163,35 @@ def run_e2e_cli(args) -> int:
     result = {"name": "e2e", "provenance": provenance(command, dtype=str(dt).replace("torch.", ""),
                                                         preset=",".join(presets), text="full depth, random weights"),
               "rows": [], "parity": []}
+    path = None
+
+    def on_row(row):  # save after every row: a run cut short still leaves what it measured
+        nonlocal path
+        base = next((b for b in result["rows"] if b["mode"] == "hf-eager" and
+                     all(b[k] == row[k] for k in ("preset", "image", "requests"))), None)
+        row["ttft_reduction"] = 1 - row["ttft_ms"] / base["ttft_ms"] if base else 0.0
+        print(f"{row['preset']:>14} {row['image']:>6} x{row['requests']} {row['mode']:>10}  encoder "
+              f"{row['encoder_ms']:7.2f} ms  TTFT {row['ttft_ms']:7.2f} ms ({-100 * row['ttft_reduction']:+.1f}% vs hf)"
+              f"  share {100 * row['encoder_share_of_ttft']:.0f}%"
+              + "".join(f"  {k} {v:.1f}" for k, v in row.items() if k.startswith("total_")), flush=True)
+        if path is None:
+            path = save_result(result, args.out or RESULTS_ROOT, "e2e")
+        else:
+            path.write_text(json.dumps(result, indent=1) + "\n")
+
     for name in presets:
         model = build_model(name, dtype=dt, device=dev, text_layers="full")
         genc = GraphedEncoder(model)
         if on_cuda:
             genc.capture(progress=not args.no_progress)
         result["parity"].append({"preset": name, **logits_parity(model, genc)})
-        result["rows"] += run_e2e(model, images=tuple(args.image.split(",")), requests=ints(args.requests),
-                                  new_tokens=ints(args.new_tokens), repeats=args.repeats, genc=genc,
-                                  progress=not args.no_progress)
+        print("parity:", result["parity"][-1], flush=True)
+        run_e2e(model, images=tuple(args.image.split(",")), requests=ints(args.requests),
+                new_tokens=ints(args.new_tokens), repeats=args.repeats, genc=genc,
+                progress=not args.no_progress, on_row=lambda r: (result["rows"].append(r), on_row(r)))
         del model, genc
         if on_cuda:
             torch.cuda.empty_cache()
-    for r in result["rows"]:
-        base = next(b for b in result["rows"] if b["mode"] == "hf-eager" and
-                    all(b[k] == r[k] for k in ("preset", "image", "requests")))
-        r["ttft_reduction"] = 1 - r["ttft_ms"] / base["ttft_ms"]
-    path = save_result(result, args.out or RESULTS_ROOT, "e2e")
-    for r in result["rows"]:
-        print(f"{r['preset']:>14} {r['image']:>6} x{r['requests']} {r['mode']:>10}  encoder {r['encoder_ms']:7.2f} ms"
-              f"  TTFT {r['ttft_ms']:7.2f} ms ({-100 * r['ttft_reduction']:+.1f}% vs hf)  share {100 * r['encoder_share_of_ttft']:.0f}%"
-              + "".join(f"  {k} {v:.1f}" for k, v in r.items() if k.startswith("total_")))
     print("parity:", result["parity"])
     print("results:", path)
     return 0

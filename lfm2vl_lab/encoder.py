@@ -287,7 +287,27 @@ def max_rel_error(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
     return max(rel_error(o, r) for o, r in zip(outs, refs))
 
 
+def float32_reference(model):
+    """A float32 copy of ``model`` (same weights): the judge for low-precision parity."""
+    import copy
+
+    return copy.deepcopy(model).float()
+
+
+def lowp_parity(outs, lowp_refs, fp32_refs, tol: float = 1e-2, slack: float = 1.05) -> dict:
+    """Judge a bf16/fp16 path the way METHOD.md asks: against a float32 reference.
+
+    Two bf16 implementations of a deep random-weight encoder each sit about 1e-2 from float32
+    (rounding amplified through depth; measured on the H200: transformers' own bf16 path is
+    1.03e-2 away for the 26-layer 1.6B preset). So our path passes when it is finite and within
+    ``tol`` of float32, or no worse than ``slack`` × transformers' own bf16 error.
+    """
+    err, base = max_rel_error(outs, fp32_refs), max_rel_error(lowp_refs, fp32_refs)
+    ok = err != float("inf") and (err <= tol or err <= slack * base)
+    return {"rel_err": err, "hf_rel_err": base, "lab_vs_hf": max_rel_error(outs, lowp_refs), "pass": ok}
+
+
 def warn_once(msg: str, _seen=set()):  # noqa: B006 - the default set is the memory
     if msg not in _seen:
         _seen.add(msg)
-        warnings.warn(msg, stacklevel=3)
+        warnings.warn(msg, stacklevel=4)  # point at the caller of encode(), not at torch's no_grad wrapper

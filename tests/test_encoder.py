@@ -15,7 +15,7 @@ from lfm2vl_lab import (
     rel_error,
     synthetic_image,
 )
-from lfm2vl_lab.encoder import attention_sdpa_blockmask, resolve_attention
+from lfm2vl_lab.encoder import attention_sdpa_blockmask, float32_reference, lowp_parity, resolve_attention
 from lfm2vl_lab.packing import lfm2vl_gather_idx
 
 FP32_TOL = 1e-4
@@ -177,7 +177,10 @@ def test_bf16_parity_on_cuda(preset):
     assert enc.attention_backend in ("varlen", "sdpa_blockmask")
     outs = enc.encode(inputs)
     assert all(o.dtype == torch.bfloat16 and o.device.type == "cuda" for o in outs)
-    _assert_parity(outs, refs, BF16_TOL)
+    assert all(o.shape == r.shape for o, r in zip(outs, refs))
+    # Judged against float32 (bf16 vs bf16 differs by ~1e-2 on random deep weights: lowp_parity)
+    judged = lowp_parity(outs, refs, hf_image_features(float32_reference(model), inputs), BF16_TOL)
+    assert judged["pass"], judged
 
 
 @pytest.mark.gpu
@@ -194,5 +197,6 @@ def test_packed_forward_has_no_host_sync():
             out = enc.forward_packed(batch)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    refs = hf_image_features(model, inputs)
-    _assert_parity(list(out.split(batch.out_tokens)), refs, BF16_TOL)
+    outs = list(out.split(batch.out_tokens))
+    judged = lowp_parity(outs, hf_image_features(model, inputs), hf_image_features(float32_reference(model), inputs), BF16_TOL)
+    assert judged["pass"], judged
