@@ -21,6 +21,7 @@ import argparse
 import sys
 from typing import Callable
 
+from .attention_probe import add_attention_args, run_attention_cli
 from .bench import add_bench_args, run_bench_cli
 from .check import add_check_args, run_check_cli
 from .e2e import add_e2e_args, run_e2e_cli
@@ -32,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "report": (add_report_args, run_report_cli),
     "check": (add_check_args, run_check_cli),
     "e2e": (add_e2e_args, run_e2e_cli),
+    "attention": (add_attention_args, run_attention_cli),
 }
 
 

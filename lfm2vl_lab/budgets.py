@@ -34,11 +34,12 @@ def pad_default(dst: torch.Tensor, src) -> None:
     n = sum(t.shape[0] for t in src) if isinstance(src, (list, tuple)) else src.shape[0]
     if n > dst.shape[0]:
         raise ValueError(f"padding: {n} rows do not fit a buffer of {dst.shape[0]} rows (shape {tuple(dst.shape)})")
-    if isinstance(src, (list, tuple)):
+    if isinstance(src, (list, tuple)) and len(src) > 1:
         torch.cat(list(src), out=dst[:n])
-    else:
-        dst[:n].copy_(src, non_blocking=True)
-    dst[n:].zero_()
+    else:  # one piece: a plain (casting) copy, no cat
+        dst[:n].copy_(src[0] if isinstance(src, (list, tuple)) else src, non_blocking=True)
+    if n < dst.shape[0]:  # a full buffer has no tail: skip the launch
+        dst[n:].zero_()
 
 
 def pad_cu_seqlens_repeat_last(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -39,6 +39,7 @@ LOG=check2   step 60 $M check --out "$R"
 LOG=b16      TAILN=20 step 50 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-eager,lab-graph \
              --workload 1x512,1x256,4x512,tiled --attention varlen,sdpa_blockmask --repeats 30 --profile --out "$R" \
              --name bench --no-progress
+LOG=attn     TAILN=12 step 40 $M attention --out "$R"
 LOG=nb       TAILN=8 step 120 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
 LOG=e2e      TAILN=30 step 130 $M e2e --preset lfm2-vl-450m --preset lfm2-vl-1.6b --repeats 3 --out "$R" --no-progress
 fi
