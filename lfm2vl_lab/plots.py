@@ -25,6 +25,7 @@ MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused"
 MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b4", "lab-graph": "#2ca02c",
                "lab-graph-fused": "#d62728"}
 DEFAULT_GRAPH_CONFIG = ("auto", "safe", "tight")  # preferred (budget_set, cu_rule, max_seqlen_mode) in figures
+DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default (with fuse_qkv off)
 _NXS = re.compile(r"(\d+)x(\d+)")
 
 
@@ -40,18 +41,25 @@ def _config(r: dict) -> tuple:
     return (r.get("budget_set"), r.get("cu_rule"), r.get("max_seqlen_mode"))
 
 
+def _is_default(r: dict) -> bool:
+    graph_ok = r.get("budget_set") is None or _config(r) == DEFAULT_GRAPH_CONFIG
+    return graph_ok and r.get("attention") in DEFAULT_LAB_OPTIONS and not r.get("fuse_qkv")
+
+
 def pick_rows(rows: list[dict]) -> list[dict]:
-    """One row per (mode, workload): the default graph config when there is a sweep (else the
-    first config seen); among equals, the last row wins (rows come oldest first)."""
+    """One row per (mode, workload): prefer the default config (auto budgets, safe rule, tight
+    max_seqlen, varlen attention, no fused QKV), then a profiled row (it has the GPU-busy floor and
+    a timeline), then the newest (rows come oldest first)."""
     best: dict = OrderedDict()
     for r in rows:
         if r.get("median_ms") is None:
             continue
         key = (r.get("mode"), r.get("workload"))
+        rank = (_is_default(r), r.get("gpu_busy_ms") is not None)
         cur = best.get(key)
-        if cur is None or _config(r) == _config(cur) or (_config(r) == DEFAULT_GRAPH_CONFIG and _config(cur) != DEFAULT_GRAPH_CONFIG):
-            best[key] = r
-    return list(best.values())
+        if cur is None or rank >= cur[0]:
+            best[key] = (rank, r)
+    return [r for _, r in best.values()]
 
 
 def _workloads(rows) -> list[str]:
@@ -278,7 +286,7 @@ def _timeline_pair(rows: list[dict]):
         eager = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-eager", "hf-eager")]
         graph = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-graph", "lab-graph-fused", "compile")]
         if eager and graph:
-            eager.sort(key=lambda r: _mode_key(r["mode"]), reverse=True)  # lab-eager before hf-eager
+            eager.sort(key=lambda r: r["mode"] != "hf-eager")  # transformers' eager path is the story's baseline
             graph.sort(key=lambda r: ("lab-graph", "lab-graph-fused", "compile").index(r["mode"]))
             return w, {f"{r['mode']} · {w}": r["timeline"] for r in (eager[0], graph[0])}
     return None, None
