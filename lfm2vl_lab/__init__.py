@@ -12,8 +12,8 @@ The whole path, one concept per module:
 
 from .budgets import EncoderGraphConfig, auto_budgets
 from .encoder import PackedVisionEncoder, SplitProjector, hf_image_features, max_rel_error, rel_error
-from .graphs import GraphedEncoder, plan_batches
-from .inputs import load_sample_images, process_images, random_processor_output, synthetic_image, synthetic_workload
+from .graphs import GraphedEncoder, plan_batches, plan_stats
+from .inputs import item_image, load_sample_images, process_images, random_processor_output, synthetic_image, synthetic_workload
 from .packing import PackedBatch, pack_inputs
 from .presets import Preset, available_presets, build_model, count_params, load_model
 
@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EncoderGraphConfig", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder", "Preset", "SplitProjector",
-    "auto_budgets", "available_presets", "build_model", "count_params", "hf_image_features", "load_model",
+    "auto_budgets", "available_presets", "item_image", "plan_stats", "build_model", "count_params", "hf_image_features", "load_model",
     "load_sample_images", "max_rel_error", "pack_inputs", "plan_batches", "process_images",
     "random_processor_output", "rel_error", "synthetic_image", "synthetic_workload",
 ]

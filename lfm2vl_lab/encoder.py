@@ -103,10 +103,12 @@ class SplitProjector(nn.Module):
             x = p.layer_norm(x)
         return p.linear_2(p.act(p.linear_1(x)))
 
+    def unshuffle(self, x: torch.Tensor, gather_idx: torch.Tensor) -> torch.Tensor:
+        """Packed rows (T, C) → unshuffled tokens (T / factor², factor²·C): one index_select."""
+        return x.index_select(0, gather_idx).reshape(-1, x.shape[-1] * self.factor**2)
+
     def forward_with_gather_idx(self, x: torch.Tensor, gather_idx: torch.Tensor) -> torch.Tensor:
-        c = x.shape[-1]
-        x = x.index_select(0, gather_idx).reshape(-1, c * self.factor**2)
-        return self.forward_from_unshuffled(x)
+        return self.forward_from_unshuffled(self.unshuffle(x, gather_idx))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         from .packing import lfm2vl_local_gather_idx

@@ -54,6 +54,20 @@ def plan_batches(tokens: list[int], max_budget: int, max_items: int) -> tuple[li
     return batches, eager
 
 
+def plan_stats(calls: list[list[int]], config: EncoderGraphConfig) -> dict:
+    """Host-only preview of what a config does to a stream of calls (each a list of item tokens):
+    replays, real and padded tokens, items left to eager, and the padding waste (padded / real)."""
+    replays = real = padded = eager_items = 0
+    for toks in calls:
+        batches, eager = plan_batches(toks, max(config.budgets), config.max_items)
+        eager_items += len(eager)
+        for b in batches:
+            t = sum(toks[i] for i in b)
+            replays, real, padded = replays + 1, real + t, padded + config.budget_for(t) - t
+    return {"replays": replays, "real": real, "padded": padded, "eager_items": eager_items,
+            "waste": padded / real if real else 0.0}
+
+
 @dataclass
 class GraphStats:
     """Counters of the replay path. ``padding_waste`` = padded tokens / real tokens."""

@@ -62,6 +62,18 @@ def process_images(images, preset: "str | Preset", return_row_col_info: bool = F
     return dict(out)
 
 
+def item_image(inputs: dict, i: int, preset: "str | Preset" = "tiny") -> np.ndarray:
+    """Item ``i`` of the processor's output turned back into an (H, W, 3) image in [0, 1]
+    (un-patchify the real rows, undo the normalisation) — to look at what the encoder sees."""
+    p = as_preset(preset)
+    ps = p.patch_size
+    h, w = (int(v) for v in inputs["spatial_shapes"][i].tolist())
+    rows = inputs["pixel_values"][i, : h * w].float()
+    img = rows.reshape(h, w, ps, ps, 3).permute(0, 2, 1, 3, 4).reshape(h * ps, w * ps, 3)
+    mean, std = torch.tensor(p.processor["image_mean"]), torch.tensor(p.processor["image_std"])
+    return (img * std + mean).clamp(0, 1).numpy()
+
+
 def sample_image_paths() -> list[Path]:
     return sorted(p for p in IMAGE_DIR.iterdir() if p.suffix.lower() in {".jpg", ".jpeg", ".png"})
 

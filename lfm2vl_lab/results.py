@@ -121,3 +121,9 @@ def load_results(root=RESULTS_ROOT, pattern: str = "*.json", rows_only: bool = F
     return sorted(out, key=lambda r: str(r["provenance"].get("date", "")))
 
 
+
+
+def latest(name: str = "check", gpu: str = "nvidia-h200", root=RESULTS_ROOT) -> dict | None:
+    """The newest recorded ``<name>-*.json`` for a GPU (by its provenance date), or None."""
+    found = load_results(Path(root) / gpu_slug(gpu), pattern=f"{name}-*.json")
+    return found[-1] if found else None
