@@ -137,7 +137,10 @@ def build_model(
     cfg.vision_config._attn_implementation = attn_implementation
     cfg.text_config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
-    model = Lfm2VlForConditionalGeneration(cfg)
+    # Construct (and randomly initialise) directly on the target device: a full-depth 1.6B model
+    # takes tens of seconds to initialise on the CPU. Seeded draws are reproducible per device type.
+    with torch.device(device):
+        model = Lfm2VlForConditionalGeneration(cfg)
     model.lab_preset = as_preset(preset)  # remembered so helpers can find processor settings
     return model.to(device=device, dtype=dtype).eval()
 
