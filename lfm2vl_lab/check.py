@@ -57,8 +57,8 @@ def check_graphs(model, dtype, seed: int, budgets=None) -> list[dict]:
             eager = genc.encoder
             kept = []
             for k, tokens in enumerate(budget_cases(genc.config.budgets)):
-                b = genc.config.budget_for(tokens)
                 shapes = shapes_for_tokens(tokens, genc.config.max_items, seed + 31 * k)
+                b = genc.config.budget_for(tokens, len(shapes))
                 inp = random_processor_output(shapes, preset, seed=seed + k)
                 genc.reset_stats()
                 out = genc.encode(inp)

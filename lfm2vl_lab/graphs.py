@@ -63,7 +63,7 @@ def plan_stats(calls: list[list[int]], config: EncoderGraphConfig) -> dict:
         eager_items += len(eager)
         for b in batches:
             t = sum(toks[i] for i in b)
-            replays, real, padded = replays + 1, real + t, padded + config.budget_for(t) - t
+            replays, real, padded = replays + 1, real + t, padded + config.budget_for(t, len(b)) - t
     return {"replays": replays, "real": real, "padded": padded, "eager_items": eager_items,
             "waste": padded / real if real else 0.0}
 
@@ -226,7 +226,6 @@ class GraphedEncoder:
         for budget in tqdm(budgets, desc="capturing encoder graphs", disable=not progress, unit="graph"):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            alloc0, res0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
             g = self._allocate(budget)
             self._fill_dummy(g, seed=budget)
             side = torch.cuda.Stream()
@@ -235,14 +234,19 @@ class GraphedEncoder:
                 for _ in range(warmup_iters):
                     g.out.copy_(self._run_body(g))
             torch.cuda.current_stream().wait_stream(side)
+            # Memory is measured around the capture only (after warm-up, which may compile or
+            # cache), plus the persistent buffers: what this graph keeps alive.
+            torch.cuda.synchronize()
+            alloc0, res0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 g.out.copy_(self._run_body(g))
             torch.cuda.synchronize()
             g.graph = graph
             g.capture_s = time.perf_counter() - t0
-            g.mem_allocated_bytes = torch.cuda.memory_allocated() - alloc0
-            g.mem_reserved_bytes = torch.cuda.memory_reserved() - res0
+            buffers = sum(t.numel() * t.element_size() for t in (g.pixel_values, g.pos_embeds, g.meta, g.out))
+            g.mem_allocated_bytes = torch.cuda.memory_allocated() - alloc0 + buffers
+            g.mem_reserved_bytes = torch.cuda.memory_reserved() - res0 + buffers
             self.graphs[budget] = g
         return self.capture_info()
 
@@ -269,7 +273,7 @@ class GraphedEncoder:
         """The guard: a batch larger than any captured buffer must never reach a kernel."""
         rows = sum(h * w for h, w in shapes)
         return (
-            tokens <= g.budget and rows <= g.rows and len(shapes) <= self.config.max_items
+            tokens <= g.budget and rows <= g.rows and len(shapes) <= self.config.slots(g.budget)
             and max(h * w for h, w in shapes) <= g.max_seqlen
         )
 
@@ -277,7 +281,7 @@ class GraphedEncoder:
         cfg = self.config
         bshapes = [shapes[i] for i in batch]
         tokens = sum((h // cfg.factor) * (w // cfg.factor) for h, w in bshapes)
-        budget = cfg.budget_for(tokens)
+        budget = cfg.budget_for(tokens, len(batch))
         g = self.graphs.get(budget) if budget is not None else None
         if g is None or not self._fits(g, bshapes, tokens):
             self.stats.overflow += 1

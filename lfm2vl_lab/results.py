@@ -123,7 +123,29 @@ def load_results(root=RESULTS_ROOT, pattern: str = "*.json", rows_only: bool = F
 
 
 
-def latest(name: str = "check", gpu: str = "nvidia-h200", root=RESULTS_ROOT) -> dict | None:
-    """The newest recorded ``<name>-*.json`` for a GPU (by its provenance date), or None."""
-    found = load_results(Path(root) / gpu_slug(gpu), pattern=f"{name}-*.json")
+def newest(pattern: str, gpu: str = "nvidia-h200", root=RESULTS_ROOT, **provenance) -> dict | None:
+    """The newest recorded file matching ``pattern`` (by provenance date) whose provenance has the
+    given values, or None. ``newest("bench-*.json", preset="lfm2-vl-450m", profile=True)``"""
+    folder = Path(root) / gpu_slug(gpu)
+    found = load_results(folder, pattern=pattern) if folder.is_dir() else []
+    found = [r for r in found if all(r["provenance"].get(k) == v for k, v in provenance.items())]
     return found[-1] if found else None
+
+
+def latest(name: str = "check", gpu: str = "nvidia-h200", root=RESULTS_ROOT) -> dict | None:
+    """The newest recorded ``<name>-*.json`` for a GPU, or None."""
+    return newest(f"{name}-*.json", gpu, root)
+
+
+def recorded_label(res: dict) -> str:
+    """Where a recorded number comes from: GPU, date, command, versions, file."""
+    p = res["provenance"]
+    return (f"recorded on {p.get('gpu')} on {p.get('date')} by `{p.get('command')}`\n"
+            f"  (torch {p.get('torch')}, transformers {p.get('transformers')}, {p.get('preset')}, {p.get('dtype')}; "
+            f"file {Path(res['_path']).name})")
+
+
+def recorded_tag(res: dict) -> str:
+    """The short form of :func:`recorded_label`, for figure titles."""
+    p = res["provenance"]
+    return f"recorded on {p.get('gpu')} on {p.get('date', '')[:10]} ({Path(res['_path']).name})"

@@ -31,16 +31,20 @@ LOG=sweepC   TAILN=10 step 35 $M bench --mode lab-graph --workload 1x512,tiled -
              --fuse-qkv off,on --repeats 30 --out "$R" --name sweep-attention --no-progress
 LOG=e2e      TAILN=30 step 100 $M e2e --preset lfm2-vl-450m --preset lfm2-vl-1.6b --repeats 3 --out "$R" --no-progress
 fi
-if [ "$PART" = c ]; then  # the second call: e2e, notebooks with GPU outputs, re-judged parity, 1.6B bench
+if [ "$PART" = c ]; then  # the second call: e2e, re-judged parity, per-budget slots, then notebooks
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD
-LOG=e2e      TAILN=20 step 100 $M e2e --preset lfm2-vl-450m --preset lfm2-vl-1.6b --requests 1,4 --repeats 2 --out "$R" --no-progress
-LOG=nb       TAILN=9 step 120 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
-LOG=check2   step 50 $M check --out "$R"
-LOG=pytest2  step 45 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "bf16_parity or host_sync or installed_forward"
-LOG=b16      TAILN=20 step 45 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-eager,lab-graph \
+LOG=e2e      TAILN=20 step 90 $M e2e --preset lfm2-vl-450m --preset lfm2-vl-1.6b --requests 1,4 --repeats 2 --out "$R" --no-progress
+LOG=check2   step 45 $M check --out "$R"
+LOG=slots    TAILN=12 step 30 $M bench --mode lab-graph --workload 1x512,1x256,4x512,tiled,stream --stream-n 24 \
+             --repeats 30 --profile --out "$R" --name slots --no-progress
+# the notebooks read data/results: give them this run's files too, so their outputs match what is committed
+cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
+LOG=nb       TAILN=9 step 130 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
+LOG=pytest2  step 35 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "bf16_parity or host_sync or installed_forward"
+LOG=b16      TAILN=20 step 40 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-eager,lab-graph \
              --workload 1x512,1x256,4x512,tiled --attention varlen,sdpa_blockmask --repeats 30 --profile --out "$R" \
              --name bench --no-progress
-LOG=attn     TAILN=12 step 25 $M attention --out "$R"
+LOG=attn     TAILN=12 step 20 $M attention --out "$R"
 fi
 ls -la "$OUT"

@@ -82,7 +82,18 @@ def test_config_cu_size_leaves_room_for_dummies():
     cfg = EncoderGraphConfig.build(out_hidden_size=64)
     for b in cfg.budgets:
         dummies = -(-cfg.rows(b) // cfg.max_seqlen(b))
-        assert cfg.cu_size(b) == cfg.max_items + 1 + dummies
+        assert cfg.cu_size(b) == cfg.slots(b) + 1 + dummies
+
+
+def test_slots_per_budget_and_budget_choice_by_items():
+    cfg = EncoderGraphConfig.build(out_hidden_size=64)  # [64..1024], max_items 16, 64 tokens per item at least
+    assert [cfg.slots(b) for b in cfg.budgets] == [1, 2, 4, 8, 16]
+    # few slots in small graphs: two small items (32 tokens) need the 128 graph, five need 512
+    assert cfg.budget_for(32, 1) == 64 and cfg.budget_for(32, 2) == 128 and cfg.budget_for(32, 5) == 512
+    assert cfg.budget_for(100, 17) is None
+    # the largest budget always takes max_items, so every batch plan_batches forms fits it
+    small = EncoderGraphConfig.build(out_hidden_size=64, budgets=[64, 128], max_items=8)
+    assert small.slots(128) == 8 and small.budget_for(100, 8) == 128
 
 
 @pytest.mark.parametrize(
@@ -132,7 +143,8 @@ def _check_safe(dst, src, total_rows, max_seqlen):
         (1024, [(2, 2)]),  # 4 real rows in a 4096-row buffer: three 1024-row dummies + one of 1020
         (512, [(4, 6), (32, 32)]),
         (256, [(32, 32)]),  # exactly full: no dummy
-        (64, [(8, 8), (4, 6)]),
+        (128, [(8, 8), (4, 6)]),  # two items: the 64 graph has one slot, so the 128 graph takes them
+        (64, [(8, 8)]),
     ],
 )
 def test_safe_cu_seqlens_rule(budget, shapes):
@@ -418,7 +430,7 @@ def test_simulated_replay_matches_transformers(tiny_model, rule):
     assert eager == [] and s.misses == 0 and s.overflow == 0
     assert s.hits == len(shapes)
     assert sum(s.replays.values()) == len(batches)
-    used = [genc.config.budget_for(sum(tokens[i] for i in b)) for b in batches]
+    used = [genc.config.budget_for(sum(tokens[i] for i in b), len(b)) for b in batches]
     assert s.replays == {b: used.count(b) for b in set(used)}
     assert s.real_tokens == sum(tokens)
     assert s.padded_tokens == sum(used) - sum(tokens)
@@ -552,7 +564,7 @@ def test_stats_add_up_on_a_workload():
     assert s.hits + s.misses == len(shapes)
     assert s.misses == len(eager) == 0 and s.overflow == 0
     assert sum(s.replays.values()) == len(batches)
-    used = [genc.config.budget_for(sum(tokens[i] for i in b)) for b in batches]
+    used = [genc.config.budget_for(sum(tokens[i] for i in b), len(b)) for b in batches]
     assert s.replays == {b: used.count(b) for b in set(used)}
     assert s.real_tokens == sum(tokens) and s.padded_tokens == sum(used) - sum(tokens)
     _assert_parity(outs, hf_image_features(genc.model, inputs), BF16_TOL)
