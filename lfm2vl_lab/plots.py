@@ -267,6 +267,68 @@ def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
 # --------------------------------------------------------------------------------------------
 
 
+def e2e_figure(rows: list[dict], title: str | None = None) -> Figure:
+    """Time to first token per (preset, image, requests): transformers' image path vs the graphed
+    encoder, with the encoder's own time drawn inside each bar and the TTFT change labelled."""
+    rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in ("hf-eager", "lab-graph")]
+    if not rows:
+        raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")
+    keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows))
+    by = {(r["preset"], r["image"], r["requests"], r["mode"]): r for r in rows}
+    fig = Figure(figsize=(max(6, 1.3 * len(keys) + 2), 4), layout="constrained")
+    ax = fig.add_subplot()
+    for i, mode in enumerate(("hf-eager", "lab-graph")):
+        for j, k in enumerate(keys):
+            r = by.get((*k, mode))
+            if r is None:
+                continue
+            x = j + (i - 0.5) * 0.38
+            ax.bar(x, r["ttft_ms"], 0.36, color=MODE_COLORS.get(mode), label=mode if j == 0 else None)
+            ax.bar(x, r["encoder_ms"], 0.36, color="black", alpha=0.35, label="encoder part" if (i, j) == (0, 0) else None)
+            base = by.get((*k, "hf-eager"))
+            note = f"{r['ttft_ms']:.1f}" if mode == "hf-eager" or base is None else \
+                f"{r['ttft_ms']:.1f}\n({100 * (r['ttft_ms'] / base['ttft_ms'] - 1):+.0f}%)"
+            ax.text(x, r["ttft_ms"], note, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(keys)), [f"{p}\n{im} x{n}" for p, im, n in keys], fontsize=8)
+    ax.set_ylabel("time to first token (ms)")
+    ax.legend(fontsize=8)
+    _title(fig, title or "Time to first token: transformers' image path vs the graphed encoder")
+    return fig
+
+
+def attention_figure(rows: list[dict], title: str | None = None) -> Figure:
+    """Attention time per layer inside a CUDA graph, per backend and packed layout (attention probe)."""
+    rows = [r for r in rows if r.get("graph_ms_per_layer") is not None]
+    if not rows:
+        raise NoData("attention_figure: no attention-probe rows (python -m lfm2vl_lab attention on a GPU)")
+    cases = list(dict.fromkeys((r["preset"], tuple(r["layout"])) for r in rows))
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    by = {(r["preset"], tuple(r["layout"]), r["backend"]): r for r in rows}
+    fig = Figure(figsize=(max(6, 1.4 * len(cases) + 2), 4), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(backends)
+    for i, b in enumerate(backends):
+        xs, ys = [], []
+        for j, c in enumerate(cases):
+            r = by.get((*c, b))
+            if r is not None:
+                xs.append(j + (i - (len(backends) - 1) / 2) * width)
+                ys.append(1000 * r["graph_ms_per_layer"])
+        bars = ax.bar(xs, ys, width, label=b)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
+    ax.set_xticks(range(len(cases)), [f"{p}\n{'+'.join(map(str, lay))} rows" for p, lay in cases], fontsize=7)
+    ax.set_ylabel("µs per layer (graph replay)")
+    ax.legend(fontsize=8)
+    _title(fig, title or "Capturable attention kernels, timed inside CUDA graphs")
+    return fig
+
+
+SPECIAL_RESULTS = {  # results with a figure of their own: name -> (figure, short title)
+    "e2e": (e2e_figure, "Time to first token, transformers' image path vs graphed encoder"),
+    "attention": (attention_figure, "Attention per layer inside CUDA graphs"),
+}
+
+
 def _groups(results: list[dict]) -> dict:
     """Rows of all results grouped by (gpu slug, preset, dtype); later results come later."""
     from .results import gpu_slug
@@ -311,6 +373,8 @@ def report(root="data/results", out="data/figures", verbose: bool = True) -> lis
     """
     from .results import load_results
 
+    from .results import gpu_slug
+
     results = load_results(root, rows_only=True)
     say = print if verbose else (lambda *a, **k: None)
     if not results:
@@ -319,6 +383,17 @@ def report(root="data/results", out="data/figures", verbose: bool = True) -> lis
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    # e2e and attention-probe files get their own figure (the newest file of each kind per GPU)
+    for name, (make_fig, short) in SPECIAL_RESULTS.items():
+        newest_per_gpu = {gpu_slug(str(r["provenance"].get("gpu"))): r for r in results if r.get("name") == name}
+        for slug, res in newest_per_gpu.items():
+            p = res["provenance"]
+            fig = make_fig(res["rows"], title=f"{short} — {p.get('gpu')}, {str(p.get('date'))[:10]}, {p.get('dtype')}")
+            path = out / f"{slug}-{name}.png"
+            fig.savefig(path, dpi=120)
+            written.append(path)
+            say(f"wrote {path}")
+    results = [r for r in results if r.get("name") not in SPECIAL_RESULTS]
     for (slug, preset, dtype), rows in _groups(results).items():
         prefix = f"{slug}-{preset}-{dtype}"
         label = f"{preset}, {dtype}, {slug}"

@@ -127,3 +127,22 @@ def test_report_skips_figures_without_data(tmp_path, capsys):
 def test_subcommand_table_is_extensible():
     assert {"bench", "report"} <= set(SUBCOMMANDS)
     assert all(callable(a) and callable(r) for a, r in SUBCOMMANDS.values())
+
+
+def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
+    from lfm2vl_lab.plots import NoData, attention_figure, e2e_figure
+
+    rows = [
+        {"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 30.0, "encoder_ms": 5.0},
+        {"preset": "p", "image": "1x512", "requests": 1, "mode": "lab-graph", "ttft_ms": 27.0, "encoder_ms": 1.5},
+    ]
+    fig = e2e_figure(rows)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "27.0\n(-10%)" in texts and "30.0" in texts
+    probe = [{"preset": "p", "layout": [1024], "backend": b, "graph_ms_per_layer": ms} for b, ms in (("varlen", 0.025), ("sdpa_dense", 0.014))]
+    heights = sorted(round(b.get_height(), 3) for b in attention_figure(probe).axes[0].patches)
+    assert heights == [14.0, 25.0]
+    with pytest.raises(NoData):
+        e2e_figure([])
+    with pytest.raises(NoData):
+        attention_figure([{"preset": "p"}])
