@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from contextlib import nullcontext
 
 import torch
 
+from .bench import time_calls
 from .encoder import hf_image_features
 from .graphs import GraphedEncoder
 from .inputs import process_images, synthetic_image
@@ -54,34 +54,14 @@ def generate_once(model, batch: dict, new_tokens: int) -> torch.Tensor:
 
 
 def time_generate(model, batch: dict, new_tokens: int, repeats: int, ctx=None) -> float:
-    """Median wall milliseconds of ``generate`` (synchronised; generate itself syncs per token)."""
-    ctx = ctx or nullcontext
-    samples = []
-    with ctx():
-        generate_once(model, batch, new_tokens)  # warm-up
-        for _ in range(repeats):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            generate_once(model, batch, new_tokens)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+    """Median milliseconds of ``generate`` (one untimed warm-up call), timed like the benchmark."""
+    with (ctx or nullcontext)():
+        return statistics.median(time_calls(lambda: generate_once(model, batch, new_tokens), repeats, 1, model.device))
 
 
-def time_encoder(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+def time_encoder(fn, repeats: int, device) -> float:
+    """Median milliseconds of one image-feature call (one untimed warm-up call)."""
+    return statistics.median(time_calls(fn, repeats, 1, device))
 
 
 IMAGES = {"1x512": (512, 512), "tiled": (1024, 768)}
@@ -106,8 +86,8 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
         inputs = process_images([synthetic_image(*IMAGES[im], seed=1)], preset)
         batch = build_prompt(model, inputs, n)
         dev_inputs = {k: batch[k] for k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
-        enc_hf = time_encoder(lambda: hf_image_features(model, dev_inputs), repeats)
-        enc_graph = time_encoder(lambda: genc.encode(dev_inputs), repeats)
+        enc_hf = time_encoder(lambda: hf_image_features(model, dev_inputs), repeats, model.device)
+        enc_graph = time_encoder(lambda: genc.encode(dev_inputs), repeats, model.device)
         for mode, ctx in (("hf-eager", None), ("lab-graph", genc.installed)):
             row = {"preset": preset.name, "image": im, "requests": n, "mode": mode,
                    "items": int(batch["spatial_shapes"].shape[0]), "prompt_len": int(batch["input_ids"].shape[1]),
