@@ -683,6 +683,8 @@ def add_bench_args(p) -> None:
     p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
     p.add_argument("--name", default="bench", help="result file name prefix (default: bench)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--figure", default="auto",
+                   help="PNG of this run's latencies (default: data/figures/last-bench-<device>.png; 'none' to skip)")
 
 
 def run_bench_cli(args) -> int:
@@ -700,4 +702,14 @@ def run_bench_cli(args) -> int:
     print_table(result)
     path = save_result(result, args.out, args.name)
     print(f"results: {path}")
+    if args.figure != "none" and result["rows"]:
+        from .plots import latency_figure
+
+        fig_path = Path(args.figure) if args.figure != "auto" else \
+            RESULTS_ROOT.parent / "figures" / f"last-bench-{gpu_slug(result['provenance']['gpu'])}.png"
+        fig_path.parent.mkdir(parents=True, exist_ok=True)
+        p = result["provenance"]
+        latency_figure(result["rows"], f"Encoder latency per mode: {p['preset']}, {p['dtype']}, {p['gpu']} "
+                                       "(whisker: p90)").savefig(fig_path, dpi=110)
+        print(f"figure: {fig_path}")
     return 1 if result["errors"] else 0

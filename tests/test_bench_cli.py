@@ -23,7 +23,8 @@ ROW_KEYS = {"preset", "mode", "workload", "median_ms", "p90_ms", "p99_ms", "gpu_
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU defaults and labels")
 def test_cli_bench_writes_result_json(tmp_path):
     cmd = [sys.executable, "-m", "lfm2vl_lab", "bench", "--preset", "tiny", "--mode", "lab-eager,hf-eager",
-           "--workload", "1x256", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]
+           "--workload", "1x256", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path),
+           "--figure", str(tmp_path / "fig.png")]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -31,6 +32,7 @@ def test_cli_bench_writes_result_json(tmp_path):
     assert len(files) == 1
     assert f"results: {files[0]}" in proc.stdout
     assert "lab-eager" in proc.stdout and "median ms" in proc.stdout  # the table
+    assert (tmp_path / "fig.png").stat().st_size > 1000 and f"figure: {tmp_path / 'fig.png'}" in proc.stdout
 
     res = json.loads(files[0].read_text())
     prov = res["provenance"]
