@@ -31,6 +31,12 @@ LOG=sweepC   TAILN=10 step 35 $M bench --mode lab-graph --workload 1x512,tiled -
              --fuse-qkv off,on --repeats 30 --out "$R" --name sweep-attention --no-progress
 LOG=e2e      TAILN=30 step 100 $M e2e --preset lfm2-vl-450m --preset lfm2-vl-1.6b --repeats 3 --out "$R" --no-progress
 fi
+# Part c executes notebooks, and the H200 image has no Jupyter: carry the wheels (`carry: [".whl"]`).
+# Make them once, here, with (then delete packaging/typing_extensions/pytest/pluggy/iniconfig wheels,
+# which the image already has):
+#   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl \
+#     nbval nbclient nbformat ipykernel
 if [ "$PART" = c ]; then  # the second call: e2e, re-judged parity, per-budget slots, then notebooks
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD
