@@ -22,7 +22,7 @@ import torch
 
 from .budgets import EncoderGraphConfig
 from .encoder import PackedVisionEncoder, warn_once
-from .packing import Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels, lfm2vl_read_inputs
+from .packing import Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,16 +300,8 @@ class GraphedEncoder:
         return g.out[:tokens].clone()
 
     def _eager(self, pixel_values: torch.Tensor, shapes: list[Shape], batch: list[int]) -> torch.Tensor:
-        from .packing import PackedBatch
-
-        bshapes = [shapes[i] for i in batch]
-        f = self.config.factor
-        packed = PackedBatch(
-            shapes=bshapes, pixel_values=lfm2vl_pack_pixels(pixel_values, shapes, index=batch),
-            cu_seqlens=lfm2vl_cu_seqlens(bshapes).to(self.device), max_seqlen=max(h * w for h, w in bshapes),
-            gather_idx=lfm2vl_gather_idx(bshapes, f).to(self.device), pos_embeds=self.encoder.pos_cache.pack(bshapes),
-            factor=f, out_tokens=[(h // f) * (w // f) for h, w in bshapes],
-        )
+        packed = pack_items(pixel_values, shapes, batch, factor=self.config.factor, pos_cache=self.encoder.pos_cache,
+                            device=self.device)
         return self.encoder.forward_packed(packed)
 
     @torch.no_grad()

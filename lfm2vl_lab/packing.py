@@ -206,6 +206,24 @@ def lfm2vl_pack_pixels(pixel_values: torch.Tensor, shapes: list[Shape], index=No
     return torch.cat(parts, out=out)
 
 
+def pack_items(pixel_values: torch.Tensor, shapes: list[Shape], index=None, *, factor: int = 2,
+               pos_cache: PositionEmbeddingCache | None = None, device=None) -> PackedBatch:
+    """The chosen items (all, or ``index``) of already checked inputs → :class:`PackedBatch`."""
+    index = list(range(len(shapes))) if index is None else list(index)
+    chosen = [shapes[i] for i in index]
+    device = torch.device(device) if device is not None else pixel_values.device
+    return PackedBatch(
+        shapes=chosen,
+        pixel_values=lfm2vl_pack_pixels(pixel_values, shapes, index=index).to(device, non_blocking=True),
+        cu_seqlens=lfm2vl_cu_seqlens(chosen).to(device, non_blocking=True),
+        max_seqlen=max(h * w for h, w in chosen),
+        gather_idx=lfm2vl_gather_idx(chosen, factor).to(device, non_blocking=True),
+        pos_embeds=pos_cache.pack(chosen) if pos_cache is not None else None,
+        factor=factor,
+        out_tokens=[(h // factor) * (w // factor) for h, w in chosen],
+    )
+
+
 def pack_inputs(
     inputs: dict,
     *,
@@ -217,15 +235,4 @@ def pack_inputs(
     """Processor output → :class:`PackedBatch` on ``device`` (default: where pixel_values live)."""
     pv, shapes, _ = lfm2vl_read_inputs(inputs)
     lfm2vl_check_shapes(shapes, max_num_patches, factor)
-    device = torch.device(device) if device is not None else pv.device
-    packed_pixels = lfm2vl_pack_pixels(pv, shapes).to(device, non_blocking=True)
-    return PackedBatch(
-        shapes=shapes,
-        pixel_values=packed_pixels,
-        cu_seqlens=lfm2vl_cu_seqlens(shapes).to(device, non_blocking=True),
-        max_seqlen=max(h * w for h, w in shapes),
-        gather_idx=lfm2vl_gather_idx(shapes, factor).to(device, non_blocking=True),
-        pos_embeds=pos_cache.pack(shapes) if pos_cache is not None else None,
-        factor=factor,
-        out_tokens=[(h // factor) * (w // factor) for h, w in shapes],
-    )
+    return pack_items(pv, shapes, factor=factor, pos_cache=pos_cache, device=device)
