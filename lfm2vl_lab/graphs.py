@@ -68,6 +68,37 @@ def plan_stats(calls: list[list[int]], config: EncoderGraphConfig) -> dict:
             "waste": padded / real if real else 0.0}
 
 
+# --------------------------------------------------------------------------------------------
+# After a failed capture
+# --------------------------------------------------------------------------------------------
+
+
+def recover_from_failed_capture(stream: "torch.cuda.Stream | None" = None) -> dict:
+    """Put torch's CUDA state back after a ``torch.cuda.graph`` block raised; return what was done.
+
+    When a capture fails, ``torch.cuda.graph.__exit__`` raises from ``capture_end()`` before it
+    leaves the capture side stream, and before the CUDA random generator leaves capture mode. Two
+    things then go wrong later in the same process: work keeps running on the side stream, and the
+    next random op on the device raises "Offset increment outside graph capture encountered
+    unexpectedly" (torch 2.11 on the H200: notebook 02 hit this in ``build_model``). So we restore
+    ``stream`` (the default stream if ``None``), then capture one tiny graph that ends normally:
+    a clean capture_begin/capture_end pair takes the generator out of capture mode again.
+    """
+    if not torch.cuda.is_available():
+        return {"cuda": False}
+    was = torch.cuda.current_stream()
+    target = stream if stream is not None else torch.cuda.default_stream()
+    torch.cuda.set_stream(target)
+    scratch = torch.zeros(1, device=target.device)
+    reset = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(reset):
+        scratch.add_(1)
+    del reset
+    torch.cuda.synchronize()
+    torch.randn(1, device=target.device)  # raises here, not later in the user's code, if still broken
+    return {"cuda": True, "stream_restored": was != target, "rng_ok": True}
+
+
 @dataclass
 class GraphStats:
     """Counters of the replay path. ``padding_waste`` = padded tokens / real tokens."""
@@ -239,8 +270,23 @@ class GraphedEncoder:
             torch.cuda.synchronize()
             alloc0, res0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                g.out.copy_(self._run_body(g))
+            caller_stream = torch.cuda.current_stream()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    g.out.copy_(self._run_body(g))
+            except Exception as exc:
+                # All or nothing: a half-captured manager would replay some budgets and not others.
+                self.graphs.clear()
+                del graph, g
+                recover_from_failed_capture(caller_stream)
+                # When the body raised, capture_end() raises too; the body's error is its context.
+                cause = exc.__context__ if exc.__context__ is not None else exc
+                first_line = (str(cause).strip().splitlines() or [""])[0][:200]
+                raise RuntimeError(
+                    f"capturing the {budget}-token encoder graph failed ({type(cause).__name__}: {first_line}). "
+                    "No graphs are installed; encode() runs the packed eager path. Usually something in the "
+                    "encoder body needs the host during capture (a .item(), .tolist() or a CPU tensor)."
+                ) from exc
             torch.cuda.synchronize()
             g.graph = graph
             g.capture_s = time.perf_counter() - t0

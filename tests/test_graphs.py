@@ -598,3 +598,51 @@ def test_installed_forward_and_generate_cuda(preset):
     last32 = logits32[:, -1]  # generate's first-step logits are the prompt's last position
     assert rel_error(got_gen.logits[0], last32) <= max(BF16_TOL, 1.05 * rel_error(ref_gen.logits[0], last32))
     assert got_gen.sequences.shape == ref_gen.sequences.shape
+
+
+@pytest.mark.gpu
+def test_recover_from_failed_capture_restores_stream_and_rng():
+    from lfm2vl_lab import recover_from_failed_capture
+
+    v = torch.randn(4, device="cuda")
+    before = torch.cuda.current_stream()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(Exception):  # noqa: B017 - torch raises RuntimeError or a CUDA error type
+        with torch.cuda.graph(g):
+            (v * 2).sum().item()  # a host sync: not allowed while capturing
+    left_on_side_stream = torch.cuda.current_stream() != before
+    info = recover_from_failed_capture(before)
+    assert info["stream_restored"] == left_on_side_stream
+    assert torch.cuda.current_stream() == before
+    assert torch.isfinite(torch.randn(16, device="cuda")).all()  # the RNG left capture mode
+
+
+@pytest.mark.gpu
+def test_failed_capture_leaves_eager_path_and_process_usable():
+    model = _cuda_model("tiny", torch.bfloat16)
+    genc = GraphedEncoder(model, budgets=[64, 128])
+    real_body = genc._run_body
+
+    def body_with_host_sync(g):
+        out = real_body(g)
+        if g.budget == 64 and torch.cuda.is_current_stream_capturing():
+            out.float().sum().item()  # fails the 64-token capture after the 128 one succeeded
+        return out
+
+    genc._run_body = body_with_host_sync
+    stream_before = torch.cuda.current_stream()
+    with pytest.raises(RuntimeError, match="64-token encoder graph failed"):
+        genc.capture(progress=False)
+    assert not genc.captured and genc.graphs == {}, "a half-captured manager must not stay installed"
+    assert torch.cuda.current_stream() == stream_before
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_model("tiny", dtype=torch.bfloat16, device="cuda")  # random init on the device again
+    assert not [w for w in caught if "initialising on the CPU" in str(w.message)]
+    inputs = random_processor_output(BUDGET_CASES[128], "tiny", seed=7)
+    outs = genc.encode(inputs)
+    assert genc.stats.eager_calls == 1 and genc.stats.replays == {}
+    _assert_parity(outs, hf_image_features(model, inputs), BF16_TOL)
+    genc._run_body = real_body
+    genc.capture(progress=False)
+    assert sorted(genc.graphs) == [64, 128]
