@@ -37,6 +37,7 @@ saved under ``data/results/<gpu-slug>/<name>-<timestamp>.json``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import re
@@ -168,6 +169,33 @@ def time_calls(fn: Callable[[], Any], repeats: int, warmup: int, device) -> list
     for _ in range(warmup):
         fn()
     return [time_call(fn, device)[0] for _ in range(repeats)]
+
+
+def time_paired(calls: dict, repeats: int, warmup: int, device) -> dict[str, list[float]]:
+    """Time several alternatives in turns: ``calls`` maps a name to ``fn`` or ``(fn, context)``.
+
+    Round ``i`` times each alternative once, in the given order on even rounds and reversed on odd
+    ones. A drift in the machine (clocks, a busy host) then lands on every alternative alike,
+    instead of on whichever ran second, and sample ``i`` of one is paired with sample ``i`` of
+    another. ``context`` (a context-manager factory, e.g. ``GraphedEncoder.installed``) is entered
+    around each call but outside its timing. Returns ms per call, per name, in round order.
+    """
+    device = torch.device(device)
+    norm = {k: (v if isinstance(v, tuple) else (v, None)) for k, v in calls.items()}
+
+    def timed(fn, ctx):
+        with (ctx or contextlib.nullcontext)():
+            return time_call(fn, device)[0]
+
+    for fn, ctx in norm.values():
+        for _ in range(warmup):
+            timed(fn, ctx)
+    out: dict[str, list[float]] = {k: [] for k in norm}
+    names = list(norm)
+    for i in range(repeats):
+        for k in names if i % 2 == 0 else names[::-1]:
+            out[k].append(timed(*norm[k]))
+    return out
 
 
 def percentile(values, q: float) -> float:

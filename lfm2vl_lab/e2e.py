@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import statistics
-from contextlib import nullcontext
 
 import torch
 
-from .bench import time_calls
+from .bench import time_paired
 from .encoder import hf_image_features
 from .graphs import GraphedEncoder
 from .inputs import process_images, synthetic_image
@@ -53,25 +52,28 @@ def generate_once(model, batch: dict, new_tokens: int) -> torch.Tensor:
     )
 
 
-def time_generate(model, batch: dict, new_tokens: int, repeats: int, ctx=None) -> float:
-    """Median milliseconds of ``generate`` (one untimed warm-up call), timed like the benchmark."""
-    with (ctx or nullcontext)():
-        return statistics.median(time_calls(lambda: generate_once(model, batch, new_tokens), repeats, 1, model.device))
-
-
-def time_encoder(fn, repeats: int, device) -> float:
-    """Median milliseconds of one image-feature call (one untimed warm-up call)."""
-    return statistics.median(time_calls(fn, repeats, 1, device))
-
-
 IMAGES = {"1x512": (512, 512), "tiled": (1024, 768)}
+MODES = ("hf-eager", "lab-graph")
+# The decode steps never call the image encoder, so their per-token time is a control: when it
+# differs between the two modes by more than this, the process was disturbed during one of them
+# (session 1 recorded +42% on one row), and that row's TTFT difference is not the encoder alone.
+DECODE_DRIFT_WARN = 0.05
+
+
+def paired_reduction(base: list[float], new: list[float]) -> float:
+    """Median over rounds of ``1 - new_i / base_i``: the saving measured pair by pair."""
+    return statistics.median(1 - n / b for b, n in zip(base, new))
 
 
 def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16, 64), repeats: int = 5,
             genc: GraphedEncoder | None = None, progress: bool = True, on_row=None) -> list[dict]:
     """TTFT (generate with one new token) and total latency, eager image path vs graphed encoder.
 
-    ``on_row(row)`` is called as each row completes (the CLI saves partial results with it).
+    The two modes are timed in turns (``bench.time_paired``), one untimed warm-up call each. Rows
+    keep every TTFT sample. With two or more ``new_tokens`` values each row also gets the decode
+    time per token (from the smallest and largest totals), and the graph row its drift against
+    eager's: the control described at ``DECODE_DRIFT_WARN``. ``on_row(row)`` is called as each row
+    completes (the CLI saves partial results with it).
     """
     from tqdm.auto import tqdm
 
@@ -82,20 +84,41 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
             genc.capture(progress=False)
     rows = []
     jobs = [(im, n) for im in images for n in requests]
+    dev = model.device
     for im, n in tqdm(jobs, desc="end to end", disable=not progress):
         inputs = process_images([synthetic_image(*IMAGES[im], seed=1)], preset)
         batch = build_prompt(model, inputs, n)
         dev_inputs = {k: batch[k] for k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
-        enc_hf = time_encoder(lambda: hf_image_features(model, dev_inputs), repeats, model.device)
-        enc_graph = time_encoder(lambda: genc.encode(dev_inputs), repeats, model.device)
-        for mode, ctx in (("hf-eager", None), ("lab-graph", genc.installed)):
+        enc = time_paired({"hf-eager": lambda: hf_image_features(model, dev_inputs),
+                           "lab-graph": lambda: genc.encode(dev_inputs)}, repeats, 1, dev)
+
+        def generate_calls(t):
+            call = lambda: generate_once(model, batch, t)  # noqa: E731
+            return {"hf-eager": call, "lab-graph": (call, genc.installed)}
+
+        ttft = time_paired(generate_calls(1), repeats, 1, dev)
+        totals = {t: time_paired(generate_calls(t), repeats, 1, dev) for t in new_tokens}
+        pair = []
+        for mode in MODES:
             row = {"preset": preset.name, "image": im, "requests": n, "mode": mode,
                    "items": int(batch["spatial_shapes"].shape[0]), "prompt_len": int(batch["input_ids"].shape[1]),
-                   "encoder_ms": enc_hf if mode == "hf-eager" else enc_graph,
-                   "ttft_ms": time_generate(model, batch, 1, repeats, ctx)}
+                   "repeats": repeats, "timing": "paired",
+                   "encoder_ms": statistics.median(enc[mode]), "ttft_ms": statistics.median(ttft[mode]),
+                   "ttft_samples_ms": ttft[mode]}
             for t in new_tokens:
-                row[f"total_{t}_ms"] = time_generate(model, batch, t, repeats, ctx)
+                row[f"total_{t}_ms"] = statistics.median(totals[t][mode])
+            if len(new_tokens) >= 2:
+                lo, hi = min(new_tokens), max(new_tokens)
+                row["decode_ms_per_token"] = (row[f"total_{hi}_ms"] - row[f"total_{lo}_ms"]) / (hi - lo)
             row["encoder_share_of_ttft"] = row["encoder_ms"] / row["ttft_ms"]
+            pair.append(row)
+        base, graph = pair
+        base["ttft_reduction"] = 0.0
+        graph["ttft_reduction"] = 1 - graph["ttft_ms"] / base["ttft_ms"]
+        graph["ttft_reduction_paired"] = paired_reduction(ttft["hf-eager"], ttft["lab-graph"])
+        if "decode_ms_per_token" in graph:
+            graph["decode_drift"] = graph["decode_ms_per_token"] / base["decode_ms_per_token"] - 1
+        for row in pair:
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -147,13 +170,15 @@ def run_e2e_cli(args) -> int:
 
     def on_row(row):  # save after every row: a run cut short still leaves what it measured
         nonlocal path
-        base = next((b for b in result["rows"] if b["mode"] == "hf-eager" and
-                     all(b[k] == row[k] for k in ("preset", "image", "requests"))), None)
-        row["ttft_reduction"] = 1 - row["ttft_ms"] / base["ttft_ms"] if base else 0.0
         print(f"{row['preset']:>14} {row['image']:>6} x{row['requests']} {row['mode']:>10}  encoder "
-              f"{row['encoder_ms']:7.2f} ms  TTFT {row['ttft_ms']:7.2f} ms ({-100 * row['ttft_reduction']:+.1f}% vs hf)"
+              f"{row['encoder_ms']:7.2f} ms  TTFT {row['ttft_ms']:7.2f} ms ({-100 * row['ttft_reduction'] + 0:+.1f}% vs hf"
+              + (f", paired {-100 * row['ttft_reduction_paired']:+.1f}%" if "ttft_reduction_paired" in row else "") + ")"
               f"  share {100 * row['encoder_share_of_ttft']:.0f}%"
               + "".join(f"  {k} {v:.1f}" for k, v in row.items() if k.startswith("total_")), flush=True)
+        drift = row.get("decode_drift")
+        if drift is not None and abs(drift) > DECODE_DRIFT_WARN:
+            print(f"  warning: decode (which never runs the encoder) differs by {100 * drift:+.0f}% between the modes; "
+                  "this row's TTFT difference is not the encoder alone", flush=True)
         if path is None:
             path = save_result(result, args.out or RESULTS_ROOT, "e2e")
         else:

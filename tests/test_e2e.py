@@ -1,11 +1,13 @@
 """End-to-end harness on the CPU (tiny preset, real text depth): the prompt has one placeholder per
 image token, the plug-in path gives transformers' logits, and a timed row has every field."""
 
+import statistics
+
 import pytest
 import torch
 
 from lfm2vl_lab import GraphedEncoder, build_model, process_images, synthetic_image
-from lfm2vl_lab.e2e import build_prompt, logits_parity, run_e2e
+from lfm2vl_lab.e2e import build_prompt, logits_parity, paired_reduction, run_e2e
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +34,48 @@ def test_plugged_in_encoder_gives_transformers_logits(tiny_full):
 
 def test_run_e2e_rows(tiny_full):
     seen = []
-    rows = run_e2e(tiny_full, images=("1x512",), requests=(1,), new_tokens=(2,), repeats=1, progress=False,
+    rows = run_e2e(tiny_full, images=("1x512",), requests=(1,), new_tokens=(2, 4), repeats=3, progress=False,
                    on_row=seen.append)
     assert [r["mode"] for r in rows] == ["hf-eager", "lab-graph"] and seen == rows
     for r in rows:
-        assert r["ttft_ms"] > 0 and r["total_2_ms"] > 0 and r["encoder_ms"] > 0
+        assert r["ttft_ms"] > 0 and r["total_2_ms"] > 0 and r["total_4_ms"] > 0 and r["encoder_ms"] > 0
         assert r["encoder_share_of_ttft"] == pytest.approx(r["encoder_ms"] / r["ttft_ms"])
         assert r["items"] == 1 and r["prompt_len"] > 256
+        assert len(r["ttft_samples_ms"]) == 3 and r["ttft_ms"] == pytest.approx(sorted(r["ttft_samples_ms"])[1])
+        assert r["decode_ms_per_token"] == pytest.approx((r["total_4_ms"] - r["total_2_ms"]) / 2)
+    base, graph = rows
+    assert base["ttft_reduction"] == 0.0
+    assert graph["ttft_reduction"] == pytest.approx(1 - graph["ttft_ms"] / base["ttft_ms"])
+    assert graph["ttft_reduction_paired"] == pytest.approx(
+        paired_reduction(base["ttft_samples_ms"], graph["ttft_samples_ms"]))
+    assert graph["decode_drift"] == pytest.approx(graph["decode_ms_per_token"] / base["decode_ms_per_token"] - 1)
+
+
+def test_paired_reduction_is_the_median_of_pair_ratios():
+    # one disturbed round (the second) moves the ratio of medians, not the median of pair ratios
+    base, new = [10.0, 30.0, 10.0], [9.0, 9.0, 9.0]
+    assert paired_reduction(base, new) == pytest.approx(0.1)
+    assert 1 - statistics.median(new) / statistics.median(base) == pytest.approx(0.1)  # same here: 9 vs 10
+    assert paired_reduction([10.0, 30.0, 20.0], [9.0, 9.0, 30.0]) == pytest.approx(0.1)  # medians: 9 vs 20 -> 0.55
+
+
+def test_time_paired_alternates_order_and_enters_contexts():
+    from contextlib import contextmanager
+
+    from lfm2vl_lab.bench import time_paired
+
+    calls, inside = [], []
+
+    @contextmanager
+    def ctx():
+        inside.append(True)
+        yield
+        inside.append(False)
+
+    out = time_paired({"a": lambda: calls.append("a"), "b": (lambda: calls.append(("b", inside[-1])), ctx)},
+                      repeats=4, warmup=1, device="cpu")
+    assert [len(v) for v in out.values()] == [4, 4] and all(t >= 0 for v in out.values() for t in v)
+    names = [c if isinstance(c, str) else c[0] for c in calls]
+    assert names == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]  # warm-up, then alternating rounds
+    assert all(c[1] for c in calls if isinstance(c, tuple)), "b must run inside its context"
+    assert inside[-1] is False
