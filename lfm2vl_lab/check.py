@@ -26,9 +26,10 @@ def shapes_for_tokens(tokens: int, max_items: int, seed: int) -> list[tuple[int,
     g = torch.Generator().manual_seed(seed)
     shapes, left = [], tokens
     while left > 0:
-        last = len(shapes) == max_items - 1
-        t = left if (last or left <= 16) else int(torch.randint(16, min(256, left) + 1, (1,), generator=g))
-        assert t <= 256, f"{tokens} tokens cannot be split into {max_items} items of at most 256 tokens"
+        slots_after = max_items - len(shapes) - 1
+        assert left <= 256 * (slots_after + 1), f"{tokens} tokens cannot be split into {max_items} items of at most 256 tokens"
+        lo = max(16, left - 256 * slots_after)  # leave no more than the remaining slots can hold
+        t = left if (slots_after == 0 or left <= lo) else int(torch.randint(lo, min(256, left) + 1, (1,), generator=g))
         a = max(d for d in range(1, int(t**0.5) + 1) if t % d == 0)  # the squarest (a × t/a) token grid
         shapes.append((2 * a, 2 * (t // a)))
         left -= t
@@ -45,8 +46,26 @@ def budget_cases(budgets: list[int]) -> list[int]:
     return out
 
 
-def check_graphs(model, dtype, seed: int, budgets=None) -> list[dict]:
-    """Replay vs eager for every budget, both cu rules, both max_seqlen modes; aliasing; fallback."""
+def judge_replay(out, eager_out, inp, tol: float, ref_model=None) -> dict:
+    """Replay vs eager. ``rel_err`` is the literal replay-vs-eager error. In bf16/fp16 the verdict
+    comes from a float32 copy (``ref_model``), as for parity: replay and eager run GEMMs of
+    different row counts (padded buffer vs packed rows), so each carries its own ~8e-3 rounding
+    and the two can differ by slightly more than 1e-2 while neither is worse than the other
+    (session 1: 1.03e-2 for two 16-token items in the 128-token graph)."""
+    err = max_rel_error(out, eager_out)
+    nan = any(not torch.isfinite(o).all() for o in out)
+    row = {"rel_err": err, "nan": nan, "literal_pass": err <= tol and not nan}
+    if ref_model is None:
+        return {**row, "pass": row["literal_pass"]}
+    j = lowp_parity(out, eager_out, hf_image_features(ref_model, inp), tol)
+    return {**row, "rel_err_fp32": j["rel_err"], "eager_rel_err_fp32": j["hf_rel_err"], "pass": j["pass"] and not nan}
+
+
+def check_graphs(model, dtype, seed: int, budgets=None, ref_model=None) -> list[dict]:
+    """Replay vs eager for every budget, both cu rules, both max_seqlen modes; aliasing; fallback.
+
+    ``ref_model``: a float32 copy of ``model``, the judge in low precision (see ``judge_replay``).
+    """
     rows = []
     tol = TOLERANCE[dtype]
     preset = model.lab_preset
@@ -62,14 +81,12 @@ def check_graphs(model, dtype, seed: int, budgets=None) -> list[dict]:
                 inp = random_processor_output(shapes, preset, seed=seed + k)
                 genc.reset_stats()
                 out = genc.encode(inp)
-                ref = eager.encode(inp)
-                err = max_rel_error(out, ref)
-                nan = any(not torch.isfinite(o).all() for o in out)
+                judged = judge_replay(out, eager.encode(inp), inp, tol, ref_model)
                 kept.append((out, [o.clone() for o in out]))
                 rows.append({
                     "cu_rule": rule, "max_seqlen_mode": mode, "budget": b, "items": len(shapes),
-                    "tokens": tokens, "replays": genc.stats.as_dict()["replays"], "rel_err": err,
-                    "nan": nan, "pass": (err <= tol) and not nan and genc.stats.replays == {b: 1},
+                    "tokens": tokens, "replays": genc.stats.as_dict()["replays"], **judged,
+                    "pass": judged["pass"] and genc.stats.replays == {b: 1},
                 })
             # aliasing: results handed out earlier must not have changed after all later replays
             aliasing_ok = all(torch.equal(a, b) for out, copy in kept for a, b in zip(out, copy))
@@ -85,11 +102,11 @@ def check_graphs(model, dtype, seed: int, budgets=None) -> list[dict]:
     genc = GraphedEncoder(model, budgets=[64, 128], max_items=4)
     genc.capture(progress=False)
     inp = random_processor_output([(32, 32), (8, 8)], preset, seed=seed + 7)
-    out, ref = genc.encode(inp), genc.encoder.encode(inp)
-    err = max_rel_error(out, ref)
+    out = genc.encode(inp)
+    judged = judge_replay(out, genc.encoder.encode(inp), inp, tol, ref_model)
     st = genc.stats.as_dict()
-    rows.append({"check": "oversize_fallback", "rel_err": err, "stats": st,
-                 "pass": err <= tol and st["misses"] == 1 and st["hits"] == 1})
+    rows.append({"check": "oversize_fallback", **judged, "stats": st,
+                 "pass": judged["pass"] and st["misses"] == 1 and st["hits"] == 1})
     return rows
 
 
@@ -128,9 +145,9 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
         inp = random_processor_output(shapes, p, seed=seed + len(shapes))
         judged = lowp_parity(enc.encode(inp), hf_image_features(model, inp), hf_image_features(ref_model, inp), tol)
         parity.append({"case": case, **judged})
-    del ref_model
     sync = check_sync_free(enc, random_processor_output([(32, 32), (16, 24)], p, seed=seed))
-    graphs = check_graphs(model, dtype, seed)
+    graphs = check_graphs(model, dtype, seed, ref_model=ref_model if dtype != torch.float32 else None)
+    del ref_model
     return {"preset": name, "dtype": dtype_name, "attention": enc.attention_backend, "parity": parity,
             "sync": sync, "graphs": graphs, "seconds": time.perf_counter() - t0,
             "pass": all(r["pass"] for r in parity) and sync["pass"] and all(r["pass"] for r in graphs)}

@@ -1,0 +1,69 @@
+"""The correctness run's own logic on the CPU: the input generators it relies on, and the replay
+verdict (literal replay-vs-eager error, judged against float32 in low precision)."""
+
+import pytest
+import torch
+
+from lfm2vl_lab import auto_budgets, build_model, hf_image_features, random_processor_output
+from lfm2vl_lab.check import budget_cases, judge_replay, shapes_for_tokens
+from lfm2vl_lab.encoder import float32_reference
+
+
+@pytest.mark.parametrize("tokens,max_items", [(1024, 4), (48, 1), (577, 17), (256, 1), (96, 3)])
+def test_shapes_for_tokens_hit_the_token_count(tokens, max_items):
+    shapes = shapes_for_tokens(tokens, max_items, seed=tokens)
+    assert sum((h // 2) * (w // 2) for h, w in shapes) == tokens
+    assert len(shapes) <= max_items
+    assert all(h % 2 == 0 and w % 2 == 0 and (h // 2) * (w // 2) <= 256 for h, w in shapes)
+
+
+def test_budget_cases_need_exactly_their_budget():
+    budgets = auto_budgets(64, 1024)
+    cases = budget_cases(budgets)
+    assert len(cases) == 2 * len(budgets)
+    for k, b in enumerate(budgets):
+        full, padded = cases[2 * k], cases[2 * k + 1]
+        assert full == b
+        assert min(x for x in budgets if x >= padded) == b and padded < b  # replayed with padding
+
+
+@pytest.fixture(scope="module")
+def bf16_case():
+    model = build_model("tiny", dtype=torch.bfloat16, seed=4)
+    inp = random_processor_output([(16, 16), (8, 12)], "tiny", seed=4)
+    ref_model = float32_reference(model)
+    return inp, ref_model, hf_image_features(model, inp), hf_image_features(ref_model, inp)
+
+
+def test_judge_replay_identical_outputs_pass(bf16_case):
+    inp, ref_model, eager, _ = bf16_case
+    j = judge_replay([e.clone() for e in eager], eager, inp, 1e-2, ref_model)
+    assert j["rel_err"] == 0 and j["literal_pass"] and j["pass"]
+    assert j["rel_err_fp32"] == pytest.approx(j["eager_rel_err_fp32"])
+
+
+def test_judge_replay_as_close_to_fp32_as_eager_passes_though_literal_fails(bf16_case):
+    inp, ref_model, eager, ref32 = bf16_case
+    # the same rounding error as eager's, in the other direction: twice eager's error from eager
+    mirrored = [(2 * r - e.float()).to(e.dtype) for e, r in zip(eager, ref32)]
+    eager_err = max(((e.float() - r).norm() / r.norm()).item() for e, r in zip(eager, ref32))
+    tol = eager_err  # a line that the literal replay-vs-eager error (~2x) must cross
+    j = judge_replay(mirrored, eager, inp, tol, ref_model)
+    assert j["rel_err"] > tol and not j["literal_pass"]
+    assert j["pass"], j
+
+
+def test_judge_replay_worse_than_eager_fails(bf16_case):
+    inp, ref_model, eager, _ = bf16_case
+    g = torch.Generator().manual_seed(0)
+    noisy = [e + 0.05 * e.float().std() * torch.randn(e.shape, generator=g).to(e.dtype) for e in eager]
+    j = judge_replay(noisy, eager, inp, 1e-2, ref_model)
+    assert j["rel_err_fp32"] > 1.05 * j["eager_rel_err_fp32"] and not j["pass"]
+
+
+def test_judge_replay_nan_never_passes(bf16_case):
+    inp, ref_model, eager, ref32 = bf16_case
+    bad = [e.clone() for e in eager]
+    bad[0][0, 0] = float("nan")
+    assert not judge_replay(bad, eager, inp, 1e-2, ref_model)["pass"]
+    assert not judge_replay(bad, eager, inp, 1e-2)["pass"]  # fp32 path: literal verdict
