@@ -499,14 +499,16 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
               warmup: int | None = None, device=None, stream_n: int = 200, budget_sets=(None,), cu_rules=("safe",),
               max_seqlen_modes=("tight",), profile: bool = False, progress: bool = True, seed: int = 0,
               fused_compile_mode: str = "default", trace_dir=None, command: str | None = None,
-              name: str = "bench", attentions=("auto",), fuse_qkvs=(False,)) -> dict:
+              name: str = "bench", attentions=("auto",), fuse_qkvs=(False,), on_job=None) -> dict:
     """Run every (mode, config) on every workload; return the result dict (see module docstring).
 
     Defaults follow the device: CUDA → preset ``lfm2-vl-450m``, bf16, 50 repeats, 10 warm-up
     calls; CPU → preset ``tiny``, fp32, 5 repeats, 3 warm-up calls. ``budget_sets`` /
     ``cu_rules`` / ``max_seqlen_modes`` are swept for the graph modes only (each combination is
     its own row); the other modes run once per workload. ``attentions`` / ``fuse_qkvs`` are swept
-    for the lab modes (packed encoder: attention backend, fused q/k/v GEMM).
+    for the lab modes (packed encoder: attention backend, fused q/k/v GEMM). ``on_job(result)`` is
+    called after each mode/config finishes (``result["complete"]`` is False until the end): the CLI
+    saves a checkpoint with it.
     """
     from tqdm.auto import tqdm
 
@@ -533,7 +535,7 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
         "provenance": provenance(command, device=dev, dtype=str(dt).replace("torch.", ""), preset=preset.name,
                                  repeats=repeats, warmup=warmup, stream_n=stream_n, seed=seed,
                                  profile=profile),
-        "rows": [], "skipped": [], "errors": [],
+        "rows": [], "skipped": [], "errors": [], "complete": False,
     }
     model = build_model(preset, dtype=dt, device=dev, seed=seed)
 
@@ -604,7 +606,14 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
         gc.collect()
         if on_cuda:
             torch.cuda.empty_cache()
+        if on_job is not None:
+            on_job(add_derived_result(result))
     bar.close()
+    result["complete"] = True
+    return add_derived_result(result)
+
+
+def add_derived_result(result: dict) -> dict:
     add_derived(result["rows"])
     return result
 
@@ -718,6 +727,11 @@ def add_bench_args(p) -> None:
 def run_bench_cli(args) -> int:
     """Benchmark encoder modes on workloads; print a table and write a result JSON."""
     command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else None
+    saved: dict = {}
+
+    def checkpoint(partial: dict) -> None:  # a run killed by a time limit still leaves its finished modes
+        saved["path"] = save_result(partial, args.out, args.name, saved.get("path"))
+
     result = run_bench(
         preset=args.preset, modes=_split_list(args.mode) or DEFAULT_MODES, workloads=_split_list(args.workload) or DEFAULT_WORKLOADS,
         dtype=args.dtype, repeats=args.repeats, warmup=args.warmup, device=args.device, stream_n=args.stream_n,
@@ -726,9 +740,10 @@ def run_bench_cli(args) -> int:
         progress=not args.no_progress, seed=args.seed, fused_compile_mode=args.fused_compile_mode,
         trace_dir=args.trace_dir, command=command, name=args.name,
         attentions=_split_list([args.attention]), fuse_qkvs=[v == "on" for v in _split_list([args.fuse_qkv])],
+        on_job=checkpoint,
     )
     print_table(result)
-    path = save_result(result, args.out, args.name)
+    path = save_result(result, args.out, args.name, saved.get("path"))
     print(f"results: {path}")
     if args.figure != "none" and result["rows"]:
         from .plots import latency_figure

@@ -8,7 +8,6 @@ and ``generate`` timed to the first token (TTFT) and to 16/64 new tokens.
 
 from __future__ import annotations
 
-import json
 import statistics
 
 import torch
@@ -179,10 +178,7 @@ def run_e2e_cli(args) -> int:
         if drift is not None and abs(drift) > DECODE_DRIFT_WARN:
             print(f"  warning: decode (which never runs the encoder) differs by {100 * drift:+.0f}% between the modes; "
                   "this row's TTFT difference is not the encoder alone", flush=True)
-        if path is None:
-            path = save_result(result, args.out or RESULTS_ROOT, "e2e")
-        else:
-            path.write_text(json.dumps(result, indent=1) + "\n")
+        path = save_result(result, args.out or RESULTS_ROOT, "e2e", path)
 
     for name in presets:
         model = build_model(name, dtype=dt, device=dev, text_layers="full")

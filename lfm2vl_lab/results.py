@@ -79,8 +79,13 @@ def provenance(command: str | None = None, device=None, **extra) -> dict:
     return prov
 
 
-def save_result(result: dict, root=RESULTS_ROOT, name: str | None = None) -> Path:
-    """Write ``result`` to ``<root>/<gpu-slug>/<name>-<timestamp>.json`` (never overwrites)."""
+def save_result(result: dict, root=RESULTS_ROOT, name: str | None = None, path: Path | None = None) -> Path:
+    """Write ``result`` to ``<root>/<gpu-slug>/<name>-<timestamp>.json`` (never overwrites another
+    run's file). ``path``: rewrite this run's own file instead (checkpoints of a long run, so a run
+    cut short still leaves what it measured)."""
+    if path is not None:
+        path.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+        return path
     prov = result.get("provenance", {})
     name = name or result.get("name") or "bench"
     try:
@@ -142,7 +147,8 @@ def recorded_label(res: dict) -> str:
     p = res["provenance"]
     return (f"recorded on {p.get('gpu')} on {p.get('date')} by `{p.get('command')}`\n"
             f"  (torch {p.get('torch')}, transformers {p.get('transformers')}, {p.get('preset')}, {p.get('dtype')}; "
-            f"file {Path(res['_path']).name})")
+            f"file {Path(res['_path']).name})"
+            + ("\n  partial run: it was stopped before every mode finished" if res.get("complete") is False else ""))
 
 
 def recorded_tag(res: dict) -> str:

@@ -53,4 +53,24 @@ LOG=b16      TAILN=20 step 40 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab
              --name bench --no-progress
 LOG=attn     TAILN=12 step 20 $M attention --out "$R"
 fi
+# Parts d1 and d2: what session 2 could not run (its device time was spent). One call each, each
+# under 10 minutes, in the order the open issues need them. d2 carries the Jupyter wheels.
+if [ "$PART" = d1 ]; then
+LOG=pytest3  TAILN=6 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=check3   step 60 $M check --out "$R"
+LOG=b16      TAILN=24 step 170 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-eager,lab-graph,lab-graph-fused \
+             --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" \
+             --name bench --no-progress
+LOG=b16c     TAILN=12 step 170 $M bench --preset lfm2-vl-1.6b --mode compile --workload 1x512,1x256,4x512,tiled \
+             --repeats 30 --profile --out "$R" --name bench-compile --no-progress
+fi
+if [ "$PART" = d2 ]; then
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD
+LOG=e2e450   TAILN=16 step 200 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --repeats 5 --out "$R" --no-progress
+LOG=e2e16    TAILN=16 step 200 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --out "$R" --no-progress
+cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
+LOG=nb       TAILN=60 step 150 python3 scripts/run_notebooks.py notebooks/02_cuda_graph_basics.ipynb \
+             notebooks/06_measuring_the_savings.ipynb notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
+fi
 ls -la "$OUT"

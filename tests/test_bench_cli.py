@@ -40,7 +40,7 @@ def test_cli_bench_writes_result_json(tmp_path):
     assert prov["gpu"] == "cpu" and prov["preset"] == "tiny" and prov["dtype"] == "float32"
     assert prov["torch"] == torch.__version__
     assert "bench --preset tiny" in prov["command"]
-    assert res["errors"] == [] and res["skipped"] == []
+    assert res["errors"] == [] and res["skipped"] == [] and res["complete"] is True
 
     rows = res["rows"]
     assert sorted(r["mode"] for r in rows) == ["hf-eager", "lab-eager"]
@@ -148,3 +148,20 @@ def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
         e2e_figure([])
     with pytest.raises(NoData):
         attention_figure([{"preset": "p"}])
+
+
+def test_run_bench_checkpoints_after_each_mode(tmp_path):
+    snapshots, paths = [], []
+
+    def on_job(partial):
+        snapshots.append((partial["complete"], sorted({r["mode"] for r in partial["rows"]})))
+        paths.append(save_result(partial, tmp_path, "bench", paths[-1] if paths else None))
+
+    res = run_bench(preset="tiny", modes=("hf-eager", "lab-eager"), workloads=("1x256",), repeats=1, warmup=0,
+                    device="cpu", progress=False, on_job=on_job)
+    # a run killed after its first mode leaves that mode's rows, marked incomplete
+    assert snapshots == [(False, ["hf-eager"]), (False, ["hf-eager", "lab-eager"])]
+    assert res["complete"] is True
+    assert len(set(paths)) == 1 and list((tmp_path / "cpu").glob("*.json")) == [paths[0]]
+    on_disk = json.loads(paths[0].read_text())
+    assert on_disk["complete"] is False and len(on_disk["rows"]) == 2  # the last checkpoint, before the end
