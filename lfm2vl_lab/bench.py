@@ -289,7 +289,7 @@ def _graph_info(genc, t_capture: float) -> dict:
 
 def make_runner(mode: str, model, *, budgets=None, cu_rule: str = "safe", max_seqlen_mode: str = "tight",
                 fused_compile_mode: str = "default", progress: bool = False, attention: str = "auto",
-                fuse_qkv: bool = False) -> Runner:
+                fuse_qkv: bool = False, single_item_graphs: bool = False) -> Runner:
     """Build (and for graph modes capture) one mode on ``model``. Raises for unknown modes."""
     from .encoder import PackedVisionEncoder, hf_image_features
     from .graphs import GraphedEncoder
@@ -301,11 +301,12 @@ def make_runner(mode: str, model, *, budgets=None, cu_rule: str = "safe", max_se
         return Runner(mode, enc.encode, {"attention": enc.attention_backend, "fuse_qkv": fuse_qkv})
     if mode == "lab-graph":
         genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
-                              attention=attention, fuse_qkv=fuse_qkv)
+                              attention=attention, fuse_qkv=fuse_qkv, single_item_graphs=single_item_graphs)
         t0 = time.perf_counter()
         genc.capture(progress=progress)
         return Runner(mode, genc.encode, {"budget_set": budgets_label(budgets), "attention": genc.encoder.attention_backend,
-                                          "fuse_qkv": fuse_qkv, **_graph_info(genc, time.perf_counter() - t0)}, genc)
+                                          "fuse_qkv": fuse_qkv, "single_item_graphs": single_item_graphs,
+                                          **_graph_info(genc, time.perf_counter() - t0)}, genc)
     if mode == "lab-graph-fused":
         return _make_fused(model, budgets, cu_rule, max_seqlen_mode, fused_compile_mode, progress, attention, fuse_qkv)
     if mode == "compile":
@@ -499,14 +500,16 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
               warmup: int | None = None, device=None, stream_n: int = 200, budget_sets=(None,), cu_rules=("safe",),
               max_seqlen_modes=("tight",), profile: bool = False, progress: bool = True, seed: int = 0,
               fused_compile_mode: str = "default", trace_dir=None, command: str | None = None,
-              name: str = "bench", attentions=("auto",), fuse_qkvs=(False,), on_job=None) -> dict:
+              name: str = "bench", attentions=("auto",), fuse_qkvs=(False,), single_item_graphs=(False,),
+              on_job=None) -> dict:
     """Run every (mode, config) on every workload; return the result dict (see module docstring).
 
     Defaults follow the device: CUDA → preset ``lfm2-vl-450m``, bf16, 50 repeats, 10 warm-up
     calls; CPU → preset ``tiny``, fp32, 5 repeats, 3 warm-up calls. ``budget_sets`` /
     ``cu_rules`` / ``max_seqlen_modes`` are swept for the graph modes only (each combination is
     its own row); the other modes run once per workload. ``attentions`` / ``fuse_qkvs`` are swept
-    for the lab modes (packed encoder: attention backend, fused q/k/v GEMM). ``on_job(result)`` is
+    for the lab modes (packed encoder: attention backend, fused q/k/v GEMM); ``single_item_graphs``
+    for ``lab-graph`` (dense-attention graphs for one item, see ``GraphedEncoder``). ``on_job(result)`` is
     called after each mode/config finishes (``result["complete"]`` is False until the end): the CLI
     saves a checkpoint with it.
     """
@@ -550,25 +553,28 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     stream = stream_requests(stream_n, preset, seed, progress) if "stream" in workloads else None
     refs: dict[str, list] = {}
 
-    jobs = []  # (mode, budgets, cu_rule, max_seqlen_mode, attention, fuse_qkv)
+    jobs = []  # (mode, budgets, cu_rule, max_seqlen_mode, attention, fuse_qkv, single_item_graphs)
     lab_opts = [(a, f) for a in attentions for f in fuse_qkvs]
     for m in modes:
         if m in CUDA_ONLY and not on_cuda:
             result["skipped"].append({"mode": m, "reason": f"{CUDA_ONLY[m]} (device is {dev.type})"})
             continue
         opts = lab_opts if m.startswith("lab-") else [(None, None)]
+        singles = single_item_graphs if m == "lab-graph" else [None]
         if m in GRAPH_MODES:
-            jobs += [(m, b, c, s, a, f) for b in budget_sets for c in cu_rules for s in max_seqlen_modes for a, f in opts]
+            jobs += [(m, b, c, s, a, f, si) for b in budget_sets for c in cu_rules for s in max_seqlen_modes
+                     for a, f in opts for si in singles]
         else:
-            jobs += [(m, None, None, None, a, f) for a, f in opts]
+            jobs += [(m, None, None, None, a, f, None) for a, f in opts]
 
     bar = tqdm(total=len(jobs) * len(workloads), desc="bench", disable=not progress, unit="run")
-    for mode, budgets, cu_rule, seq_mode, attention, fuse_qkv in jobs:
+    for mode, budgets, cu_rule, seq_mode, attention, fuse_qkv, single in jobs:
         bar.set_description(f"bench {mode}")
         try:
             runner = make_runner(mode, model, budgets=budgets, cu_rule=cu_rule or "safe",
                                  max_seqlen_mode=seq_mode or "tight", fused_compile_mode=fused_compile_mode,
-                                 progress=False, attention=attention or "auto", fuse_qkv=bool(fuse_qkv))
+                                 progress=False, attention=attention or "auto", fuse_qkv=bool(fuse_qkv),
+                                 single_item_graphs=bool(single))
         except Exception as exc:  # noqa: BLE001 - one broken mode must not lose the other rows
             result["errors"].append({"mode": mode, "budget_set": budgets_label(budgets), "cu_rule": cu_rule,
                                      "max_seqlen_mode": seq_mode, "stage": "setup", "error": f"{type(exc).__name__}: {exc}"[:500]})
@@ -649,6 +655,7 @@ def format_table(result_or_rows) -> str:
     lines = []
     for r in rows:
         cfg = f"{r.get('budget_set', '')}/{r.get('cu_rule', '')}/{r.get('max_seqlen_mode', '')}" if r.get("mode") in GRAPH_MODES else ""
+        cfg += "/single-item" if r.get("single_item_graphs") else ""
         hit = r.get("hit_rate")
         lines.append([r.get("mode", "?"), r.get("workload", "?"), _fmt(r.get("n_items"), "d")] + ([cfg] if sweep else []) + [
             _fmt(r.get("median_ms"), ".3f"), _fmt(r.get("p90_ms"), ".3f"), _fmt(r.get("p99_ms"), ".3f"),
@@ -714,6 +721,8 @@ def add_bench_args(p) -> None:
     p.add_argument("--attention", default="auto",
                    help="attention backend(s) of the lab modes, comma list: auto, varlen, sdpa_blockmask")
     p.add_argument("--fuse-qkv", default="off", help="fused q/k/v GEMM in the lab modes, comma list: off, on")
+    p.add_argument("--single-item-graphs", default="off",
+                   help="lab-graph: dense-attention graphs for one item that fills a budget (experimental), comma list: off, on")
     p.add_argument("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
     p.add_argument("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
     p.add_argument("--seed", type=int, default=0)
@@ -740,6 +749,7 @@ def run_bench_cli(args) -> int:
         progress=not args.no_progress, seed=args.seed, fused_compile_mode=args.fused_compile_mode,
         trace_dir=args.trace_dir, command=command, name=args.name,
         attentions=_split_list([args.attention]), fuse_qkvs=[v == "on" for v in _split_list([args.fuse_qkv])],
+        single_item_graphs=[v == "on" for v in _split_list([args.single_item_graphs])],
         on_job=checkpoint,
     )
     print_table(result)

@@ -54,6 +54,13 @@ def plan_batches(tokens: list[int], max_budget: int, max_items: int) -> tuple[li
     return batches, eager
 
 
+def fills_one_sequence(shapes: list[Shape], rows: int) -> bool:
+    """True when a replay batch is one item whose patch rows fill a ``rows``-row buffer exactly: the
+    whole buffer is then one sequence with no padding rows, so dense attention without a mask is
+    exact (the condition for a single-item graph)."""
+    return len(shapes) == 1 and shapes[0][0] * shapes[0][1] == rows
+
+
 def plan_stats(calls: list[list[int]], config: EncoderGraphConfig) -> dict:
     """Host-only preview of what a config does to a stream of calls (each a list of item tokens):
     replays, real and padded tokens, items left to eager, and the padding waste (padded / real)."""
@@ -108,6 +115,7 @@ class GraphStats:
     overflow: int = 0  # batches refused by the buffer guard (never reached a kernel)
     eager_calls: int = 0  # encode() calls served eagerly because nothing was captured
     replays: dict[int, int] = field(default_factory=dict)
+    single_item_replays: int = 0  # replays (counted in ``replays`` too) that used a single-item graph
     real_tokens: int = 0
     padded_tokens: int = 0
 
@@ -123,7 +131,8 @@ class GraphStats:
     def as_dict(self) -> dict:
         return {
             "hits": self.hits, "misses": self.misses, "overflow": self.overflow, "eager_calls": self.eager_calls,
-            "replays": dict(sorted(self.replays.items())), "real_tokens": self.real_tokens,
+            "replays": dict(sorted(self.replays.items())), "single_item_replays": self.single_item_replays,
+            "real_tokens": self.real_tokens,
             "padded_tokens": self.padded_tokens, "padding_waste": self.padding_waste, "hit_rate": self.hit_rate,
         }
 
@@ -141,6 +150,8 @@ class BudgetGraph:
     meta: torch.Tensor  # int32 [cu_size + rows]: cu_seqlens then gather_idx, one upload per replay
     out: torch.Tensor  # [budget, text hidden]
     graph: "torch.cuda.CUDAGraph | None" = None
+    # Same buffers, dense attention: replayed for one item that fills every row (see GraphedEncoder)
+    single: "torch.cuda.CUDAGraph | None" = None
     capture_s: float = 0.0
     mem_allocated_bytes: int = 0
     mem_reserved_bytes: int = 0
@@ -156,7 +167,7 @@ class BudgetGraph:
     def info(self) -> dict:
         return {
             "budget": self.budget, "rows": self.rows, "max_seqlen": self.max_seqlen,
-            "capture_s": self.capture_s, "mem_allocated_mb": self.mem_allocated_bytes / 2**20,
+            "single_item_graph": self.single is not None, "capture_s": self.capture_s, "mem_allocated_mb": self.mem_allocated_bytes / 2**20,
             "mem_reserved_mb": self.mem_reserved_bytes / 2**20,
         }
 
@@ -175,12 +186,19 @@ class GraphedEncoder:
 
     ``encode`` returns per-item embeddings in input order, like transformers' ``get_image_features``.
     Without CUDA, ``encode`` runs the packed eager path (and says so once); ``capture`` raises.
+
+    ``single_item_graphs=True`` (experimental, off by default until measured on a GPU): for each
+    budget whose rows one item can fill (4·B ≤ max_num_patches: 64, 128 and 256 tokens by default)
+    a second graph is captured on the same buffers with dense SDPA instead of ``varlen_attn``. A
+    replay of exactly one item whose tokens equal the budget (a 512 px or 256 px image alone) uses
+    it: one sequence, no padding, so no mask is needed and the dense kernels apply.
     """
 
     def __init__(self, model, budgets=None, max_items=None, cu_seqlens_rule: str = "safe",
                  max_seqlen_mode: str = "tight", attention: str = "auto", max_budget: int | None = None,
-                 body=None, meta_cache_size: int = 256, fuse_qkv: bool = False):
+                 body=None, meta_cache_size: int = 256, fuse_qkv: bool = False, single_item_graphs: bool = False):
         self.model = model
+        self.single_item_graphs = single_item_graphs
         self.encoder = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
         preset = getattr(model, "lab_preset", None)
         min_tokens = preset.min_image_tokens if preset is not None else 64
@@ -241,6 +259,27 @@ class GraphedEncoder:
     def _run_body(self, g: BudgetGraph) -> torch.Tensor:
         return self.body(g.pixel_values, g.pos_embeds, g.cu_seqlens, g.max_seqlen, g.gather_idx)
 
+    def _has_single(self, budget: int) -> bool:
+        """Whether this budget gets a single-item graph: one item can fill its rows, and the body is
+        the packed encoder itself (a compiled body has its attention baked in)."""
+        return self.single_item_graphs and self.body is self.encoder and self.config.rows(budget) <= self.encoder.max_num_patches
+
+    def _record(self, g: BudgetGraph, attn=None, warmup_iters: int = 2) -> "torch.cuda.CUDAGraph":
+        """Warm up on a side stream (lazy kernel loading, cuBLAS handles), then capture one graph that
+        reads g's input buffers and writes g.out, into the shared pool."""
+        run = (lambda: self._run_body(g)) if attn is None else \
+            (lambda: self.body(g.pixel_values, g.pos_embeds, g.cu_seqlens, g.max_seqlen, g.gather_idx, attn=attn))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup_iters):
+                g.out.copy_(run())
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            g.out.copy_(run())
+        return graph
+
     @torch.no_grad()
     def capture(self, progress: bool = True, warmup_iters: int = 2) -> list[dict]:
         """Capture one graph per budget, largest first, into one shared memory pool."""
@@ -251,6 +290,8 @@ class GraphedEncoder:
             )
         from tqdm.auto import tqdm
 
+        from .encoder import attention_one_sequence
+
         self.graphs.clear()
         self.pool = torch.cuda.graph_pool_handle()
         budgets = sorted(self.config.budgets, reverse=True)  # largest first: smaller graphs reuse its blocks
@@ -259,25 +300,19 @@ class GraphedEncoder:
             t0 = time.perf_counter()
             g = self._allocate(budget)
             self._fill_dummy(g, seed=budget)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(warmup_iters):
-                    g.out.copy_(self._run_body(g))
-            torch.cuda.current_stream().wait_stream(side)
-            # Memory is measured around the capture only (after warm-up, which may compile or
-            # cache), plus the persistent buffers: what this graph keeps alive.
+            # Memory is measured around the captures only (warm-up may compile or cache), plus the
+            # persistent buffers: what this budget keeps alive.
             torch.cuda.synchronize()
             alloc0, res0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-            graph = torch.cuda.CUDAGraph()
             caller_stream = torch.cuda.current_stream()
             try:
-                with torch.cuda.graph(graph, pool=self.pool):
-                    g.out.copy_(self._run_body(g))
+                g.graph = self._record(g, warmup_iters=warmup_iters)
+                if self._has_single(budget):
+                    g.single = self._record(g, attention_one_sequence, warmup_iters)
             except Exception as exc:
                 # All or nothing: a half-captured manager would replay some budgets and not others.
                 self.graphs.clear()
-                del graph, g
+                del g
                 recover_from_failed_capture(caller_stream)
                 # When the body raised, capture_end() raises too; the body's error is its context.
                 cause = exc.__context__ if exc.__context__ is not None else exc
@@ -288,7 +323,6 @@ class GraphedEncoder:
                     "encoder body needs the host during capture (a .item(), .tolist() or a CPU tensor)."
                 ) from exc
             torch.cuda.synchronize()
-            g.graph = graph
             g.capture_s = time.perf_counter() - t0
             buffers = sum(t.numel() * t.element_size() for t in (g.pixel_values, g.pos_embeds, g.meta, g.out))
             g.mem_allocated_bytes = torch.cuda.memory_allocated() - alloc0 + buffers
@@ -337,7 +371,9 @@ class GraphedEncoder:
         pad_pix(g.pixel_values, [pixel_values[i, : h * w] for i, (h, w) in zip(batch, bshapes)])
         pad_pos(g.pos_embeds, [self.encoder.pos_cache.get(h, w) for h, w in bshapes])
         g.meta.copy_(self._host_meta(g, bshapes), non_blocking=True)
-        g.graph.replay()
+        single = g.single is not None and fills_one_sequence(bshapes, g.rows)
+        (g.single if single else g.graph).replay()
+        self.stats.single_item_replays += single
         self.stats.replays[budget] = self.stats.replays.get(budget, 0) + 1
         self.stats.real_tokens += tokens
         self.stats.padded_tokens += budget - tokens

@@ -43,7 +43,7 @@ def _config(r: dict) -> tuple:
 
 def _is_default(r: dict) -> bool:
     graph_ok = r.get("budget_set") is None or _config(r) == DEFAULT_GRAPH_CONFIG
-    return graph_ok and r.get("attention") in DEFAULT_LAB_OPTIONS and not r.get("fuse_qkv")
+    return graph_ok and r.get("attention") in DEFAULT_LAB_OPTIONS and not r.get("fuse_qkv") and not r.get("single_item_graphs")
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:

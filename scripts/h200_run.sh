@@ -58,6 +58,8 @@ fi
 if [ "$PART" = d1 ]; then
 LOG=pytest3  TAILN=6 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 LOG=check3   step 60 $M check --out "$R"
+LOG=single   TAILN=14 step 45 $M bench --mode lab-graph --workload 1x512,1x256,4x512,tiled,stream --stream-n 24 \
+             --single-item-graphs off,on --repeats 30 --profile --out "$R" --name single-item --no-progress
 LOG=b16      TAILN=24 step 170 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-eager,lab-graph,lab-graph-fused \
              --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" \
              --name bench --no-progress

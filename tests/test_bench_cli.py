@@ -165,3 +165,16 @@ def test_run_bench_checkpoints_after_each_mode(tmp_path):
     assert len(set(paths)) == 1 and list((tmp_path / "cpu").glob("*.json")) == [paths[0]]
     on_disk = json.loads(paths[0].read_text())
     assert on_disk["complete"] is False and len(on_disk["rows"]) == 2  # the last checkpoint, before the end
+
+
+def test_figures_pick_the_default_config_over_experiments():
+    from lfm2vl_lab.plots import pick_rows
+
+    base = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
+            "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": False}
+    rows = [dict(base, median_ms=1.4, gpu_busy_ms=1.1),
+            dict(base, median_ms=1.1, gpu_busy_ms=0.9, single_item_graphs=True),  # newer, profiled, faster
+            dict(base, median_ms=1.2, gpu_busy_ms=1.0, fuse_qkv=True),
+            dict(base, median_ms=1.3, gpu_busy_ms=1.0, attention="sdpa_blockmask")]
+    assert [r["median_ms"] for r in pick_rows(rows)] == [1.4]  # the default row, though slower and older
+    assert [r["median_ms"] for r in pick_rows(rows[1:])] == [1.3]  # no default row: the newest profiled one

@@ -22,7 +22,7 @@ from lfm2vl_lab import (
 )
 from lfm2vl_lab.budgets import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
 from lfm2vl_lab.encoder import warn_once
-from lfm2vl_lab.graphs import GraphStats
+from lfm2vl_lab.graphs import GraphStats, fills_one_sequence
 from lfm2vl_lab.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx
 
 FP32_TOL = 1e-4
@@ -295,8 +295,8 @@ def test_stats_fields():
     assert s.hit_rate == 0.75
     assert s.padding_waste == pytest.approx(0.28)
     d = s.as_dict()
-    assert set(d) == {"hits", "misses", "overflow", "eager_calls", "replays", "real_tokens", "padded_tokens",
-                      "padding_waste", "hit_rate"}
+    assert set(d) == {"hits", "misses", "overflow", "eager_calls", "replays", "single_item_replays", "real_tokens",
+                      "padded_tokens", "padding_waste", "hit_rate"}
     assert list(d["replays"]) == [64, 512]
     assert d["hit_rate"] == 0.75
 
@@ -646,3 +646,46 @@ def test_failed_capture_leaves_eager_path_and_process_usable():
     genc._run_body = real_body
     genc.capture(progress=False)
     assert sorted(genc.graphs) == [64, 128]
+
+
+@pytest.mark.parametrize("shapes,rows,expected", [
+    ([(32, 32)], 1024, True),          # a 512 px image alone in the 256-token graph
+    ([(16, 16)], 256, True),           # a 256 px image alone in the 64-token graph
+    ([(16, 32)], 512, True),
+    ([(32, 32)], 4096, False),         # padding rows left: not one sequence
+    ([(16, 16), (16, 16)], 512, False),  # two items: dense attention would mix them
+    ([(30, 32)], 1024, False),
+])
+def test_fills_one_sequence(shapes, rows, expected):
+    assert fills_one_sequence(shapes, rows) is expected
+
+
+def test_single_item_graphs_only_where_one_item_can_fill_the_budget(tiny_model):
+    genc = GraphedEncoder(tiny_model, single_item_graphs=True)
+    assert [b for b in genc.config.budgets if genc._has_single(b)] == [64, 128, 256]  # 4·B ≤ 1024 patch rows
+    assert not any(GraphedEncoder(tiny_model)._has_single(b) for b in genc.config.budgets)  # off by default
+    compiled_like = GraphedEncoder(tiny_model, single_item_graphs=True, body=lambda *a, **k: None)
+    assert not any(compiled_like._has_single(b) for b in genc.config.budgets)  # a custom body keeps its own attention
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tiny", "lfm2-vl-450m"])
+def test_single_item_graph_replay_equals_eager(preset):
+    from lfm2vl_lab.check import judge_replay
+
+    model = _cuda_model(preset, torch.bfloat16)
+    genc = GraphedEncoder(model, single_item_graphs=True)
+    info = genc.capture(progress=False)
+    assert {i["budget"] for i in info if i["single_item_graph"]} == {64, 128, 256}
+    ref_model = float32_reference(model)
+    for k, shapes in enumerate(([(32, 32)], [(16, 16)], [(16, 32)])):
+        inp = random_processor_output(shapes, preset, seed=50 + k)
+        genc.reset_stats()
+        out = genc.encode(inp)
+        assert genc.stats.single_item_replays == 1, genc.stats.as_dict()
+        verdict = judge_replay(out, genc.encoder.encode(inp), inp, BF16_TOL, ref_model)
+        assert verdict["pass"], verdict
+    for shapes in ([(16, 16), (16, 16)], [(30, 32)]):  # two items; one item with padding rows
+        genc.reset_stats()
+        genc.encode(random_processor_output(shapes, preset, seed=60))
+        assert genc.stats.single_item_replays == 0 and sum(genc.stats.replays.values()) == 1
