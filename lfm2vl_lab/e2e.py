@@ -124,6 +124,36 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
     return rows
 
 
+def profile_ttft(model, genc: GraphedEncoder, image: str = "1x512", n_requests: int = 1, iters: int = 3) -> dict:
+    """Where a TTFT call's time goes, per mode, from torch.profiler: the whole ``generate`` call
+    with one new token, and the image-feature call alone; the text part is the difference.
+
+    It answers the end-to-end question the encoder numbers cannot: when the graphed encoder saves
+    ms but TTFT barely moves, is the rest (prefill and the first decode step) GPU work or host
+    launch overhead? ``gpu_busy_ms`` well below ``wall_ms`` in the text part means launch-bound.
+    """
+    from contextlib import nullcontext
+
+    from .profiling import profile_callable
+
+    inputs = process_images([synthetic_image(*IMAGES[image], seed=1)], model.lab_preset)
+    batch = build_prompt(model, inputs, n_requests)
+    dev_inputs = {k: batch[k] for k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
+    out = {"image": image, "requests": n_requests, "iters": iters}
+    paths = (("hf-eager", nullcontext, lambda: hf_image_features(model, dev_inputs)),
+             ("lab-graph", genc.installed, lambda: genc.encode(dev_inputs)))
+    keep = ("kernels", "launch_calls", "launch_cpu_ms", "graph_launches", "gpu_busy_ms", "wall_ms", "gap_median_us")
+    for mode, ctx, encode in paths:
+        with ctx():
+            ttft = profile_callable(lambda: generate_once(model, batch, 1), warmup=1, iters=iters, device=model.device)
+        enc = profile_callable(encode, warmup=1, iters=iters, device=model.device)
+        t, e = ttft.as_dict(timeline=False, gaps=False), enc.as_dict(timeline=False, gaps=False)
+        text = {k: t[k] - e[k] for k in ("kernels", "launch_calls", "gpu_busy_ms", "wall_ms")}
+        text["busy_share"] = text["gpu_busy_ms"] / text["wall_ms"] if text["wall_ms"] > 0 else None
+        out[mode] = {"ttft": {k: t[k] for k in keep}, "encoder": {k: e[k] for k in keep}, "text": text}
+    return out
+
+
 @torch.no_grad()
 def logits_parity(model, genc: GraphedEncoder, n_requests: int = 1, seed: int = 0) -> dict:
     """Logits and greedy first token with transformers' image path vs the graphed encoder."""
@@ -146,6 +176,8 @@ def add_e2e_args(p) -> None:
     p.add_argument("--dtype", default=None, help="bf16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--out", default=None, help="results root (default: data/results)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one TTFT call per mode (1x512, one request): encoder vs text model, GPU-busy vs wall")
 
 
 def run_e2e_cli(args) -> int:
@@ -187,6 +219,15 @@ def run_e2e_cli(args) -> int:
             genc.capture(progress=not args.no_progress)
         result["parity"].append({"preset": name, **logits_parity(model, genc)})
         print("parity:", result["parity"][-1], flush=True)
+        if args.profile:
+            prof = {"preset": name, **profile_ttft(model, genc)}
+            result.setdefault("ttft_profile", []).append(prof)
+            for mode in ("hf-eager", "lab-graph"):
+                t, e, x = prof[mode]["ttft"], prof[mode]["encoder"], prof[mode]["text"]
+                share = "-" if x["busy_share"] is None else f"{100 * x['busy_share']:.0f}%"
+                print(f"profile {name} {mode:>10}: TTFT wall {t['wall_ms']:.2f} ms, busy {t['gpu_busy_ms']:.2f} ms, "
+                      f"{t['kernels']:.0f} kernels | encoder wall {e['wall_ms']:.2f} ms | text wall {x['wall_ms']:.2f} ms, "
+                      f"busy {x['gpu_busy_ms']:.2f} ms ({share}), {x['kernels']:.0f} kernels", flush=True)
         run_e2e(model, images=tuple(args.image.split(",")), requests=ints(args.requests),
                 new_tokens=ints(args.new_tokens), repeats=args.repeats, genc=genc,
                 progress=not args.no_progress, on_row=lambda r: (result["rows"].append(r), on_row(r)))

@@ -69,8 +69,8 @@ fi
 if [ "$PART" = d2 ]; then
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD
-LOG=e2e450   TAILN=16 step 200 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --repeats 5 --out "$R" --no-progress
-LOG=e2e16    TAILN=16 step 200 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --out "$R" --no-progress
+LOG=e2e450   TAILN=20 step 200 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --repeats 5 --profile --out "$R" --no-progress
+LOG=e2e16    TAILN=20 step 200 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --profile --out "$R" --no-progress
 cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
 LOG=nb       TAILN=60 step 150 python3 scripts/run_notebooks.py notebooks/02_cuda_graph_basics.ipynb \
              notebooks/06_measuring_the_savings.ipynb notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"

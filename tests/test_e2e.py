@@ -79,3 +79,17 @@ def test_time_paired_alternates_order_and_enters_contexts():
     assert names == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]  # warm-up, then alternating rounds
     assert all(c[1] for c in calls if isinstance(c, tuple)), "b must run inside its context"
     assert inside[-1] is False
+
+
+def test_profile_ttft_splits_encoder_and_text(tiny_full):
+    from lfm2vl_lab.e2e import profile_ttft
+
+    genc = GraphedEncoder(tiny_full)
+    prof = profile_ttft(tiny_full, genc, iters=1)
+    assert (prof["image"], prof["requests"]) == ("1x512", 1)
+    for mode in ("hf-eager", "lab-graph"):
+        t, e, x = prof[mode]["ttft"], prof[mode]["encoder"], prof[mode]["text"]
+        assert t["wall_ms"] > 0 and e["wall_ms"] > 0
+        assert x["wall_ms"] == pytest.approx(t["wall_ms"] - e["wall_ms"])
+        assert t["kernels"] == 0  # no GPU here: nothing on a GPU lane to count
+    assert genc.stats.eager_calls >= 2  # the lab-graph TTFT really went through the swapped encoder
