@@ -275,9 +275,15 @@ class GraphedEncoder:
             for _ in range(warmup_iters):
                 g.out.copy_(run())
         torch.cuda.current_stream().wait_stream(side)
+        # Memory is measured around the capture only (warm-up may compile or cache): what it keeps alive.
+        torch.cuda.synchronize()
+        alloc0, res0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             g.out.copy_(run())
+        torch.cuda.synchronize()
+        g.mem_allocated_bytes += torch.cuda.memory_allocated() - alloc0
+        g.mem_reserved_bytes += torch.cuda.memory_reserved() - res0
         return graph
 
     @torch.no_grad()
@@ -300,10 +306,6 @@ class GraphedEncoder:
             t0 = time.perf_counter()
             g = self._allocate(budget)
             self._fill_dummy(g, seed=budget)
-            # Memory is measured around the captures only (warm-up may compile or cache), plus the
-            # persistent buffers: what this budget keeps alive.
-            torch.cuda.synchronize()
-            alloc0, res0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
             caller_stream = torch.cuda.current_stream()
             try:
                 g.graph = self._record(g, warmup_iters=warmup_iters)
@@ -325,8 +327,8 @@ class GraphedEncoder:
             torch.cuda.synchronize()
             g.capture_s = time.perf_counter() - t0
             buffers = sum(t.numel() * t.element_size() for t in (g.pixel_values, g.pos_embeds, g.meta, g.out))
-            g.mem_allocated_bytes = torch.cuda.memory_allocated() - alloc0 + buffers
-            g.mem_reserved_bytes = torch.cuda.memory_reserved() - res0 + buffers
+            g.mem_allocated_bytes += buffers  # the captures' own memory is already counted by _record
+            g.mem_reserved_bytes += buffers
             self.graphs[budget] = g
         return self.capture_info()
 
