@@ -72,7 +72,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 LOG=e2e450   TAILN=20 step 200 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --repeats 5 --profile --out "$R" --no-progress
 LOG=e2e16    TAILN=20 step 200 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --profile --out "$R" --no-progress
 cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
+# 05 and 07 read the newest check-*.json (d1 writes one: copy d1's files into data/results before this call)
 LOG=nb       TAILN=60 step 150 python3 scripts/run_notebooks.py notebooks/02_cuda_graph_basics.ipynb \
-             notebooks/06_measuring_the_savings.ipynb notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
+             notebooks/05_the_manager.ipynb notebooks/06_measuring_the_savings.ipynb \
+             notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
 fi
 ls -la "$OUT"
