@@ -613,13 +613,10 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
         if on_cuda:
             torch.cuda.empty_cache()
         if on_job is not None:
-            on_job(add_derived_result(result))
+            add_derived(result["rows"])
+            on_job(result)
     bar.close()
     result["complete"] = True
-    return add_derived_result(result)
-
-
-def add_derived_result(result: dict) -> dict:
     add_derived(result["rows"])
     return result
 
