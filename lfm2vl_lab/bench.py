@@ -281,18 +281,16 @@ def _graph_info(genc, t_capture: float) -> dict:
     return {
         "budgets": list(cfg.budgets), "max_items": cfg.max_items, "cu_rule": cfg.cu_seqlens_rule,
         "max_seqlen_mode": cfg.max_seqlen_mode, "attention": genc.encoder.attention_backend,
-        "capture_s": t_capture, "capture_info": info,
-        "graph_mem_mb": sum(r["mem_reserved_mb"] for r in info),
-        "graph_mem_allocated_mb": sum(r["mem_allocated_mb"] for r in info),
+        "capture_s": t_capture, "capture_info": info, **{f"graph_{k}": v for k, v in genc.memory().items() if k != "per_budget"},
     }
 
 
 def make_runner(mode: str, model, *, budgets=None, cu_rule: str = "safe", max_seqlen_mode: str = "tight",
                 fused_compile_mode: str = "default", progress: bool = False, attention: str = "auto",
-                fuse_qkv: bool = False, single_item_graphs: bool = False) -> Runner:
+                fuse_qkv: bool = False, single_item_graphs: bool | None = None) -> Runner:
     """Build (and for graph modes capture) one mode on ``model``. Raises for unknown modes."""
     from .encoder import PackedVisionEncoder, hf_image_features
-    from .graphs import GraphedEncoder
+    from .graphs import SINGLE_ITEM_GRAPHS, GraphedEncoder
 
     if mode == "hf-eager":
         return Runner(mode, lambda inp: hf_image_features(model, inp))
@@ -300,6 +298,7 @@ def make_runner(mode: str, model, *, budgets=None, cu_rule: str = "safe", max_se
         enc = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
         return Runner(mode, enc.encode, {"attention": enc.attention_backend, "fuse_qkv": fuse_qkv})
     if mode == "lab-graph":
+        single_item_graphs = SINGLE_ITEM_GRAPHS if single_item_graphs is None else single_item_graphs
         genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
                               attention=attention, fuse_qkv=fuse_qkv, single_item_graphs=single_item_graphs)
         t0 = time.perf_counter()
@@ -500,7 +499,7 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
               warmup: int | None = None, device=None, stream_n: int = 200, budget_sets=(None,), cu_rules=("safe",),
               max_seqlen_modes=("tight",), profile: bool = False, progress: bool = True, seed: int = 0,
               fused_compile_mode: str = "default", trace_dir=None, command: str | None = None,
-              name: str = "bench", attentions=("auto",), fuse_qkvs=(False,), single_item_graphs=(False,),
+              name: str = "bench", attentions=("auto",), fuse_qkvs=(False,), single_item_graphs=(None,),
               on_job=None) -> dict:
     """Run every (mode, config) on every workload; return the result dict (see module docstring).
 
@@ -574,7 +573,7 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
             runner = make_runner(mode, model, budgets=budgets, cu_rule=cu_rule or "safe",
                                  max_seqlen_mode=seq_mode or "tight", fused_compile_mode=fused_compile_mode,
                                  progress=False, attention=attention or "auto", fuse_qkv=bool(fuse_qkv),
-                                 single_item_graphs=bool(single))
+                                 single_item_graphs=single)
         except Exception as exc:  # noqa: BLE001 - one broken mode must not lose the other rows
             result["errors"].append({"mode": mode, "budget_set": budgets_label(budgets), "cu_rule": cu_rule,
                                      "max_seqlen_mode": seq_mode, "stage": "setup", "error": f"{type(exc).__name__}: {exc}"[:500]})
@@ -670,13 +669,22 @@ def format_table(result_or_rows) -> str:
         if r.get("capture_s") is not None and r is next(x for x in rows if x.get("mode") == r["mode"] and x.get("budget_set") == r.get("budget_set")):
             extra = f", compile+capture {r['compile_s']:.1f} s, fullgraph={r.get('fullgraph')}" if r.get("compile_s") is not None else ""
             out.append(f"{r['mode']} [{r.get('budget_set')}]: {len(r.get('capture_info', []))} graphs captured in "
-                       f"{r['capture_s']:.2f} s, {r.get('graph_mem_mb', 0):.1f} MiB reserved{extra}")
+                       f"{r['capture_s']:.2f} s, {graph_memory_label(r)}{extra}")
         if r.get("mode") == "compile" and r.get("compile_first_call_s") is not None:
             dyn = r.get("dynamo", {})
             out.append(f"compile [{r['workload']}]: first call {r['compile_first_call_s']:.1f} s, "
                        f"{dyn.get('stats.unique_graphs', 0)} graphs compiled, {dyn.get('graph_break.total', 0)} graph breaks, "
                        f"{dyn.get('inductor.cudagraph_skips', 0)} cudagraph skips")
     return "\n".join(out)
+
+
+def graph_memory_label(row: dict) -> str:
+    """What a graph mode's captures hold, from a result row: the pool plus the persistent buffers.
+    Rows recorded before that split (one reserved-memory delta, which could go negative) say so."""
+    if row.get("graph_total_mb") is not None:
+        return (f"{row['graph_total_mb']:.1f} MiB held (graph pool {row['graph_pool_mb']:.1f} + "
+                f"buffers {row['graph_buffers_mb']:.1f})")
+    return "graph memory not recorded in this row's format"
 
 
 def print_table(result_or_rows) -> None:

@@ -25,6 +25,10 @@ from .encoder import PackedVisionEncoder, warn_once
 from .packing import Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items
 
 
+# Single-item graphs (see GraphedEncoder) are on unless a caller turns them off: on the H200 they
+# made one 512 px or 256 px image faster at the same parity (data/results/nvidia-h200/single-item-*.json).
+SINGLE_ITEM_GRAPHS = True
+
 # --------------------------------------------------------------------------------------------
 # Planning (pure host logic, testable without a GPU)
 # --------------------------------------------------------------------------------------------
@@ -52,6 +56,19 @@ def plan_batches(tokens: list[int], max_budget: int, max_items: int) -> tuple[li
     if cur:
         batches.append(cur)
     return batches, eager
+
+
+def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
+    """Raise ``ValueError`` naming every item whose real patch rows hold NaN or Inf.
+
+    Without it a NaN pixel silently becomes NaN embeddings (transformers' own path does the same).
+    One reduction per item and a single read-back, so it costs one device sync per call.
+    """
+    flags = torch.stack([torch.isfinite(pixel_values[i, : h * w]).all() for i, (h, w) in enumerate(shapes)]).tolist()
+    bad = [i for i, ok in enumerate(flags) if not ok]
+    if bad:
+        raise ValueError(f"pixel_values of item(s) {bad} hold NaN or Inf (patch grids {[shapes[i] for i in bad]}); "
+                         "encode() refused them (check_finite=True)")
 
 
 def fills_one_sequence(shapes: list[Shape], rows: int) -> bool:
@@ -106,6 +123,20 @@ def recover_from_failed_capture(stream: "torch.cuda.Stream | None" = None) -> di
     return {"cuda": True, "stream_restored": was != target, "rng_ok": True}
 
 
+def pool_bytes(segments: list[dict], pool) -> int:
+    """Bytes the caching allocator holds for ``pool`` (a ``graph_pool_handle()``), from the segment
+    list of ``torch.cuda.memory_snapshot()``: the memory the graphs captured into that pool keep.
+
+    Why not a difference of ``memory_reserved()`` around each capture: the allocator frees and
+    reuses cached blocks of the default pool at the same time (the warm-up's activations, earlier
+    budgets' leftovers), so such deltas mix two pools and went negative on the H200 (-84.8 MiB for
+    five graphs). A private pool only grows while its graphs live, so its own segments are the
+    honest number.
+    """
+    pool = tuple(pool)
+    return sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) == pool)
+
+
 @dataclass
 class GraphStats:
     """Counters of the replay path. ``padding_waste`` = padded tokens / real tokens."""
@@ -153,8 +184,12 @@ class BudgetGraph:
     # Same buffers, dense attention: replayed for one item that fills every row (see GraphedEncoder)
     single: "torch.cuda.CUDAGraph | None" = None
     capture_s: float = 0.0
-    mem_allocated_bytes: int = 0
-    mem_reserved_bytes: int = 0
+    pool_bytes: int = 0  # growth of the shared graph pool while this budget's graph(s) were captured
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The persistent buffers this budget owns (outside the pool: they live as long as the manager)."""
+        return sum(t.numel() * t.element_size() for t in (self.pixel_values, self.pos_embeds, self.meta, self.out))
 
     @property
     def cu_seqlens(self) -> torch.Tensor:
@@ -167,8 +202,9 @@ class BudgetGraph:
     def info(self) -> dict:
         return {
             "budget": self.budget, "rows": self.rows, "max_seqlen": self.max_seqlen,
-            "single_item_graph": self.single is not None, "capture_s": self.capture_s, "mem_allocated_mb": self.mem_allocated_bytes / 2**20,
-            "mem_reserved_mb": self.mem_reserved_bytes / 2**20,
+            "single_item_graph": self.single is not None, "capture_s": self.capture_s,
+            "pool_mb": self.pool_bytes / 2**20, "buffers_mb": self.buffer_bytes / 2**20,
+            "total_mb": (self.pool_bytes + self.buffer_bytes) / 2**20,
         }
 
 
@@ -187,18 +223,24 @@ class GraphedEncoder:
     ``encode`` returns per-item embeddings in input order, like transformers' ``get_image_features``.
     Without CUDA, ``encode`` runs the packed eager path (and says so once); ``capture`` raises.
 
-    ``single_item_graphs=True`` (experimental, off by default until measured on a GPU): for each
-    budget whose rows one item can fill (4·B ≤ max_num_patches: 64, 128 and 256 tokens by default)
-    a second graph is captured on the same buffers with dense SDPA instead of ``varlen_attn``. A
-    replay of exactly one item whose tokens equal the budget (a 512 px or 256 px image alone) uses
-    it: one sequence, no padding, so no mask is needed and the dense kernels apply.
+    ``single_item_graphs`` (on by default): for each budget whose rows one item can fill
+    (4·B ≤ max_num_patches: 64, 128 and 256 tokens by default) a second graph is captured on the
+    same buffers with dense SDPA instead of ``varlen_attn``. A replay of exactly one item whose
+    tokens equal the budget (a 512 px or 256 px image alone) uses it: one sequence, no padding, so
+    no mask is needed and the faster dense kernels apply. ``data/results/nvidia-h200/single-item-*.json``
+    holds the H200 comparison of off and on.
+
+    ``check_finite=True`` makes ``encode`` refuse pixel values holding NaN or Inf with an error that
+    names the items (off by default: the check reads a flag back from the device, one sync per call).
     """
 
     def __init__(self, model, budgets=None, max_items=None, cu_seqlens_rule: str = "safe",
                  max_seqlen_mode: str = "tight", attention: str = "auto", max_budget: int | None = None,
-                 body=None, meta_cache_size: int = 256, fuse_qkv: bool = False, single_item_graphs: bool = False):
+                 body=None, meta_cache_size: int = 256, fuse_qkv: bool = False, single_item_graphs: bool = SINGLE_ITEM_GRAPHS,
+                 check_finite: bool = False):
         self.model = model
         self.single_item_graphs = single_item_graphs
+        self.check_finite = check_finite
         self.encoder = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
         preset = getattr(model, "lab_preset", None)
         min_tokens = preset.min_image_tokens if preset is not None else 64
@@ -275,15 +317,9 @@ class GraphedEncoder:
             for _ in range(warmup_iters):
                 g.out.copy_(run())
         torch.cuda.current_stream().wait_stream(side)
-        # Memory is measured around the capture only (warm-up may compile or cache): what it keeps alive.
-        torch.cuda.synchronize()
-        alloc0, res0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             g.out.copy_(run())
-        torch.cuda.synchronize()
-        g.mem_allocated_bytes += torch.cuda.memory_allocated() - alloc0
-        g.mem_reserved_bytes += torch.cuda.memory_reserved() - res0
         return graph
 
     @torch.no_grad()
@@ -300,6 +336,7 @@ class GraphedEncoder:
 
         self.graphs.clear()
         self.pool = torch.cuda.graph_pool_handle()
+        pool_before = 0  # a fresh pool holds nothing
         budgets = sorted(self.config.budgets, reverse=True)  # largest first: smaller graphs reuse its blocks
         for budget in tqdm(budgets, desc="capturing encoder graphs", disable=not progress, unit="graph"):
             torch.cuda.synchronize()
@@ -311,6 +348,8 @@ class GraphedEncoder:
                 g.graph = self._record(g, warmup_iters=warmup_iters)
                 if self._has_single(budget):
                     g.single = self._record(g, attention_one_sequence, warmup_iters)
+                torch.cuda.synchronize()
+                pool_now = pool_bytes(torch.cuda.memory_snapshot(), self.pool)
             except Exception as exc:
                 # All or nothing: a half-captured manager would replay some budgets and not others.
                 self.graphs.clear()
@@ -324,13 +363,18 @@ class GraphedEncoder:
                     "No graphs are installed; encode() runs the packed eager path. Usually something in the "
                     "encoder body needs the host during capture (a .item(), .tolist() or a CPU tensor)."
                 ) from exc
-            torch.cuda.synchronize()
             g.capture_s = time.perf_counter() - t0
-            buffers = sum(t.numel() * t.element_size() for t in (g.pixel_values, g.pos_embeds, g.meta, g.out))
-            g.mem_allocated_bytes += buffers  # the captures' own memory is already counted by _record
-            g.mem_reserved_bytes += buffers
+            g.pool_bytes, pool_before = pool_now - pool_before, pool_now
             self.graphs[budget] = g
         return self.capture_info()
+
+    def memory(self) -> dict:
+        """What the captured graphs hold on the device, in MiB: the shared pool (all graphs' private
+        memory: activations and workspaces baked into them), the persistent buffers, and the total.
+        ``per_budget`` splits both by budget (``capture_info``); the parts add up to the totals."""
+        info = self.capture_info()
+        pool, buffers = sum(r["pool_mb"] for r in info), sum(r["buffers_mb"] for r in info)
+        return {"pool_mb": pool, "buffers_mb": buffers, "total_mb": pool + buffers, "per_budget": info}
 
     # -- replay ------------------------------------------------------------------------------------
     def _host_meta(self, g: BudgetGraph, shapes: list[Shape]) -> torch.Tensor:
@@ -396,6 +440,8 @@ class GraphedEncoder:
         pv, shapes, _ = lfm2vl_read_inputs(inputs)
         lfm2vl_check_shapes(shapes, self.encoder.max_num_patches, self.config.factor)
         pv = pv.to(self.device, non_blocking=True)  # dtype is cast while packing into the buffers
+        if self.check_finite:
+            check_finite_items(pv, shapes)
         f = self.config.factor
         tokens = [(h // f) * (w // f) for h, w in shapes]
         if not self.captured:

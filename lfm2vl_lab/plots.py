@@ -21,6 +21,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from .graphs import SINGLE_ITEM_GRAPHS
+
 MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused")
 MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b4", "lab-graph": "#2ca02c",
                "lab-graph-fused": "#d62728"}
@@ -43,7 +45,8 @@ def _config(r: dict) -> tuple:
 
 def _is_default(r: dict) -> bool:
     graph_ok = r.get("budget_set") is None or _config(r) == DEFAULT_GRAPH_CONFIG
-    return graph_ok and r.get("attention") in DEFAULT_LAB_OPTIONS and not r.get("fuse_qkv") and not r.get("single_item_graphs")
+    single_ok = r.get("mode") != "lab-graph" or bool(r.get("single_item_graphs")) == SINGLE_ITEM_GRAPHS
+    return graph_ok and single_ok and r.get("attention") in DEFAULT_LAB_OPTIONS and not r.get("fuse_qkv")
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:
@@ -235,12 +238,15 @@ def padding_waste_figure(rows: list[dict], title: str | None = None) -> Figure:
 
 
 def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
-    """Memory (MiB reserved and allocated) and capture time per budget, from
-    ``GraphedEncoder.capture_info()`` rows; pass a list, or ``{label: rows}`` for several runs."""
+    """What each budget's graphs hold (MiB, stacked: its growth of the shared graph pool, then its
+    persistent buffers) and capture time, from ``GraphedEncoder.capture_info()`` rows; pass a list,
+    or ``{label: rows}`` for several runs. The bars add up to ``GraphedEncoder.memory()["total_mb"]``.
+    Rows recorded in the old format (a reserved-memory delta per capture, which could be negative)
+    carry no pool/buffer split and are refused rather than drawn."""
     groups = capture_info if isinstance(capture_info, dict) else {"graphs": capture_info}
-    groups = {k: v for k, v in groups.items() if v}
+    groups = {k: v for k, v in groups.items() if v and all("pool_mb" in r for r in v)}
     if not groups:
-        raise NoData("graph_memory_figure: no capture_info rows")
+        raise NoData("graph_memory_figure: no capture_info rows with pool_mb/buffers_mb")
     budgets = sorted({int(r["budget"]) for rows in groups.values() for r in rows})
     fig = Figure(figsize=(max(6, 0.9 * len(budgets) * len(groups) + 2), 4), layout="constrained")
     ax = fig.add_subplot()
@@ -249,12 +255,14 @@ def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
     for i, (label, rows) in enumerate(groups.items()):
         by = {int(r["budget"]): r for r in rows}
         xs = [budgets.index(b) + (i - (len(groups) - 1) / 2) * width for b in by]
-        ax.bar(xs, [r.get("mem_reserved_mb", 0) for r in by.values()], width, label=f"{label}: reserved", alpha=0.85)
-        ax.bar(xs, [r.get("mem_allocated_mb", 0) for r in by.values()], width * 0.5, label=f"{label}: allocated")
+        pool = [r["pool_mb"] for r in by.values()]
+        total = sum(r["total_mb"] for r in by.values())
+        ax.bar(xs, pool, width, label=f"{label}: graph pool ({total:.0f} MiB in all)", alpha=0.85)
+        ax.bar(xs, [r["buffers_mb"] for r in by.values()], width, bottom=pool, label=f"{label}: buffers", alpha=0.6)
         ax2.plot(xs, [r.get("capture_s", 0) for r in by.values()], "kx", ms=6)
     ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
-    ax.set_xlabel("budget (output tokens); captured largest first into one pool")
-    ax.set_ylabel("memory added by the capture (MiB)")
+    ax.set_xlabel("budget (output tokens); captured largest first into one pool, so smaller ones reuse its blocks")
+    ax.set_ylabel("memory held (MiB)")
     ax2.set_ylabel("capture time (s, × markers)")
     ax2.set_ylim(bottom=0)
     ax.legend(fontsize=8, loc="upper left")

@@ -6,7 +6,11 @@ set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # Only res.tgz sits at the top of $OUT: the device tool returns at most 8 files, two folders deep.
 OUT=$(realpath -m "${OUT:-out}"); W=$OUT/w/x; R=$W/res; mkdir -p "$R"
-step() { local t=$1; shift; echo "== $* (limit ${t}s)"; local s=$(date +%s)
+T0=$(date +%s); DEADLINE=${DEADLINE:-580}  # seconds for the whole call: the device kills a call at 600 s
+step() { local t=$1; shift; local left=$(( DEADLINE - ($(date +%s) - T0) ))
+         [ "$t" -gt "$left" ] && t=$left  # never outlive the call: a step cut here still leaves its checkpoint
+         [ "$t" -lt 5 ] && { echo "== skipped (no time left): $*"; return; }
+         echo "== $* (limit ${t}s)"; local s=$(date +%s)
          timeout "$t" "$@" >"$W/$LOG.log" 2>&1; local rc=$?; tail -n "${TAILN:-4}" "$W/$LOG.log"
          echo "== rc=$rc in $(( $(date +%s) - s ))s"
          tar czf "$OUT/res.tgz" -C "$W" . 2>/dev/null; }  # re-packed per step: a kill keeps what ran
@@ -74,6 +78,33 @@ LOG=e2e16    TAILN=20 step 200 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --r
 cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
 # 05 and 07 read the newest check-*.json (d1 writes one: copy d1's files into data/results before this call)
 LOG=nb       TAILN=60 step 150 python3 scripts/run_notebooks.py notebooks/02_cuda_graph_basics.ipynb \
+             notebooks/05_the_manager.ipynb notebooks/06_measuring_the_savings.ipynb \
+             notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
+fi
+# Parts e1 and e2: session 3 (issue #9). e1 needs no wheels; e2 carries the Jupyter wheels. Between
+# the two calls, e1's result files are copied into data/results/ (05 and 07 read the newest check file).
+if [ "$PART" = e1 ]; then
+LOG=pytest4  TAILN=8 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=check4   TAILN=4 step 70 $M check --out "$R"
+LOG=single   TAILN=16 step 70 $M bench --mode hf-eager,lab-graph --workload 1x512,1x256,4x512,tiled,stream --stream-n 24 \
+             --single-item-graphs off,on --repeats 30 --profile --out "$R" --name single-item --no-progress
+LOG=b16      TAILN=36 step 170 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-eager,lab-graph \
+             --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" \
+             --name bench --no-progress
+LOG=b16c     TAILN=20 step 170 $M bench --preset lfm2-vl-1.6b --mode compile \
+             --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" \
+             --name bench-compile --no-progress
+LOG=b16f     TAILN=12 step 170 $M bench --preset lfm2-vl-1.6b --mode lab-graph-fused --workload 1x512,1x256,4x512,tiled \
+             --repeats 30 --profile --out "$R" --name bench-fused --no-progress
+fi
+if [ "$PART" = e2 ]; then
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD
+LOG=pytest5  TAILN=8 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=e2e450   TAILN=20 step 150 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --repeats 5 --profile --out "$R" --no-progress
+LOG=e2e16    TAILN=20 step 150 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --profile --out "$R" --no-progress
+cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
+LOG=nb       TAILN=12 step 150 python3 scripts/run_notebooks.py notebooks/02_cuda_graph_basics.ipynb \
              notebooks/05_the_manager.ipynb notebooks/06_measuring_the_savings.ipynb \
              notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
 fi
