@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .inputs import image_limits
 from .packing import PackedBatch, PositionEmbeddingCache, pack_inputs
 
 ATTENTION_BACKENDS = ("varlen", "sdpa_blockmask")
@@ -170,7 +171,7 @@ class PackedVisionEncoder(nn.Module):
         self.scale = self.head_dim**-0.5
         self.out_hidden_size = cfg.text_config.hidden_size
         self.patch_dim = vt.embeddings.patch_embedding.in_features
-        self.max_num_patches = getattr(getattr(model, "lab_preset", None), "max_num_patches", 1024)
+        self.max_num_patches = image_limits(model).max_num_patches  # the rows the processor pads each item to
         self.pos_cache = PositionEmbeddingCache(vt.embeddings.position_embedding)
         self.attention_name = attention
         self._attn_cache = None

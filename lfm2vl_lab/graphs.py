@@ -22,7 +22,7 @@ import torch
 
 from .budgets import EncoderGraphConfig
 from .encoder import PackedVisionEncoder, warn_once
-from .packing import Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items
+from .packing import PositionEmbeddingCache, Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items
 
 
 # Single-item graphs (see GraphedEncoder) are on unless a caller turns them off: on the H200 they
@@ -149,6 +149,9 @@ class GraphStats:
     single_item_replays: int = 0  # replays (counted in ``replays`` too) that used a single-item graph
     real_tokens: int = 0
     padded_tokens: int = 0
+    # The encoder's position-embedding cache, reported by as_dict (its size now; its counters since
+    # it was made, since reset_stats keeps the cache).
+    pos_cache: "PositionEmbeddingCache | None" = field(default=None, repr=False, compare=False)
 
     @property
     def padding_waste(self) -> float:
@@ -165,6 +168,7 @@ class GraphStats:
             "replays": dict(sorted(self.replays.items())), "single_item_replays": self.single_item_replays,
             "real_tokens": self.real_tokens,
             "padded_tokens": self.padded_tokens, "padding_waste": self.padding_waste, "hit_rate": self.hit_rate,
+            **({f"pos_cache_{k}": v for k, v in self.pos_cache.info().items()} if self.pos_cache is not None else {}),
         }
 
 
@@ -242,8 +246,10 @@ class GraphedEncoder:
         self.single_item_graphs = single_item_graphs
         self.check_finite = check_finite
         self.encoder = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
-        preset = getattr(model, "lab_preset", None)
-        min_tokens = preset.min_image_tokens if preset is not None else 64
+        from .inputs import image_limits
+
+        # The smallest budget is the processor's smallest item: a preset's, or a loaded checkpoint's own.
+        min_tokens = image_limits(model).min_image_tokens
         self.config = EncoderGraphConfig.build(
             out_hidden_size=self.encoder.out_hidden_size, budgets=budgets, max_items=max_items,
             min_tokens=min_tokens, max_tokens=max_budget if max_budget is not None else 1024,
@@ -255,7 +261,7 @@ class GraphedEncoder:
         self.body = body if body is not None else self.encoder
         self.graphs: dict[int, BudgetGraph] = {}
         self.pool = None
-        self.stats = GraphStats()
+        self.stats = GraphStats(pos_cache=self.encoder.pos_cache)
         self._meta_cache: OrderedDict = OrderedDict()
         self._meta_cache_size = meta_cache_size
 
@@ -269,7 +275,7 @@ class GraphedEncoder:
         return bool(self.graphs)
 
     def reset_stats(self) -> None:
-        self.stats = GraphStats()
+        self.stats = GraphStats(pos_cache=self.encoder.pos_cache)
 
     def capture_info(self) -> list[dict]:
         """Capture time and memory per budget (largest first, the capture order)."""
@@ -466,12 +472,11 @@ class GraphedEncoder:
         return results
 
     def encode_images(self, images) -> list[torch.Tensor]:
+        """Images (anything ``process_images`` takes) → per-item embeddings, through the processor
+        the model carries (its preset's, or a loaded checkpoint's own)."""
         from .inputs import process_images
 
-        preset = getattr(self.model, "lab_preset", None)
-        if preset is None:
-            raise ValueError("encode_images needs a model built by build_model (it knows its preset); pass processor output instead")
-        return self.encode(process_images(images, preset))
+        return self.encode(process_images(images, self.model))
 
     # -- plugging into transformers ----------------------------------------------------------------
     def image_features_fn(self):

@@ -10,11 +10,13 @@ padding and stacks the items' real rows one after another:
 * ``pos_embeds``    [Σh·w, C]       the learned 16×16 position grid resized per item
 
 Everything that depends only on an item's (h, w) — its gather index and its resized position
-embeddings — is cached per shape, so a repeated shape costs no interpolation and no index build.
+embeddings — is cached per shape, so a repeated shape costs no interpolation and no index build
+(the position cache is an LRU bounded in bytes: it holds device memory).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -141,6 +143,13 @@ def lfm2vl_cu_seqlens(shapes: list[Shape]) -> torch.Tensor:
     return F.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
 
 
+# The position cache's default byte budget. One entry is h·w rows of C values: at most 1.5 MiB
+# for the 450M preset in bf16 (1024 rows × 768), 2.25 MiB for the 1.6B ones (× 1152). 64 MiB keeps
+# a few dozen of the largest grids, more of the small ones; without a bound the cache grew to
+# 97 MiB over a 1000-request stream on the H200, one entry per new patch grid, and kept growing.
+DEFAULT_POS_CACHE_BYTES = 64 * 2**20
+
+
 class PositionEmbeddingCache:
     """Resized position embeddings per item shape, computed the way transformers does.
 
@@ -149,28 +158,63 @@ class PositionEmbeddingCache:
     call (a Python loop with a host read). Here each shape is resized once and kept on the device.
     Like transformers, the CPU path interpolates in float32 (antialias has no bf16 CPU kernel) and
     the result is cast back to the weight's dtype.
+
+    The cache is an LRU bounded by ``max_bytes`` of device memory: the least recently used shapes
+    are evicted first, and an entry larger than the whole budget is computed and returned but not
+    kept. A tensor handed out stays valid after its entry is evicted (eviction only drops the
+    cache's reference); callers copy it into their buffers right away anyway.
     """
 
-    def __init__(self, position_embedding: torch.nn.Embedding):
+    def __init__(self, position_embedding: torch.nn.Embedding, max_bytes: int = DEFAULT_POS_CACHE_BYTES):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.embedding = position_embedding
         self.grid = int(round(position_embedding.num_embeddings**0.5))
-        self._cache: dict[Shape, torch.Tensor] = {}
+        self.max_bytes = max_bytes
+        self._cache: OrderedDict[Shape, torch.Tensor] = OrderedDict()
         self._stamp = None
+        self.nbytes = 0  # device bytes held by the entries
         self.hits = 0
         self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def info(self) -> dict:
+        """Size and counters: entries, bytes, max_bytes, hits, misses, evictions."""
+        return {"entries": len(self), "bytes": self.nbytes, "max_bytes": self.max_bytes,
+                "hits": self.hits, "misses": self.misses, "evictions": self.evictions}
+
+    def clear(self) -> None:
+        """Drop every entry (the counters keep counting)."""
+        self._cache.clear()
+        self.nbytes = 0
 
     def _weight_stamp(self):
         wt = self.embedding.weight
         return (wt.data_ptr(), wt._version, wt.dtype, wt.device)
 
+    def _keep(self, key: Shape, t: torch.Tensor) -> None:
+        size = t.numel() * t.element_size()
+        if size > self.max_bytes:
+            return  # could never fit: evicting everything else for it would only thrash
+        while self.nbytes + size > self.max_bytes:
+            _, old = self._cache.popitem(last=False)
+            self.nbytes -= old.numel() * old.element_size()
+            self.evictions += 1
+        self._cache[key] = t
+        self.nbytes += size
+
     def get(self, h: int, w: int) -> torch.Tensor:
         stamp = self._weight_stamp()
         if stamp != self._stamp:  # weights moved, changed dtype or were loaded: start over
-            self._cache.clear()
+            self.clear()
             self._stamp = stamp
         key = (h, w)
         hit = self._cache.get(key)
         if hit is not None:
+            self._cache.move_to_end(key)
             self.hits += 1
             return hit
         self.misses += 1
@@ -181,7 +225,7 @@ class PositionEmbeddingCache:
                 grid = grid.float()
             out = F.interpolate(grid, size=(h, w), mode="bilinear", align_corners=False, antialias=True)
             out = out.reshape(wt.shape[-1], h * w).transpose(0, 1).to(wt.dtype).contiguous()
-        self._cache[key] = out
+        self._keep(key, out)
         return out
 
     def pack(self, shapes: list[Shape], out: torch.Tensor | None = None) -> torch.Tensor:

@@ -156,8 +156,59 @@ def build_model(
     return model.to(device=device, dtype=dtype).eval()
 
 
+def _shape_signature(cfg) -> tuple:
+    """The numbers that make two LFM2-VL configs the same model shape for the vision path (text
+    depth and vocabulary left out: presets build a text stub)."""
+    v = cfg.vision_config
+    return (
+        v.hidden_size, v.intermediate_size, v.num_hidden_layers, v.num_attention_heads, v.patch_size,
+        v.num_patches, cfg.projector_hidden_size, bool(cfg.projector_use_layernorm), cfg.downsample_factor,
+        cfg.text_config.hidden_size,
+    )
+
+
+def match_preset(cfg) -> "Preset | None":
+    """The shipped preset whose vision, projector and text shapes equal ``cfg``'s, or None."""
+    sig = _shape_signature(cfg)
+    for name in available_presets():
+        if _shape_signature(build_config(name)) == sig:
+            return Preset.from_name(name)
+    return None
+
+
+# transformers reads an image processor's settings from either file: the classic one, or the
+# newer combined processor file (its "image_processor" entry).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def _folder_processor(folder: Path, cfg):
+    """The folder's own ``Lfm2VlImageProcessor``, or None when it ships none; checked against the
+    model's patch size and downsample factor, which the processor must share."""
+    from transformers import Lfm2VlImageProcessor
+
+    if not any((folder / f).exists() for f in PROCESSOR_FILES):
+        return None
+    try:
+        proc = Lfm2VlImageProcessor.from_pretrained(folder, local_files_only=True)
+    except OSError:  # a processor_config.json without an image_processor entry
+        return None
+    for what, ours, model_value in (("patch size", proc.encoder_patch_size, cfg.vision_config.patch_size),
+                                    ("downsample factor", proc.downsample_factor, cfg.downsample_factor)):
+        if ours != model_value:
+            raise ValueError(f"{str(folder)!r}: the image processor's {what} is {ours} but the model's is {model_value}")
+    return proc
+
+
 def load_model(path: "str | os.PathLike", dtype: torch.dtype = torch.bfloat16, device="cpu"):
-    """Load a real LFM2-VL checkpoint from a local folder (never from a hub)."""
+    """Load a real LFM2-VL checkpoint from a local folder (never from a hub).
+
+    The model knows its image processor, so ``process_images(images, model)``,
+    ``GraphedEncoder(model).encode_images`` and the graph budgets use the checkpoint's own settings:
+    ``model.lab_processor`` is the folder's ``Lfm2VlImageProcessor`` (from preprocessor_config.json)
+    when it ships one. ``model.lab_preset`` is set when a shipped preset has the model's shapes; with
+    no processor file, that preset's processor is used (with a warning). With neither, a warning says
+    images cannot be processed for this model.
+    """
     from transformers import AutoConfig, Lfm2VlForConditionalGeneration
 
     folder = Path(path)
@@ -168,9 +219,22 @@ def load_model(path: "str | os.PathLike", dtype: torch.dtype = torch.bfloat16, d
     cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
     if getattr(cfg, "model_type", None) != "lfm2_vl":
         raise ValueError(f"{str(folder)!r} holds a {cfg.model_type!r} checkpoint, not an LFM2-VL one")
+    processor = _folder_processor(folder, cfg)
+    preset = match_preset(cfg)
+    if processor is None:
+        if preset is not None:
+            warnings.warn(f"{str(folder)!r} has no preprocessor_config.json; using the image processor settings of "
+                          f"the preset {preset.name!r}, whose shapes match the model", stacklevel=2)
+        else:
+            warnings.warn(f"{str(folder)!r} has no preprocessor_config.json and no preset matches its shapes: "
+                          "process_images cannot prepare images for this model; set model.lab_processor to "
+                          "its Lfm2VlImageProcessor", stacklevel=2)
     model = Lfm2VlForConditionalGeneration.from_pretrained(
         folder, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
     )
+    model.lab_processor = processor
+    if preset is not None:
+        model.lab_preset = preset
     return model.to(device).eval()
 
 

@@ -112,6 +112,72 @@ def test_position_cache_counts_hits_and_recomputes_after_weight_change():
     torch.testing.assert_close(c, -3.0 * a, rtol=1e-6, atol=1e-6)
 
 
+def _entry_bytes(h, w, channels=8):
+    return h * w * channels * 4  # float32 rows of the resized grid
+
+
+def test_position_cache_is_an_lru_bounded_in_bytes():
+    torch.manual_seed(3)
+    emb = torch.nn.Embedding(256, 8)
+    cache = PositionEmbeddingCache(emb, max_bytes=3 * _entry_bytes(4, 4))
+    ref = PositionEmbeddingCache(emb, max_bytes=2**30)  # unbounded: the values to expect
+    held = cache.get(4, 4)
+    cache.get(2, 8)
+    cache.get(8, 2)
+    assert (len(cache), cache.nbytes, cache.evictions) == (3, 3 * _entry_bytes(4, 4), 0)
+    cache.get(4, 4)  # used again: now the most recent
+    cache.get(2, 6)  # needs room: evicts the least recently used, (2, 8)
+    assert cache.evictions == 1 and len(cache) == 3
+    assert cache.nbytes == 2 * _entry_bytes(4, 4) + _entry_bytes(2, 6) <= cache.max_bytes
+    hits = cache.hits
+    cache.get(4, 4)
+    cache.get(8, 2)
+    assert cache.hits == hits + 2  # both survived
+    cache.get(2, 8)
+    assert cache.misses == 5  # (2, 8) was gone and is recomputed
+    torch.testing.assert_close(cache.get(2, 8), ref.get(2, 8), rtol=0, atol=0)
+    # A tensor handed out before its entry was evicted is still intact.
+    for shape in [(2, 2), (6, 6), (2, 4)]:
+        cache.get(*shape)
+    torch.testing.assert_close(held, ref.get(4, 4), rtol=0, atol=0)
+    assert cache.info() == {"entries": len(cache), "bytes": cache.nbytes, "max_bytes": cache.max_bytes,
+                            "hits": cache.hits, "misses": cache.misses, "evictions": cache.evictions}
+
+
+def test_position_cache_never_exceeds_its_budget_on_a_stream():
+    emb = torch.nn.Embedding(256, 8)
+    cache = PositionEmbeddingCache(emb, max_bytes=10_000)
+    shapes = [(2 * (1 + i % 7), 2 * (1 + (i * 5) % 11)) for i in range(200)]
+    for h, w in shapes:
+        cache.get(h, w)
+        assert cache.nbytes <= cache.max_bytes
+        assert cache.nbytes == sum(t.numel() * t.element_size() for t in cache._cache.values())
+    assert cache.evictions > 0 and cache.hits + cache.misses == len(shapes)
+
+
+def test_position_cache_entry_larger_than_the_budget_is_returned_not_kept():
+    emb = torch.nn.Embedding(256, 8)
+    cache = PositionEmbeddingCache(emb, max_bytes=_entry_bytes(4, 4))
+    small = cache.get(4, 4)
+    big = cache.get(16, 16)  # 16 times the budget
+    torch.testing.assert_close(big, PositionEmbeddingCache(emb).get(16, 16), rtol=0, atol=0)
+    assert (len(cache), cache.nbytes, cache.evictions) == (1, _entry_bytes(4, 4), 0)  # the small one stays
+    assert cache.get(4, 4) is small
+    nothing = PositionEmbeddingCache(emb, max_bytes=0)
+    nothing.get(4, 4)
+    nothing.get(4, 4)
+    assert (len(nothing), nothing.nbytes, nothing.misses) == (0, 0, 2)
+
+
+def test_position_cache_budget_default_and_bad_value():
+    from lfm2vl_lab.packing import DEFAULT_POS_CACHE_BYTES
+
+    emb = torch.nn.Embedding(256, 8)
+    assert PositionEmbeddingCache(emb).max_bytes == DEFAULT_POS_CACHE_BYTES == 64 * 2**20
+    with pytest.raises(ValueError, match="max_bytes.*-1"):
+        PositionEmbeddingCache(emb, max_bytes=-1)
+
+
 # --------------------------------------------------------------------------------------------
 # cu_seqlens, max_seqlen and the packed batch
 # --------------------------------------------------------------------------------------------

@@ -183,7 +183,9 @@ def test_load_model_non_lfm2_config(tmp_path):
 
 def test_load_model_roundtrip(tmp_path, tiny_model):
     tiny_model.save_pretrained(tmp_path)
-    m = load_model(tmp_path, dtype=torch.float32)
+    with pytest.warns(UserWarning, match="preset 'tiny'"):  # no processor file saved: the matching preset's
+        m = load_model(tmp_path, dtype=torch.float32)
+    assert m.lab_preset.name == "tiny"
     assert not m.training
     assert m.config.model_type == "lfm2_vl"
     ref = dict(tiny_model.named_parameters())
