@@ -13,7 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-vllm_lfm2 = pytest.importorskip("vllm.model_executor.models.lfm2_vl", reason="vLLM is not installed (pip install '.[vllm]')")
+# Not `pip install '.[vllm]'`: that pulls vLLM's own CUDA torch, ~9.4 GB. The script layers vLLM onto .venv (~1.2 GB).
+vllm_lfm2 = pytest.importorskip(
+    "vllm.model_executor.models.lfm2_vl",
+    reason="vLLM is not installed here; build .venv-vllm with scripts/vllm_venv.sh and run this file with it (docs/install.md)",
+)
 vllm_graphs = pytest.importorskip("vllm.v1.worker.encoder_cudagraph")
 vllm_siglip = pytest.importorskip("vllm.model_executor.models.lfm2_siglip2")
 
