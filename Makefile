@@ -1,8 +1,8 @@
 # lfm2vl-lab: two commands for newcomers (`make bench`, `make test`), plus `make lab`.
 #
 # `make install` builds .venv once (a stamp file inside it marks it done). torch and torchvision
-# are pinned to the pair that lies on local disk on the CPU machines (see README: "Why
-# torch==2.14.1"); everything else comes from pyproject.toml.
+# are pinned to the pair that lies on local disk on the CPU machines (docs/install.md says
+# why); everything else comes from pyproject.toml.
 
 PYTHON ?= python3
 VENV   := .venv

@@ -142,10 +142,16 @@ def latest(name: str = "check", gpu: str = "nvidia-h200", root=RESULTS_ROOT) -> 
     return newest(f"{name}-*.json", gpu, root)
 
 
+def shown_command(command: str | None) -> str | None:
+    """A recorded command as a reader should see it: without ``--out DIR``, which names a folder
+    of the machine it ran on (where the file was written, not how the numbers were made)."""
+    return None if command is None else re.sub(r"\s--out(?:\s+|=)\S+", "", command)
+
+
 def recorded_label(res: dict) -> str:
     """Where a recorded number comes from: GPU, date, command, versions, file."""
     p = res["provenance"]
-    return (f"recorded on {p.get('gpu')} on {p.get('date')} by `{p.get('command')}`\n"
+    return (f"recorded on {p.get('gpu')} on {p.get('date')} by `{shown_command(p.get('command'))}`\n"
             f"  (torch {p.get('torch')}, transformers {p.get('transformers')}, {p.get('preset')}, {p.get('dtype')}; "
             f"file {Path(res['_path']).name})"
             + ("\n  partial run: it was stopped before every mode finished" if res.get("complete") is False else ""))

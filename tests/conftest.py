@@ -12,7 +12,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-GPU_SKIP_REASON = "needs a CUDA GPU; run on the device (see README)"
+GPU_SKIP_REASON = "needs a CUDA GPU; run on the device (see docs/gpu.md)"
 
 
 def pytest_collection_modifyitems(config, items):

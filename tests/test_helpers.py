@@ -44,3 +44,14 @@ def test_latest_picks_the_newest_file_by_date(tmp_path):
         (folder / name).write_text(json.dumps({"provenance": {"date": date, "gpu": "NVIDIA H200"}}))
     assert latest("check", "NVIDIA H200", root=tmp_path)["provenance"]["date"] == "2026-03-01T00:00:00"
     assert latest("e2e", "NVIDIA H200", root=tmp_path) is None
+
+
+def test_recorded_label_hides_the_output_folder_of_the_machine_it_ran_on():
+    from lfm2vl_lab.results import recorded_label
+
+    res = {"provenance": {"gpu": "NVIDIA H200", "date": "2026-11-30", "command":
+                          "python -m lfm2vl_lab bench --out /root/out/w/x/res --name bench --repeats 30"},
+           "_path": "data/results/nvidia-h200/bench-1.json"}
+    label = recorded_label(res)
+    assert "/root" not in label and "--out" not in label
+    assert "`python -m lfm2vl_lab bench --name bench --repeats 30`" in label and "bench-1.json" in label
