@@ -106,9 +106,11 @@ def attention_per_item(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
     for s, n in zip(starts, lengths):
         by_len.setdefault(n, []).append(s)
     for n, group in by_len.items():
-        if len(group) == 1:  # a view, no copies
-            s = group[0]
-            out[s : s + n] = _sdpa_rows(q[s : s + n], k[s : s + n], v[s : s + n], scale)
+        s, e = group[0], group[-1] + n
+        if e - s == n * len(group):  # adjacent items (the usual case): (items, n) views, no copies
+            qi, ki, vi = (x[s:e].unflatten(0, (len(group), n)).transpose(1, 2) for x in (q, k, v))
+            o = F.scaled_dot_product_attention(qi, ki, vi, scale=scale)
+            out[s:e] = o.transpose(1, 2).flatten(0, 1)
             continue
         idx = (torch.tensor(group)[:, None] + torch.arange(n)).to(q.device)  # (items, n) row indices
         qi, ki, vi = (x[idx].transpose(1, 2) for x in (q, k, v))  # (items, H, n, D)
