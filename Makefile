@@ -39,5 +39,9 @@ else
 	$(VPY) -m pytest -q
 endif
 
+# JupyterLab refuses to start as root ("Running as root is not recommended. Use --allow-root"), and
+# containers usually run as root: pass --allow-root there, and only there.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: | $(VPY)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/

@@ -22,7 +22,7 @@ import sys
 from typing import Callable
 
 from .attention_probe import add_attention_args, run_attention_cli
-from .bench import add_bench_args, run_bench_cli
+from .bench import UsageError, add_bench_args, run_bench_cli
 from .check import add_check_args, run_check_cli
 from .e2e import add_e2e_args, run_e2e_cli
 from .plots import add_report_args, run_report_cli
@@ -48,13 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (add_args, run) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=_help(run), description=_help(run))
         add_args(sp)
-        sp.set_defaults(_run=run)
+        sp.set_defaults(_run=run, _parser=sp)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the subcommand; returns its exit status.
+
+    Bad input never ends in a traceback: argparse's types reject bad values (usage line, one
+    ``error:`` line, exit 2), and a subcommand that finds a problem only after parsing (``check``
+    without CUDA) raises ``UsageError``, reported the same way. Other exceptions are real bugs and
+    keep their traceback.
+    """
     args = build_parser().parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        args._parser.error(str(exc))  # prints usage + "error: ..." to stderr, exits 2
 
 
 if __name__ == "__main__":

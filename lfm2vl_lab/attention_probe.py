@@ -67,7 +67,11 @@ def probe(preset: str = "lfm2-vl-450m", layouts=((1024,), (1024,) * 4, (1024, 57
 
 
 def add_attention_args(p) -> None:
-    p.add_argument("--preset", action="append", default=None, help="preset(s) (default: lfm2-vl-450m, lfm2-vl-1.6b)")
+    """Options of ``python -m lfm2vl_lab attention``."""
+    from .bench import preset_arg
+
+    p.add_argument("--preset", action="append", type=preset_arg, default=None,
+                   help="preset(s) (default: lfm2-vl-450m, lfm2-vl-1.6b)")
     p.add_argument("--out", default=None, help="results root (default: data/results)")
 
 
@@ -75,11 +79,11 @@ def run_attention_cli(args) -> int:
     """Time the capturable attention kernels inside CUDA graphs (GPU only)."""
     import sys
 
+    from .bench import UsageError
     from .results import RESULTS_ROOT, provenance, save_result
 
     if not torch.cuda.is_available():
-        print("the attention probe needs a CUDA GPU")
-        return 1
+        raise UsageError("the attention probe needs a CUDA GPU and none is available")
     presets = args.preset or ["lfm2-vl-450m", "lfm2-vl-1.6b"]
     rows = [r for name in presets for r in probe(name)]
     result = {"name": "attention", "provenance": provenance("python -m lfm2vl_lab " + " ".join(sys.argv[1:]),

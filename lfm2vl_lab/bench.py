@@ -37,6 +37,7 @@ saved under ``data/results/<gpu-slug>/<name>-<timestamp>.json``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import math
@@ -64,6 +65,8 @@ GRAPH_MODES = ("lab-graph", "lab-graph-fused")  # the budget / cu-rule / max-seq
 DEFAULT_WORKLOADS = ("1x512", "1x256", "4x512", "tiled")
 TILED_SIZE = (1024, 768)  # width, height
 FIRST_CALLS = 3
+# torch.compile's modes, for the lab-graph-fused body
+FUSED_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
 
@@ -99,7 +102,11 @@ def expand_workloads(specs) -> list[str]:
                     out.append(f"{n}x{side}")
                     n *= 2
                 out.append(f"{b}x{side}")
-            elif _NXS.fullmatch(part) or part in ("tiled", "stream"):
+            elif m := _NXS.fullmatch(part):
+                if int(m[1]) < 1 or int(m[2]) < 1:
+                    raise ValueError(f"workload {part!r}: need at least one image of positive size")
+                out.append(part)
+            elif part in ("tiled", "stream"):
                 out.append(part)
             else:
                 raise ValueError(f"unknown workload {part!r}: use NxS (e.g. 4x512), A..BxS, tiled or stream")
@@ -477,22 +484,49 @@ def stream_requests(n: int, preset, seed: int = 0, progress: bool = False) -> tu
 # --------------------------------------------------------------------------------------------
 
 
+def check_choice(kind: str, value, allowed) -> None:
+    """Raise ``ValueError("unknown <kind> <value>; choose from ...")`` unless ``value`` is allowed."""
+    if value not in allowed:
+        raise ValueError(f"unknown {kind} {value!r}; choose from {', '.join(map(str, allowed))}")
+
+
 def parse_dtype(dtype) -> torch.dtype:
+    """``"bf16"``, ``"float32"``, … (case-insensitive) or a ``torch.dtype`` → the ``torch.dtype``."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    check_choice("dtype", str(dtype).lower(), DTYPES)
+    return DTYPES[str(dtype).lower()]
+
+
+def parse_device(spec) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a ``torch.device``) → ``torch.device``. A CUDA device
+    on a machine without CUDA, or an index past the last GPU, is a ``ValueError`` naming it."""
     try:
-        return DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}") from None
+        dev = torch.device(spec)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {str(spec)!r}; choose from cpu, cuda, cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(spec)!r} requested but CUDA is not available on this machine; use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(spec)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
 
 
 def parse_budgets(spec) -> list[int] | None:
-    """``"auto"``/None → None (automatic budgets); ``"64,256,1024"`` or a list → sorted ints."""
+    """``"auto"``/None → None (automatic budgets); ``"64,256,1024"`` or a list → sorted positive ints."""
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
         return None
-    if isinstance(spec, str):
-        spec = [s for s in spec.replace(" ", "").split(",") if s]
-    return sorted(int(b) for b in spec)
+    parts = [s for s in spec.replace(" ", "").split(",") if s] if isinstance(spec, str) else list(spec)
+    try:
+        budgets = sorted(int(b) for b in parts)
+    except (TypeError, ValueError):
+        budgets = []
+    if not budgets or budgets[0] < 1:
+        raise ValueError(f"budget set {spec!r}: use 'auto' or a comma list of positive token counts like 64,256,1024")
+    return budgets
 
 
 def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_WORKLOADS, dtype=None, repeats: int | None = None,
@@ -510,26 +544,35 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     for the lab modes (packed encoder: attention backend, fused q/k/v GEMM); ``single_item_graphs``
     for ``lab-graph`` (dense-attention graphs for one item, see ``GraphedEncoder``). ``on_job(result)`` is
     called after each mode/config finishes (``result["complete"]`` is False until the end): the CLI
-    saves a checkpoint with it.
+    saves a checkpoint with it. Bad arguments (``repeats`` < 1, ``warmup`` < 0, an unknown mode,
+    workload, dtype, device, budget set, cu rule, max-seqlen mode or attention backend) raise a
+    ``ValueError`` naming the value, before a model is built.
     """
     from tqdm.auto import tqdm
 
+    from .budgets import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
+    from .encoder import ATTENTION_BACKENDS
     from .inputs import process_images
     from .presets import as_preset, build_model
 
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {dev} requested but CUDA is not available")
+    # Every bad argument is a ValueError here, before a model is built or anything is timed.
+    dev = parse_device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = dev.type == "cuda"
     preset = as_preset(preset or ("lfm2-vl-450m" if on_cuda else "tiny"))
     dt = parse_dtype(dtype) if dtype is not None else (torch.bfloat16 if on_cuda else torch.float32)
     repeats = repeats if repeats is not None else (50 if on_cuda else 5)
     warmup = warmup if warmup is not None else (10 if on_cuda else 3)
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     modes = list(dict.fromkeys(modes))
-    for m in modes:
-        if m not in MODES:
-            raise ValueError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    for kind, values, allowed in (("mode", modes, MODES), ("cu rule", cu_rules, CU_SEQLENS_RULES),
+                                  ("max-seqlen mode", max_seqlen_modes, MAX_SEQLEN_MODES),
+                                  ("attention backend", attentions, ("auto", *ATTENTION_BACKENDS))):
+        for v in values:
+            check_choice(kind, v, allowed)
     workloads = expand_workloads(workloads)
+    if "stream" in workloads and stream_n < 1:
+        raise ValueError(f"the stream workload needs stream_n >= 1, got {stream_n}")
     budget_sets = [parse_budgets(b) for b in budget_sets] or [None]
 
     result = {
@@ -696,37 +739,111 @@ def print_table(result_or_rows) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _split_list(values) -> list[str]:
-    out = []
-    for v in values or []:
-        out += [p.strip() for p in v.split(",") if p.strip()]
-    return out
+class UsageError(ValueError):
+    """Bad command-line input found after parsing (e.g. a GPU-only command on a machine without
+    CUDA). ``python -m lfm2vl_lab`` prints it as one ``error:`` line and exits with status 2."""
+
+
+def arg_type(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """An argparse ``type=`` from ``parse(text)``: its ``ValueError`` becomes argparse's one-line
+    ``error: argument --x: <message>`` and exit status 2 (argparse would swallow the message)."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = name
+    return convert
+
+
+def choice_arg(kind: str, allowed, lower: bool = False):
+    """argparse type: one of ``allowed`` (``lower``: case-insensitive, returned lower-cased)."""
+    def parse(text: str) -> str:
+        value = text.strip().lower() if lower else text.strip()
+        check_choice(kind, value, allowed)
+        return value
+
+    return arg_type(parse, kind)
+
+
+def int_arg(minimum: int):
+    """argparse type: an int ``>= minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    return arg_type(parse, f"int >= {minimum}")
+
+
+def list_arg(item_type: Callable[[str], Any]):
+    """argparse type: a comma list, each part through ``item_type`` (an argparse type); a list."""
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise ValueError(f"expected a comma list, got {text!r}")
+        return [item_type(p) for p in parts]
+
+    return arg_type(parse, f"list of {getattr(item_type, '__name__', 'values')}")
+
+
+def preset_arg(text: str) -> str:
+    """argparse type: a preset name (``presets.available_presets()``)."""
+    from .presets import available_presets
+
+    return choice_arg("preset", available_presets())(text)
+
+
+ON_OFF = {"on": True, "off": False}
+on_off_list = list_arg(lambda t: ON_OFF[choice_arg("value", tuple(ON_OFF), lower=True)(t)])
+device_arg = arg_type(parse_device, "device")
+budgets_arg = arg_type(parse_budgets, "budget set")
+workloads_arg = arg_type(expand_workloads, "workloads")
+dtype_arg = choice_arg("dtype", tuple(DTYPES), lower=True)
+positive_int = int_arg(1)
+
+
+def flatten(lists) -> list:
+    """Repeated list options (``action="append"`` of comma lists) → one list, order kept."""
+    return [v for values in lists or [] for v in values]
 
 
 def add_bench_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab bench``."""
-    p.add_argument("--preset", default=None, help="model preset (default: lfm2-vl-450m on CUDA, tiny on CPU)")
-    p.add_argument("--mode", action="append", default=None,
+    """Options of ``python -m lfm2vl_lab bench``. Every value is checked here (argparse types), so
+    a bad one is a one-line error with exit status 2 before anything is built."""
+    from .budgets import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
+    from .encoder import ATTENTION_BACKENDS
+
+    p.add_argument("--preset", type=preset_arg, default=None, help="model preset (default: lfm2-vl-450m on CUDA, tiny on CPU)")
+    p.add_argument("--mode", action="append", type=list_arg(choice_arg("mode", MODES)), default=None,
                    help=f"mode(s), repeatable or comma list: {', '.join(MODES)} (default: all but lab-graph-fused)")
-    p.add_argument("--workload", action="append", default=None,
+    p.add_argument("--workload", action="append", type=workloads_arg, default=None,
                    help="workload(s), repeatable or comma list: NxS (4x512), A..BxS (1..16x512), tiled, stream "
                         f"(default: {','.join(DEFAULT_WORKLOADS)})")
-    p.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--repeats", type=int, default=None, help="timed calls per row (default: 50 CUDA / 5 CPU)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing (default: 10 CUDA / 3 CPU)")
-    p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
-    p.add_argument("--stream-n", type=int, default=200, help="requests in the stream workload (default: 200)")
-    p.add_argument("--budgets", action="append", default=None,
+    p.add_argument("--dtype", type=dtype_arg, default=None, help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="timed calls per row (default: 50 CUDA / 5 CPU)")
+    p.add_argument("--warmup", type=int_arg(0), default=None, help="untimed calls before timing (default: 10 CUDA / 3 CPU)")
+    p.add_argument("--device", type=device_arg, default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
+    p.add_argument("--stream-n", type=positive_int, default=200, help="requests in the stream workload (default: 200)")
+    p.add_argument("--budgets", action="append", type=budgets_arg, default=None,
                    help="graph budget set, repeatable to sweep: 'auto' or a comma list like 64,256,1024")
-    p.add_argument("--cu-rule", default="safe", help="cu_seqlens padding rule(s), comma list: safe, repeat_last")
-    p.add_argument("--max-seqlen-mode", default="tight", help="max_seqlen mode(s), comma list: tight, loose")
-    p.add_argument("--fused-compile-mode", default="default",
+    p.add_argument("--cu-rule", type=list_arg(choice_arg("cu rule", CU_SEQLENS_RULES)), default="safe",
+                   help=f"cu_seqlens padding rule(s), comma list: {', '.join(CU_SEQLENS_RULES)}")
+    p.add_argument("--max-seqlen-mode", type=list_arg(choice_arg("max-seqlen mode", MAX_SEQLEN_MODES)), default="tight",
+                   help=f"max_seqlen mode(s), comma list: {', '.join(MAX_SEQLEN_MODES)}")
+    p.add_argument("--fused-compile-mode", type=choice_arg("compile mode", FUSED_COMPILE_MODES), default="default",
                    help="torch.compile mode of the lab-graph-fused body (default: default; max-autotune-no-cudagraphs "
                         "took 251 s for two budgets on the H200 and ran slower)")
-    p.add_argument("--attention", default="auto",
-                   help="attention backend(s) of the lab modes, comma list: auto, varlen, sdpa_blockmask")
-    p.add_argument("--fuse-qkv", default="off", help="fused q/k/v GEMM in the lab modes, comma list: off, on")
-    p.add_argument("--single-item-graphs", default="off",
+    p.add_argument("--attention", type=list_arg(choice_arg("attention backend", ("auto", *ATTENTION_BACKENDS))),
+                   default="auto", help=f"attention backend(s) of the lab modes, comma list: auto, {', '.join(ATTENTION_BACKENDS)}")
+    p.add_argument("--fuse-qkv", type=on_off_list, default="off", help="fused q/k/v GEMM in the lab modes, comma list: off, on")
+    p.add_argument("--single-item-graphs", type=on_off_list, default="off",
                    help="lab-graph: dense-attention graphs for one item that fills a budget (experimental), comma list: off, on")
     p.add_argument("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
     p.add_argument("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
@@ -747,14 +864,13 @@ def run_bench_cli(args) -> int:
         saved["path"] = save_result(partial, args.out, args.name, saved.get("path"))
 
     result = run_bench(
-        preset=args.preset, modes=_split_list(args.mode) or DEFAULT_MODES, workloads=_split_list(args.workload) or DEFAULT_WORKLOADS,
+        preset=args.preset, modes=flatten(args.mode) or DEFAULT_MODES, workloads=flatten(args.workload) or DEFAULT_WORKLOADS,
         dtype=args.dtype, repeats=args.repeats, warmup=args.warmup, device=args.device, stream_n=args.stream_n,
-        budget_sets=args.budgets or ["auto"],  # each --budgets is one set; repeating it sweeps
-        cu_rules=_split_list([args.cu_rule]), max_seqlen_modes=_split_list([args.max_seqlen_mode]), profile=args.profile,
+        budget_sets=args.budgets or [None],  # each --budgets is one set (None: auto); repeating it sweeps
+        cu_rules=args.cu_rule, max_seqlen_modes=args.max_seqlen_mode, profile=args.profile,
         progress=not args.no_progress, seed=args.seed, fused_compile_mode=args.fused_compile_mode,
         trace_dir=args.trace_dir, command=command, name=args.name,
-        attentions=_split_list([args.attention]), fuse_qkvs=[v == "on" for v in _split_list([args.fuse_qkv])],
-        single_item_graphs=[v == "on" for v in _split_list([args.single_item_graphs])],
+        attentions=args.attention, fuse_qkvs=args.fuse_qkv, single_item_graphs=args.single_item_graphs,
         on_job=checkpoint,
     )
     print_table(result)

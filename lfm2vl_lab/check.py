@@ -173,9 +173,12 @@ def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=
 
 
 def add_check_args(p) -> None:
-    p.add_argument("--preset", action="append", default=None,
+    """Options of ``python -m lfm2vl_lab check``."""
+    from .bench import dtype_arg, preset_arg
+
+    p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help="preset(s) to check (repeatable; default: lfm2-vl-450m and lfm2-vl-1.6b)")
-    p.add_argument("--dtype", default="bf16", help="bf16 | fp16 | fp32 (default: bf16)")
+    p.add_argument("--dtype", type=dtype_arg, default="bf16", help="bf16 | fp16 | fp32 (default: bf16)")
     p.add_argument("--out", default=None, help="results root (default: data/results)")
 
 
@@ -183,6 +186,10 @@ def run_check_cli(args) -> int:
     """Correctness on the GPU: parity, no host sync, replay vs eager for every budget and rule."""
     import sys
 
+    from .bench import UsageError
+
+    if not torch.cuda.is_available():
+        raise UsageError("check needs a CUDA GPU and none is available; on a CPU run the test suite instead (make test)")
     result = main(presets=tuple(args.preset or ("lfm2-vl-450m", "lfm2-vl-1.6b")), dtype=args.dtype,
                   out_dir=args.out, command="python -m lfm2vl_lab " + " ".join(sys.argv[1:]))
     return 0 if result["pass"] else 1

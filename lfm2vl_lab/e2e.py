@@ -8,11 +8,14 @@ and ``generate`` timed to the first token (TTFT) and to 16/64 new tokens.
 
 from __future__ import annotations
 
+import functools
 import statistics
+import time
+from contextlib import contextmanager, nullcontext
 
 import torch
 
-from .bench import time_paired
+from .bench import check_choice, time_paired
 from .encoder import hf_image_features
 from .graphs import GraphedEncoder
 from .inputs import process_images, synthetic_image
@@ -52,11 +55,19 @@ def generate_once(model, batch: dict, new_tokens: int) -> torch.Tensor:
 
 
 IMAGES = {"1x512": (512, 512), "tiled": (1024, 768)}
-MODES = ("hf-eager", "lab-graph")
+# The two image paths compared: "hf-eager" and the graphed encoder's. Where no graph was captured
+# (no CUDA), the latter is the packed eager encoder, and its rows say so: mode "lab-eager" (see
+# ``lab_mode``) and this note.
+NO_GRAPHS_NOTE = "no CUDA graphs captured: the packed eager encoder ran"
 # The decode steps never call the image encoder, so their per-token time is a control: when it
 # differs between the two modes by more than this, the process was disturbed during one of them
 # (session 1 recorded +64% on one row), and that row's TTFT difference is not the encoder alone.
 DECODE_DRIFT_WARN = 0.05
+
+
+def lab_mode(genc: GraphedEncoder) -> str:
+    """What the graphed encoder really runs: ``lab-graph`` once captured, else ``lab-eager``."""
+    return "lab-graph" if genc.captured else "lab-eager"
 
 
 def decode_ms_per_token(row: dict) -> float | None:
@@ -74,46 +85,114 @@ def paired_reduction(base: list[float], new: list[float]) -> float:
     return statistics.median(1 - n / b for b, n in zip(base, new))
 
 
+@contextmanager
+def timed_image_features(model, samples: list[float]):
+    """Within the block, every call of ``model``'s image-feature function (whichever is installed:
+    transformers' own, or a graphed encoder's) is timed; on exit the block's total encoder time in
+    ms is appended to ``samples``.
+
+    This is how ``run_e2e`` measures the encoder *inside* the TTFT call it is a share of. On CUDA
+    the time is between two events on the current stream, so no host sync is added to the call.
+    """
+    inner = getattr(model, "model", model)
+    prev = inner.__dict__.get("get_image_features")  # an override (GraphedEncoder.installed), if any
+    current = inner.get_image_features
+    cuda = model.device.type == "cuda"
+    spans = []
+
+    # functools.wraps keeps the signature: generate() picks the keyword arguments to pass by it
+    @functools.wraps(current)
+    def get_image_features(*args, **kwargs):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = current(*args, **kwargs)
+            end.record()
+            spans.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            out = current(*args, **kwargs)
+            spans.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    inner.get_image_features = get_image_features
+    try:
+        yield
+    finally:
+        if prev is None:
+            del inner.get_image_features
+        else:
+            inner.get_image_features = prev
+    if cuda:
+        for _, end in spans:
+            end.synchronize()
+        spans = [a.elapsed_time(b) for a, b in spans]
+    samples.append(sum(spans))
+
+
 def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16, 64), repeats: int = 5,
             genc: GraphedEncoder | None = None, progress: bool = True, on_row=None) -> list[dict]:
     """TTFT (generate with one new token) and total latency, eager image path vs graphed encoder.
 
     The two modes are timed in turns (``bench.time_paired``), one untimed warm-up call each. Rows
-    keep every TTFT sample. With two or more ``new_tokens`` values each row also gets the decode
-    time per token (from the smallest and largest totals), and the graph row its drift against
-    eager's: the control described at ``DECODE_DRIFT_WARN``. ``on_row(row)`` is called as each row
-    completes (the CLI saves partial results with it).
+    keep every TTFT sample. ``encoder_ms`` is the image-feature call timed *inside* each TTFT call
+    (median over the same calls as ``ttft_ms``), so ``encoder_share_of_ttft`` = encoder_ms / ttft_ms
+    is a share of the calls it was measured in and never exceeds 1. (An encoder timed in calls of
+    its own, as before, could: on a CPU where the encoder is most of TTFT, the noise between two
+    medians of different calls showed 107%.)
+
+    The graphed encoder's row has mode ``lab-graph``, or ``lab-eager`` with a ``note`` where nothing
+    was captured (no CUDA): then the packed eager encoder ran. With two or more ``new_tokens``
+    values each row also gets the decode time per token (from the smallest and largest totals),
+    and the graphed encoder's row its drift against eager's: the control described at
+    ``DECODE_DRIFT_WARN``. ``on_row(row)`` is called as each row completes (the CLI saves partial
+    results with it).
     """
     from tqdm.auto import tqdm
 
+    for im in images:
+        check_choice("image", im, IMAGES)
+    new_tokens = list(dict.fromkeys(new_tokens))
+    if repeats < 1 or min(requests, default=0) < 1 or min(new_tokens, default=0) < 1:
+        raise ValueError(f"need repeats >= 1 and at least one request and one new token, each >= 1; got "
+                         f"repeats={repeats}, requests={list(requests)}, new_tokens={new_tokens}")
     preset = model.lab_preset
     if genc is None:
         genc = GraphedEncoder(model)
         if model.device.type == "cuda":
             genc.capture(progress=False)
+    lab = lab_mode(genc)
     rows = []
     jobs = [(im, n) for im in images for n in requests]
     dev = model.device
     for im, n in tqdm(jobs, desc="end to end", disable=not progress):
         inputs = process_images([synthetic_image(*IMAGES[im], seed=1)], preset)
         batch = build_prompt(model, inputs, n)
-        dev_inputs = {k: batch[k] for k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
-        enc = time_paired({"hf-eager": lambda: hf_image_features(model, dev_inputs),
-                           "lab-graph": lambda: genc.encode(dev_inputs)}, repeats, 1, dev)
+        enc: dict[str, list[float]] = {"hf-eager": [], lab: []}
 
-        def generate_calls(t):
+        def generate_calls(t, timed=False):
             call = lambda: generate_once(model, batch, t)  # noqa: E731
-            return {"hf-eager": call, "lab-graph": (call, genc.installed)}
+            hf_ctx = (lambda: timed_image_features(model, enc["hf-eager"])) if timed else None
 
-        ttft = time_paired(generate_calls(1), repeats, 1, dev)
+            @contextmanager
+            def lab_ctx():
+                with genc.installed(), (timed_image_features(model, enc[lab]) if timed else nullcontext()):
+                    yield
+
+            return {"hf-eager": (call, hf_ctx), lab: (call, lab_ctx)}
+
+        ttft = time_paired(generate_calls(1, timed=True), repeats, 1, dev)
         totals = {t: time_paired(generate_calls(t), repeats, 1, dev) for t in new_tokens}
         pair = []
-        for mode in MODES:
+        for mode in ("hf-eager", lab):
+            encoder = enc[mode][-repeats:]  # the warm-up call's sample comes first
             row = {"preset": preset.name, "image": im, "requests": n, "mode": mode,
                    "items": int(batch["spatial_shapes"].shape[0]), "prompt_len": int(batch["input_ids"].shape[1]),
                    "repeats": repeats, "timing": "paired",
-                   "encoder_ms": statistics.median(enc[mode]), "ttft_ms": statistics.median(ttft[mode]),
-                   "ttft_samples_ms": ttft[mode]}
+                   "encoder_ms": statistics.median(encoder), "encoder_samples_ms": encoder,
+                   "ttft_ms": statistics.median(ttft[mode]), "ttft_samples_ms": ttft[mode]}
+            if mode == "lab-eager":
+                row["note"] = NO_GRAPHS_NOTE
             for t in new_tokens:
                 row[f"total_{t}_ms"] = statistics.median(totals[t][mode])
             if len(new_tokens) >= 2:
@@ -123,7 +202,7 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
         base, graph = pair
         base["ttft_reduction"] = 0.0
         graph["ttft_reduction"] = 1 - graph["ttft_ms"] / base["ttft_ms"]
-        graph["ttft_reduction_paired"] = paired_reduction(ttft["hf-eager"], ttft["lab-graph"])
+        graph["ttft_reduction_paired"] = paired_reduction(ttft["hf-eager"], ttft[lab])
         if "decode_ms_per_token" in graph:
             graph["decode_drift"] = graph["decode_ms_per_token"] / base["decode_ms_per_token"] - 1
         for row in pair:
@@ -140,9 +219,8 @@ def profile_ttft(model, genc: GraphedEncoder, image: str = "1x512", n_requests: 
     It answers the end-to-end question the encoder numbers cannot: when the graphed encoder saves
     ms but TTFT barely moves, is the rest (prefill and the first decode step) GPU work or host
     launch overhead? ``gpu_busy_ms`` well below ``wall_ms`` in the text part means launch-bound.
+    The graphed encoder's entry is keyed by ``lab_mode(genc)`` (``lab-eager`` when nothing was captured).
     """
-    from contextlib import nullcontext
-
     from .profiling import profile_callable
 
     inputs = process_images([synthetic_image(*IMAGES[image], seed=1)], model.lab_preset)
@@ -150,7 +228,7 @@ def profile_ttft(model, genc: GraphedEncoder, image: str = "1x512", n_requests: 
     dev_inputs = {k: batch[k] for k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
     out = {"image": image, "requests": n_requests, "iters": iters}
     paths = (("hf-eager", nullcontext, lambda: hf_image_features(model, dev_inputs)),
-             ("lab-graph", genc.installed, lambda: genc.encode(dev_inputs)))
+             (lab_mode(genc), genc.installed, lambda: genc.encode(dev_inputs)))
     keep = ("kernels", "launch_calls", "launch_cpu_ms", "graph_launches", "gpu_busy_ms", "wall_ms", "gap_median_us")
     for mode, ctx, encode in paths:
         with ctx():
@@ -177,12 +255,19 @@ def logits_parity(model, genc: GraphedEncoder, n_requests: int = 1, seed: int = 
 
 
 def add_e2e_args(p) -> None:
-    p.add_argument("--preset", action="append", default=None, help="preset(s) (repeatable; default: lfm2-vl-450m)")
-    p.add_argument("--image", default="1x512,tiled", help="images, comma list of: " + ", ".join(IMAGES))
-    p.add_argument("--requests", default="1,2,4", help="requests per generate call, comma list")
-    p.add_argument("--new-tokens", default="16,64", help="new tokens for the total-latency columns, comma list")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--dtype", default=None, help="bf16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    """Options of ``python -m lfm2vl_lab e2e``."""
+    from .bench import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
+
+    p.add_argument("--preset", action="append", type=preset_arg, default=None,
+                   help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
+    p.add_argument("--image", type=list_arg(choice_arg("image", tuple(IMAGES))), default="1x512,tiled",
+                   help="images, comma list of: " + ", ".join(IMAGES))
+    p.add_argument("--requests", type=list_arg(positive_int), default="1,2,4",
+                   help="requests per generate call, comma list")
+    p.add_argument("--new-tokens", type=list_arg(positive_int), default="16,64",
+                   help="new tokens for the total-latency columns, comma list")
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--dtype", type=dtype_arg, default=None, help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--out", default=None, help="results root (default: data/results)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--profile", action="store_true",
@@ -201,7 +286,6 @@ def run_e2e_cli(args) -> int:
     dev = "cuda" if on_cuda else "cpu"
     dt = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if on_cuda else torch.float32)
     presets = args.preset or (["lfm2-vl-450m"] if on_cuda else ["tiny"])
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
     result = {"name": "e2e", "provenance": provenance(command, dtype=str(dt).replace("torch.", ""),
                                                         preset=",".join(presets), text="full depth, random weights"),
@@ -213,7 +297,7 @@ def run_e2e_cli(args) -> int:
         print(f"{row['preset']:>14} {row['image']:>6} x{row['requests']} {row['mode']:>10}  encoder "
               f"{row['encoder_ms']:7.2f} ms  TTFT {row['ttft_ms']:7.2f} ms ({-100 * row['ttft_reduction'] + 0:+.1f}% vs hf"
               + (f", paired {-100 * row['ttft_reduction_paired']:+.1f}%" if "ttft_reduction_paired" in row else "") + ")"
-              f"  share {100 * row['encoder_share_of_ttft']:.0f}%"
+              f"  encoder share {100 * row['encoder_share_of_ttft']:.0f}%"
               + "".join(f"  {k} {v:.1f}" for k, v in row.items() if k.startswith("total_")), flush=True)
         drift = row.get("decode_drift")
         if drift is not None and abs(drift) > DECODE_DRIFT_WARN:
@@ -226,20 +310,21 @@ def run_e2e_cli(args) -> int:
         genc = GraphedEncoder(model)
         if on_cuda:
             genc.capture(progress=not args.no_progress)
+        else:
+            print(f"note: {lab_mode(genc)} rows: {NO_GRAPHS_NOTE} (no CUDA)", flush=True)
         result["parity"].append({"preset": name, **logits_parity(model, genc)})
         print("parity:", result["parity"][-1], flush=True)
         if args.profile:
             prof = {"preset": name, **profile_ttft(model, genc)}
             result.setdefault("ttft_profile", []).append(prof)
-            for mode in MODES:
+            for mode in ("hf-eager", lab_mode(genc)):
                 t, e, x = prof[mode]["ttft"], prof[mode]["encoder"], prof[mode]["text"]
                 share = "-" if x["busy_share"] is None else f"{100 * x['busy_share']:.0f}%"
                 print(f"profile {name} {mode:>10}: TTFT wall {t['wall_ms']:.2f} ms, busy {t['gpu_busy_ms']:.2f} ms, "
                       f"{t['kernels']:.0f} kernels | encoder wall {e['wall_ms']:.2f} ms | text wall {x['wall_ms']:.2f} ms, "
                       f"busy {x['gpu_busy_ms']:.2f} ms ({share}), {x['kernels']:.0f} kernels", flush=True)
-        run_e2e(model, images=tuple(args.image.split(",")), requests=ints(args.requests),
-                new_tokens=ints(args.new_tokens), repeats=args.repeats, genc=genc,
-                progress=not args.no_progress, on_row=lambda r: (result["rows"].append(r), on_row(r)))
+        run_e2e(model, images=args.image, requests=args.requests, new_tokens=args.new_tokens, repeats=args.repeats,
+                genc=genc, progress=not args.no_progress, on_row=lambda r: (result["rows"].append(r), on_row(r)))
         del model, genc
         if on_cuda:
             torch.cuda.empty_cache()

@@ -436,9 +436,12 @@ def _missing(reason: str):
 
 
 def add_report_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab report``."""
-    p.add_argument("--root", default="data/results", help="results root to read (default: data/results)")
-    p.add_argument("--out", default="data/figures", help="folder for the PNGs (default: data/figures)")
+    """Options of ``python -m lfm2vl_lab report``. The defaults are the repo's own folders, wherever
+    the command runs from (figures of CPU results land in ``data/figures/cpu-*``, which git ignores)."""
+    from .results import RESULTS_ROOT
+
+    p.add_argument("--root", default=str(RESULTS_ROOT), help="results root to read (default: data/results)")
+    p.add_argument("--out", default=str(RESULTS_ROOT.parent / "figures"), help="folder for the PNGs (default: data/figures)")
 
 
 def run_report_cli(args) -> int:

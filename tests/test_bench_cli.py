@@ -178,3 +178,39 @@ def test_figures_pick_the_default_config_over_experiments():
             dict(base, median_ms=1.3, gpu_busy_ms=1.0, attention="sdpa_blockmask")]
     assert [r["median_ms"] for r in pick_rows(rows)] == [1.4]  # the default row, though slower and older
     assert [r["median_ms"] for r in pick_rows(rows[1:])] == [1.3]  # no default row: the newest profiled one
+
+
+def _git_ignored(paths: list[str]) -> set[str]:
+    proc = subprocess.run(["git", "check-ignore", "--stdin"], cwd=ROOT, input="\n".join(paths), capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode in (0, 1), proc.stderr  # 1: none ignored; 128: not a git checkout / error
+    return set(proc.stdout.split())
+
+
+@pytest.mark.skipif(subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode != 0,
+                    reason="needs the git checkout")
+def test_cpu_runs_leave_the_tree_clean(tmp_path):
+    """What bench / e2e / report write for a CPU run, at the names they give it, is ignored by git;
+    the GPU record (the same kinds of files for a GPU) is not."""
+    from lfm2vl_lab.plots import report
+
+    res = json.loads((FIX / "results" / "nvidia-h200" / "fixture-20261101-120000.json").read_text())
+    res["provenance"]["gpu"] = "cpu"
+    e2e = {"name": "e2e", "provenance": dict(res["provenance"]),
+           "rows": [{"preset": "tiny", "image": "1x512", "requests": 1, "mode": m, "ttft_ms": 9.0, "encoder_ms": 5.0}
+                    for m in ("hf-eager", "lab-eager")]}
+    written = [save_result(r, tmp_path / "results") for r in (res, e2e)]
+    figures = report(tmp_path / "results", tmp_path / "figures", verbose=False)
+    assert len(figures) >= 2  # a latency figure and the e2e one at least
+    cpu = [f"data/results/{p.relative_to(tmp_path / 'results')}" for p in written] + \
+          [f"data/figures/{p.name}" for p in figures] + ["data/figures/last-bench-cpu.png"]  # bench's own figure
+    assert _git_ignored(cpu) == set(cpu)
+    gpu = [p.replace("cpu", "nvidia-h200") for p in cpu if "last-bench" not in p]
+    assert _git_ignored(gpu) == set()
+
+
+def test_report_defaults_are_the_repo_folders():
+    from lfm2vl_lab.__main__ import build_parser
+
+    args = build_parser().parse_args(["report"])
+    assert Path(args.root) == ROOT / "data" / "results" and Path(args.out) == ROOT / "data" / "figures"
