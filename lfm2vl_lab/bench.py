@@ -843,8 +843,9 @@ def add_bench_args(p) -> None:
     p.add_argument("--attention", type=list_arg(choice_arg("attention backend", ("auto", *ATTENTION_BACKENDS))),
                    default="auto", help=f"attention backend(s) of the lab modes, comma list: auto, {', '.join(ATTENTION_BACKENDS)}")
     p.add_argument("--fuse-qkv", type=on_off_list, default="off", help="fused q/k/v GEMM in the lab modes, comma list: off, on")
-    p.add_argument("--single-item-graphs", type=on_off_list, default="off",
-                   help="lab-graph: dense-attention graphs for one item that fills a budget (experimental), comma list: off, on")
+    p.add_argument("--single-item-graphs", type=on_off_list, default=None,
+                   help="lab-graph: dense-attention graphs for one item that fills a budget, comma list: off, on "
+                        "(default: GraphedEncoder's, which is on)")
     p.add_argument("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
     p.add_argument("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
     p.add_argument("--seed", type=int, default=0)
@@ -870,7 +871,7 @@ def run_bench_cli(args) -> int:
         cu_rules=args.cu_rule, max_seqlen_modes=args.max_seqlen_mode, profile=args.profile,
         progress=not args.no_progress, seed=args.seed, fused_compile_mode=args.fused_compile_mode,
         trace_dir=args.trace_dir, command=command, name=args.name,
-        attentions=args.attention, fuse_qkvs=args.fuse_qkv, single_item_graphs=args.single_item_graphs,
+        attentions=args.attention, fuse_qkvs=args.fuse_qkv, single_item_graphs=args.single_item_graphs or (None,),
         on_job=checkpoint,
     )
     print_table(result)

@@ -278,14 +278,16 @@ def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
 def e2e_figure(rows: list[dict], title: str | None = None) -> Figure:
     """Time to first token per (preset, image, requests): transformers' image path vs the graphed
     encoder, with the encoder's own time drawn inside each bar and the TTFT change labelled."""
-    rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in ("hf-eager", "lab-graph")]
+    rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in ("hf-eager", "lab-graph", "lab-eager")]
     if not rows:
         raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")
     keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows))
     by = {(r["preset"], r["image"], r["requests"], r["mode"]): r for r in rows}
     fig = Figure(figsize=(max(6, 1.3 * len(keys) + 2), 4), layout="constrained")
     ax = fig.add_subplot()
-    for i, mode in enumerate(("hf-eager", "lab-graph")):
+    # the graphed encoder's rows say "lab-eager" where nothing was captured (e2e on a CPU)
+    lab = "lab-graph" if any(r["mode"] == "lab-graph" for r in rows) else "lab-eager"
+    for i, mode in enumerate(("hf-eager", lab)):
         for j, k in enumerate(keys):
             r = by.get((*k, mode))
             if r is None:

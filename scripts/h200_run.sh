@@ -81,8 +81,9 @@ LOG=nb       TAILN=60 step 150 python3 scripts/run_notebooks.py notebooks/02_cud
              notebooks/05_the_manager.ipynb notebooks/06_measuring_the_savings.ipynb \
              notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
 fi
-# Parts e1 and e2: session 3 (issue #9). e1 needs no wheels; e2 carries the Jupyter wheels. Between
-# the two calls, e1's result files are copied into data/results/ (05 and 07 read the newest check file).
+# Parts e1, e2 and e3: session 3 (issue #9), one device call each. Between calls, the result files
+# that came back are committed to data/results/ (the notebooks read the newest ones). Only e3 carries
+# the Jupyter wheels; its executed notebooks come back in $OUT/res.tgz under nb/.
 if [ "$PART" = e1 ]; then
 LOG=pytest4  TAILN=8 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 LOG=check4   TAILN=4 step 70 $M check --out "$R"
@@ -98,14 +99,14 @@ LOG=b16f     TAILN=12 step 170 $M bench --preset lfm2-vl-1.6b --mode lab-graph-f
              --repeats 30 --profile --out "$R" --name bench-fused --no-progress
 fi
 if [ "$PART" = e2 ]; then
+LOG=pytest5  TAILN=8 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=e2e450   TAILN=20 step 230 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --repeats 5 --profile --out "$R" --no-progress
+LOG=e2e16    TAILN=20 step 200 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --profile --out "$R" --no-progress
+fi
+if [ "$PART" = e3 ]; then  # after e2's files are committed to data/results/
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD
-LOG=pytest5  TAILN=8 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
-LOG=e2e450   TAILN=20 step 150 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --repeats 5 --profile --out "$R" --no-progress
-LOG=e2e16    TAILN=20 step 150 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --profile --out "$R" --no-progress
-cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
-LOG=nb       TAILN=12 step 150 python3 scripts/run_notebooks.py notebooks/02_cuda_graph_basics.ipynb \
-             notebooks/05_the_manager.ipynb notebooks/06_measuring_the_savings.ipynb \
-             notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
+# every notebook: their checked cells read the newest result files, which this session adds to
+LOG=nb       TAILN=12 step 240 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
 fi
 ls -la "$OUT"

@@ -87,7 +87,7 @@ def test_good_input_still_parses():
     assert (a.dtype, a.device, a.repeats, a.warmup, a.preset) == ("bf16", torch.device("cpu"), 3, 0, "tiny")
     d = p.parse_args(["bench"])  # string defaults go through the same types
     assert (d.cu_rule, d.max_seqlen_mode, d.attention, d.fuse_qkv, d.single_item_graphs) == \
-        (["safe"], ["tight"], ["auto"], [False], [False])
+        (["safe"], ["tight"], ["auto"], [False], None)  # None: GraphedEncoder's own default (single-item on)
     e = p.parse_args(["e2e", "--image", "tiled", "--requests", "1,4", "--new-tokens", "2,8"])
     assert (e.image, e.requests, e.new_tokens, e.repeats) == (["tiled"], [1, 4], [2, 8], 5)
 
