@@ -257,11 +257,12 @@ def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
         xs = [budgets.index(b) + (i - (len(groups) - 1) / 2) * width for b in by]
         pool = [r["pool_mb"] for r in by.values()]
         total = sum(r["total_mb"] for r in by.values())
-        ax.bar(xs, pool, width, label=f"{label}: graph pool ({total:.0f} MiB in all)", alpha=0.85)
-        ax.bar(xs, [r["buffers_mb"] for r in by.values()], width, bottom=pool, label=f"{label}: buffers", alpha=0.6)
+        ax.bar(xs, pool, width, label=f"{label}: graph pool", alpha=0.85)
+        ax.bar(xs, [r["buffers_mb"] for r in by.values()], width, bottom=pool,
+               label=f"{label}: buffers (all budgets together: {total:.0f} MiB)", alpha=0.6)
         ax2.plot(xs, [r.get("capture_s", 0) for r in by.values()], "kx", ms=6)
     ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
-    ax.set_xlabel("budget (output tokens); captured largest first into one pool, so smaller ones reuse its blocks")
+    ax.set_xlabel("budget (output tokens), captured largest first: smaller ones reuse the pool's blocks")
     ax.set_ylabel("memory held (MiB)")
     ax2.set_ylabel("capture time (s, × markers)")
     ax2.set_ylim(bottom=0)
@@ -374,6 +375,24 @@ def _capture_groups(rows: list[dict]) -> dict:
     return out
 
 
+def newest_per_preset(results: list[dict]) -> dict:
+    """Result files (oldest first) → per GPU slug: (the files used, oldest first; their rows), where
+    each preset's rows come from the newest file that has that preset. Sessions record one preset
+    per run, so the newest figure of several presets is drawn from several files."""
+    from .results import gpu_slug
+
+    per_gpu: dict = {}
+    for res in results:  # newer files replace a preset's rows
+        slot = per_gpu.setdefault(gpu_slug(str(res["provenance"].get("gpu"))), {})
+        for preset in dict.fromkeys(row.get("preset") for row in res["rows"]):
+            slot[preset] = (res, [row for row in res["rows"] if row.get("preset") == preset])
+    out = {}
+    for slug, by_preset in per_gpu.items():
+        files = sorted({id(r): r for r, _ in by_preset.values()}.values(), key=lambda r: str(r["provenance"].get("date")))
+        out[slug] = (files, [row for _, rows in by_preset.values() for row in rows])
+    return out
+
+
 def report(root="data/results", out="data/figures", verbose: bool = True) -> list[Path]:
     """Regenerate every figure the results under ``root`` have data for; write PNGs to ``out``.
 
@@ -381,9 +400,7 @@ def report(root="data/results", out="data/figures", verbose: bool = True) -> lis
     ``<gpu-slug>-<preset>-<dtype>-<figure>.png``. A figure without data is skipped and the reason
     printed. Returns the paths written.
     """
-    from .results import load_results
-
-    from .results import gpu_slug
+    from .results import gpu_slug, load_results
 
     results = load_results(root, rows_only=True)
     say = print if verbose else (lambda *a, **k: None)
@@ -393,12 +410,13 @@ def report(root="data/results", out="data/figures", verbose: bool = True) -> lis
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    # e2e and attention-probe files get their own figure (the newest file of each kind per GPU)
+    # e2e and attention-probe files get their own figure: per GPU, each preset's rows from the
+    # newest file that has that preset (one run per preset is the usual way to record them)
     for name, (make_fig, short) in SPECIAL_RESULTS.items():
-        newest_per_gpu = {gpu_slug(str(r["provenance"].get("gpu"))): r for r in results if r.get("name") == name}
-        for slug, res in newest_per_gpu.items():
-            p = res["provenance"]
-            fig = make_fig(res["rows"], title=f"{short} — {p.get('gpu')}, {str(p.get('date'))[:10]}, {p.get('dtype')}")
+        for slug, (files, rows) in newest_per_preset([r for r in results if r.get("name") == name]).items():
+            p = files[-1]["provenance"]
+            dates = sorted({str(f["provenance"].get("date"))[:10] for f in files})
+            fig = make_fig(rows, title=f"{short} — {p.get('gpu')}, {', '.join(dates)}, {p.get('dtype')}")
             path = out / f"{slug}-{name}.png"
             fig.savefig(path, dpi=120)
             written.append(path)

@@ -55,3 +55,19 @@ def test_recorded_label_hides_the_output_folder_of_the_machine_it_ran_on():
     label = recorded_label(res)
     assert "/root" not in label and "--out" not in label
     assert "`python -m lfm2vl_lab bench --name bench --repeats 30`" in label and "bench-1.json" in label
+
+
+def test_report_draws_each_preset_from_its_newest_file():
+    from lfm2vl_lab.plots import newest_per_preset
+
+    def res(date, presets, tag):
+        return {"provenance": {"gpu": "NVIDIA H200", "date": date},
+                "rows": [{"preset": p, "mode": m, "tag": tag} for p in presets for m in ("hf-eager", "lab-graph")]}
+
+    old = res("2026-11-29", ["450m", "1.6b"], "old")
+    new450, new16 = res("2026-11-30T10", ["450m"], "new"), res("2026-11-30T11", ["1.6b"], "newer")
+    ((slug, (files, rows)),) = newest_per_preset([old, new450, new16]).items()
+    assert slug == "nvidia-h200" and files == [new450, new16]
+    assert {(r["preset"], r["tag"]) for r in rows} == {("450m", "new"), ("1.6b", "newer")} and len(rows) == 4
+    (_, (files, rows)), = newest_per_preset([old, new450]).items()
+    assert files == [old, new450] and {(r["preset"], r["tag"]) for r in rows} == {("450m", "new"), ("1.6b", "old")}
