@@ -106,7 +106,13 @@ fi
 if [ "$PART" = e3 ]; then  # after e2's files are committed to data/results/
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD
+# notebook 06's memory columns need the pool/buffer split: the two sweeps again (session 1's files predate it)
+LOG=sweepB   TAILN=10 step 60 $M bench --mode lab-graph --workload 1x512,4x512,stream --stream-n 40 --budgets auto \
+             --budgets 256,1024 --budgets 64,128,256,512,1024,2048,4096 --repeats 30 --out "$R" --name sweep-budgets --no-progress
+LOG=sweepC   TAILN=10 step 60 $M bench --mode lab-graph --workload 1x512,tiled --attention varlen,sdpa_blockmask \
+             --fuse-qkv off,on --repeats 30 --out "$R" --name sweep-attention --no-progress
+cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
 # every notebook: their checked cells read the newest result files, which this session adds to
-LOG=nb       TAILN=12 step 240 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
+LOG=nb       TAILN=12 step 300 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
 fi
 ls -la "$OUT"
