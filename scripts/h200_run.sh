@@ -115,4 +115,10 @@ cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
 # every notebook: their checked cells read the newest result files, which this session adds to
 LOG=nb       TAILN=12 step 300 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
 fi
+if [ "$PART" = e4 ]; then  # 06 and 07 again after their recorded-spread and check-label cells were fixed
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD
+LOG=nb2      TAILN=6 step 120 python3 scripts/run_notebooks.py ${NOTEBOOKS:-notebooks/06_measuring_the_savings.ipynb \
+             notebooks/07_end_to_end_and_vllm.ipynb} --out "$W/nb"
+fi
 ls -la "$OUT"
