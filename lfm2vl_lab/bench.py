@@ -446,7 +446,7 @@ def measure_stream(runner: Runner, requests: list[dict], device, warmup: int, pr
     times = []
     for req in tqdm(requests, desc=f"stream {runner.mode}", leave=False, disable=not progress, unit="req"):
         inp = to_device(req, device, dtype)
-        ms, out = time_call(lambda: runner.call(inp), device)
+        ms, out = time_call(lambda inp=inp: runner.call(inp), device)
         times.append(ms)
         del out, inp
     stats = summarize(times)

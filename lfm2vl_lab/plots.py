@@ -400,7 +400,7 @@ def report(root="data/results", out="data/figures", verbose: bool = True) -> lis
     ``<gpu-slug>-<preset>-<dtype>-<figure>.png``. A figure without data is skipped and the reason
     printed. Returns the paths written.
     """
-    from .results import gpu_slug, load_results
+    from .results import load_results
 
     results = load_results(root, rows_only=True)
     say = print if verbose else (lambda *a, **k: None)

@@ -4,7 +4,6 @@ image token, the plug-in path gives transformers' logits, and a timed row has ev
 import statistics
 
 import pytest
-import torch
 
 from lfm2vl_lab import GraphedEncoder, build_model, process_images, synthetic_image
 from lfm2vl_lab.e2e import (NO_GRAPHS_NOTE, build_prompt, generate_once, logits_parity, paired_reduction, run_e2e,

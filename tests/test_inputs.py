@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lfm2vl_lab import GraphedEncoder, available_presets, build_model, hf_image_features, load_model, max_rel_error, synthetic_image
+from lfm2vl_lab import GraphedEncoder, available_presets, hf_image_features, load_model, max_rel_error, synthetic_image
 from lfm2vl_lab.inputs import ALPHA_BACKGROUND, image_limits, item_image, make_processor, process_images, processor_for, to_rgb
 from lfm2vl_lab.presets import Preset, build_config
 
