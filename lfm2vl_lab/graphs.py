@@ -22,6 +22,7 @@ import torch
 
 from .budgets import EncoderGraphConfig
 from .encoder import PackedVisionEncoder, warn_once
+from .inputs import image_limits, process_images
 from .packing import PositionEmbeddingCache, Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items
 
 
@@ -246,8 +247,6 @@ class GraphedEncoder:
         self.single_item_graphs = single_item_graphs
         self.check_finite = check_finite
         self.encoder = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
-        from .inputs import image_limits
-
         # The smallest budget is the processor's smallest item: a preset's, or a loaded checkpoint's own.
         min_tokens = image_limits(model).min_image_tokens
         self.config = EncoderGraphConfig.build(
@@ -474,8 +473,6 @@ class GraphedEncoder:
     def encode_images(self, images) -> list[torch.Tensor]:
         """Images (anything ``process_images`` takes) → per-item embeddings, through the processor
         the model carries (its preset's, or a loaded checkpoint's own)."""
-        from .inputs import process_images
-
         return self.encode(process_images(images, self.model))
 
     # -- plugging into transformers ----------------------------------------------------------------
