@@ -1,30 +1,44 @@
 """lfm2vl-lab: encoder CUDA graphs for LiquidAI's LFM2-VL, taught, implemented and measured.
 
-The whole path, one concept per module:
+Two layers:
 
-* :mod:`~lfm2vl_lab.presets`   — model shapes as data, random-weight models, local checkpoints
-* :mod:`~lfm2vl_lab.inputs`    — the real image processor, sample photos, a seeded workload
-* :mod:`~lfm2vl_lab.packing`   — processor output → packed varlen layout (cu_seqlens, gather_idx, …)
-* :mod:`~lfm2vl_lab.encoder`   — the packed split-forward encoder on transformers' own weights
-* :mod:`~lfm2vl_lab.budgets`   — graph config: budgets, item limit, padding logics
-* :mod:`~lfm2vl_lab.graphs`    — capture/replay manager, ``GraphedEncoder``
+* :mod:`lfm2vl_lab.core`  — the technique: presets, inputs, packing, the packed encoder, the graph
+  config and padding logics, capture, the manager and ``GraphedEncoder``; torch and transformers only.
+* :mod:`lfm2vl_lab.tools` — the instrument: timing, workloads, the benchmark, profiling, results,
+  plots, check, e2e, the notebooks' helpers and the CLI (``python -m lfm2vl_lab``).
+
+The names below are the public API; the instrument's modules are also reachable as
+``lfm2vl_lab.bench``, ``lfm2vl_lab.e2e`` … (loaded on first use).
 """
 
-from .budgets import EncoderGraphConfig, auto_budgets
-from .encoder import PackedVisionEncoder, SplitProjector, hf_image_features, max_rel_error, rel_error
-from .graphs import GraphedEncoder, plan_batches, plan_stats, recover_from_failed_capture
-from .inputs import (
-    image_limits, item_image, load_sample_images, process_images, processor_for, random_processor_output, synthetic_image,
-    synthetic_workload, to_rgb,
-)
-from .packing import PackedBatch, pack_inputs
-from .presets import Preset, available_presets, build_model, count_params, load_model
+import importlib
+
+from .core.config import EncoderGraphConfig, auto_budgets
+from .core.encoder import PackedVisionEncoder, SplitProjector
+from .core.graphs import GraphedEncoder, plan_batches, plan_stats
+from .core.capture import recover_from_failed_capture
+from .core.hf import hf_image_features
+from .core.inputs import image_limits, item_image, process_images, processor_for, to_rgb
+from .core.packing import PackedBatch, pack_inputs
+from .core.parity import max_rel_error, rel_error
+from .core.presets import Preset, available_presets, build_model, count_params, load_model
+from .tools.workloads import load_sample_images, random_processor_output, synthetic_image, synthetic_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EncoderGraphConfig", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder", "Preset", "SplitProjector",
-    "auto_budgets", "available_presets", "image_limits", "item_image", "plan_stats", "build_model", "count_params", "hf_image_features", "load_model",
-    "load_sample_images", "max_rel_error", "pack_inputs", "plan_batches", "process_images", "processor_for",
-    "random_processor_output", "recover_from_failed_capture", "rel_error", "synthetic_image", "synthetic_workload", "to_rgb",
+    "auto_budgets", "available_presets", "build_model", "count_params", "hf_image_features", "image_limits",
+    "item_image", "load_model", "load_sample_images", "max_rel_error", "pack_inputs", "plan_batches", "plan_stats",
+    "process_images", "processor_for", "random_processor_output", "recover_from_failed_capture", "rel_error",
+    "synthetic_image", "synthetic_workload", "to_rgb",
 ]
+
+TOOL_MODULES = ("attention_probe", "bench", "check", "e2e", "plots", "profiling", "results", "workloads")
+
+
+def __getattr__(name: str):
+    """``from lfm2vl_lab import e2e`` (the README's GPU tour) loads ``lfm2vl_lab.tools.e2e``."""
+    if name in TOOL_MODULES:
+        return importlib.import_module(f".tools.{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

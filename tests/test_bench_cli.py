@@ -9,9 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from lfm2vl_lab.__main__ import SUBCOMMANDS, main
-from lfm2vl_lab.bench import (expand_workloads, format_table, gpu_slug, load_results, run_bench, save_result,
-                              summarize)
+from lfm2vl_lab.tools.cli import SUBCOMMANDS, main
+from lfm2vl_lab.tools.bench import (
+    expand_workloads,
+    format_table,
+    gpu_slug,
+    load_results,
+    run_bench,
+    save_result,
+    summarize,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).parent / "fixtures"
@@ -132,7 +139,7 @@ def test_subcommand_table_is_extensible():
 
 
 def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
-    from lfm2vl_lab.plots import NoData, attention_figure, e2e_figure
+    from lfm2vl_lab.tools.plots import NoData, attention_figure, e2e_figure
 
     rows = [
         {"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 30.0, "encoder_ms": 5.0},
@@ -168,7 +175,7 @@ def test_run_bench_checkpoints_after_each_mode(tmp_path):
 
 
 def test_figures_pick_the_default_config_over_experiments():
-    from lfm2vl_lab.plots import pick_rows
+    from lfm2vl_lab.tools.plots import pick_rows
 
     base = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
             "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": False, "single_item_graphs": True}
@@ -192,7 +199,7 @@ def _git_ignored(paths: list[str]) -> set[str]:
 def test_cpu_runs_leave_the_tree_clean(tmp_path):
     """What bench / e2e / report write for a CPU run, at the names they give it, is ignored by git;
     the GPU record (the same kinds of files for a GPU) is not."""
-    from lfm2vl_lab.plots import report
+    from lfm2vl_lab.tools.plots import report
 
     res = json.loads((FIX / "results" / "nvidia-h200" / "fixture-20261101-120000.json").read_text())
     res["provenance"]["gpu"] = "cpu"
@@ -210,7 +217,7 @@ def test_cpu_runs_leave_the_tree_clean(tmp_path):
 
 
 def test_report_defaults_are_the_repo_folders():
-    from lfm2vl_lab.__main__ import build_parser
+    from lfm2vl_lab.tools.cli import build_parser
 
     args = build_parser().parse_args(["report"])
     assert Path(args.root) == ROOT / "data" / "results" and Path(args.out) == ROOT / "data" / "figures"

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lfm2vl_lab import auto_budgets, build_model, hf_image_features, random_processor_output
-from lfm2vl_lab.check import budget_cases, judge_replay, shapes_for_tokens
-from lfm2vl_lab.encoder import float32_reference
+from lfm2vl_lab.tools.check import budget_cases, judge_replay, shapes_for_tokens
+from lfm2vl_lab.core.parity import float32_reference
 
 
 @pytest.mark.parametrize("tokens,max_items", [(1024, 4), (48, 1), (577, 17), (256, 1), (96, 3)])

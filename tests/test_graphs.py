@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from lfm2vl_lab.encoder import float32_reference  # noqa: E402
+from lfm2vl_lab.core.parity import float32_reference  # noqa: E402
 from lfm2vl_lab import (
     EncoderGraphConfig,
     GraphedEncoder,
@@ -20,11 +20,11 @@ from lfm2vl_lab import (
     synthetic_image,
     synthetic_workload,
 )
-from lfm2vl_lab.budgets import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
-from lfm2vl_lab.encoder import warn_once
-from lfm2vl_lab.check import judge_replay
-from lfm2vl_lab.graphs import GraphStats, check_finite_items, fills_one_sequence, pool_bytes
-from lfm2vl_lab.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx
+from lfm2vl_lab.core.config import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
+from lfm2vl_lab.core.encoder import warn_once
+from lfm2vl_lab.tools.check import judge_replay
+from lfm2vl_lab.core.graphs import GraphStats, check_finite_items, fills_one_sequence, pool_bytes
+from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx
 
 FP32_TOL = 1e-4
 BF16_TOL = 1e-2
@@ -715,7 +715,7 @@ def test_single_item_graphs_only_where_one_item_can_fill_the_budget(tiny_model):
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["tiny", "lfm2-vl-450m"])
 def test_single_item_graph_replay_equals_eager(preset):
-    from lfm2vl_lab.check import judge_replay
+    from lfm2vl_lab.tools.check import judge_replay
 
     model = _cuda_model(preset, torch.bfloat16)
     genc = GraphedEncoder(model, single_item_graphs=True)

@@ -12,8 +12,16 @@ import torch
 from PIL import Image
 
 from lfm2vl_lab import GraphedEncoder, available_presets, hf_image_features, load_model, max_rel_error, synthetic_image
-from lfm2vl_lab.inputs import ALPHA_BACKGROUND, image_limits, item_image, make_processor, process_images, processor_for, to_rgb
-from lfm2vl_lab.presets import Preset, build_config
+from lfm2vl_lab.core.inputs import (
+    ALPHA_BACKGROUND,
+    image_limits,
+    item_image,
+    make_processor,
+    process_images,
+    processor_for,
+    to_rgb,
+)
+from lfm2vl_lab.core.presets import Preset, build_config
 
 WHITE = np.array(ALPHA_BACKGROUND, dtype=np.uint8)
 
@@ -444,7 +452,7 @@ def test_load_model_refuses_a_processor_that_does_not_fit_the_model(tmp_path, ti
 
 
 def test_stats_report_the_position_cache(tiny_model):
-    from lfm2vl_lab.inputs import random_processor_output
+    from lfm2vl_lab.tools.workloads import random_processor_output
 
     genc = GraphedEncoder(tiny_model)
     cache = genc.encoder.pos_cache

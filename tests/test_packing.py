@@ -6,14 +6,14 @@ from transformers.models.lfm2_vl.modeling_lfm2_vl import Lfm2VlMultiModalProject
 from transformers.models.siglip2.modeling_siglip2 import Siglip2VisionEmbeddings
 
 from lfm2vl_lab import PackedVisionEncoder, pack_inputs, random_processor_output
-from lfm2vl_lab.packing import (
+from lfm2vl_lab.core.packing import (
     PositionEmbeddingCache,
     lfm2vl_check_shapes,
     lfm2vl_cu_seqlens,
     lfm2vl_gather_idx,
     lfm2vl_local_gather_idx,
 )
-from lfm2vl_lab.presets import build_config
+from lfm2vl_lab.core.presets import build_config
 
 SHAPES = [(2, 2), (4, 6), (6, 4), (16, 16), (14, 20), (26, 38), (32, 32), (2, 512), (512, 2)]
 
@@ -170,7 +170,7 @@ def test_position_cache_entry_larger_than_the_budget_is_returned_not_kept():
 
 
 def test_position_cache_budget_default_and_bad_value():
-    from lfm2vl_lab.packing import DEFAULT_POS_CACHE_BYTES
+    from lfm2vl_lab.core.packing import DEFAULT_POS_CACHE_BYTES
 
     emb = torch.nn.Embedding(256, 8)
     assert PositionEmbeddingCache(emb).max_bytes == DEFAULT_POS_CACHE_BYTES == 64 * 2**20

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lfm2vl_lab.profiling import ProfileReport, analyze_trace, merge_intervals, percentile, profile_callable
+from lfm2vl_lab.tools.profiling import ProfileReport, analyze_trace, merge_intervals, percentile, profile_callable
 
 FIX = Path(__file__).parent / "fixtures"
 EAGER = FIX / "trace_eager.json"
@@ -122,7 +122,7 @@ def test_profile_callable_temp_trace_is_removed():
 
 
 def test_hta_optional():
-    from lfm2vl_lab.profiling import hta_launch_stats
+    from lfm2vl_lab.tools.profiling import hta_launch_stats
 
     try:
         import hta  # noqa: F401

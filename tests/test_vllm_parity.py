@@ -21,13 +21,8 @@ vllm_lfm2 = pytest.importorskip(
 vllm_graphs = pytest.importorskip("vllm.v1.worker.encoder_cudagraph")
 vllm_siglip = pytest.importorskip("vllm.model_executor.models.lfm2_siglip2")
 
-from lfm2vl_lab.budgets import auto_budgets, auto_max_items, pad_cu_seqlens_repeat_last, pad_default  # noqa: E402
-from lfm2vl_lab.packing import (  # noqa: E402
-    PositionEmbeddingCache,
-    lfm2vl_cu_seqlens,
-    lfm2vl_gather_idx,
-    lfm2vl_pack_pixels,
-)
+from lfm2vl_lab.core.config import auto_budgets, auto_max_items, pad_cu_seqlens_repeat_last, pad_default  # noqa: E402
+from lfm2vl_lab.core.packing import PositionEmbeddingCache, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels
 
 VllmLfm2 = vllm_lfm2.Lfm2VLForConditionalGeneration
 Manager = vllm_graphs.EncoderCudaGraphManager

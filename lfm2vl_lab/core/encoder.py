@@ -328,56 +328,6 @@ class PackedVisionEncoder(nn.Module):
         return list(out.split(batch.out_tokens))
 
 
-def hf_image_features(model, inputs: dict) -> list[torch.Tensor]:
-    """transformers' own eager image path (the reference), inputs moved to the model's device."""
-    vt = lfm2vl_parts(model)[0]
-    dev, dt = vt.embeddings.patch_embedding.weight.device, vt.embeddings.patch_embedding.weight.dtype
-    with torch.no_grad():
-        out = model.get_image_features(
-            pixel_values=inputs["pixel_values"].to(dev, dt),
-            spatial_shapes=inputs["spatial_shapes"].to(dev),
-            pixel_attention_mask=inputs["pixel_attention_mask"].to(dev),
-        )
-    return list(out.pooler_output if hasattr(out, "pooler_output") else out)
-
-
-def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """‖a − b‖ / ‖b‖ in float64; NaN or Inf anywhere gives ``inf`` so it never passes a tolerance."""
-    a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
-    if a64.shape != b64.shape:
-        raise ValueError(f"shape mismatch: {tuple(a64.shape)} vs {tuple(b64.shape)}")
-    if not torch.isfinite(a64).all() or not torch.isfinite(b64).all():
-        return float("inf")
-    den = b64.norm().item()
-    return (a64 - b64).norm().item() / (den if den > 0 else 1.0)
-
-
-def max_rel_error(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
-    if len(outs) != len(refs):
-        raise ValueError(f"{len(outs)} outputs vs {len(refs)} references")
-    return max(rel_error(o, r) for o, r in zip(outs, refs))
-
-
-def float32_reference(model):
-    """A float32 copy of ``model`` (same weights): the judge for low-precision parity."""
-    import copy
-
-    return copy.deepcopy(model).float()
-
-
-def lowp_parity(outs, lowp_refs, fp32_refs, tol: float = 1e-2, slack: float = 1.05) -> dict:
-    """Judge a bf16/fp16 path the way METHOD.md asks: against a float32 reference.
-
-    Two bf16 implementations of a deep random-weight encoder each sit about 1e-2 from float32
-    (rounding amplified through depth; measured on the H200: transformers' own bf16 path is
-    1.03e-2 away for the 26-layer 1.6B preset). So our path passes when it is finite and within
-    ``tol`` of float32, or no worse than ``slack`` × transformers' own bf16 error.
-    """
-    err, base = max_rel_error(outs, fp32_refs), max_rel_error(lowp_refs, fp32_refs)
-    ok = err != float("inf") and (err <= tol or err <= slack * base)
-    return {"rel_err": err, "hf_rel_err": base, "lab_vs_hf": max_rel_error(outs, lowp_refs), "pass": ok}
-
-
 def warn_once(msg: str, _seen=set()):  # noqa: B006 - the default set is the memory
     if msg not in _seen:
         _seen.add(msg)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .encoder import attention_sdpa_blockmask, attention_varlen, rel_error
-from .presets import as_preset
+from ..core.encoder import attention_sdpa_blockmask, attention_varlen
+
+from ..core.parity import rel_error
+from ..core.presets import as_preset
 
 
 def _graph_time_ms(fn, iters: int = 50) -> float:

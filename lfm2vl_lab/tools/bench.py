@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 import torch
 
-from .results import RESULTS_ROOT, gpu_slug, load_results, provenance, save_result  # noqa: F401 (re-exported)
+from .results import RESULTS_ROOT, gpu_slug, load_results, provenance, save_result  # noqa: F401(re-exported)
 
 MODES = ("hf-eager", "lab-eager", "lab-graph", "compile", "lab-graph-fused")
 # lab-graph-fused is opt-in: max-autotune compiles for minutes per budget (about 250 s for two
@@ -115,7 +115,7 @@ def expand_workloads(specs) -> list[str]:
 
 def workload_images(name: str, seed: int = 0) -> list:
     """The PIL images of a fixed workload (``NxS`` or ``tiled``)."""
-    from .inputs import synthetic_image
+    from .workloads import synthetic_image
 
     if name == "tiled":
         return [synthetic_image(*TILED_SIZE, seed=seed)]
@@ -296,8 +296,9 @@ def make_runner(mode: str, model, *, budgets=None, cu_rule: str = "safe", max_se
                 fused_compile_mode: str = "default", progress: bool = False, attention: str = "auto",
                 fuse_qkv: bool = False, single_item_graphs: bool | None = None) -> Runner:
     """Build (and for graph modes capture) one mode on ``model``. Raises for unknown modes."""
-    from .encoder import PackedVisionEncoder, hf_image_features
-    from .graphs import SINGLE_ITEM_GRAPHS, GraphedEncoder
+    from ..core.encoder import PackedVisionEncoder
+    from ..core.hf import hf_image_features
+    from ..core.graphs import SINGLE_ITEM_GRAPHS, GraphedEncoder
 
     if mode == "hf-eager":
         return Runner(mode, lambda inp: hf_image_features(model, inp))
@@ -324,8 +325,8 @@ def _make_fused(model, budgets, cu_rule, max_seqlen_mode, compile_mode, progress
                 fuse_qkv=False) -> Runner:
     """GraphedEncoder with an inductor-compiled body. ``fullgraph=True`` first: one fused program
     per budget; if dynamo cannot trace it whole, fall back to a body with graph breaks and say so."""
-    from .encoder import PackedVisionEncoder
-    from .graphs import GraphedEncoder
+    from ..core.encoder import PackedVisionEncoder
+    from ..core.graphs import GraphedEncoder
 
     error = None
     for fullgraph in (True, False):
@@ -356,7 +357,7 @@ def _make_fused(model, budgets, cu_rule, max_seqlen_mode, compile_mode, progress
 
 def _make_compile(model) -> Runner:
     """torch.compile(mode="reduce-overhead") around transformers' own image path."""
-    from .encoder import lfm2vl_parts
+    from ..core.encoder import lfm2vl_parts
 
     torch._dynamo.reset()  # counters and caches of earlier modes must not leak into this one
     vt = lfm2vl_parts(model)[0]
@@ -388,7 +389,7 @@ def _make_compile(model) -> Runner:
 
 
 def _max_err(outs, refs) -> float | None:
-    from .encoder import max_rel_error
+    from ..core.parity import max_rel_error
 
     try:
         return max_rel_error(list(outs), list(refs))
@@ -468,7 +469,9 @@ def stream_requests(n: int, preset, seed: int = 0, progress: bool = False) -> tu
     """Processor output (CPU) of ``n`` seeded requests, and totals over them."""
     from tqdm.auto import tqdm
 
-    from .inputs import process_images, synthetic_workload
+    from ..core.inputs import process_images
+
+    from .workloads import synthetic_workload
 
     reqs = []
     for r in tqdm(synthetic_workload(n, seed), desc="processing stream images", leave=False, disable=not progress):
@@ -550,10 +553,10 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     """
     from tqdm.auto import tqdm
 
-    from .budgets import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
-    from .encoder import ATTENTION_BACKENDS
-    from .inputs import process_images
-    from .presets import as_preset, build_model
+    from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
+    from ..core.encoder import ATTENTION_BACKENDS
+    from ..core.inputs import process_images
+    from ..core.presets import as_preset, build_model
 
     # Every bad argument is a ValueError here, before a model is built or anything is timed.
     dev = parse_device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -633,7 +636,7 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
                 else:
                     inputs, totals = fixed[w]
                     if w not in refs:
-                        from .encoder import hf_image_features
+                        from ..core.hf import hf_image_features
 
                         refs[w] = [t.detach().float().cpu() for t in hf_image_features(model, inputs)]
                     trace = Path(trace_dir) / f"{mode}-{w}.pt.trace.json" if trace_dir else None
@@ -795,7 +798,7 @@ def list_arg(item_type: Callable[[str], Any]):
 
 def preset_arg(text: str) -> str:
     """argparse type: a preset name (``presets.available_presets()``)."""
-    from .presets import available_presets
+    from ..core.presets import available_presets
 
     return choice_arg("preset", available_presets())(text)
 
@@ -817,8 +820,8 @@ def flatten(lists) -> list:
 def add_bench_args(p) -> None:
     """Options of ``python -m lfm2vl_lab bench``. Every value is checked here (argparse types), so
     a bad one is a one-line error with exit status 2 before anything is built."""
-    from .budgets import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
-    from .encoder import ATTENTION_BACKENDS
+    from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
+    from ..core.encoder import ATTENTION_BACKENDS
 
     p.add_argument("--preset", type=preset_arg, default=None, help="model preset (default: lfm2-vl-450m on CUDA, tiny on CPU)")
     p.add_argument("--mode", action="append", type=list_arg(choice_arg("mode", MODES)), default=None,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS_ROOT = Path(__file__).resolve().parent.parent / "data" / "results"
+RESULTS_ROOT = Path(__file__).resolve().parents[2] / "data" / "results"
 
 
 def gpu_slug(name: str) -> str:
@@ -37,7 +37,7 @@ def _host_cpu() -> str:
 
 
 def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         if head.returncode != 0:

@@ -16,9 +16,10 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from .bench import check_choice, time_paired
-from .encoder import hf_image_features
-from .graphs import GraphedEncoder
-from .inputs import process_images, synthetic_image
+from ..core.hf import hf_image_features
+from ..core.graphs import GraphedEncoder
+from ..core.inputs import process_images
+from .workloads import synthetic_image
 
 PROMPT_TEXT_TOKENS = 24  # a short instruction around the image, as in a chat turn
 
@@ -279,7 +280,7 @@ def run_e2e_cli(args) -> int:
     import sys
 
     from .bench import parse_dtype
-    from .presets import build_model
+    from ..core.presets import build_model
     from .results import RESULTS_ROOT, provenance, save_result
 
     on_cuda = torch.cuda.is_available()

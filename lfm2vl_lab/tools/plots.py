@@ -21,7 +21,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from .graphs import SINGLE_ITEM_GRAPHS
+from ..core.graphs import SINGLE_ITEM_GRAPHS
 
 MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused")
 MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b4", "lab-graph": "#2ca02c",

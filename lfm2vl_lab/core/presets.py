@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "data" / "presets"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "data" / "presets"
 
 # Vision-only work does not need a 65k-token vocabulary or 16 text layers: the projector's output
 # width is all the vision path sees of the text model. These stub sizes keep it cheap.

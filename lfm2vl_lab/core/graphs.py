@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .budgets import EncoderGraphConfig
+from .capture import recover_from_failed_capture
+from .config import EncoderGraphConfig
 from .encoder import PackedVisionEncoder, warn_once
 from .inputs import image_limits, process_images
 from .packing import PositionEmbeddingCache, Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items
@@ -91,37 +92,6 @@ def plan_stats(calls: list[list[int]], config: EncoderGraphConfig) -> dict:
             replays, real, padded = replays + 1, real + t, padded + config.budget_for(t, len(b)) - t
     return {"replays": replays, "real": real, "padded": padded, "eager_items": eager_items,
             "waste": padded / real if real else 0.0}
-
-
-# --------------------------------------------------------------------------------------------
-# After a failed capture
-# --------------------------------------------------------------------------------------------
-
-
-def recover_from_failed_capture(stream: "torch.cuda.Stream | None" = None) -> dict:
-    """Put torch's CUDA state back after a ``torch.cuda.graph`` block raised; return what was done.
-
-    When a capture fails, ``torch.cuda.graph.__exit__`` raises from ``capture_end()`` before it
-    leaves the capture side stream, and before the CUDA random generator leaves capture mode. Two
-    things then go wrong later in the same process: work keeps running on the side stream, and the
-    next random op on the device raises "Offset increment outside graph capture encountered
-    unexpectedly" (torch 2.11 on the H200: notebook 02 hit this in ``build_model``). So we restore
-    ``stream`` (the default stream if ``None``), then capture one tiny graph that ends normally:
-    a clean capture_begin/capture_end pair takes the generator out of capture mode again.
-    """
-    if not torch.cuda.is_available():
-        return {"cuda": False}
-    was = torch.cuda.current_stream()
-    target = stream if stream is not None else torch.cuda.default_stream()
-    torch.cuda.set_stream(target)
-    scratch = torch.zeros(1, device=target.device)
-    reset = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(reset):
-        scratch.add_(1)
-    del reset
-    torch.cuda.synchronize()
-    torch.randn(1, device=target.device)  # raises here, not later in the user's code, if still broken
-    return {"cuda": True, "stream_restored": was != target, "rng_ok": True}
 
 
 def pool_bytes(segments: list[dict], pool) -> int:

@@ -13,10 +13,14 @@ import time
 
 import torch
 
-from .encoder import PackedVisionEncoder, float32_reference, hf_image_features, lowp_parity, max_rel_error
-from .graphs import GraphedEncoder
-from .inputs import random_processor_output
-from .presets import as_preset, build_model
+from ..core.encoder import PackedVisionEncoder
+
+from ..core.parity import float32_reference, lowp_parity, max_rel_error
+
+from ..core.hf import hf_image_features
+from ..core.graphs import GraphedEncoder
+from .workloads import random_processor_output
+from ..core.presets import as_preset, build_model
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
 
