@@ -23,7 +23,8 @@ from lfm2vl_lab import (
 from lfm2vl_lab.core.config import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
 from lfm2vl_lab.core.encoder import warn_once
 from lfm2vl_lab.tools.check import judge_replay
-from lfm2vl_lab.core.graphs import GraphStats, check_finite_items, fills_one_sequence, pool_bytes
+from lfm2vl_lab.core.graphs import GraphStats, check_finite_items, fills_one_sequence
+from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx
 
 FP32_TOL = 1e-4
@@ -353,7 +354,7 @@ def test_graphed_encoder_cpu_encode_images(tiny_model):
 def test_capture_on_cpu_raises(tiny_model):
     genc = GraphedEncoder(tiny_model)
     with pytest.raises(RuntimeError, match="CUDA"):
-        genc.capture(progress=False)
+        genc.capture()
     assert not genc.captured
 
 
@@ -532,7 +533,7 @@ def _captured(preset, dtype, rule, budgets=None):
         # fp32: FlashAttention varlen takes only half precision, so use the exact block-mask path
         attention = "auto" if dtype != torch.float32 else "sdpa_blockmask"
         genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule, attention=attention)
-        info = genc.capture(progress=False)
+        info = genc.capture()
         assert [i["budget"] for i in info] == sorted(genc.config.budgets, reverse=True)
         _CAPTURED[key] = genc
     genc = _CAPTURED[key]
@@ -675,7 +676,7 @@ def test_failed_capture_leaves_eager_path_and_process_usable():
     genc._run_body = body_with_host_sync
     stream_before = torch.cuda.current_stream()
     with pytest.raises(RuntimeError, match="64-token encoder graph failed"):
-        genc.capture(progress=False)
+        genc.capture()
     assert not genc.captured and genc.graphs == {}, "a half-captured manager must not stay installed"
     assert torch.cuda.current_stream() == stream_before
     with warnings.catch_warnings(record=True) as caught:
@@ -687,7 +688,7 @@ def test_failed_capture_leaves_eager_path_and_process_usable():
     assert genc.stats.eager_calls == 1 and genc.stats.replays == {}
     _assert_parity(outs, hf_image_features(model, inputs), BF16_TOL)
     genc._run_body = real_body
-    genc.capture(progress=False)
+    genc.capture()
     assert sorted(genc.graphs) == [64, 128]
 
 
@@ -719,7 +720,7 @@ def test_single_item_graph_replay_equals_eager(preset):
 
     model = _cuda_model(preset, torch.bfloat16)
     genc = GraphedEncoder(model, single_item_graphs=True)
-    info = genc.capture(progress=False)
+    info = genc.capture()
     assert {i["budget"] for i in info if i["single_item_graph"]} == {64, 128, 256}
     ref_model = float32_reference(model)
     for k, shapes in enumerate(([(32, 32)], [(16, 16)], [(16, 32)])):
@@ -740,8 +741,8 @@ def test_single_item_graph_replay_equals_eager(preset):
 def test_graph_memory_is_non_negative_and_adds_up(single):
     model = _cuda_model("lfm2-vl-450m", torch.bfloat16)
     genc = GraphedEncoder(model, single_item_graphs=single)
-    info = genc.capture(progress=False)
-    mem = genc.memory()
+    info = measured_capture(genc, progress=False)
+    mem = graph_memory(info)
     assert mem["per_budget"] == info and len(info) == len(DEFAULT_BUDGETS)
     for r in info:
         assert r["pool_mb"] >= 0 and r["buffers_mb"] > 0, r

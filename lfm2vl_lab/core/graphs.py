@@ -13,18 +13,17 @@ back in the caller's order. Items too large for any graph run eagerly and are co
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from .capture import recover_from_failed_capture
+from .capture import capture_graph, recover_from_failed_capture
 from .config import EncoderGraphConfig
 from .encoder import PackedVisionEncoder, warn_once
 from .inputs import image_limits, process_images
-from .packing import PositionEmbeddingCache, Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items
+from .packing import PositionEmbeddingCache, Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items, tokens_for
 
 
 # Single-item graphs (see GraphedEncoder) are on unless a caller turns them off: on the H200 they
@@ -94,20 +93,6 @@ def plan_stats(calls: list[list[int]], config: EncoderGraphConfig) -> dict:
             "waste": padded / real if real else 0.0}
 
 
-def pool_bytes(segments: list[dict], pool) -> int:
-    """Bytes the caching allocator holds for ``pool`` (a ``graph_pool_handle()``), from the segment
-    list of ``torch.cuda.memory_snapshot()``: the memory the graphs captured into that pool keep.
-
-    Why not a difference of ``memory_reserved()`` around each capture: the allocator frees and
-    reuses cached blocks of the default pool at the same time (the warm-up's activations, earlier
-    budgets' leftovers), so such deltas mix two pools and went negative on the H200 (-84.8 MiB for
-    five graphs). A private pool only grows while its graphs live, so its own segments are the
-    honest number.
-    """
-    pool = tuple(pool)
-    return sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) == pool)
-
-
 @dataclass
 class GraphStats:
     """Counters of the replay path. ``padding_waste`` = padded tokens / real tokens."""
@@ -158,8 +143,6 @@ class BudgetGraph:
     graph: "torch.cuda.CUDAGraph | None" = None
     # Same buffers, dense attention: replayed for one item that fills every row (see GraphedEncoder)
     single: "torch.cuda.CUDAGraph | None" = None
-    capture_s: float = 0.0
-    pool_bytes: int = 0  # growth of the shared graph pool while this budget's graph(s) were captured
 
     @property
     def buffer_bytes(self) -> int:
@@ -177,9 +160,7 @@ class BudgetGraph:
     def info(self) -> dict:
         return {
             "budget": self.budget, "rows": self.rows, "max_seqlen": self.max_seqlen,
-            "single_item_graph": self.single is not None, "capture_s": self.capture_s,
-            "pool_mb": self.pool_bytes / 2**20, "buffers_mb": self.buffer_bytes / 2**20,
-            "total_mb": (self.pool_bytes + self.buffer_bytes) / 2**20,
+            "single_item_graph": self.single is not None, "buffers_mb": self.buffer_bytes / 2**20,
         }
 
 
@@ -230,6 +211,7 @@ class GraphedEncoder:
         self.body = body if body is not None else self.encoder
         self.graphs: dict[int, BudgetGraph] = {}
         self.pool = None
+        self.capture_extra: dict[int, dict] = {}
         self.stats = GraphStats(pos_cache=self.encoder.pos_cache)
         self._meta_cache: OrderedDict = OrderedDict()
         self._meta_cache_size = meta_cache_size
@@ -247,8 +229,9 @@ class GraphedEncoder:
         self.stats = GraphStats(pos_cache=self.encoder.pos_cache)
 
     def capture_info(self) -> list[dict]:
-        """Capture time and memory per budget (largest first, the capture order)."""
-        return [self.graphs[b].info() for b in sorted(self.graphs, reverse=True)]
+        """One row per captured budget (largest first, the capture order): its geometry and buffer
+        memory, plus whatever the capture hook measured."""
+        return [{**self.graphs[b].info(), **self.capture_extra.get(b, {})} for b in sorted(self.graphs, reverse=True)]
 
     # -- capture -----------------------------------------------------------------------------------
     def _allocate(self, budget: int) -> BudgetGraph:
@@ -282,53 +265,36 @@ class GraphedEncoder:
         return self.single_item_graphs and self.body is self.encoder and self.config.rows(budget) <= self.encoder.max_num_patches
 
     def _record(self, g: BudgetGraph, attn=None, warmup_iters: int = 2) -> "torch.cuda.CUDAGraph":
-        """Warm up on a side stream (lazy kernel loading, cuBLAS handles), then capture one graph that
-        reads g's input buffers and writes g.out, into the shared pool."""
-        run = (lambda: self._run_body(g)) if attn is None else \
-            (lambda: self.body(g.pixel_values, g.pos_embeds, g.cu_seqlens, g.max_seqlen, g.gather_idx, attn=attn))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup_iters):
-                g.out.copy_(run())
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            g.out.copy_(run())
-        return graph
+        """One graph that reads g's input buffers and writes g.out, into the shared pool."""
+        kw = {} if attn is None else {"attn": attn}
+        return capture_graph(lambda: g.out.copy_(self.body(g.pixel_values, g.pos_embeds, g.cu_seqlens, g.max_seqlen,
+                                                            g.gather_idx, **kw)), self.pool, warmup_iters)
 
     @torch.no_grad()
-    def capture(self, progress: bool = True, warmup_iters: int = 2) -> list[dict]:
-        """Capture one graph per budget, largest first, into one shared memory pool."""
+    def capture(self, hook=None, warmup_iters: int = 2) -> list[dict]:
+        """Capture one graph per budget, largest first, into one shared memory pool; all or nothing.
+
+        ``hook(budget, pool, run) -> dict | None``, if given, wraps each budget's capture: it must
+        call ``run()`` once and may return measurements, which join that budget's ``capture_info``
+        row. The instrument's :class:`lfm2vl_lab.tools.meter.CaptureMeter` times each capture, reads
+        the pool's memory and draws a progress bar through it; the technique itself measures nothing.
+        """
         if self.device.type != "cuda" or not torch.cuda.is_available():
             raise RuntimeError(
                 f"capture() needs the model on a CUDA device (it is on {self.device}); "
                 "encode() works without capture and runs the packed eager path"
             )
-        from tqdm.auto import tqdm
-
-        from .encoder import attention_one_sequence
-
         self.graphs.clear()
+        self.capture_extra = {}
         self.pool = torch.cuda.graph_pool_handle()
-        pool_before = 0  # a fresh pool holds nothing
-        budgets = sorted(self.config.budgets, reverse=True)  # largest first: smaller graphs reuse its blocks
-        for budget in tqdm(budgets, desc="capturing encoder graphs", disable=not progress, unit="graph"):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            g = self._allocate(budget)
-            self._fill_dummy(g, seed=budget)
+        for budget in sorted(self.config.budgets, reverse=True):  # largest first: smaller graphs reuse its blocks
             caller_stream = torch.cuda.current_stream()
             try:
-                g.graph = self._record(g, warmup_iters=warmup_iters)
-                if self._has_single(budget):
-                    g.single = self._record(g, attention_one_sequence, warmup_iters)
-                torch.cuda.synchronize()
-                pool_now = pool_bytes(torch.cuda.memory_snapshot(), self.pool)
+                g = self._allocate(budget)
+                extra = self._capture_budget(g, warmup_iters, hook)
             except Exception as exc:
                 # All or nothing: a half-captured manager would replay some budgets and not others.
                 self.graphs.clear()
-                del g
                 recover_from_failed_capture(caller_stream)
                 # When the body raised, capture_end() raises too; the body's error is its context.
                 cause = exc.__context__ if exc.__context__ is not None else exc
@@ -338,18 +304,20 @@ class GraphedEncoder:
                     "No graphs are installed; encode() runs the packed eager path. Usually something in the "
                     "encoder body needs the host during capture (a .item(), .tolist() or a CPU tensor)."
                 ) from exc
-            g.capture_s = time.perf_counter() - t0
-            g.pool_bytes, pool_before = pool_now - pool_before, pool_now
             self.graphs[budget] = g
+            self.capture_extra[budget] = dict(extra or {})
         return self.capture_info()
 
-    def memory(self) -> dict:
-        """What the captured graphs hold on the device, in MiB: the shared pool (all graphs' private
-        memory: activations and workspaces baked into them), the persistent buffers, and the total.
-        ``per_budget`` splits both by budget (``capture_info``); the parts add up to the totals."""
-        info = self.capture_info()
-        pool, buffers = sum(r["pool_mb"] for r in info), sum(r["buffers_mb"] for r in info)
-        return {"pool_mb": pool, "buffers_mb": buffers, "total_mb": pool + buffers, "per_budget": info}
+    def _capture_budget(self, g: BudgetGraph, warmup_iters: int, hook) -> dict | None:
+        from .encoder import attention_one_sequence
+
+        def run() -> None:
+            self._fill_dummy(g, seed=g.budget)
+            g.graph = self._record(g, warmup_iters=warmup_iters)
+            if self._has_single(g.budget):
+                g.single = self._record(g, attention_one_sequence, warmup_iters)
+
+        return hook(g.budget, self.pool, run) if hook is not None else run()
 
     # -- replay ------------------------------------------------------------------------------------
     def _host_meta(self, g: BudgetGraph, shapes: list[Shape]) -> torch.Tensor:
@@ -381,7 +349,7 @@ class GraphedEncoder:
     def _replay(self, pixel_values: torch.Tensor, shapes: list[Shape], batch: list[int]) -> torch.Tensor | None:
         cfg = self.config
         bshapes = [shapes[i] for i in batch]
-        tokens = sum((h // cfg.factor) * (w // cfg.factor) for h, w in bshapes)
+        tokens = sum(tokens_for(s, cfg.factor) for s in bshapes)
         budget = cfg.budget_for(tokens, len(batch))
         g = self.graphs.get(budget) if budget is not None else None
         if g is None or not self._fits(g, bshapes, tokens):
@@ -418,7 +386,7 @@ class GraphedEncoder:
         if self.check_finite:
             check_finite_items(pv, shapes)
         f = self.config.factor
-        tokens = [(h // f) * (w // f) for h, w in shapes]
+        tokens = [tokens_for(s, f) for s in shapes]
         if not self.captured:
             if self.device.type != "cuda":
                 warn_once("GraphedEncoder: no CUDA device, so encode() runs the packed eager encoder (no graphs)")

@@ -26,6 +26,13 @@ import torch.nn.functional as F
 Shape = tuple[int, int]
 
 
+def tokens_for(shape: Shape, factor: int = 2) -> int:
+    """Output tokens of one item with patch grid ``shape = (h, w)``: pixel-unshuffle by ``factor``
+    turns each factor×factor block of patch rows into one token."""
+    h, w = shape
+    return (int(h) // factor) * (int(w) // factor)
+
+
 @dataclass
 class PackedBatch:
     """A batch of encoder items in the packed layout (see module docstring)."""
@@ -264,7 +271,7 @@ def pack_items(pixel_values: torch.Tensor, shapes: list[Shape], index=None, *, f
         gather_idx=lfm2vl_gather_idx(chosen, factor).to(device, non_blocking=True),
         pos_embeds=pos_cache.pack(chosen) if pos_cache is not None else None,
         factor=factor,
-        out_tokens=[(h // factor) * (w // factor) for h, w in chosen],
+        out_tokens=[tokens_for(s, factor) for s in chosen],
     )
 
 

@@ -50,6 +50,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.packing import tokens_for
+from .meter import measured_capture
 from .results import RESULTS_ROOT, gpu_slug, load_results, provenance, save_result  # noqa: F401(re-exported)
 
 MODES = ("hf-eager", "lab-eager", "lab-graph", "compile", "lab-graph-fused")
@@ -140,7 +142,7 @@ def to_device(inputs: dict, device, dtype) -> dict:
 
 def input_stats(inputs: dict, factor: int = 2) -> dict:
     shapes = [(int(h), int(w)) for h, w in inputs["spatial_shapes"].tolist()]
-    return {"n_items": len(shapes), "tokens": sum((h // factor) * (w // factor) for h, w in shapes),
+    return {"n_items": len(shapes), "tokens": sum(tokens_for(s, factor) for s in shapes),
             "patch_rows": sum(h * w for h, w in shapes)}
 
 
@@ -282,13 +284,15 @@ def budgets_label(budgets) -> str:
     return "auto" if budgets is None else ",".join(str(b) for b in budgets)
 
 
-def _graph_info(genc, t_capture: float) -> dict:
-    info = genc.capture_info()
+def _graph_info(genc, rows: list[dict], t_capture: float) -> dict:
+    from .meter import graph_memory
+
     cfg = genc.config
     return {
         "budgets": list(cfg.budgets), "max_items": cfg.max_items, "cu_rule": cfg.cu_seqlens_rule,
         "max_seqlen_mode": cfg.max_seqlen_mode, "attention": genc.encoder.attention_backend,
-        "capture_s": t_capture, "capture_info": info, **{f"graph_{k}": v for k, v in genc.memory().items() if k != "per_budget"},
+        "capture_s": t_capture, "capture_info": rows,
+        **{f"graph_{k}": v for k, v in graph_memory(rows).items() if k != "per_budget"},
     }
 
 
@@ -310,10 +314,10 @@ def make_runner(mode: str, model, *, budgets=None, cu_rule: str = "safe", max_se
         genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
                               attention=attention, fuse_qkv=fuse_qkv, single_item_graphs=single_item_graphs)
         t0 = time.perf_counter()
-        genc.capture(progress=progress)
+        rows = measured_capture(genc, progress=progress)
         return Runner(mode, genc.encode, {"budget_set": budgets_label(budgets), "attention": genc.encoder.attention_backend,
                                           "fuse_qkv": fuse_qkv, "single_item_graphs": single_item_graphs,
-                                          **_graph_info(genc, time.perf_counter() - t0)}, genc)
+                                          **_graph_info(genc, rows, time.perf_counter() - t0)}, genc)
     if mode == "lab-graph-fused":
         return _make_fused(model, budgets, cu_rule, max_seqlen_mode, fused_compile_mode, progress, attention, fuse_qkv)
     if mode == "compile":
@@ -337,7 +341,7 @@ def _make_fused(model, budgets, cu_rule, max_seqlen_mode, compile_mode, progress
                               attention=attention)
         t0 = time.perf_counter()
         try:
-            genc.capture(progress=progress)
+            rows = measured_capture(genc, progress=progress)
         except Exception as exc:  # noqa: BLE001 - any trace failure means: try with graph breaks
             if not fullgraph:
                 raise
@@ -346,7 +350,7 @@ def _make_fused(model, budgets, cu_rule, max_seqlen_mode, compile_mode, progress
             gc.collect()
             torch.cuda.empty_cache()
             continue
-        info = {"budget_set": budgets_label(budgets), **_graph_info(genc, time.perf_counter() - t0),
+        info = {"budget_set": budgets_label(budgets), **_graph_info(genc, rows, time.perf_counter() - t0),
                 "compile_mode": compile_mode, "fullgraph": fullgraph, "fullgraph_error": error,
                 "attention": genc.encoder.attention_backend, "fuse_qkv": fuse_qkv}
         # capture() timed compile + warm-up + capture together: that sum is the one-off cost here

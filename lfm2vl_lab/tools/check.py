@@ -20,6 +20,7 @@ from ..core.parity import float32_reference, lowp_parity, max_rel_error
 from ..core.hf import hf_image_features
 from ..core.graphs import GraphedEncoder
 from .workloads import random_processor_output
+from .meter import measured_capture
 from ..core.presets import as_preset, build_model
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
@@ -76,7 +77,7 @@ def check_graphs(model, dtype, seed: int, budgets=None, ref_model=None) -> list[
     for rule in ("safe", "repeat_last"):
         for mode in ("tight", "loose"):
             genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule, max_seqlen_mode=mode)
-            info = genc.capture(progress=False)
+            info = measured_capture(genc, progress=False)
             eager = genc.encoder
             kept = []
             for k, tokens in enumerate(budget_cases(genc.config.budgets)):
@@ -104,7 +105,7 @@ def check_graphs(model, dtype, seed: int, budgets=None, ref_model=None) -> list[
             torch.cuda.empty_cache()
     # oversize fallback: graphs only up to 128 tokens, an item of 256 tokens must run eagerly
     genc = GraphedEncoder(model, budgets=[64, 128], max_items=4)
-    genc.capture(progress=False)
+    genc.capture()
     inp = random_processor_output([(32, 32), (8, 8)], preset, seed=seed + 7)
     out = genc.encode(inp)
     judged = judge_replay(out, genc.encoder.encode(inp), inp, tol, ref_model)

@@ -19,6 +19,8 @@ from .bench import check_choice, time_paired
 from ..core.hf import hf_image_features
 from ..core.graphs import GraphedEncoder
 from ..core.inputs import process_images
+from ..core.packing import tokens_for
+from .meter import measured_capture
 from .workloads import synthetic_image
 
 PROMPT_TEXT_TOKENS = 24  # a short instruction around the image, as in a chat turn
@@ -31,7 +33,7 @@ def build_prompt(model, inputs: dict, n_requests: int, seed: int = 0) -> dict:
     """
     cfg = model.config
     f = cfg.downsample_factor
-    tokens = sum((int(h) // f) * (int(w) // f) for h, w in inputs["spatial_shapes"].tolist())
+    tokens = sum(tokens_for(s, f) for s in inputs["spatial_shapes"].tolist())
     g = torch.Generator().manual_seed(seed)
     vocab = cfg.text_config.vocab_size
     text = torch.randint(3, min(vocab, 300), (PROMPT_TEXT_TOKENS,), generator=g)
@@ -161,7 +163,7 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
     if genc is None:
         genc = GraphedEncoder(model)
         if model.device.type == "cuda":
-            genc.capture(progress=False)
+            genc.capture()
     lab = lab_mode(genc)
     rows = []
     jobs = [(im, n) for im in images for n in requests]
@@ -310,7 +312,7 @@ def run_e2e_cli(args) -> int:
         model = build_model(name, dtype=dt, device=dev, text_layers="full")
         genc = GraphedEncoder(model)
         if on_cuda:
-            genc.capture(progress=not args.no_progress)
+            measured_capture(genc, progress=not args.no_progress)
         else:
             print(f"note: {lab_mode(genc)} rows: {NO_GRAPHS_NOTE} (no CUDA)", flush=True)
         result["parity"].append({"preset": name, **logits_parity(model, genc)})

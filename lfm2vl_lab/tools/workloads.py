@@ -93,3 +93,10 @@ def random_processor_output(shapes, model_or_preset="tiny", seed: int = 0, dtype
         pv[i, : h * w] = torch.rand(h * w, dim, generator=g, dtype=torch.float32).to(dtype) * 2 - 1
         mask[i, : h * w] = 1
     return {"pixel_values": pv, "pixel_attention_mask": mask, "spatial_shapes": torch.tensor(shapes, dtype=torch.int64).reshape(n, 2)}
+
+
+def device_defaults(device) -> tuple[str, torch.dtype]:
+    """The kit's choice of model for a device: LFM2-VL-450M in bf16 on CUDA (the real shapes, the
+    dtype a server runs), the tiny preset in fp32 elsewhere (a CPU runs it in seconds)."""
+    on_cuda = torch.device(device).type == "cuda"
+    return ("lfm2-vl-450m", torch.bfloat16) if on_cuda else ("tiny", torch.float32)
