@@ -6,7 +6,6 @@ import warnings
 import pytest
 import torch
 
-from lfm2vl_lab.core.parity import float32_reference  # noqa: E402
 from lfm2vl_lab import (
     EncoderGraphConfig,
     GraphedEncoder,
@@ -21,9 +20,13 @@ from lfm2vl_lab import (
     synthetic_workload,
 )
 from lfm2vl_lab.core.config import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
-from lfm2vl_lab.core.encoder import warn_once
 from lfm2vl_lab.tools.check import judge_replay
-from lfm2vl_lab.core.graphs import GraphStats, check_finite_items, fills_one_sequence
+from lfm2vl_lab.core.capture import eager_stand_in
+from lfm2vl_lab.core.encoder import PackedVisionEncoder
+from lfm2vl_lab.core.lfm2vl import check_finite_items, fills_one_sequence
+from lfm2vl_lab.core.manager import GraphStats
+from lfm2vl_lab.core.packing import tokens_for
+from lfm2vl_lab.core.parity import float32_reference
 from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx
 
@@ -42,7 +45,7 @@ def _assert_parity(outs, refs, tol):
 
 
 def _tokens(shapes):
-    return [(h // 2) * (w // 2) for h, w in shapes]
+    return [tokens_for(s) for s in shapes]
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,19 +227,19 @@ def test_config_padding_for_defaults():
 def test_host_meta_buffer(tiny_model, rule):
     """What a replay uploads: cu_seqlens padded by the rule, then gather_idx zero-padded."""
     genc = GraphedEncoder(tiny_model, cu_seqlens_rule=rule)
-    g = genc._allocate(512)
+    cfg, cu_size, rows = genc.config, genc.config.cu_size(512), genc.config.rows(512)
     shapes = [(32, 32), (4, 6)]
-    meta = genc._host_meta(g, shapes)
-    assert meta.dtype == torch.int32 and meta.shape == (g.cu_size + g.rows,)
-    cu, gi = meta[: g.cu_size], meta[g.cu_size :]
+    meta = genc.adapter.host_meta(512, shapes)
+    assert meta.dtype == torch.int32 and meta.shape == (cu_size + rows,)
+    cu, gi = meta[:cu_size], meta[cu_size:]
     assert cu[:3].tolist() == [0, 1024, 1048]
     if rule == "safe":
-        _check_safe(cu, lfm2vl_cu_seqlens(shapes), g.rows, g.max_seqlen)
+        _check_safe(cu, lfm2vl_cu_seqlens(shapes), rows, cfg.max_seqlen(512))
     else:
         assert set(cu[3:].tolist()) == {1048}
     assert torch.equal(gi[:1048], lfm2vl_gather_idx(shapes).int())
     assert not gi[1048:].any()
-    assert genc._host_meta(g, shapes) is meta  # cached per (budget, shapes)
+    assert genc.adapter.host_meta(512, shapes) is meta  # cached per (budget, shapes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,13 +296,14 @@ def test_stats_fields():
     s = GraphStats()
     assert (s.hits, s.misses, s.overflow, s.eager_calls, s.replays) == (0, 0, 0, 0, {})
     assert s.hit_rate == 0.0 and s.padding_waste == 0.0
-    s = GraphStats(hits=3, misses=1, real_tokens=100, padded_tokens=28, replays={512: 1, 64: 2})
+    s = GraphStats(hits=3, misses=1, real_tokens=100, padded_tokens=28, replays={512: 1, 64: 2},
+                   variant_replays={"single_item": 2})
     assert s.hit_rate == 0.75
     assert s.padding_waste == pytest.approx(0.28)
     d = s.as_dict()
     assert set(d) == {"hits", "misses", "overflow", "eager_calls", "replays", "single_item_replays", "real_tokens",
                       "padded_tokens", "padding_waste", "hit_rate"}
-    assert list(d["replays"]) == [64, 512]
+    assert list(d["replays"]) == [64, 512] and d["single_item_replays"] == 2
     assert d["hit_rate"] == 0.75
 
 
@@ -330,13 +334,13 @@ def test_graphed_encoder_cpu_matches_transformers_and_warns_once(tiny_model):
     shapes = [(16, 16), (32, 32), (4, 6), (26, 38), (16, 24)]  # not sorted: order must come back as given
     inputs = random_processor_output(shapes, "tiny", seed=21)
     refs = hf_image_features(tiny_model, inputs)
-    warn_once.__defaults__[0].clear()  # forget earlier warnings of this session
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outs = genc.encode(inputs)
         outs2 = genc.encode(inputs)
     mine = [w for w in caught if "no CUDA device" in str(w.message)]
     assert len(mine) == 1, [str(w.message) for w in caught]
+    assert mine[0].filename == __file__, "the warning must point at the caller of encode()"
     _assert_parity(outs, refs, FP32_TOL)
     for a, b in zip(outs, outs2):
         assert torch.equal(a, b)
@@ -419,32 +423,15 @@ def test_installed_forward_and_generate_cpu(tiny_model):
 # --------------------------------------------------------------------------------------------
 
 
-class _BodyOnBuffers:
-    def __init__(self, genc, g):
-        self.genc, self.g = genc, g
-
-    def replay(self):
-        self.g.out.copy_(self.genc._run_body(self.g))
-
-
-def _simulated(model, budgets, rule, only=None):
-    genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule)
-    for b in genc.config.budgets:
-        if only is not None and b not in only:
-            continue
-        g = genc._allocate(b)
-        genc._fill_dummy(g, seed=b)
-        g.graph = _BodyOnBuffers(genc, g)
-        genc.graphs[b] = g
+def _simulated(model, budgets, rule):
+    """A GraphedEncoder whose 'graphs' are eager stand-ins: the whole replay path on the CPU."""
+    genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule, record=eager_stand_in)
+    genc.capture()
     return genc
 
 
 def _buffer_ptrs(genc):
-    return {
-        t.untyped_storage().data_ptr()
-        for g in genc.graphs.values()
-        for t in (g.pixel_values, g.pos_embeds, g.meta, g.out)
-    }
+    return {t.untyped_storage().data_ptr() for g in genc.graphs.values() for t in g.buffers.values()}
 
 
 @pytest.mark.parametrize("rule", ["safe", "repeat_last"])
@@ -490,7 +477,8 @@ def test_simulated_oversize_and_guard(tiny_model):
     assert (genc.stats.hits, genc.stats.misses) == (2, 1)
     assert genc.stats.replays == {128: 1}
     # a budget without a graph: the guard refuses the batch and it runs eagerly, still correct
-    genc2 = _simulated(tiny_model, [64, 128], "safe", only={128})
+    genc2 = _simulated(tiny_model, [64, 128], "safe")
+    del genc2.graphs[64]
     small = random_processor_output([(12, 16)], "tiny", seed=9)
     _assert_parity(genc2.encode(small), hf_image_features(tiny_model, small), FP32_TOL)
     assert (genc2.stats.overflow, genc2.stats.misses, genc2.stats.hits) == (1, 1, 0)
@@ -664,30 +652,25 @@ def test_recover_from_failed_capture_restores_stream_and_rng():
 @pytest.mark.gpu
 def test_failed_capture_leaves_eager_path_and_process_usable():
     model = _cuda_model("tiny", torch.bfloat16)
-    genc = GraphedEncoder(model, budgets=[64, 128])
-    real_body = genc._run_body
+    enc = PackedVisionEncoder(model)
 
-    def body_with_host_sync(g):
-        out = real_body(g)
-        if g.budget == 64 and torch.cuda.is_current_stream_capturing():
+    def body_with_host_sync(pixel_values, *args, **kwargs):
+        out = enc(pixel_values, *args, **kwargs)
+        if pixel_values.shape[0] == 4 * 64 and torch.cuda.is_current_stream_capturing():
             out.float().sum().item()  # fails the 64-token capture after the 128 one succeeded
         return out
 
-    genc._run_body = body_with_host_sync
+    genc = GraphedEncoder(model, budgets=[64, 128], body=body_with_host_sync)
     stream_before = torch.cuda.current_stream()
     with pytest.raises(RuntimeError, match="64-token encoder graph failed"):
         genc.capture()
     assert not genc.captured and genc.graphs == {}, "a half-captured manager must not stay installed"
     assert torch.cuda.current_stream() == stream_before
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        build_model("tiny", dtype=torch.bfloat16, device="cuda")  # random init on the device again
-    assert not [w for w in caught if "initialising on the CPU" in str(w.message)]
+    build_model("tiny", dtype=torch.bfloat16, device="cuda")  # random init on the device works again
     inputs = random_processor_output(BUDGET_CASES[128], "tiny", seed=7)
     outs = genc.encode(inputs)
     assert genc.stats.eager_calls == 1 and genc.stats.replays == {}
     _assert_parity(outs, hf_image_features(model, inputs), BF16_TOL)
-    genc._run_body = real_body
     genc.capture()
     assert sorted(genc.graphs) == [64, 128]
 
@@ -706,11 +689,13 @@ def test_fills_one_sequence(shapes, rows, expected):
 
 def test_single_item_graphs_only_where_one_item_can_fill_the_budget(tiny_model):
     genc = GraphedEncoder(tiny_model)  # on by default
-    assert [b for b in genc.config.budgets if genc._has_single(b)] == [64, 128, 256]  # 4·B ≤ 1024 patch rows
-    off = GraphedEncoder(tiny_model, single_item_graphs=False)
-    assert not any(off._has_single(b) for b in genc.config.budgets)
+    def singles(g):
+        return [b for b in g.config.budgets if "single_item" in g.adapter.graph_variants(b)]
+
+    assert singles(genc) == [64, 128, 256]  # 4·B ≤ 1024 patch rows
+    assert singles(GraphedEncoder(tiny_model, single_item_graphs=False)) == []
     compiled_like = GraphedEncoder(tiny_model, single_item_graphs=True, body=lambda *a, **k: None)
-    assert not any(compiled_like._has_single(b) for b in genc.config.budgets)  # a custom body keeps its own attention
+    assert singles(compiled_like) == []  # a custom body keeps its own attention
 
 
 @pytest.mark.gpu
@@ -727,13 +712,13 @@ def test_single_item_graph_replay_equals_eager(preset):
         inp = random_processor_output(shapes, preset, seed=50 + k)
         genc.reset_stats()
         out = genc.encode(inp)
-        assert genc.stats.single_item_replays == 1, genc.stats.as_dict()
+        assert genc.stats.variant_replays["single_item"] == 1, genc.stats.as_dict()
         verdict = judge_replay(out, genc.encoder.encode(inp), inp, BF16_TOL, ref_model)
         assert verdict["pass"], verdict
     for shapes in ([(16, 16), (16, 16)], [(30, 32)]):  # two items; one item with padding rows
         genc.reset_stats()
         genc.encode(random_processor_output(shapes, preset, seed=60))
-        assert genc.stats.single_item_replays == 0 and sum(genc.stats.replays.values()) == 1
+        assert genc.stats.variant_replays["single_item"] == 0 and sum(genc.stats.replays.values()) == 1
 
 
 @pytest.mark.gpu
@@ -756,5 +741,5 @@ def test_graph_memory_is_non_negative_and_adds_up(single):
     assert torch.cuda.memory_reserved() / 2**20 >= now
     # the buffers are exactly the tensors the graphs read and write
     g = genc.graphs[1024]
-    expected = sum(t.numel() * t.element_size() for t in (g.pixel_values, g.pos_embeds, g.meta, g.out)) / 2**20
+    expected = sum(t.numel() * t.element_size() for t in g.buffers.values()) / 2**20
     assert info[0]["budget"] == 1024 and info[0]["buffers_mb"] == pytest.approx(expected)

@@ -32,6 +32,22 @@ def capture_graph(fn: Callable[[], object], pool=None, warmup: int = 2) -> "torc
     return graph
 
 
+class EagerStandIn:
+    """What a graph does, without one: ``replay()`` runs the recorded function again on the same
+    persistent buffers. Lets the whole replay path (padding, slicing, order, stats) run on a CPU."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
+def eager_stand_in(fn: Callable[[], object], pool=None, warmup: int = 0) -> EagerStandIn:
+    """A drop-in for :func:`capture_graph` where there is no GPU (tests, teaching on a laptop)."""
+    return EagerStandIn(fn)
+
+
 def recover_from_failed_capture(stream: "torch.cuda.Stream | None" = None) -> dict:
     """Put torch's CUDA state back after a ``torch.cuda.graph`` block raised; return what was done.
 

@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from .packing import MAX_NUM_PATCHES, MIN_IMAGE_TOKENS
+
 PaddingLogic = Callable[[torch.Tensor, torch.Tensor], None]
 
 
@@ -76,6 +78,9 @@ def make_pad_cu_seqlens_safe(total_rows: int, max_seqlen: int) -> PaddingLogic:
     return pad_cu_seqlens_safe
 
 
+# The largest budget unless a caller picks one: four 512 px images (4 × 256 tokens) in one replay.
+DEFAULT_MAX_BUDGET = 1024
+
 CU_SEQLENS_RULES = ("safe", "repeat_last")
 MAX_SEQLEN_MODES = ("tight", "loose")
 
@@ -133,18 +138,18 @@ class EncoderGraphConfig:
     * ``cu_seqlens_rule``: ``"safe"`` (default) or vLLM's ``"repeat_last"``
     * ``max_seqlen_mode``: ``"tight"`` (default: the largest item a budget can hold, never above the
       patch limit) or vLLM's ``"loose"`` (4·budget)
-    * ``buffer_keys`` / ``out_hidden_size``: the buffers the graph reads and the width it writes
+    * ``out_hidden_size``: the width of the rows the graphs write
+    * ``padding_logics``: per buffer key, a padding logic that replaces the default for that buffer
     """
 
     budgets: list[int]
     max_items: int
     out_hidden_size: int
-    max_num_patches: int = 1024
+    max_num_patches: int = MAX_NUM_PATCHES
     factor: int = 2
-    min_item_tokens: int = 64
+    min_item_tokens: int = MIN_IMAGE_TOKENS
     cu_seqlens_rule: str = "safe"
     max_seqlen_mode: str = "tight"
-    buffer_keys: tuple[str, ...] = ("pixel_values", "pos_embeds", "cu_seqlens", "gather_idx")
     padding_logics: dict[str, PaddingLogic] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -162,11 +167,11 @@ class EncoderGraphConfig:
             raise ValueError(f"max_seqlen_mode must be one of {MAX_SEQLEN_MODES}, got {self.max_seqlen_mode!r}")
 
     @classmethod
-    def build(cls, out_hidden_size: int, budgets=None, max_items=None, min_tokens: int = 64,
+    def build(cls, out_hidden_size: int, budgets=None, max_items=None, min_tokens: int = MIN_IMAGE_TOKENS,
               max_tokens: int | None = None, **kw) -> "EncoderGraphConfig":
         """Fill in automatic budgets (doubling from ``min_tokens``) and the automatic item limit."""
         if budgets is None:
-            budgets = auto_budgets(min_tokens, max_tokens if max_tokens is not None else 1024)
+            budgets = auto_budgets(min_tokens, max_tokens if max_tokens is not None else DEFAULT_MAX_BUDGET)
         budgets = check_budgets(budgets)
         if max_items is None:
             max_items = auto_max_items(budgets, min_tokens)

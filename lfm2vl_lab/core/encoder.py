@@ -18,7 +18,6 @@ so it can be captured in a CUDA graph.
 from __future__ import annotations
 
 import itertools
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -326,9 +325,3 @@ class PackedVisionEncoder(nn.Module):
         batch = self.pack(inputs)
         out = self.forward_packed(batch)
         return list(out.split(batch.out_tokens))
-
-
-def warn_once(msg: str, _seen=set()):  # noqa: B006 - the default set is the memory
-    if msg not in _seen:
-        _seen.add(msg)
-        warnings.warn(msg, stacklevel=4)  # point at the caller of encode(), not at torch's no_grad wrapper

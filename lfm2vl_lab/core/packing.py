@@ -25,6 +25,12 @@ import torch.nn.functional as F
 
 Shape = tuple[int, int]
 
+# LFM2-VL's image-processor defaults, shared by every preset: each item is padded to this many patch
+# rows, and the smallest item has this many output tokens. A loaded checkpoint's own processor may
+# differ: code that has a model reads them with ``inputs.image_limits(model)``.
+MAX_NUM_PATCHES = 1024
+MIN_IMAGE_TOKENS = 64
+
 
 def tokens_for(shape: Shape, factor: int = 2) -> int:
     """Output tokens of one item with patch grid ``shape = (h, w)``: pixel-unshuffle by ``factor``
@@ -278,7 +284,7 @@ def pack_items(pixel_values: torch.Tensor, shapes: list[Shape], index=None, *, f
 def pack_inputs(
     inputs: dict,
     *,
-    max_num_patches: int = 1024,
+    max_num_patches: int = MAX_NUM_PATCHES,
     factor: int = 2,
     pos_cache: PositionEmbeddingCache | None = None,
     device: "torch.device | str | None" = None,

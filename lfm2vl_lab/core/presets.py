@@ -140,17 +140,9 @@ def build_model(
     torch.manual_seed(seed)
     # Construct (and randomly initialise) directly on the target device: a full-depth 1.6B model
     # takes tens of seconds to initialise on the CPU. Seeded draws are reproducible per device type.
-    try:
-        with torch.device(device):
-            model = Lfm2VlForConditionalGeneration(cfg)
-    except RuntimeError as exc:
-        if torch.device(device).type != "cuda":
-            raise
-        # A CUDA graph capture that failed earlier in this process can leave the CUDA random
-        # generator unusable ("Offset increment outside graph capture ..."; seen on the H200 in
-        # notebook 02). The CPU generator is unaffected: initialise there and move.
-        warnings.warn(f"build_model: initialising on the CPU instead ({str(exc).splitlines()[0][:120]})", stacklevel=2)
-        torch.manual_seed(seed)
+    # (After a failed graph capture the device's random generator needs resetting first; the graph
+    # manager does that itself: capture.recover_from_failed_capture.)
+    with torch.device(device):
         model = Lfm2VlForConditionalGeneration(cfg)
     model.lab_preset = as_preset(preset)  # remembered so helpers can find processor settings
     return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,274 @@
+"""The generic encoder CUDA-graph manager, and the protocol a model implements to use it.
+
+vLLM splits encoder graphs in two (PR #35963 and, for LFM2-VL, PR #44930): a model-side
+``SupportsEncoderCudaGraph`` that knows the model, and an ``EncoderCudaGraphManager`` that only
+captures and replays. This module is the second half plus the contract between them,
+:class:`EncoderGraphModel`; :mod:`lfm2vl_lab.core.lfm2vl` is LFM2-VL's side. Nothing here knows
+LFM2-VL: a test runs a toy encoder through the same manager.
+
+Capture (once): for each budget, largest first, the model allocates persistent buffers and fills
+them with valid dummy data; each graph variant of the body is recorded (warm-up on a side stream,
+then capture into one shared memory pool) with its output copied into the ``"out"`` buffer *inside*
+the graph. All or nothing: if one budget fails, no graph is kept.
+
+Replay (every call): plan the items into batches (largest first, under the largest budget and the
+item limit), pick the smallest budget that fits each batch, let the model check and fill the
+buffers, replay, then clone the batch's rows out of ``"out"`` (the next replay overwrites it) and
+hand them back in the caller's order. Items too large for any graph, and batches the model's guard
+refuses, run eagerly and are counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+
+from .capture import capture_graph, recover_from_failed_capture
+
+
+class EncoderGraphModel(Protocol):
+    """What a model provides to get encoder CUDA graphs (vLLM: ``SupportsEncoderCudaGraph``).
+
+    ``config`` answers ``budgets`` (ascending), ``max_items`` and ``budget_for(tokens, items)``.
+    ``variants`` names every graph kind the model may capture per budget; the first is the default.
+    """
+
+    config: Any
+    variants: tuple[str, ...]
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def read_items(self, inputs) -> tuple[Any, list[int]]:
+        """Validate ``inputs``; return the items (opaque to the manager) and each one's output tokens."""
+
+    def allocate(self, budget: int) -> dict[str, torch.Tensor]:
+        """The persistent buffers of one budget's graphs; ``"out"`` receives the output rows."""
+
+    def describe(self, budget: int) -> dict:
+        """What to report about a budget's graphs besides its buffer memory (sizes, variants)."""
+
+    def fill_dummy(self, buffers: dict[str, torch.Tensor], budget: int) -> None:
+        """Valid inputs to capture with (random data, a legal layout)."""
+
+    def graph_variants(self, budget: int) -> tuple[str, ...]:
+        """Which of ``variants`` to capture for this budget (the default one first)."""
+
+    def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: str) -> torch.Tensor:
+        """The graph body: reads only ``buffers``, no host synchronisation; returns ``budget`` rows."""
+
+    def fits(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> bool:
+        """The guard: whether items ``batch`` fit this budget's buffers (else they run eagerly)."""
+
+    def fill_buffers(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> str:
+        """Write items ``batch`` into the buffers through the padding logics; return the variant to replay."""
+
+    def forward_eager(self, items, batch: list[int]) -> torch.Tensor:
+        """Items ``batch`` without a graph: their output rows, concatenated in ``batch`` order."""
+
+    def counters(self) -> dict:
+        """The model's own counters, reported with the manager's stats (may be empty)."""
+
+
+def plan_batches(tokens: list[int], max_budget: int, max_items: int) -> tuple[list[list[int]], list[int]]:
+    """Greedy packing of item indices into replay batches.
+
+    Items are taken largest first; a batch grows while its tokens stay ≤ ``max_budget`` and its
+    items < ``max_items``. Items larger than ``max_budget`` are returned separately (eager).
+    """
+    order = sorted(range(len(tokens)), key=lambda i: -tokens[i])
+    eager = [i for i in order if tokens[i] > max_budget]
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_tokens = 0
+    for i in order:
+        if tokens[i] > max_budget:
+            continue
+        if cur and (cur_tokens + tokens[i] > max_budget or len(cur) >= max_items):
+            batches.append(cur)
+            cur, cur_tokens = [], 0
+        cur.append(i)
+        cur_tokens += tokens[i]
+    if cur:
+        batches.append(cur)
+    return batches, eager
+
+
+def plan_stats(calls: list[list[int]], config) -> dict:
+    """Host-only preview of what a config does to a stream of calls (each a list of item tokens):
+    replays, real and padded tokens, items left to eager, and the padding waste (padded / real)."""
+    replays = real = padded = eager_items = 0
+    for toks in calls:
+        batches, eager = plan_batches(toks, max(config.budgets), config.max_items)
+        eager_items += len(eager)
+        for b in batches:
+            t = sum(toks[i] for i in b)
+            replays, real, padded = replays + 1, real + t, padded + config.budget_for(t, len(b)) - t
+    return {"replays": replays, "real": real, "padded": padded, "eager_items": eager_items,
+            "waste": padded / real if real else 0.0}
+
+
+@dataclass
+class GraphStats:
+    """Counters of the replay path. ``padding_waste`` = padded tokens / real tokens."""
+
+    hits: int = 0  # items served by a graph replay
+    misses: int = 0  # items run eagerly: larger than the largest budget, or refused by the guard
+    overflow: int = 0  # batches refused by the guard (never reached a kernel)
+    eager_calls: int = 0  # encode() calls served eagerly because nothing was captured
+    replays: dict[int, int] = field(default_factory=dict)  # per budget, all variants together
+    variant_replays: dict[str, int] = field(default_factory=dict)  # replays of each non-default variant
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    model_counters: Callable[[], dict] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def padding_waste(self) -> float:
+        return self.padded_tokens / self.real_tokens if self.real_tokens else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "hits": self.hits, "misses": self.misses, "overflow": self.overflow, "eager_calls": self.eager_calls,
+            "replays": dict(sorted(self.replays.items())),
+            **{f"{v}_replays": n for v, n in self.variant_replays.items()},
+            "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
+            "padding_waste": self.padding_waste, "hit_rate": self.hit_rate,
+            **(self.model_counters() if self.model_counters is not None else {}),
+        }
+
+
+@dataclass
+class BudgetGraph:
+    """One budget's persistent buffers and the graphs (one per variant) that read and write them."""
+
+    budget: int
+    buffers: dict[str, torch.Tensor]
+    graphs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The persistent buffers (outside the graph pool: they live as long as the manager)."""
+        return sum(t.numel() * t.element_size() for t in self.buffers.values())
+
+
+class EncoderGraphManager:
+    """Captures one set of graphs per budget of ``model.config`` and replays them in ``encode``.
+
+    ``record(fn, pool, warmup) -> graph`` records one graph: :func:`~.capture.capture_graph` on a
+    GPU; :func:`~.capture.eager_stand_in` runs the same replay path on a CPU without graphs.
+    """
+
+    def __init__(self, model: EncoderGraphModel, record: Callable = capture_graph):
+        self.adapter, self.record = model, record
+        self.config = model.config
+        self.graphs: dict[int, BudgetGraph] = {}
+        self.pool = None
+        self.capture_extra: dict[int, dict] = {}
+        self.reset_stats()
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.graphs)
+
+    def reset_stats(self) -> None:
+        self.stats = GraphStats(variant_replays={v: 0 for v in self.adapter.variants[1:]},
+                                model_counters=self.adapter.counters)
+
+    def capture_info(self) -> list[dict]:
+        """One row per captured budget (largest first, the capture order): what the model reports,
+        the buffer memory, and whatever the capture hook measured."""
+        return [{"budget": b, **self.adapter.describe(b), "buffers_mb": self.graphs[b].buffer_bytes / 2**20,
+                 **self.capture_extra.get(b, {})} for b in sorted(self.graphs, reverse=True)]
+
+    # -- capture -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def capture(self, hook=None, warmup_iters: int = 2) -> list[dict]:
+        """Capture every budget, largest first (smaller graphs reuse its pool blocks); all or nothing.
+
+        ``hook(budget, pool, run) -> dict | None``, if given, wraps each budget's capture: it must
+        call ``run()`` once and may return measurements, which join that budget's ``capture_info``
+        row. The instrument's ``lfm2vl_lab.tools.meter.CaptureMeter`` times each capture and reads
+        the pool's memory through it; the manager itself measures nothing.
+        """
+        real = self.record is capture_graph
+        if real and (self.adapter.device.type != "cuda" or not torch.cuda.is_available()):
+            raise RuntimeError(f"capture() needs the model on a CUDA device (it is on {self.adapter.device}); "
+                               "encode() works without capture and runs the packed eager path")
+        self.graphs, self.capture_extra = {}, {}
+        self.pool = torch.cuda.graph_pool_handle() if real else None
+        for budget in sorted(self.config.budgets, reverse=True):
+            caller_stream = torch.cuda.current_stream() if real else None
+            try:
+                g = BudgetGraph(budget, self.adapter.allocate(budget))
+                extra = hook(budget, self.pool, lambda g=g: self._record(g, warmup_iters)) if hook is not None \
+                    else self._record(g, warmup_iters)
+            except Exception as exc:
+                self.graphs = {}  # a half-captured manager would replay some budgets and not others
+                if real:
+                    recover_from_failed_capture(caller_stream)
+                raise RuntimeError(_capture_failure(budget, exc)) from exc
+            self.graphs[budget], self.capture_extra[budget] = g, dict(extra or {})
+        return self.capture_info()
+
+    def _record(self, g: BudgetGraph, warmup_iters: int) -> None:
+        self.adapter.fill_dummy(g.buffers, g.budget)
+        out = g.buffers["out"]
+        for variant in self.adapter.graph_variants(g.budget):
+            body = (lambda v=variant: out.copy_(self.adapter.forward_on_buffers(g.buffers, g.budget, v)))
+            g.graphs[variant] = self.record(body, self.pool, warmup_iters)
+
+    # -- replay ------------------------------------------------------------------------------------
+    def _replay(self, items, tokens: list[int], batch: list[int]) -> torch.Tensor | None:
+        total = sum(tokens[i] for i in batch)
+        budget = self.config.budget_for(total, len(batch))
+        g = self.graphs.get(budget) if budget is not None else None
+        if g is None or not self.adapter.fits(g.buffers, budget, items, batch):
+            self.stats.overflow += 1
+            return None
+        variant = self.adapter.fill_buffers(g.buffers, budget, items, batch)
+        g.graphs[variant].replay()
+        if variant in self.stats.variant_replays:
+            self.stats.variant_replays[variant] += 1
+        self.stats.replays[budget] = self.stats.replays.get(budget, 0) + 1
+        self.stats.real_tokens += total
+        self.stats.padded_tokens += budget - total
+        self.stats.hits += len(batch)
+        return g.buffers["out"][:total].clone()  # the buffer belongs to the graph: the next replay overwrites it
+
+    @torch.no_grad()
+    def encode(self, inputs) -> list[torch.Tensor]:
+        """Inputs → one output tensor per item, in input order: replays where a graph fits, eager elsewhere."""
+        items, tokens = self.adapter.read_items(inputs)
+        if not self.graphs:
+            self.stats.eager_calls += 1
+            return list(self.adapter.forward_eager(items, list(range(len(tokens)))).split(tokens))
+        batches, eager = plan_batches(tokens, max(self.config.budgets), self.config.max_items)
+        results: list[torch.Tensor | None] = [None] * len(tokens)
+        for batch in batches:
+            out = self._replay(items, tokens, batch)
+            if out is None:  # refused by the guard: those items run eagerly instead
+                out = self.adapter.forward_eager(items, batch)
+                self.stats.misses += len(batch)
+            for i, piece in zip(batch, out.split([tokens[i] for i in batch])):
+                results[i] = piece
+        for i in eager:
+            results[i] = self.adapter.forward_eager(items, [i])
+            self.stats.misses += 1
+        return results
+
+
+def _capture_failure(budget: int, exc: BaseException) -> str:
+    """The message of a failed capture. When the body raised inside ``torch.cuda.graph``,
+    ``capture_end()`` raises too, and the body's error is its context: name that one."""
+    cause = exc.__context__ if exc.__context__ is not None else exc
+    first_line = (str(cause).strip().splitlines() or [""])[0][:200]
+    return (f"capturing the {budget}-token encoder graph failed ({type(cause).__name__}: {first_line}). "
+            "No graphs are installed; encode() runs the eager path. Usually something in the encoder body "
+            "needs the host during capture (a .item(), .tolist() or a CPU tensor).")
