@@ -13,10 +13,10 @@ The names below are the public API; the instrument's modules are also reachable 
 
 import importlib
 
+from .core.capture import recover_from_failed_capture
 from .core.config import EncoderGraphConfig, auto_budgets
 from .core.encoder import PackedVisionEncoder, SplitProjector
 from .core.graphs import GraphedEncoder, plan_batches, plan_stats
-from .core.capture import recover_from_failed_capture
 from .core.hf import hf_image_features
 from .core.inputs import image_limits, item_image, process_images, processor_for, to_rgb
 from .core.packing import PackedBatch, pack_inputs

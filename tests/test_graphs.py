@@ -19,16 +19,15 @@ from lfm2vl_lab import (
     synthetic_image,
     synthetic_workload,
 )
-from lfm2vl_lab.core.config import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
-from lfm2vl_lab.tools.check import judge_replay
 from lfm2vl_lab.core.capture import eager_stand_in
+from lfm2vl_lab.core.config import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
 from lfm2vl_lab.core.encoder import PackedVisionEncoder
 from lfm2vl_lab.core.lfm2vl import check_finite_items, fills_one_sequence
 from lfm2vl_lab.core.manager import GraphStats
-from lfm2vl_lab.core.packing import tokens_for
+from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx, tokens_for
 from lfm2vl_lab.core.parity import float32_reference
+from lfm2vl_lab.tools.check import judge_replay
 from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes
-from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx
 
 FP32_TOL = 1e-4
 BF16_TOL = 1e-2
@@ -55,7 +54,8 @@ def _tokens(shapes):
 
 @pytest.mark.parametrize(
     "lo,hi,expected",
-    [(64, 1024, [64, 128, 256, 512, 1024]), (64, 800, [64, 128, 256, 512, 800]), (64, 64, [64]), (32, 100, [32, 64, 100])],
+    [(64, 1024, [64, 128, 256, 512, 1024]), (64, 800, [64, 128, 256, 512, 800]), (64, 64, [64]),
+     (32, 100, [32, 64, 100])],
 )
 def test_auto_budgets(lo, hi, expected):
     assert auto_budgets(lo, hi) == expected
@@ -218,7 +218,9 @@ def test_config_padding_for_defaults():
     cfg = EncoderGraphConfig.build(out_hidden_size=64)
     assert cfg.padding_for("pixel_values", 64) is pad_default
     assert cfg.padding_for("gather_idx", 64) is pad_default
-    custom = lambda dst, src: None  # noqa: E731
+    def custom(dst, src):
+        pass
+
     cfg2 = EncoderGraphConfig.build(out_hidden_size=64, padding_logics={"pixel_values": custom})
     assert cfg2.padding_for("pixel_values", 64) is custom
 

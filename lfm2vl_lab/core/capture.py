@@ -9,12 +9,12 @@ largest).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 
-def capture_graph(fn: Callable[[], object], pool=None, warmup: int = 2) -> "torch.cuda.CUDAGraph":
+def capture_graph(fn: Callable[[], object], pool=None, warmup: int = 2) -> torch.cuda.CUDAGraph:
     """Warm ``fn`` up on a side stream ``warmup`` times, then capture one call of it into ``pool``.
 
     ``fn`` must read and write only persistent tensors (the graph replays the recorded addresses),
@@ -44,11 +44,13 @@ class EagerStandIn:
 
 
 def eager_stand_in(fn: Callable[[], object], pool=None, warmup: int = 0) -> EagerStandIn:
-    """A drop-in for :func:`capture_graph` where there is no GPU (tests, teaching on a laptop)."""
+    """A drop-in for :func:`capture_graph` where there is no GPU (tests, teaching on a laptop). Like
+    a capture it runs ``fn`` once now, so a body that fails, fails at capture time."""
+    fn()
     return EagerStandIn(fn)
 
 
-def recover_from_failed_capture(stream: "torch.cuda.Stream | None" = None) -> dict:
+def recover_from_failed_capture(stream: torch.cuda.Stream | None = None) -> dict:
     """Put torch's CUDA state back after a ``torch.cuda.graph`` block raised; return what was done.
 
     When a capture fails, ``torch.cuda.graph.__exit__`` raises from ``capture_end()`` before it

@@ -8,8 +8,8 @@ rest harmless. This module holds those rules and the config object that names th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -168,14 +168,15 @@ class EncoderGraphConfig:
 
     @classmethod
     def build(cls, out_hidden_size: int, budgets=None, max_items=None, min_tokens: int = MIN_IMAGE_TOKENS,
-              max_tokens: int | None = None, **kw) -> "EncoderGraphConfig":
+              max_tokens: int | None = None, **kw) -> EncoderGraphConfig:
         """Fill in automatic budgets (doubling from ``min_tokens``) and the automatic item limit."""
         if budgets is None:
             budgets = auto_budgets(min_tokens, max_tokens if max_tokens is not None else DEFAULT_MAX_BUDGET)
         budgets = check_budgets(budgets)
         if max_items is None:
             max_items = auto_max_items(budgets, min_tokens)
-        return cls(budgets=budgets, max_items=max_items, out_hidden_size=out_hidden_size, min_item_tokens=min_tokens, **kw)
+        return cls(budgets=budgets, max_items=max_items, out_hidden_size=out_hidden_size,
+                   min_item_tokens=min_tokens, **kw)
 
     # -- per-budget geometry ---------------------------------------------------------------------
     def rows(self, budget: int) -> int:

@@ -17,6 +17,7 @@ so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 
 import torch
@@ -35,11 +36,8 @@ ATTENTION_BACKENDS = ("varlen", "sdpa_blockmask")
 
 
 def varlen_available() -> bool:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    """torch ships ``varlen_attn`` (2.11 on) and there is a GPU to run it (it has no CPU kernel)."""
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None and torch.cuda.is_available()
 
 
 def attention_varlen(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
@@ -311,9 +309,11 @@ class PackedVisionEncoder(nn.Module):
         """Processor output → packed batch on this encoder's device, with position embeddings."""
         pv = inputs.get("pixel_values")
         if pv is not None and pv.dim() == 3 and pv.shape[-1] != self.patch_dim:
-            raise ValueError(f"pixel_values rows have {pv.shape[-1]} values, the patch embedding takes {self.patch_dim}")
+            raise ValueError(f"pixel_values rows have {pv.shape[-1]} values, "
+                             f"the patch embedding takes {self.patch_dim}")
         return pack_inputs(
-            inputs, max_num_patches=self.max_num_patches, factor=self.factor, pos_cache=self.pos_cache, device=self.device
+            inputs, max_num_patches=self.max_num_patches, factor=self.factor, pos_cache=self.pos_cache,
+            device=self.device,
         )
 
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:

@@ -8,10 +8,10 @@ things a transformers user wants: encoding images directly, and plugging the gra
 
 from __future__ import annotations
 
-from .capture import capture_graph
-from .config import DEFAULT_MAX_BUDGET, EncoderGraphConfig
 import warnings
 
+from .capture import capture_graph
+from .config import DEFAULT_MAX_BUDGET, EncoderGraphConfig
 from .encoder import PackedVisionEncoder
 from .hf import installed
 from .inputs import image_limits, process_images

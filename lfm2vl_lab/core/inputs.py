@@ -29,11 +29,11 @@ ALPHA_BACKGROUND = (255, 255, 255)
 # --------------------------------------------------------------------------------------------
 
 
-def _where(index: "int | None") -> str:
+def _where(index: int | None) -> str:
     return f"image {index}: " if index is not None else ""
 
 
-def _to_uint8(a: np.ndarray, index: "int | None", sixteen_bit: bool = False) -> np.ndarray:
+def _to_uint8(a: np.ndarray, index: int | None, sixteen_bit: bool = False) -> np.ndarray:
     """Pixel values → uint8. uint8 as is; uint16 (and any 16-bit PIL data) scaled from 0..65535;
     bool → 0/255; floats must be finite and lie in [0, 1]."""
     kind, size = a.dtype.kind, a.dtype.itemsize
@@ -59,7 +59,7 @@ def _to_uint8(a: np.ndarray, index: "int | None", sixteen_bit: bool = False) -> 
     raise TypeError(f"{_where(index)}unsupported pixel dtype {a.dtype}; use uint8, uint16, bool or float in [0, 1]")
 
 
-def _pil_to_rgb(image, index: "int | None"):
+def _pil_to_rgb(image, index: int | None):
     from PIL import Image
 
     bands = image.getbands()
@@ -82,7 +82,7 @@ def _pil_to_rgb(image, index: "int | None"):
         raise ValueError(f"{_where(index)}cannot convert a PIL image of mode {image.mode!r} to RGB ({exc})") from exc
 
 
-def _array_to_rgb(a: np.ndarray, index: "int | None"):
+def _array_to_rgb(a: np.ndarray, index: int | None):
     from PIL import Image
 
     if a.ndim == 3 and a.shape[-1] == 1:
@@ -103,7 +103,7 @@ def _array_to_rgb(a: np.ndarray, index: "int | None"):
     return _pil_to_rgb(Image.fromarray(a8, mode), index)
 
 
-def _open_to_rgb(path: "str | os.PathLike", index: "int | None"):
+def _open_to_rgb(path: str | os.PathLike, index: int | None):
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     p = Path(path)
@@ -120,7 +120,7 @@ def _open_to_rgb(path: "str | os.PathLike", index: "int | None"):
     return _pil_to_rgb(im, index)
 
 
-def to_rgb(image, index: "int | None" = None):
+def to_rgb(image, index: int | None = None):
     """Any image a user holds → an 8-bit RGB PIL image.
 
     Accepts a PIL image in any mode (alpha and palette transparency composited on
@@ -140,9 +140,11 @@ def to_rgb(image, index: "int | None" = None):
         return _array_to_rgb(image, index)
     if isinstance(image, (str, os.PathLike)):
         return _open_to_rgb(image, index)
-    hint = " (a torch tensor? pass tensor.permute(1, 2, 0).numpy() for a (C, H, W) one)" if isinstance(image, torch.Tensor) else ""
+    tensor = isinstance(image, torch.Tensor)
+    hint = " (a torch tensor? pass tensor.permute(1, 2, 0).numpy() for a (C, H, W) one)" if tensor else ""
     raise TypeError(
-        f"{_where(index)}expected a PIL image, a numpy array (H, W[, C]) or a file path, got {type(image).__name__}{hint}"
+        f"{_where(index)}expected a PIL image, a numpy array (H, W[, C]) or a file path, "
+        f"got {type(image).__name__}{hint}"
     )
 
 
@@ -151,7 +153,7 @@ def to_rgb(image, index: "int | None" = None):
 # --------------------------------------------------------------------------------------------
 
 
-def make_processor(preset: "str | Preset"):
+def make_processor(preset: str | Preset):
     """transformers' ``Lfm2VlImageProcessor`` with the preset's settings."""
     from transformers import Lfm2VlImageProcessor
 
@@ -200,7 +202,8 @@ def processor_for(model_or_preset):
         raise ValueError(
             f"no image processor is known for this {type(model_or_preset).__name__}: pass a preset name "
             f"({', '.join(available_presets())}), a model from build_model, a model from load_model whose folder "
-            "holds preprocessor_config.json (or matches a preset), or set model.lab_processor to an Lfm2VlImageProcessor"
+            "holds preprocessor_config.json (or matches a preset), or set model.lab_processor to an "
+            "Lfm2VlImageProcessor"
         )
     return proc
 
@@ -252,7 +255,8 @@ def process_images(images, model_or_preset, return_row_col_info: bool = False) -
     # side of 1 or 3 px and then reads it channels-first.
     arrays = [np.array(to_rgb(im, i)) for i, im in enumerate(images)]
     proc = processor_for(model_or_preset)
-    out = proc(images=arrays, return_tensors="pt", input_data_format="channels_last", return_row_col_info=return_row_col_info)
+    out = proc(images=arrays, return_tensors="pt", input_data_format="channels_last",
+               return_row_col_info=return_row_col_info)
     return dict(out)
 
 

@@ -22,8 +22,15 @@ import torch
 
 from .config import EncoderGraphConfig
 from .encoder import PackedVisionEncoder, attention_one_sequence
-from .packing import Shape, lfm2vl_check_shapes, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_read_inputs, pack_items
-from .packing import tokens_for
+from .packing import (
+    Shape,
+    lfm2vl_check_shapes,
+    lfm2vl_cu_seqlens,
+    lfm2vl_gather_idx,
+    lfm2vl_read_inputs,
+    pack_items,
+    tokens_for,
+)
 
 
 def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
@@ -103,7 +110,8 @@ class Lfm2VlGraphModel:
 
     def fill_dummy(self, buffers: dict[str, torch.Tensor], budget: int) -> None:
         """Random (never zero) data and a valid layout: items of max_seqlen rows fill the buffer."""
-        rows, max_seqlen, cu_size = self.config.rows(budget), self.config.max_seqlen(budget), self.config.cu_size(budget)
+        cfg = self.config
+        rows, max_seqlen, cu_size = cfg.rows(budget), cfg.max_seqlen(budget), cfg.cu_size(budget)
         gen = torch.Generator(device=buffers["pixel_values"].device).manual_seed(budget)
         buffers["pixel_values"].uniform_(-1, 1, generator=gen)
         buffers["pos_embeds"].normal_(0, 0.02, generator=gen)

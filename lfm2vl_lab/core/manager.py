@@ -20,8 +20,9 @@ refuses, run eagerly and are counted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -221,7 +222,9 @@ class EncoderGraphManager:
         self.adapter.fill_dummy(g.buffers, g.budget)
         out = g.buffers["out"]
         for variant in self.adapter.graph_variants(g.budget):
-            body = (lambda v=variant: out.copy_(self.adapter.forward_on_buffers(g.buffers, g.budget, v)))
+            def body(v=variant):  # the output is copied into the persistent buffer inside the graph
+                out.copy_(self.adapter.forward_on_buffers(g.buffers, g.budget, v))
+
             g.graphs[variant] = self.record(body, self.pool, warmup_iters)
 
     # -- replay ------------------------------------------------------------------------------------

@@ -107,14 +107,16 @@ def lfm2vl_read_inputs(inputs: dict) -> tuple[torch.Tensor, list[Shape], torch.T
     shapes = [(int(h), int(w)) for h, w in ss.tolist()]
     for i, (h, w) in enumerate(shapes):
         if h * w > pv.shape[1]:
-            raise ValueError(f"item {i}: patch grid {h}x{w} = {h * w} rows but pixel_values holds {pv.shape[1]} per item")
+            raise ValueError(f"item {i}: patch grid {h}x{w} = {h * w} rows "
+                             f"but pixel_values holds {pv.shape[1]} per item")
     if mask is not None and mask.device.type == "cpu":
         # The processor marks exactly the first h*w rows real; anything else means the tensors
         # were mixed up, and packing by spatial_shapes would silently read the wrong rows.
         counts = mask.sum(dim=1).tolist()
         for i, ((h, w), c) in enumerate(zip(shapes, counts)):
             if int(c) != h * w:
-                raise ValueError(f"item {i}: pixel_attention_mask marks {int(c)} rows real but spatial_shapes says {h}x{w} = {h * w}")
+                raise ValueError(f"item {i}: pixel_attention_mask marks {int(c)} rows real "
+                                 f"but spatial_shapes says {h}x{w} = {h * w}")
     return pv, shapes, mask
 
 
@@ -287,7 +289,7 @@ def pack_inputs(
     max_num_patches: int = MAX_NUM_PATCHES,
     factor: int = 2,
     pos_cache: PositionEmbeddingCache | None = None,
-    device: "torch.device | str | None" = None,
+    device: torch.device | str | None = None,
 ) -> PackedBatch:
     """Processor output → :class:`PackedBatch` on ``device`` (default: where pixel_values live)."""
     pv, shapes, _ = lfm2vl_read_inputs(inputs)

@@ -40,7 +40,7 @@ class Preset:
     expected_params: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_name(cls, name: str) -> "Preset":
+    def from_name(cls, name: str) -> Preset:
         path = PRESET_DIR / f"{name}.json"
         if not path.exists():
             raise ValueError(f"unknown preset {name!r}; available: {', '.join(available_presets())}")
@@ -76,11 +76,11 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
-def as_preset(preset: "str | Preset") -> Preset:
+def as_preset(preset: str | Preset) -> Preset:
     return preset if isinstance(preset, Preset) else Preset.from_name(preset)
 
 
-def build_config(preset: "str | Preset", text_layers: "int | str | None" = None):
+def build_config(preset: str | Preset, text_layers: int | str | None = None):
     """Build an ``Lfm2VlConfig`` for a preset.
 
     ``text_layers``: ``None`` → a one-layer text stub with a small vocabulary (vision-only work);
@@ -120,11 +120,11 @@ def build_config(preset: "str | Preset", text_layers: "int | str | None" = None)
 
 
 def build_model(
-    preset: "str | Preset" = "tiny",
+    preset: str | Preset = "tiny",
     dtype: torch.dtype = torch.float32,
-    device: "str | torch.device" = "cpu",
+    device: str | torch.device = "cpu",
     seed: int = 0,
-    text_layers: "int | str | None" = None,
+    text_layers: int | str | None = None,
     attn_implementation: str = "sdpa",
 ):
     """A transformers LFM2-VL model with seeded random weights and the preset's shapes.
@@ -159,7 +159,7 @@ def _shape_signature(cfg) -> tuple:
     )
 
 
-def match_preset(cfg) -> "Preset | None":
+def match_preset(cfg) -> Preset | None:
     """The shipped preset whose vision, projector and text shapes equal ``cfg``'s, or None."""
     sig = _shape_signature(cfg)
     for name in available_presets():
@@ -187,11 +187,12 @@ def _folder_processor(folder: Path, cfg):
     for what, ours, model_value in (("patch size", proc.encoder_patch_size, cfg.vision_config.patch_size),
                                     ("downsample factor", proc.downsample_factor, cfg.downsample_factor)):
         if ours != model_value:
-            raise ValueError(f"{str(folder)!r}: the image processor's {what} is {ours} but the model's is {model_value}")
+            raise ValueError(f"{str(folder)!r}: the image processor's {what} is {ours} "
+                             f"but the model's is {model_value}")
     return proc
 
 
-def load_model(path: "str | os.PathLike", dtype: torch.dtype = torch.bfloat16, device="cpu"):
+def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, device="cpu"):
     """Load a real LFM2-VL checkpoint from a local folder (never from a hub).
 
     The model knows its image processor, so ``process_images(images, model)``,
@@ -233,7 +234,10 @@ def load_model(path: "str | os.PathLike", dtype: torch.dtype = torch.bfloat16, d
 def count_params(model) -> dict[str, int]:
     """Parameter counts of the vision tower, projector and text model."""
     m = model.model
-    count = lambda mod: sum(p.numel() for p in mod.parameters())  # noqa: E731
+
+    def count(mod) -> int:
+        return sum(p.numel() for p in mod.parameters())
+
     return {
         "vision": count(m.vision_tower),
         "projector": count(m.multi_modal_projector),
