@@ -324,6 +324,7 @@ def _e2e_share_bars(ax, keys: list, by: dict, lab: str) -> None:
                 ys.append(100 * r.get("encoder_share_of_ttft", r["encoder_ms"] / r["ttft_ms"]))
         bars = ax.bar(xs, ys, 0.36, color=MODE_COLORS.get(mode), label=mode)
         ax.bar_label(bars, fmt="%.0f%%", fontsize=7, padding=1)
+    ax.margins(y=0.15)  # room for the labels
     ax.set_ylabel("encoder share of TTFT (%)")
     ax.legend(fontsize=8)
 
