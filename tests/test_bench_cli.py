@@ -199,7 +199,7 @@ def _git_ignored(paths: list[str]) -> set[str]:
 def test_cpu_runs_leave_the_tree_clean(tmp_path):
     """What bench / e2e / report write for a CPU run, at the names they give it, is ignored by git;
     the GPU record (the same kinds of files for a GPU) is not."""
-    from lfm2vl_lab.tools.plots import report
+    from lfm2vl_lab.tools.report import report
 
     res = json.loads((FIX / "results" / "nvidia-h200" / "fixture-20261101-120000.json").read_text())
     res["provenance"]["gpu"] = "cpu"

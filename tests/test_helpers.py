@@ -58,7 +58,7 @@ def test_recorded_label_hides_the_output_folder_of_the_machine_it_ran_on():
 
 
 def test_report_draws_each_preset_from_its_newest_file():
-    from lfm2vl_lab.tools.plots import newest_per_preset
+    from lfm2vl_lab.tools.report import newest_per_preset
 
     def res(date, presets, tag):
         return {"provenance": {"gpu": "NVIDIA H200", "date": date},

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from .attention_probe import add_attention_args, run_attention_cli
 from .bench import UsageError, add_bench_args, run_bench_cli
 from .check import add_check_args, run_check_cli
 from .e2e import add_e2e_args, run_e2e_cli
-from .plots import add_report_args, run_report_cli
+from .report import add_report_args, run_report_cli
 
 # name → (add_args(parser), run(args) -> exit status). Add new subcommands here (see module docstring).
 SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
@@ -43,7 +43,8 @@ def _help(run: Callable) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lfm2vl_lab", description="lfm2vl-lab: encoder CUDA graphs for LFM2-VL")
+    parser = argparse.ArgumentParser(prog="python -m lfm2vl_lab",
+                                     description="lfm2vl-lab: encoder CUDA graphs for LFM2-VL")
     sub = parser.add_subparsers(dest="command", metavar="command", required=True)
     for name, (add_args, run) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=_help(run), description=_help(run))

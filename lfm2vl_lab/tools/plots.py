@@ -1,9 +1,10 @@
-"""Figures from benchmark results (the JSON that :mod:`lfm2vl_lab.bench` writes).
+"""Figures from benchmark results (the JSON that :mod:`lfm2vl_lab.tools.bench` writes).
 
 Every figure function takes plain data (result rows, timelines, capture-info rows) and returns a
 ``matplotlib.figure.Figure``. Figures are built without ``pyplot``, so nothing depends on a GUI
 backend or global state (safe on headless machines and in tests); in a notebook a returned Figure
-displays itself. :func:`report` regenerates every figure the stored results have data for.
+displays itself. :func:`lfm2vl_lab.tools.report.report` regenerates every figure the stored
+results have data for.
 
 * :func:`latency_figure`      — median latency per mode, bars grouped by workload (p90 whisker)
 * :func:`speedup_figure`      — speedup over hf-eager vs number of images (``NxS`` workloads)
@@ -11,13 +12,14 @@ displays itself. :func:`report` regenerates every figure the stored results have
 * :func:`timeline_figure`     — CPU launch lane vs GPU kernel lane, eager vs graph
 * :func:`padding_waste_figure`— padded / real tokens per budget set
 * :func:`graph_memory_figure` — graph memory and capture time per budget
+* :func:`e2e_figure`          — time to first token, transformers' image path vs the graphed encoder
+* :func:`attention_figure`    — attention per layer inside CUDA graphs, per backend
 """
 
 from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from pathlib import Path
 
 from matplotlib.figure import Figure
 
@@ -43,10 +45,16 @@ def _config(r: dict) -> tuple:
     return (r.get("budget_set"), r.get("cu_rule"), r.get("max_seqlen_mode"))
 
 
-def _is_default(r: dict) -> bool:
-    graph_ok = r.get("budget_set") is None or _config(r) == DEFAULT_GRAPH_CONFIG
-    single_ok = r.get("mode") != "lab-graph" or bool(r.get("single_item_graphs")) == SINGLE_ITEM_GRAPHS
-    return graph_ok and single_ok and r.get("attention") in DEFAULT_LAB_OPTIONS and not r.get("fuse_qkv")
+def is_default_config(row: dict, single_item_graphs: bool | None = SINGLE_ITEM_GRAPHS) -> bool:
+    """Whether a result row ran the kit's default configuration: for graph rows the automatic
+    budgets, the safe ``cu_seqlens`` rule and tight ``max_seqlen`` (``DEFAULT_GRAPH_CONFIG``); a
+    default attention backend (``DEFAULT_LAB_OPTIONS``); no fused QKV; and, for ``lab-graph`` rows,
+    single-item graphs as given (default: the kit's ``SINGLE_ITEM_GRAPHS``; None accepts either,
+    for comparing files recorded before and after that default changed)."""
+    graph_ok = row.get("budget_set") is None or _config(row) == DEFAULT_GRAPH_CONFIG
+    single_ok = (single_item_graphs is None or row.get("mode") != "lab-graph"
+                 or bool(row.get("single_item_graphs")) == single_item_graphs)
+    return graph_ok and single_ok and row.get("attention") in DEFAULT_LAB_OPTIONS and not row.get("fuse_qkv")
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:
@@ -58,11 +66,17 @@ def pick_rows(rows: list[dict]) -> list[dict]:
         if r.get("median_ms") is None:
             continue
         key = (r.get("mode"), r.get("workload"))
-        rank = (_is_default(r), r.get("gpu_busy_ms") is not None)
+        rank = (is_default_config(r), r.get("gpu_busy_ms") is not None)
         cur = best.get(key)
         if cur is None or rank >= cur[0]:
             best[key] = (rank, r)
     return [r for _, r in best.values()]
+
+
+def count_nxs_workloads(rows: list[dict]) -> int:
+    """How many distinct ``NxS`` workloads (N images of S px) the rows have: :func:`speedup_figure`
+    draws a line over them, so it needs at least two."""
+    return len({r["workload"] for r in rows if _NXS.fullmatch(str(r.get("workload")))})
 
 
 def _workloads(rows) -> list[str]:
@@ -156,7 +170,7 @@ def floor_share_figure(rows: list[dict], title: str | None = None) -> Figure:
     rows.sort(key=lambda r: (order.index(r["workload"]), _mode_key(r["mode"])))
     labels = [f"{r['workload']}  {r['mode']}" for r in rows]
     busy = [min(r["gpu_busy_ms"], r["median_ms"]) for r in rows]
-    rest = [max(0.0, r["median_ms"] - b) for r, b in zip(rows, busy)]
+    rest = [max(0.0, r["median_ms"] - b) for r, b in zip(rows, busy, strict=True)]
     fig = Figure(figsize=(7, 0.35 * len(rows) + 1.5), layout="constrained")
     ax = fig.add_subplot()
     y = range(len(rows))
@@ -187,14 +201,15 @@ def timeline_figure(timelines: dict, title: str | None = None, max_us: float | N
     end = 0.0
     from .profiling import LAUNCH_PREFIXES
 
-    for ax, (label, tl) in zip(axes, timelines.items()):
+    for ax, (label, tl) in zip(axes, timelines.items(), strict=True):
         for lane, y in (("cpu", 1), ("gpu", 0)):
             events = tl.get(lane, [])
             spans = [(float(s), max(float(d), 0.05)) for s, d, *_ in events]
             if lane == "gpu":
                 colors = ["#2ca02c"] * len(events)
             else:  # launch calls orange; other API calls (syncs, queries) grey
-                colors = ["#ff7f0e" if str(e[2] if len(e) > 2 else "").startswith(LAUNCH_PREFIXES) else "#999999" for e in events]
+                names = [str(e[2] if len(e) > 2 else "") for e in events]
+                colors = ["#ff7f0e" if n.startswith(LAUNCH_PREFIXES) else "#999999" for n in names]
             ax.broken_barh(spans, (y - 0.35, 0.7), facecolors=colors, lw=0)
             end = max([end] + [s + d for s, d in spans])
         n_launch, n_kernel = len(tl.get("cpu", [])), len(tl.get("gpu", []))
@@ -239,8 +254,8 @@ def padding_waste_figure(rows: list[dict], title: str | None = None) -> Figure:
 
 def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
     """What each budget's graphs hold (MiB, stacked: its growth of the shared graph pool, then its
-    persistent buffers) and capture time, from ``GraphedEncoder.capture_info()`` rows; pass a list,
-    or ``{label: rows}`` for several runs. The bars add up to ``GraphedEncoder.memory()["total_mb"]``.
+    persistent buffers) and capture time, from :func:`lfm2vl_lab.tools.meter.measured_capture` rows;
+    pass a list, or ``{label: rows}`` for several runs. The bars add up to ``graph_memory(rows)["total_mb"]``.
     Rows recorded in the old format (a reserved-memory delta per capture, which could be negative)
     carry no pool/buffer split and are refused rather than drawn."""
     groups = capture_info if isinstance(capture_info, dict) else {"graphs": capture_info}
@@ -271,23 +286,16 @@ def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------------------------
+E2E_MODES = ("hf-eager", "lab-graph", "lab-eager")  # transformers' image path, the graphed encoder (or its eager run)
 
 
-def e2e_figure(rows: list[dict], title: str | None = None) -> Figure:
-    """Time to first token per (preset, image, requests): transformers' image path vs the graphed
-    encoder, with the encoder's own time drawn inside each bar and the TTFT change labelled."""
-    rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in ("hf-eager", "lab-graph", "lab-eager")]
-    if not rows:
-        raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")
-    keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows))
-    by = {(r["preset"], r["image"], r["requests"], r["mode"]): r for r in rows}
-    fig = Figure(figsize=(max(6, 1.3 * len(keys) + 2), 4), layout="constrained")
-    ax = fig.add_subplot()
+def _e2e_lab_mode(rows: list[dict]) -> str:
     # the graphed encoder's rows say "lab-eager" where nothing was captured (e2e on a CPU)
-    lab = "lab-graph" if any(r["mode"] == "lab-graph" for r in rows) else "lab-eager"
+    return "lab-graph" if any(r["mode"] == "lab-graph" for r in rows) else "lab-eager"
+
+
+def _e2e_ttft_bars(ax, keys: list, by: dict, lab: str) -> None:
+    """TTFT bars per mode, the encoder's part drawn inside, each labelled with its TTFT change."""
     for i, mode in enumerate(("hf-eager", lab)):
         for j, k in enumerate(keys):
             r = by.get((*k, mode))
@@ -295,14 +303,50 @@ def e2e_figure(rows: list[dict], title: str | None = None) -> Figure:
                 continue
             x = j + (i - 0.5) * 0.38
             ax.bar(x, r["ttft_ms"], 0.36, color=MODE_COLORS.get(mode), label=mode if j == 0 else None)
-            ax.bar(x, r["encoder_ms"], 0.36, color="black", alpha=0.35, label="encoder part" if (i, j) == (0, 0) else None)
+            part = "encoder part" if (i, j) == (0, 0) else None
+            ax.bar(x, r["encoder_ms"], 0.36, color="black", alpha=0.35, label=part)
             base = by.get((*k, "hf-eager"))
             note = f"{r['ttft_ms']:.1f}" if mode == "hf-eager" or base is None else \
                 f"{r['ttft_ms']:.1f}\n({100 * (r['ttft_ms'] / base['ttft_ms'] - 1):+.0f}%)"
             ax.text(x, r["ttft_ms"], note, ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(keys)), [f"{p}\n{im} x{n}" for p, im, n in keys], fontsize=8)
     ax.set_ylabel("time to first token (ms)")
     ax.legend(fontsize=8)
+
+
+def _e2e_share_bars(ax, keys: list, by: dict, lab: str) -> None:
+    """The encoder's share of TTFT per mode (``encoder_share_of_ttft``, else encoder / TTFT)."""
+    for i, mode in enumerate(("hf-eager", lab)):
+        xs, ys = [], []
+        for j, k in enumerate(keys):
+            r = by.get((*k, mode))
+            if r is not None:
+                xs.append(j + (i - 0.5) * 0.38)
+                ys.append(100 * r.get("encoder_share_of_ttft", r["encoder_ms"] / r["ttft_ms"]))
+        bars = ax.bar(xs, ys, 0.36, color=MODE_COLORS.get(mode), label=mode)
+        ax.bar_label(bars, fmt="%.0f%%", fontsize=7, padding=1)
+    ax.margins(y=0.15)  # room for the labels
+    ax.set_ylabel("encoder share of TTFT (%)")
+    ax.legend(fontsize=8)
+
+
+def e2e_figure(rows: list[dict], title: str | None = None, share: bool = False) -> Figure:
+    """Time to first token per (preset, image, requests): transformers' image path vs the graphed
+    encoder, with the encoder's own time drawn inside each bar and the TTFT change labelled.
+    ``share=True`` adds a panel below with the encoder's share of TTFT per mode."""
+    rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in E2E_MODES]
+    if not rows:
+        raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")
+    keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows))
+    by = {(r["preset"], r["image"], r["requests"], r["mode"]): r for r in rows}
+    lab = _e2e_lab_mode(rows)
+    fig = Figure(figsize=(max(6, 1.3 * len(keys) + 2), 6.5 if share else 4), layout="constrained")
+    if share:
+        ax, ax_share = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+        _e2e_share_bars(ax_share, keys, by, lab)
+    else:
+        ax = ax_share = fig.add_subplot()
+    _e2e_ttft_bars(ax, keys, by, lab)
+    ax_share.set_xticks(range(len(keys)), [f"{p}\n{im} x{n}" for p, im, n in keys], fontsize=8)
     _title(fig, title or "Time to first token: transformers' image path vs the graphed encoder")
     return fig
 
@@ -332,138 +376,3 @@ def attention_figure(rows: list[dict], title: str | None = None) -> Figure:
     ax.legend(fontsize=8)
     _title(fig, title or "Capturable attention kernels, timed inside CUDA graphs")
     return fig
-
-
-SPECIAL_RESULTS = {  # results with a figure of their own: name -> (figure, short title)
-    "e2e": (e2e_figure, "Time to first token, transformers' image path vs graphed encoder"),
-    "attention": (attention_figure, "Attention per layer inside CUDA graphs"),
-}
-
-
-def _groups(results: list[dict]) -> dict:
-    """Rows of all results grouped by (gpu slug, preset, dtype); later results come later."""
-    from .results import gpu_slug
-
-    groups: dict = OrderedDict()
-    for res in results:
-        slug = gpu_slug(str(res["provenance"].get("gpu", "unknown")))
-        for r in res["rows"]:
-            key = (slug, r.get("preset", res["provenance"].get("preset")), r.get("dtype", res["provenance"].get("dtype")))
-            groups.setdefault(key, []).append(r)
-    return groups
-
-
-def _timeline_pair(rows: list[dict]):
-    with_tl = [r for r in pick_rows(rows) if r.get("timeline") and (r["timeline"].get("cpu") or r["timeline"].get("gpu"))]
-    for w in ["1x512"] + _workloads(with_tl):
-        eager = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-eager", "hf-eager")]
-        graph = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-graph", "lab-graph-fused", "compile")]
-        if eager and graph:
-            eager.sort(key=lambda r: r["mode"] != "hf-eager")  # transformers' eager path is the story's baseline
-            graph.sort(key=lambda r: ("lab-graph", "lab-graph-fused", "compile").index(r["mode"]))
-            return w, {f"{r['mode']} · {w}": r["timeline"] for r in (eager[0], graph[0])}
-    return None, None
-
-
-def _capture_groups(rows: list[dict]) -> dict:
-    out = OrderedDict()
-    for r in rows:
-        if r.get("capture_info"):
-            extra = "" if (r.get("cu_rule"), r.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:] else \
-                f" {r.get('cu_rule')}/{r.get('max_seqlen_mode')}"
-            out[f"{r['mode']} [{r.get('budget_set', '?')}]{extra}"] = r["capture_info"]
-    return out
-
-
-def newest_per_preset(results: list[dict]) -> dict:
-    """Result files (oldest first) → per GPU slug: (the files used, oldest first; their rows), where
-    each preset's rows come from the newest file that has that preset. Sessions record one preset
-    per run, so the newest figure of several presets is drawn from several files."""
-    from .results import gpu_slug
-
-    per_gpu: dict = {}
-    for res in results:  # newer files replace a preset's rows
-        slot = per_gpu.setdefault(gpu_slug(str(res["provenance"].get("gpu"))), {})
-        for preset in dict.fromkeys(row.get("preset") for row in res["rows"]):
-            slot[preset] = (res, [row for row in res["rows"] if row.get("preset") == preset])
-    out = {}
-    for slug, by_preset in per_gpu.items():
-        files = sorted({id(r): r for r, _ in by_preset.values()}.values(), key=lambda r: str(r["provenance"].get("date")))
-        out[slug] = (files, [row for _, rows in by_preset.values() for row in rows])
-    return out
-
-
-def report(root="data/results", out="data/figures", verbose: bool = True) -> list[Path]:
-    """Regenerate every figure the results under ``root`` have data for; write PNGs to ``out``.
-
-    Rows are grouped by (GPU, preset, dtype); one set of figures per group, named
-    ``<gpu-slug>-<preset>-<dtype>-<figure>.png``. A figure without data is skipped and the reason
-    printed. Returns the paths written.
-    """
-    from .results import load_results
-
-    results = load_results(root, rows_only=True)
-    say = print if verbose else (lambda *a, **k: None)
-    if not results:
-        say(f"report: no result JSON under {root}")
-        return []
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    # e2e and attention-probe files get their own figure: per GPU, each preset's rows from the
-    # newest file that has that preset (one run per preset is the usual way to record them)
-    for name, (make_fig, short) in SPECIAL_RESULTS.items():
-        for slug, (files, rows) in newest_per_preset([r for r in results if r.get("name") == name]).items():
-            p = files[-1]["provenance"]
-            dates = sorted({str(f["provenance"].get("date"))[:10] for f in files})
-            fig = make_fig(rows, title=f"{short} — {p.get('gpu')}, {', '.join(dates)}, {p.get('dtype')}")
-            path = out / f"{slug}-{name}.png"
-            fig.savefig(path, dpi=120)
-            written.append(path)
-            say(f"wrote {path}")
-    results = [r for r in results if r.get("name") not in SPECIAL_RESULTS]
-    for (slug, preset, dtype), rows in _groups(results).items():
-        prefix = f"{slug}-{preset}-{dtype}"
-        label = f"{preset}, {dtype}, {slug}"
-        tl_workload, tls = _timeline_pair(rows)
-        plans = {
-            "latency": lambda: latency_figure(rows, f"Encoder latency per mode — {label} (whisker: p90)"),
-            "speedup": lambda: speedup_figure(rows, title=f"Speedup over hf-eager vs images — {label}"),
-            "floor-share": lambda: floor_share_figure(rows, f"Share of each call at the GPU-busy floor — {label}"),
-            "timeline": lambda: timeline_figure(tls, f"One call ({tl_workload}): CPU launch calls vs GPU kernels — {label}")
-            if tls else _missing("no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)"),
-            "padding-waste": lambda: padding_waste_figure(rows, f"Padding waste per budget set — {label}"),
-            "graph-memory": lambda: graph_memory_figure(_capture_groups(rows), f"Graph memory per budget — {label}"),
-        }
-        for kind, make in plans.items():
-            if kind == "speedup" and len({r["workload"] for r in rows if _NXS.fullmatch(str(r.get("workload")))}) < 2:
-                say(f"skip {prefix}-{kind}: needs at least two NxS workloads (e.g. --workload 1..16x512)")
-                continue
-            try:
-                fig = make()
-            except NoData as exc:
-                say(f"skip {prefix}-{kind}: {exc}")
-                continue
-            path = out / f"{prefix}-{kind}.png"
-            fig.savefig(path, dpi=120)
-            written.append(path)
-            say(f"wrote {path}")
-    return written
-
-
-def _missing(reason: str):
-    raise NoData(reason)
-
-
-def add_report_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab report``. The defaults are the repo's own folders, wherever
-    the command runs from (figures of CPU results land in ``data/figures/cpu-*``, which git ignores)."""
-    from .results import RESULTS_ROOT
-
-    p.add_argument("--root", default=str(RESULTS_ROOT), help="results root to read (default: data/results)")
-    p.add_argument("--out", default=str(RESULTS_ROOT.parent / "figures"), help="folder for the PNGs (default: data/figures)")
-
-
-def run_report_cli(args) -> int:
-    """Draw every figure the stored benchmark results have data for."""
-    return 0 if report(args.root, args.out) else 1

@@ -1,0 +1,169 @@
+"""``python -m lfm2vl_lab report``: every figure the stored results have data for, as PNGs.
+
+Benchmark rows are grouped by (GPU, preset, dtype), and each group gets the figures of
+:mod:`lfm2vl_lab.tools.plots` it has data for; end-to-end and attention-probe files get a figure
+of their own per GPU. A figure without data is skipped and the reason printed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+from .plots import (
+    DEFAULT_GRAPH_CONFIG,
+    NoData,
+    attention_figure,
+    count_nxs_workloads,
+    e2e_figure,
+    floor_share_figure,
+    graph_memory_figure,
+    latency_figure,
+    padding_waste_figure,
+    pick_rows,
+    speedup_figure,
+    timeline_figure,
+)
+from .results import RESULTS_ROOT, gpu_slug, load_results
+
+SPECIAL_RESULTS = {  # results with a figure of their own: name -> (figure, short title)
+    "e2e": (e2e_figure, "Time to first token, transformers' image path vs graphed encoder"),
+    "attention": (attention_figure, "Attention per layer inside CUDA graphs"),
+}
+
+
+def _groups(results: list[dict]) -> dict:
+    """Rows of all results grouped by (gpu slug, preset, dtype); later results come later."""
+    groups: dict = OrderedDict()
+    for res in results:
+        slug = gpu_slug(str(res["provenance"].get("gpu", "unknown")))
+        for r in res["rows"]:
+            prov = res["provenance"]
+            key = (slug, r.get("preset", prov.get("preset")), r.get("dtype", prov.get("dtype")))
+            groups.setdefault(key, []).append(r)
+    return groups
+
+
+def _timeline_pair(rows: list[dict]):
+    with_tl = [r for r in pick_rows(rows)
+               if r.get("timeline") and (r["timeline"].get("cpu") or r["timeline"].get("gpu"))]
+    for w in ["1x512"] + list(dict.fromkeys(r["workload"] for r in with_tl)):
+        eager = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-eager", "hf-eager")]
+        graph = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-graph", "lab-graph-fused", "compile")]
+        if eager and graph:
+            eager.sort(key=lambda r: r["mode"] != "hf-eager")  # transformers' eager path is the story's baseline
+            graph.sort(key=lambda r: ("lab-graph", "lab-graph-fused", "compile").index(r["mode"]))
+            return w, {f"{r['mode']} · {w}": r["timeline"] for r in (eager[0], graph[0])}
+    return None, None
+
+
+def _capture_groups(rows: list[dict]) -> dict:
+    out = OrderedDict()
+    for r in rows:
+        if r.get("capture_info"):
+            extra = "" if (r.get("cu_rule"), r.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:] else \
+                f" {r.get('cu_rule')}/{r.get('max_seqlen_mode')}"
+            out[f"{r['mode']} [{r.get('budget_set', '?')}]{extra}"] = r["capture_info"]
+    return out
+
+
+def newest_per_preset(results: list[dict]) -> dict:
+    """Result files (oldest first) → per GPU slug: (the files used, oldest first; their rows), where
+    each preset's rows come from the newest file that has that preset. Sessions record one preset
+    per run, so the newest figure of several presets is drawn from several files."""
+    per_gpu: dict = {}
+    for res in results:  # newer files replace a preset's rows
+        slot = per_gpu.setdefault(gpu_slug(str(res["provenance"].get("gpu"))), {})
+        for preset in dict.fromkeys(row.get("preset") for row in res["rows"]):
+            slot[preset] = (res, [row for row in res["rows"] if row.get("preset") == preset])
+    out = {}
+    for slug, by_preset in per_gpu.items():
+        files = sorted({id(r): r for r, _ in by_preset.values()}.values(),
+                       key=lambda r: str(r["provenance"].get("date")))
+        out[slug] = (files, [row for _, rows in by_preset.values() for row in rows])
+    return out
+
+
+def _missing(reason: str):
+    raise NoData(reason)
+
+
+def _figure_plans(rows: list[dict], label: str) -> dict:
+    """Figure kind → a function drawing it for one (GPU, preset, dtype) group of rows."""
+    tl_workload, tls = _timeline_pair(rows)
+    no_timeline = "no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)"
+    return {
+        "latency": lambda: latency_figure(rows, f"Encoder latency per mode — {label} (whisker: p90)"),
+        "speedup": lambda: speedup_figure(rows, title=f"Speedup over hf-eager vs images — {label}"),
+        "floor-share": lambda: floor_share_figure(rows, f"Share of each call at the GPU-busy floor — {label}"),
+        "timeline": lambda: timeline_figure(tls, f"One call ({tl_workload}): CPU launch calls vs GPU kernels — {label}")
+        if tls else _missing(no_timeline),
+        "padding-waste": lambda: padding_waste_figure(rows, f"Padding waste per budget set — {label}"),
+        "graph-memory": lambda: graph_memory_figure(_capture_groups(rows), f"Graph memory per budget — {label}"),
+    }
+
+
+def _save(fig, path: Path, written: list[Path], say) -> None:
+    fig.savefig(path, dpi=120)
+    written.append(path)
+    say(f"wrote {path}")
+
+
+def _special_figures(results: list[dict], out: Path, written: list[Path], say) -> None:
+    """e2e and attention-probe files get their own figure: per GPU, each preset's rows from the
+    newest file that has that preset (one run per preset is the usual way to record them)."""
+    for name, (make_fig, short) in SPECIAL_RESULTS.items():
+        for slug, (files, rows) in newest_per_preset([r for r in results if r.get("name") == name]).items():
+            p = files[-1]["provenance"]
+            dates = sorted({str(f["provenance"].get("date"))[:10] for f in files})
+            fig = make_fig(rows, title=f"{short} — {p.get('gpu')}, {', '.join(dates)}, {p.get('dtype')}")
+            _save(fig, out / f"{slug}-{name}.png", written, say)
+
+
+def _group_figures(prefix: str, rows: list[dict], label: str, out: Path, written: list[Path], say) -> None:
+    """Every figure one (GPU, preset, dtype) group of benchmark rows has data for."""
+    for kind, make in _figure_plans(rows, label).items():
+        if kind == "speedup" and count_nxs_workloads(rows) < 2:
+            say(f"skip {prefix}-{kind}: needs at least two NxS workloads (e.g. --workload 1..16x512)")
+            continue
+        try:
+            fig = make()
+        except NoData as exc:
+            say(f"skip {prefix}-{kind}: {exc}")
+            continue
+        _save(fig, out / f"{prefix}-{kind}.png", written, say)
+
+
+def report(root="data/results", out="data/figures", verbose: bool = True) -> list[Path]:
+    """Regenerate every figure the results under ``root`` have data for; write PNGs to ``out``.
+
+    Rows are grouped by (GPU, preset, dtype); one set of figures per group, named
+    ``<gpu-slug>-<preset>-<dtype>-<figure>.png``. A figure without data is skipped and the reason
+    printed. Returns the paths written.
+    """
+    results = load_results(root, rows_only=True)
+    say = print if verbose else (lambda *a, **k: None)
+    if not results:
+        say(f"report: no result JSON under {root}")
+        return []
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    _special_figures(results, out, written, say)
+    results = [r for r in results if r.get("name") not in SPECIAL_RESULTS]
+    for (slug, preset, dtype), rows in _groups(results).items():
+        _group_figures(f"{slug}-{preset}-{dtype}", rows, f"{preset}, {dtype}, {slug}", out, written, say)
+    return written
+
+
+def add_report_args(p) -> None:
+    """Options of ``python -m lfm2vl_lab report``. The defaults are the repo's own folders, wherever
+    the command runs from (figures of CPU results land in ``data/figures/cpu-*``, which git ignores)."""
+    p.add_argument("--root", default=str(RESULTS_ROOT), help="results root to read (default: data/results)")
+    p.add_argument("--out", default=str(RESULTS_ROOT.parent / "figures"),
+                   help="folder for the PNGs (default: data/figures)")
+
+
+def run_report_cli(args) -> int:
+    """Draw every figure the stored benchmark results have data for."""
+    return 0 if report(args.root, args.out) else 1

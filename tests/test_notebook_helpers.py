@@ -1,0 +1,198 @@
+"""What the notebooks lean on instead of copying it: tools/notebook.py (setup, load_recorded),
+plots.is_default_config and e2e_figure's share panel, and a guard against re-implementing the
+library inside a notebook cell."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import lfm2vl_lab
+from lfm2vl_lab.core.graphs import SINGLE_ITEM_GRAPHS
+from lfm2vl_lab.tools.notebook import RECORDED_GPU, load_recorded, setup
+from lfm2vl_lab.tools.plots import count_nxs_workloads, e2e_figure, is_default_config
+from lfm2vl_lab.tools.results import save_result
+from lfm2vl_lab.tools.workloads import device_defaults
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+# ------------------------------------------------------------------------------------------------
+# setup()
+
+
+def test_setup_on_cpu_prints_the_first_line_and_returns_the_device_defaults(capsys):
+    device, preset, dtype = setup("cpu")
+    assert (device, (preset, dtype)) == ("cpu", device_defaults("cpu"))
+    assert capsys.readouterr().out == f"DEVICE=cpu  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}\n"
+
+
+def test_setup_names_the_cuda_choice_without_touching_a_gpu(capsys):
+    assert setup("cuda") == ("cuda", *device_defaults("cuda"))
+    assert capsys.readouterr().out.startswith("DEVICE=cuda  PRESET=lfm2-vl-450m  DTYPE=torch.bfloat16  torch ")
+
+
+def test_setup_defaults_to_the_available_device(capsys):
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert setup()[0] == expected
+    assert capsys.readouterr().out.startswith(f"DEVICE={expected}  ")
+
+
+def test_setup_turns_hub_access_off_unless_the_environment_says_otherwise(monkeypatch, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    setup("cpu")
+    import os
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    setup("cpu")
+    assert os.environ["HF_HUB_OFFLINE"] == "0"
+
+
+# ------------------------------------------------------------------------------------------------
+# load_recorded()
+
+
+def _result(name: str, date: str, **prov) -> dict:
+    return {"name": name, "provenance": {"gpu": "NVIDIA H200", "date": date, **prov}, "rows": []}
+
+
+def test_load_recorded_announces_the_newest_matching_file(tmp_path, capsys):
+    save_result(_result("bench", "2026-11-01T10:00:00+00:00", preset="a"), tmp_path)
+    newer = save_result(_result("bench", "2026-11-02T10:00:00+00:00", preset="b"), tmp_path)
+    save_result(_result("check", "2026-11-03T10:00:00+00:00", preset="a"), tmp_path)
+    res = load_recorded("bench", root=tmp_path)
+    assert res["_path"] == str(newer)
+    out = capsys.readouterr().out
+    assert out.startswith("recorded on NVIDIA H200 on 2026-11-02") and newer.name in out
+    assert load_recorded("bench", root=tmp_path, preset="a")["provenance"]["date"].startswith("2026-11-01")
+
+
+def test_load_recorded_says_what_is_missing(tmp_path, capsys):
+    assert load_recorded("e2e", how="`python -m lfm2vl_lab e2e`", root=tmp_path) is None
+    assert capsys.readouterr().out == (f"Not recorded yet: no e2e-*.json in data/results/{RECORDED_GPU}/ "
+                                       "(`python -m lfm2vl_lab e2e` writes one); the cells that read it skip.\n")
+    save_result(_result("e2e", "2026-11-01T10:00:00+00:00", preset="a"), tmp_path)
+    assert load_recorded("e2e", root=tmp_path, preset="b") is None
+    assert "(" not in capsys.readouterr().out  # no command named, none shown
+
+
+def test_the_recorded_gpu_is_the_one_the_repo_has_results_for():
+    assert (ROOT / "data" / "results" / RECORDED_GPU).is_dir()
+
+
+# ------------------------------------------------------------------------------------------------
+# plots: is_default_config, count_nxs_workloads, e2e_figure(share=True)
+
+GRAPH_ROW = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
+             "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": False,
+             "single_item_graphs": SINGLE_ITEM_GRAPHS}
+
+
+@pytest.mark.parametrize("change,default", [
+    ({}, True),
+    ({"attention": "auto"}, True),
+    ({"attention": None}, True),
+    ({"attention": "sdpa_blockmask"}, False),
+    ({"fuse_qkv": True}, False),
+    ({"cu_rule": "repeat_last"}, False),
+    ({"max_seqlen_mode": "loose"}, False),
+    ({"budget_set": "256,1024"}, False),
+    ({"single_item_graphs": not SINGLE_ITEM_GRAPHS}, False),
+    # rows of eager modes carry no graph settings: they are default unless an option says otherwise
+    ({"mode": "hf-eager", "budget_set": None, "cu_rule": None, "max_seqlen_mode": None, "attention": None}, True),
+    ({"mode": "lab-eager", "budget_set": None, "single_item_graphs": not SINGLE_ITEM_GRAPHS}, True),
+])
+def test_is_default_config(change, default):
+    assert is_default_config(dict(GRAPH_ROW, **change)) is default
+
+
+def test_is_default_config_can_accept_either_single_item_setting():
+    other = dict(GRAPH_ROW, single_item_graphs=not SINGLE_ITEM_GRAPHS)
+    assert is_default_config(other, single_item_graphs=None)
+    assert is_default_config(other, single_item_graphs=not SINGLE_ITEM_GRAPHS)
+    assert not is_default_config(GRAPH_ROW, single_item_graphs=not SINGLE_ITEM_GRAPHS)
+    assert not is_default_config(dict(other, fuse_qkv=True), single_item_graphs=None)
+
+
+def test_count_nxs_workloads():
+    rows = [{"workload": w} for w in ("1x512", "4x512", "1x512", "tiled", "stream", "2x256")] + [{}]
+    assert count_nxs_workloads(rows) == 3
+    assert count_nxs_workloads([]) == 0
+
+
+def test_e2e_figure_share_panel():
+    rows = [
+        {"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 30.0, "encoder_ms": 6.0},
+        {"preset": "p", "image": "1x512", "requests": 1, "mode": "lab-graph", "ttft_ms": 25.0, "encoder_ms": 1.0,
+         "encoder_share_of_ttft": 0.04},
+    ]
+    assert len(e2e_figure(rows).axes) == 1
+    fig = e2e_figure(rows, share=True)
+    ttft_ax, share_ax = fig.axes
+    assert "25.0\n(-17%)" in [t.get_text() for t in ttft_ax.texts]
+    # the share: recorded where the row has it, encoder / TTFT where it does not
+    assert sorted(round(b.get_height(), 3) for b in share_ax.patches) == [4.0, 20.0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Notebooks call the library; they do not re-implement it
+
+
+def _public_library_names() -> set[str]:
+    """Names of the public functions and classes defined in any module of lfm2vl_lab."""
+    names = set()
+    for info in pkgutil.walk_packages(lfm2vl_lab.__path__, "lfm2vl_lab."):
+        if info.name.endswith("__main__"):
+            continue
+        mod = importlib.import_module(info.name)
+        for name, obj in vars(mod).items():
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == mod.__name__ \
+                    and not name.startswith("_"):
+                names.add(name)
+    return names
+
+
+def _code_cells(path: Path):
+    for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+        if cell["cell_type"] == "code":
+            source = "".join(cell["source"])
+            # IPython magics and shell escapes are not Python
+            yield i, re.sub(r"^\s*[%!].*$", "", source, flags=re.M)
+
+
+def _defined_names(source: str) -> set[str]:
+    tree = ast.parse(source)
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {node.name for node in ast.walk(tree) if isinstance(node, kinds)}
+
+
+def test_public_library_names_are_found():
+    names = _public_library_names()
+    assert {"setup", "load_recorded", "tokens_for", "float32_reference", "e2e_figure", "is_default_config",
+            "measured_capture", "GraphedEncoder"} <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_cells_define_nothing_the_library_already_has(path):
+    """A cheap guard by name: a notebook cell that defines a function or class named like one of
+    the library's public ones is most likely a copy of it. Call the library instead."""
+    library = _public_library_names()
+    clashes = [(i, name) for i, source in _code_cells(path) for name in sorted(_defined_names(source) & library)]
+    assert not clashes, f"{path.name}: cells redefine library names (cell index, name): {clashes}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebooks_start_with_setup(path):
+    first = next(source for _, source in _code_cells(path))
+    assert "DEVICE, PRESET, DTYPE = setup()" in first
+    assert "torch.cuda.is_available() else" not in first, "the device choice lives in setup() and device_defaults()"
