@@ -34,7 +34,8 @@ __all__ = [
     "synthetic_image", "synthetic_workload", "to_rgb",
 ]
 
-TOOL_MODULES = ("attention_probe", "bench", "check", "e2e", "plots", "profiling", "results", "workloads")
+TOOL_MODULES = ("attention_probe", "bench", "check", "e2e", "meter", "notebook", "plots", "profiling", "report", "results",
+                "workloads")
 
 
 def __getattr__(name: str):
