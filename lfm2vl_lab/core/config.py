@@ -188,9 +188,9 @@ class EncoderGraphConfig:
         ``max_items``); the largest budget always takes ``max_items``, so every planned batch fits it.
 
         Why not ``max_items`` everywhere: the varlen attention kernel launches thread blocks for
-        every sequence slot in ``cu_seqlens``, empty or not. With 16 slots, a one-image replay of
-        the 256-token graph ran the FlashAttention kernel at 33.9 µs per layer against 23.7 µs
-        eagerly (H200, 450M; recorded bench profile).
+        every sequence slot in ``cu_seqlens``, empty or not, so a one-image replay of a graph with
+        16 slots ran its attention slower than eager on the H200 (docs/results.md compares the
+        profiles before and after, ``data/results/nvidia-h200/slots-*.json``).
         """
         if budget == max(self.budgets):
             return self.max_items

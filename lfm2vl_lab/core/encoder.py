@@ -123,8 +123,8 @@ def attention_one_sequence(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
     Correct only when the rows are exactly one item and no padding. ``GraphedEncoder``'s
     single-item graphs are replayed only then. It is not a user-selectable backend, because with
     several items it would silently mix them. Why have it: with no mask, SDPA gets the fast dense
-    kernels (the H200 attention probe: 14 µs per layer for one 1024-row item inside a graph, against
-    25 µs for ``varlen_attn``).
+    kernels (``python -m lfm2vl_lab attention`` measures both inside a graph; the H200 runs are
+    ``data/results/nvidia-h200/attention-*.json``).
     """
     return _sdpa_rows(q, k, v, scale)
 
