@@ -9,16 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from lfm2vl_lab.tools.bench import run_bench
 from lfm2vl_lab.tools.cli import SUBCOMMANDS, main
-from lfm2vl_lab.tools.bench import (
-    expand_workloads,
-    format_table,
-    gpu_slug,
-    load_results,
-    run_bench,
-    save_result,
-    summarize,
-)
+from lfm2vl_lab.tools.results import gpu_slug, load_results, save_result
+from lfm2vl_lab.tools.table import format_table
+from lfm2vl_lab.tools.timing import summarize
+from lfm2vl_lab.tools.workloads import expand_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).parent / "fixtures"

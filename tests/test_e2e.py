@@ -96,7 +96,7 @@ def test_paired_reduction_is_the_median_of_pair_ratios():
 def test_time_paired_alternates_order_and_enters_contexts():
     from contextlib import contextmanager
 
-    from lfm2vl_lab.tools.bench import time_paired
+    from lfm2vl_lab.tools.timing import time_paired
 
     calls, inside = [], []
 

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from ..core.encoder import attention_sdpa_blockmask, attention_varlen
-
 from ..core.parity import rel_error
 from ..core.presets import as_preset
 
@@ -70,7 +69,7 @@ def probe(preset: str = "lfm2-vl-450m", layouts=((1024,), (1024,) * 4, (1024, 57
 
 def add_attention_args(p) -> None:
     """Options of ``python -m lfm2vl_lab attention``."""
-    from .bench import preset_arg
+    from .args import preset_arg
 
     p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help="preset(s) (default: lfm2-vl-450m, lfm2-vl-1.6b)")
@@ -81,7 +80,7 @@ def run_attention_cli(args) -> int:
     """Time the capturable attention kernels inside CUDA graphs (GPU only)."""
     import sys
 
-    from .bench import UsageError
+    from .args import UsageError
     from .results import RESULTS_ROOT, provenance, save_result
 
     if not torch.cuda.is_available():

@@ -14,14 +14,12 @@ import time
 import torch
 
 from ..core.encoder import PackedVisionEncoder
-
-from ..core.parity import float32_reference, lowp_parity, max_rel_error
-
-from ..core.hf import hf_image_features
 from ..core.graphs import GraphedEncoder
-from .workloads import random_processor_output
-from .meter import measured_capture
+from ..core.hf import hf_image_features
+from ..core.parity import float32_reference, lowp_parity, max_rel_error
 from ..core.presets import as_preset, build_model
+from .meter import measured_capture
+from .workloads import random_processor_output
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
 
@@ -56,7 +54,7 @@ def judge_replay(out, eager_out, inp, tol: float, ref_model=None) -> dict:
     comes from a float32 copy (``ref_model``), as for parity: replay and eager run GEMMs of
     different row counts (padded buffer vs packed rows), so each carries its own ~8e-3 rounding
     and the two can differ by slightly more than 1e-2 while neither is worse than the other
-    (session 1: 1.03e-2 for two 16-token items in the 128-token graph)."""
+    (a check result's ``rel_err`` next to its ``rel_err_fp32`` shows such a case)."""
     err = max_rel_error(out, eager_out)
     nan = any(not torch.isfinite(o).all() for o in out)
     row = {"rel_err": err, "nan": nan, "literal_pass": err <= tol and not nan}
@@ -131,7 +129,7 @@ def check_sync_free(enc: PackedVisionEncoder, inp) -> dict:
 
 
 def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
-    from .bench import parse_dtype
+    from .args import parse_dtype
 
     dtype = parse_dtype(dtype_name)
     tol = TOLERANCE[dtype]
@@ -144,7 +142,7 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
         "1x512": [(32, 32)], "1x256": [(16, 16)], "4x512": [(32, 32)] * 4,
         "mixed": [(32, 32), (16, 24), (8, 8), (26, 38), (34, 28), (20, 14)],
     }
-    # The judge is a float32 copy of the same weights (see encoder.lowp_parity for why).
+    # The judge is a float32 copy of the same weights (see core.parity.lowp_parity for why).
     ref_model = float32_reference(model) if dtype != torch.float32 else model
     for case, shapes in cases.items():
         inp = random_processor_output(shapes, p, seed=seed + len(shapes))
@@ -179,7 +177,7 @@ def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=
 
 def add_check_args(p) -> None:
     """Options of ``python -m lfm2vl_lab check``."""
-    from .bench import dtype_arg, preset_arg
+    from .args import dtype_arg, preset_arg
 
     p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help="preset(s) to check (repeatable; default: lfm2-vl-450m and lfm2-vl-1.6b)")
@@ -191,7 +189,7 @@ def run_check_cli(args) -> int:
     """Correctness on the GPU: parity, no host sync, replay vs eager for every budget and rule."""
     import sys
 
-    from .bench import UsageError
+    from .args import UsageError
 
     if not torch.cuda.is_available():
         raise UsageError("check needs a CUDA GPU and none is available; on a CPU run the test suite instead (make test)")

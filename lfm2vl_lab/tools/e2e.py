@@ -15,13 +15,14 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from .bench import check_choice, time_paired
-from ..core.hf import hf_image_features
 from ..core.graphs import GraphedEncoder
+from ..core.hf import hf_image_features
 from ..core.inputs import process_images
 from ..core.packing import tokens_for
+from .args import check_choice
 from .meter import measured_capture
-from .workloads import synthetic_image
+from .timing import time_paired
+from .workloads import TILED_SIZE, synthetic_image
 
 PROMPT_TEXT_TOKENS = 24  # a short instruction around the image, as in a chat turn
 
@@ -57,14 +58,14 @@ def generate_once(model, batch: dict, new_tokens: int) -> torch.Tensor:
     )
 
 
-IMAGES = {"1x512": (512, 512), "tiled": (1024, 768)}
+IMAGES = {"1x512": (512, 512), "tiled": TILED_SIZE}  # name -> (width, height)
 # The two image paths compared: "hf-eager" and the graphed encoder's. Where no graph was captured
 # (no CUDA), the latter is the packed eager encoder, and its rows say so: mode "lab-eager" (see
 # ``lab_mode``) and this note.
 NO_GRAPHS_NOTE = "no CUDA graphs captured: the packed eager encoder ran"
 # The decode steps never call the image encoder, so their per-token time is a control: when it
 # differs between the two modes by more than this, the process was disturbed during one of them
-# (session 1 recorded +64% on one row), and that row's TTFT difference is not the encoder alone.
+# (a recorded row's ``decode_drift`` shows it), and that row's TTFT difference is not the encoder alone.
 DECODE_DRIFT_WARN = 0.05
 
 
@@ -137,7 +138,7 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
             genc: GraphedEncoder | None = None, progress: bool = True, on_row=None) -> list[dict]:
     """TTFT (generate with one new token) and total latency, eager image path vs graphed encoder.
 
-    The two modes are timed in turns (``bench.time_paired``), one untimed warm-up call each. Rows
+    The two modes are timed in turns (``timing.time_paired``), one untimed warm-up call each. Rows
     keep every TTFT sample. ``encoder_ms`` is the image-feature call timed *inside* each TTFT call
     (median over the same calls as ``ttft_ms``), so ``encoder_share_of_ttft`` = encoder_ms / ttft_ms
     is a share of the calls it was measured in and never exceeds 1. (An encoder timed in calls of
@@ -259,7 +260,7 @@ def logits_parity(model, genc: GraphedEncoder, n_requests: int = 1, seed: int = 
 
 def add_e2e_args(p) -> None:
     """Options of ``python -m lfm2vl_lab e2e``."""
-    from .bench import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
+    from .args import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
 
     p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
@@ -281,16 +282,18 @@ def run_e2e_cli(args) -> int:
     """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
     import sys
 
-    from .bench import parse_dtype
     from ..core.presets import build_model
+    from .args import default_device, dtype_name, parse_dtype
     from .results import RESULTS_ROOT, provenance, save_result
+    from .workloads import device_defaults
 
-    on_cuda = torch.cuda.is_available()
-    dev = "cuda" if on_cuda else "cpu"
-    dt = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if on_cuda else torch.float32)
-    presets = args.preset or (["lfm2-vl-450m"] if on_cuda else ["tiny"])
+    dev = default_device()
+    on_cuda = dev.type == "cuda"
+    default_preset, default_dtype = device_defaults(dev)
+    dt = parse_dtype(args.dtype) if args.dtype else default_dtype
+    presets = args.preset or [default_preset]
     command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
-    result = {"name": "e2e", "provenance": provenance(command, dtype=str(dt).replace("torch.", ""),
+    result = {"name": "e2e", "provenance": provenance(command, dtype=dtype_name(dt),
                                                         preset=",".join(presets), text="full depth, random weights"),
               "rows": [], "parity": []}
     path = None
