@@ -30,7 +30,8 @@ def shapes_for_tokens(tokens: int, max_items: int, seed: int) -> list[tuple[int,
     shapes, left = [], tokens
     while left > 0:
         slots_after = max_items - len(shapes) - 1
-        assert left <= 256 * (slots_after + 1), f"{tokens} tokens cannot be split into {max_items} items of at most 256 tokens"
+        assert left <= 256 * (slots_after + 1), \
+            f"{tokens} tokens cannot be split into {max_items} items of at most 256 tokens"
         lo = max(16, left - 256 * slots_after)  # leave no more than the remaining slots can hold
         t = left if (slots_after == 0 or left <= lo) else int(torch.randint(lo, min(256, left) + 1, (1,), generator=g))
         a = max(d for d in range(1, int(t**0.5) + 1) if t % d == 0)  # the squarest (a × t/a) token grid
@@ -92,7 +93,7 @@ def check_graphs(model, dtype, seed: int, budgets=None, ref_model=None) -> list[
                     "pass": judged["pass"] and genc.stats.replays == {b: 1},
                 })
             # aliasing: results handed out earlier must not have changed after all later replays
-            aliasing_ok = all(torch.equal(a, b) for out, copy in kept for a, b in zip(out, copy))
+            aliasing_ok = all(torch.equal(a, b) for out, copy in kept for a, b in zip(out, copy, strict=True))
             buffers = {t.untyped_storage().data_ptr() for g in genc.graphs.values()
                        for t in (g.out, g.pixel_values, g.pos_embeds, g.meta)}
             shares = any(o.untyped_storage().data_ptr() in buffers for out, _ in kept for o in out)
@@ -192,7 +193,8 @@ def run_check_cli(args) -> int:
     from .args import UsageError
 
     if not torch.cuda.is_available():
-        raise UsageError("check needs a CUDA GPU and none is available; on a CPU run the test suite instead (make test)")
+        raise UsageError("check needs a CUDA GPU and none is available; "
+                         "on a CPU run the test suite instead (make test)")
     result = main(presets=tuple(args.preset or ("lfm2-vl-450m", "lfm2-vl-1.6b")), dtype=args.dtype,
                   out_dir=args.out, command="python -m lfm2vl_lab " + " ".join(sys.argv[1:]))
     return 0 if result["pass"] else 1

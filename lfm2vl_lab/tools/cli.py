@@ -44,7 +44,8 @@ def _help(run: Callable) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lfm2vl_lab", description="lfm2vl-lab: encoder CUDA graphs for LFM2-VL")
+    parser = argparse.ArgumentParser(prog="python -m lfm2vl_lab",
+                                     description="lfm2vl-lab: encoder CUDA graphs for LFM2-VL")
     sub = parser.add_subparsers(dest="command", metavar="command", required=True)
     for name, (add_args, run) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=_help(run), description=_help(run))
