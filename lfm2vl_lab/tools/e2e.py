@@ -41,7 +41,10 @@ def build_prompt(model, inputs: dict, n_requests: int, seed: int = 0) -> dict:
     text[text == cfg.image_token_id] = 5
     ids = torch.cat([text[:8], torch.full((tokens,), cfg.image_token_id), text[8:]])
     dev = model.device
-    rep = lambda t: torch.cat([t] * n_requests)  # noqa: E731
+
+    def rep(t):
+        return torch.cat([t] * n_requests)
+
     return {
         "input_ids": ids.repeat(n_requests, 1).to(dev),
         "attention_mask": torch.ones(n_requests, ids.numel(), dtype=torch.long, device=dev),
