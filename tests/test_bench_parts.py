@@ -101,5 +101,15 @@ def test_only_trace_failures_send_the_fused_mode_to_graph_breaks():
             raise RuntimeError("capturing the 256-token encoder graph failed") from inner
     except RuntimeError as wrapped:
         assert is_trace_failure(wrapped)
+    try:  # as a failed capture raises it: ending the capture fails during the body's error, then is wrapped
+        try:
+            try:
+                raise trace
+            except Exception:
+                raise RuntimeError("operation not permitted when stream is capturing") from None
+        except RuntimeError as end:
+            raise RuntimeError("capturing the 1024-token encoder graph failed") from end
+    except RuntimeError as wrapped:
+        assert wrapped.__cause__.__cause__ is None and is_trace_failure(wrapped)
     assert not is_trace_failure(RuntimeError("CUDA out of memory"))
     assert not is_trace_failure(ValueError("bad budget"))

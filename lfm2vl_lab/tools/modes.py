@@ -106,15 +106,19 @@ def budgets_label(budgets) -> str:
 
 
 def is_trace_failure(exc: BaseException) -> bool:
-    """Whether ``exc``, or an exception it was raised from or during (``__cause__`` /
-    ``__context__``), is one of ``TRACE_FAILURES``: dynamo or inductor could not compile the body
-    whole. A capture wraps the body's error in its own, so the chain is searched."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, TRACE_FAILURES):
+    """Whether ``exc``, or any exception it was raised from or during (``__cause__`` and
+    ``__context__``, followed all the way), is one of ``TRACE_FAILURES``: dynamo or inductor could
+    not compile the body whole. A failed capture wraps the body's error (often as the context of
+    the error that ending the capture raised), so the whole chain is searched."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, TRACE_FAILURES):
             return True
-        seen.add(id(exc))
-        exc = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
     return False
 
 
