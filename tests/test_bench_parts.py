@@ -35,6 +35,8 @@ def test_expand_specs_sweeps_only_where_a_setting_applies():
     assert {s.budgets for s in by_mode["lab-graph"]} == {None, (64, 256)}
     assert [s.mode for s in specs[:1]] == ["hf-eager"] and len(set(specs)) == len(specs)
     assert expand_specs(["lab-eager", "lab-eager"]) == [RunSpec("lab-eager")]  # duplicates run once
+    with pytest.raises(ValueError, match="single_item_graphs"):  # no None standing for "the default"
+        expand_specs(["lab-graph"], single_item_graphs=[None])
 
 
 def test_nxs_and_tiled_are_stated_once():

@@ -98,8 +98,8 @@ class RunSpec:
     def runner(self, model, progress: bool = False) -> Runner:
         """Build (and for graph modes capture) this configuration on ``model``."""
         kw = asdict(self)
-        mode = kw.pop("mode")
-        return make_runner(mode, model, progress=progress, **kw)
+        mode, budgets = kw.pop("mode"), kw.pop("budgets")
+        return make_runner(mode, model, budgets=None if budgets is None else list(budgets), progress=progress, **kw)
 
     def labels(self) -> dict:
         """The configuration as result rows and error entries name it."""
@@ -113,10 +113,13 @@ def expand_specs(modes, budget_sets=(None,), cu_rules=(DEFAULT_CU_RULE,), max_se
     """Every configuration to run, in order: the graph modes sweep budget sets × cu rules ×
     max-seqlen modes, the lab modes attention backends × fuse_qkv, ``lab-graph`` single-item
     graphs; a setting that does not apply to a mode keeps its default (one spec, not a copy per value)."""
+    for kind, values in (("fuse_qkv", fuse_qkvs), ("single_item_graphs", single_item_graphs)):
+        if not all(isinstance(v, bool) for v in values):
+            raise ValueError(f"{kind} values must be True or False, got {list(values)!r}")
     out = []
     for m in dict.fromkeys(modes):
         graph, lab = m in GRAPH_MODES, m in LAB_MODES
-        out += [RunSpec(m, None if b is None else tuple(b), c, s, att, bool(f), bool(si), fused_compile_mode)
+        out += [RunSpec(m, None if b is None else tuple(b), c, s, att, f, si, fused_compile_mode)
                 for b in (budget_sets if graph else [None]) for c in (cu_rules if graph else [DEFAULT_CU_RULE])
                 for s in (max_seqlen_modes if graph else [DEFAULT_MAX_SEQLEN_MODE])
                 for att in (attentions if lab else ["auto"]) for f in (fuse_qkvs if lab else [False])
