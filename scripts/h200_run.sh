@@ -121,4 +121,17 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 LOG=nb2      TAILN=6 step 120 python3 scripts/run_notebooks.py ${NOTEBOOKS:-notebooks/06_measuring_the_savings.ipynb \
              notebooks/07_end_to_end_and_vllm.ipynb} --out "$W/nb"
 fi
+# Part f1: session 4 (issue #10, the two layers). One call: the GPU suite on the refactored code,
+# check, a bench of the graph path against the single-item-* run (same workloads, so a regression in
+# the generic manager would show), then every notebook (their cells changed; outputs are refreshed).
+if [ "$PART" = f1 ]; then
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD
+LOG=pytest6  TAILN=8 step 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=check6   TAILN=4 step 60 $M check --out "$R"
+LOG=layers   TAILN=16 step 60 $M bench --mode hf-eager,lab-graph --workload 1x512,1x256,4x512,tiled,stream --stream-n 24 \
+             --repeats 30 --profile --out "$R" --name layers --no-progress
+cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
+LOG=nb       TAILN=12 step 300 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
+fi
 ls -la "$OUT"

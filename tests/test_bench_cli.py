@@ -9,16 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from lfm2vl_lab.tools.bench import run_bench
 from lfm2vl_lab.tools.cli import SUBCOMMANDS, main
-from lfm2vl_lab.tools.bench import (
-    expand_workloads,
-    format_table,
-    gpu_slug,
-    load_results,
-    run_bench,
-    save_result,
-    summarize,
-)
+from lfm2vl_lab.tools.results import gpu_slug, load_results, save_result
+from lfm2vl_lab.tools.table import format_table
+from lfm2vl_lab.tools.timing import summarize
+from lfm2vl_lab.tools.workloads import expand_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).parent / "fixtures"
@@ -98,7 +94,8 @@ def test_summarize():
 
 
 def test_save_and_load_results(tmp_path):
-    res = {"name": "x", "provenance": {"gpu": "NVIDIA H200", "date": "2026-11-01T12:00:00+00:00"}, "rows": [{"mode": "a"}]}
+    res = {"name": "x", "provenance": {"gpu": "NVIDIA H200", "date": "2026-11-01T12:00:00+00:00"},
+           "rows": [{"mode": "a"}]}
     assert gpu_slug("NVIDIA H200") == "nvidia-h200" and gpu_slug("cpu") == "cpu"
     p1 = save_result(res, tmp_path)
     p2 = save_result(res, tmp_path)  # same timestamp: a new file, never an overwrite
@@ -123,7 +120,8 @@ def test_report_skips_figures_without_data(tmp_path, capsys):
     res = json.loads((FIX / "results" / "nvidia-h200" / "fixture-20261101-120000.json").read_text())
     res["provenance"]["gpu"] = "cpu"
     res["rows"] = [dict(r, gpu_busy_ms=None, timeline=None, capture_info=None, padding_waste=None)
-                   for r in res["rows"] if r["mode"] in ("hf-eager", "lab-eager") and r["workload"] in ("1x512", "tiled")]
+                   for r in res["rows"]
+                   if r["mode"] in ("hf-eager", "lab-eager") and r["workload"] in ("1x512", "tiled")]
     save_result(res, tmp_path / "results")
     assert main(["report", "--root", str(tmp_path / "results"), "--out", str(tmp_path / "figs")]) == 0
     assert [p.name for p in (tmp_path / "figs").glob("*.png")] == ["cpu-lfm2-vl-450m-bfloat16-latency.png"]
@@ -148,7 +146,8 @@ def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
     fig = e2e_figure(rows)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert "27.0\n(-10%)" in texts and "30.0" in texts
-    probe = [{"preset": "p", "layout": [1024], "backend": b, "graph_ms_per_layer": ms} for b, ms in (("varlen", 0.025), ("sdpa_dense", 0.014))]
+    probe = [{"preset": "p", "layout": [1024], "backend": b, "graph_ms_per_layer": ms}
+             for b, ms in (("varlen", 0.025), ("sdpa_dense", 0.014))]
     heights = sorted(round(b.get_height(), 3) for b in attention_figure(probe).axes[0].patches)
     assert heights == [14.0, 25.0]
     with pytest.raises(NoData):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lfm2vl_lab.tools.cli import build_parser, main
 from lfm2vl_lab.tools.bench import run_bench
+from lfm2vl_lab.tools.cli import build_parser, main
 from lfm2vl_lab.tools.e2e import run_e2e
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,8 @@ def test_bad_input_is_one_error_line_and_exit_2(argv, needle, capsys):
 
 
 def test_bad_input_exit_code_in_a_real_process(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "bench", "--repeats", "0", "--out", str(tmp_path)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "bench", "--repeats", "0", "--out", str(tmp_path)],
+                          cwd=ROOT,
                           env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
@@ -78,7 +79,8 @@ def test_bad_input_exit_code_in_a_real_process(tmp_path):
 def test_good_input_still_parses():
     p = build_parser()
     a = p.parse_args(["bench", "--mode", "lab-eager,hf-eager", "--mode", "compile", "--workload", "1..4x256",
-                      "--workload", "tiled", "--budgets", "auto", "--budgets", "256,64", "--cu-rule", "safe,repeat_last",
+                      "--workload", "tiled", "--budgets", "auto", "--budgets", "256,64",
+                      "--cu-rule", "safe,repeat_last",
                       "--fuse-qkv", "off,on", "--dtype", "BF16", "--device", "cpu", "--repeats", "3", "--warmup", "0",
                       "--preset", "tiny"])
     assert a.mode == [["lab-eager", "hf-eager"], ["compile"]]

@@ -54,7 +54,7 @@ def test_run_e2e_rows(tiny_full):
         assert r["ttft_ms"] > 0 and r["total_2_ms"] > 0 and r["total_4_ms"] > 0 and r["encoder_ms"] > 0
         # the encoder is timed inside the same TTFT calls, so its share can never pass 100%
         assert len(r["encoder_samples_ms"]) == 3
-        assert all(0 < e <= t for e, t in zip(r["encoder_samples_ms"], r["ttft_samples_ms"]))
+        assert all(0 < e <= t for e, t in zip(r["encoder_samples_ms"], r["ttft_samples_ms"], strict=True))
         assert r["encoder_ms"] == pytest.approx(statistics.median(r["encoder_samples_ms"]))
         assert r["encoder_share_of_ttft"] == pytest.approx(r["encoder_ms"] / r["ttft_ms"])
         assert 0 < r["encoder_share_of_ttft"] <= 1
@@ -96,7 +96,7 @@ def test_paired_reduction_is_the_median_of_pair_ratios():
 def test_time_paired_alternates_order_and_enters_contexts():
     from contextlib import contextmanager
 
-    from lfm2vl_lab.tools.bench import time_paired
+    from lfm2vl_lab.tools.timing import time_paired
 
     calls, inside = [], []
 

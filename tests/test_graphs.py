@@ -25,8 +25,7 @@ from lfm2vl_lab.core.encoder import PackedVisionEncoder
 from lfm2vl_lab.core.lfm2vl import check_finite_items, fills_one_sequence
 from lfm2vl_lab.core.manager import GraphStats
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx, tokens_for
-from lfm2vl_lab.core.parity import float32_reference
-from lfm2vl_lab.tools.check import judge_replay
+from lfm2vl_lab.core.parity import float32_reference, judge_replay
 from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes
 
 FP32_TOL = 1e-4
@@ -703,7 +702,7 @@ def test_single_item_graphs_only_where_one_item_can_fill_the_budget(tiny_model):
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["tiny", "lfm2-vl-450m"])
 def test_single_item_graph_replay_equals_eager(preset):
-    from lfm2vl_lab.tools.check import judge_replay
+    from lfm2vl_lab.core.parity import judge_replay
 
     model = _cuda_model(preset, torch.bfloat16)
     genc = GraphedEncoder(model, single_item_graphs=True)

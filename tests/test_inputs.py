@@ -470,5 +470,6 @@ def test_stats_report_the_position_cache(tiny_model):
     genc.reset_stats()  # resets the replay counters, keeps reporting the cache
     d = genc.stats.as_dict()
     assert d["eager_calls"] == 0
-    assert (d["pos_cache_entries"], d["pos_cache_bytes"], d["pos_cache_evictions"]) == (2, entry(16, 16) + entry(6, 8), 1)
+    got = (d["pos_cache_entries"], d["pos_cache_bytes"], d["pos_cache_evictions"])
+    assert got == (2, entry(16, 16) + entry(6, 8), 1)
     assert d["pos_cache_bytes"] <= d["pos_cache_max_bytes"] == cache.max_bytes

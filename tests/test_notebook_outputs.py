@@ -62,8 +62,10 @@ def test_tqdm_warning_is_dropped_and_other_stderr_kept():
 
 def test_errors_and_rich_outputs_are_sanitised():
     err = nbformat.v4.new_output("error", ename="ValueError", evalue=f"bad file {ROOT}/x.json",
-                                 traceback=[f"File {ROOT}/lfm2vl_lab/a.py:1", "/root/.venv/lib/python3.11/site-packages/t.py"])
-    shown = nbformat.v4.new_output("execute_result", data={"text/plain": f"PosixPath('{ROOT}/data')"}, execution_count=1)
+                                 traceback=[f"File {ROOT}/lfm2vl_lab/a.py:1",
+                                            "/root/.venv/lib/python3.11/site-packages/t.py"])
+    shown = nbformat.v4.new_output("execute_result", data={"text/plain": f"PosixPath('{ROOT}/data')"},
+                                   execution_count=1)
     nb = make_notebook(err, shown)
     rn.sanitize_notebook(nb)
     err, shown = nb.cells[0].outputs

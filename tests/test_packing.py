@@ -46,7 +46,8 @@ def test_packed_gather_idx_is_per_item_pixel_unshuffle(hf_projector):
     idx = lfm2vl_gather_idx(shapes)
     assert idx.dtype == torch.int64 and idx.numel() == sum(h * w for h, w in shapes)
     ours = torch.cat(xs).index_select(0, idx).reshape(-1, 4 * c)
-    ref = torch.cat([hf_projector.pixel_unshuffle(x.reshape(1, h, w, c)).reshape(-1, 4 * c) for x, (h, w) in zip(xs, shapes)])
+    ref = torch.cat([hf_projector.pixel_unshuffle(x.reshape(1, h, w, c)).reshape(-1, 4 * c)
+                     for x, (h, w) in zip(xs, shapes)])
     assert torch.equal(ours, ref)
 
 
@@ -89,7 +90,8 @@ def test_position_embeddings_match_transformers(dtype):
         assert got.shape == (h * w, 24) and got.dtype == dtype
         torch.testing.assert_close(got, ref[i, : h * w], rtol=0, atol=0)
     packed = cache.pack(POS_SHAPES)
-    torch.testing.assert_close(packed, torch.cat([ref[i, : h * w] for i, (h, w) in enumerate(POS_SHAPES)]), rtol=0, atol=0)
+    expected = torch.cat([ref[i, : h * w] for i, (h, w) in enumerate(POS_SHAPES)])
+    torch.testing.assert_close(packed, expected, rtol=0, atol=0)
 
 
 def test_position_cache_counts_hits_and_recomputes_after_weight_change():

@@ -48,7 +48,8 @@ def test_timeline_of_last_call_and_whole_trace():
     assert whole.timeline_call is None
     assert whole.timeline["cpu"][0] == (0.0, 4.0, "cudaLaunchKernel")  # t0 = first runtime call at 1010
     assert [e[2] for e in whole.timeline["cpu"]].count("cudaStreamSynchronize") == 1
-    assert [e[2] for e in whole.timeline["gpu"]] == ["gemm_a", "gemm_b", "softmax", "Memcpy HtoD (Pinned -> Device)", "layernorm", "gelu"]
+    assert [e[2] for e in whole.timeline["gpu"]] == ["gemm_a", "gemm_b", "softmax", "Memcpy HtoD (Pinned -> Device)",
+                                                     "layernorm", "gelu"]
     assert whole.timeline["gpu"][0] == (5.0, 20.0, "gemm_a")
     with pytest.raises(IndexError):
         analyze_trace(EAGER, timeline_call=5)

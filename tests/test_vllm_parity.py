@@ -13,16 +13,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lfm2vl_lab.core.config import auto_budgets, auto_max_items, pad_cu_seqlens_repeat_last, pad_default
+from lfm2vl_lab.core.packing import PositionEmbeddingCache, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels
+
 # Not `pip install '.[vllm]'`: that pulls vLLM's own CUDA torch, ~9.4 GB. The script layers vLLM onto .venv (~1.2 GB).
 vllm_lfm2 = pytest.importorskip(
     "vllm.model_executor.models.lfm2_vl",
-    reason="vLLM is not installed here; build .venv-vllm with scripts/vllm_venv.sh and run this file with it (docs/install.md)",
+    reason="vLLM is not installed here; build .venv-vllm with scripts/vllm_venv.sh and run this file with it "
+    "(docs/install.md)",
 )
 vllm_graphs = pytest.importorskip("vllm.v1.worker.encoder_cudagraph")
 vllm_siglip = pytest.importorskip("vllm.model_executor.models.lfm2_siglip2")
 
-from lfm2vl_lab.core.config import auto_budgets, auto_max_items, pad_cu_seqlens_repeat_last, pad_default  # noqa: E402
-from lfm2vl_lab.core.packing import PositionEmbeddingCache, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels
 
 VllmLfm2 = vllm_lfm2.Lfm2VLForConditionalGeneration
 Manager = vllm_graphs.EncoderCudaGraphManager

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from ..core.encoder import attention_sdpa_blockmask, attention_varlen
-
 from ..core.parity import rel_error
 from ..core.presets import as_preset
 
@@ -41,7 +40,22 @@ def _graph_time_ms(fn, iters: int = 50) -> float:
     return a.elapsed_time(b) / iters
 
 
-def probe(preset: str = "lfm2-vl-450m", layouts=((1024,), (1024,) * 4, (1024, 576, 256, 64)), seed: int = 0) -> list[dict]:
+def _candidates(q, k, v, lens, scale) -> dict:
+    """The attention backends to time on one layout, each a no-argument call."""
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+    cands = {"varlen": lambda: attention_varlen(q, k, v, cu, max(lens), scale),
+             "sdpa_blockmask": lambda: attention_sdpa_blockmask(q, k, v, cu, max(lens), scale)}
+    if len(lens) == 1:
+        def dense():
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                 v.transpose(0, 1)[None], scale=scale)
+            return out[0].transpose(0, 1)
+        cands["sdpa_dense"] = dense
+    return cands
+
+
+def probe(preset: str = "lfm2-vl-450m", layouts=((1024,), (1024,) * 4, (1024, 576, 256, 64)),
+          seed: int = 0) -> list[dict]:
     """Per-layer attention time (ms, graph replay) and error vs float32 for each backend and layout."""
     p = as_preset(preset)
     heads, dim = p.vision["num_attention_heads"], p.vision["hidden_size"] // p.vision["num_attention_heads"]
@@ -53,15 +67,7 @@ def probe(preset: str = "lfm2-vl-450m", layouts=((1024,), (1024,) * 4, (1024, 57
         q, k, v = (torch.randn(t, heads, dim, device="cuda", generator=g).bfloat16() for _ in range(3))
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
         ref = attention_sdpa_blockmask(q.float(), k.float(), v.float(), cu, max(lens), scale)
-        cands = {"varlen": lambda: attention_varlen(q, k, v, cu, max(lens), scale),
-                 "sdpa_blockmask": lambda: attention_sdpa_blockmask(q, k, v, cu, max(lens), scale)}
-        if len(lens) == 1:
-            def dense():
-                out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                                     v.transpose(0, 1)[None], scale=scale)
-                return out[0].transpose(0, 1)
-            cands["sdpa_dense"] = dense
-        for name, fn in cands.items():
+        for name, fn in _candidates(q, k, v, lens, scale).items():
             err = rel_error(fn(), ref)
             rows.append({"preset": p.name, "heads": heads, "head_dim": dim, "layout": list(lens), "backend": name,
                          "graph_ms_per_layer": _graph_time_ms(fn), "rel_err_vs_fp32": err})
@@ -70,7 +76,7 @@ def probe(preset: str = "lfm2-vl-450m", layouts=((1024,), (1024,) * 4, (1024, 57
 
 def add_attention_args(p) -> None:
     """Options of ``python -m lfm2vl_lab attention``."""
-    from .bench import preset_arg
+    from .args import preset_arg
 
     p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help="preset(s) (default: lfm2-vl-450m, lfm2-vl-1.6b)")
@@ -81,7 +87,7 @@ def run_attention_cli(args) -> int:
     """Time the capturable attention kernels inside CUDA graphs (GPU only)."""
     import sys
 
-    from .bench import UsageError
+    from .args import UsageError
     from .results import RESULTS_ROOT, provenance, save_result
 
     if not torch.cuda.is_available():

@@ -14,14 +14,12 @@ import time
 import torch
 
 from ..core.encoder import PackedVisionEncoder
-
-from ..core.parity import float32_reference, lowp_parity, max_rel_error
-
-from ..core.hf import hf_image_features
 from ..core.graphs import GraphedEncoder
-from .workloads import random_processor_output
-from .meter import measured_capture
+from ..core.hf import hf_image_features
+from ..core.parity import float32_reference, judge_replay, lowp_parity
 from ..core.presets import as_preset, build_model
+from .meter import measured_capture
+from .workloads import random_processor_output
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
 
@@ -32,7 +30,8 @@ def shapes_for_tokens(tokens: int, max_items: int, seed: int) -> list[tuple[int,
     shapes, left = [], tokens
     while left > 0:
         slots_after = max_items - len(shapes) - 1
-        assert left <= 256 * (slots_after + 1), f"{tokens} tokens cannot be split into {max_items} items of at most 256 tokens"
+        assert left <= 256 * (slots_after + 1), \
+            f"{tokens} tokens cannot be split into {max_items} items of at most 256 tokens"
         lo = max(16, left - 256 * slots_after)  # leave no more than the remaining slots can hold
         t = left if (slots_after == 0 or left <= lo) else int(torch.randint(lo, min(256, left) + 1, (1,), generator=g))
         a = max(d for d in range(1, int(t**0.5) + 1) if t % d == 0)  # the squarest (a × t/a) token grid
@@ -49,21 +48,6 @@ def budget_cases(budgets: list[int]) -> list[int]:
         out += [b, prev + 1 + (b - prev - 1) // 2]
         prev = b
     return out
-
-
-def judge_replay(out, eager_out, inp, tol: float, ref_model=None) -> dict:
-    """Replay vs eager. ``rel_err`` is the literal replay-vs-eager error. In bf16/fp16 the verdict
-    comes from a float32 copy (``ref_model``), as for parity: replay and eager run GEMMs of
-    different row counts (padded buffer vs packed rows), so each carries its own ~8e-3 rounding
-    and the two can differ by slightly more than 1e-2 while neither is worse than the other
-    (session 1: 1.03e-2 for two 16-token items in the 128-token graph)."""
-    err = max_rel_error(out, eager_out)
-    nan = any(not torch.isfinite(o).all() for o in out)
-    row = {"rel_err": err, "nan": nan, "literal_pass": err <= tol and not nan}
-    if ref_model is None:
-        return {**row, "pass": row["literal_pass"]}
-    j = lowp_parity(out, eager_out, hf_image_features(ref_model, inp), tol)
-    return {**row, "rel_err_fp32": j["rel_err"], "eager_rel_err_fp32": j["hf_rel_err"], "pass": j["pass"] and not nan}
 
 
 def check_graphs(model, dtype, seed: int, budgets=None, ref_model=None) -> list[dict]:
@@ -94,9 +78,8 @@ def check_graphs(model, dtype, seed: int, budgets=None, ref_model=None) -> list[
                     "pass": judged["pass"] and genc.stats.replays == {b: 1},
                 })
             # aliasing: results handed out earlier must not have changed after all later replays
-            aliasing_ok = all(torch.equal(a, b) for out, copy in kept for a, b in zip(out, copy))
-            buffers = {t.untyped_storage().data_ptr() for g in genc.graphs.values()
-                       for t in (g.out, g.pixel_values, g.pos_embeds, g.meta)}
+            aliasing_ok = all(torch.equal(a, b) for out, copy in kept for a, b in zip(out, copy, strict=True))
+            buffers = {t.untyped_storage().data_ptr() for g in genc.graphs.values() for t in g.buffers.values()}
             shares = any(o.untyped_storage().data_ptr() in buffers for out, _ in kept for o in out)
             rows.append({"cu_rule": rule, "max_seqlen_mode": mode, "aliasing_ok": aliasing_ok,
                          "shares_graph_storage": shares, "capture": info,
@@ -131,7 +114,7 @@ def check_sync_free(enc: PackedVisionEncoder, inp) -> dict:
 
 
 def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
-    from .bench import parse_dtype
+    from .args import parse_dtype
 
     dtype = parse_dtype(dtype_name)
     tol = TOLERANCE[dtype]
@@ -144,7 +127,7 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
         "1x512": [(32, 32)], "1x256": [(16, 16)], "4x512": [(32, 32)] * 4,
         "mixed": [(32, 32), (16, 24), (8, 8), (26, 38), (34, 28), (20, 14)],
     }
-    # The judge is a float32 copy of the same weights (see encoder.lowp_parity for why).
+    # The judge is a float32 copy of the same weights (see core.parity.lowp_parity for why).
     ref_model = float32_reference(model) if dtype != torch.float32 else model
     for case, shapes in cases.items():
         inp = random_processor_output(shapes, p, seed=seed + len(shapes))
@@ -179,7 +162,7 @@ def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=
 
 def add_check_args(p) -> None:
     """Options of ``python -m lfm2vl_lab check``."""
-    from .bench import dtype_arg, preset_arg
+    from .args import dtype_arg, preset_arg
 
     p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help="preset(s) to check (repeatable; default: lfm2-vl-450m and lfm2-vl-1.6b)")
@@ -191,10 +174,11 @@ def run_check_cli(args) -> int:
     """Correctness on the GPU: parity, no host sync, replay vs eager for every budget and rule."""
     import sys
 
-    from .bench import UsageError
+    from .args import UsageError
 
     if not torch.cuda.is_available():
-        raise UsageError("check needs a CUDA GPU and none is available; on a CPU run the test suite instead (make test)")
+        raise UsageError("check needs a CUDA GPU and none is available; "
+                         "on a CPU run the test suite instead (make test)")
     result = main(presets=tuple(args.preset or ("lfm2-vl-450m", "lfm2-vl-1.6b")), dtype=args.dtype,
                   out_dir=args.out, command="python -m lfm2vl_lab " + " ".join(sys.argv[1:]))
     return 0 if result["pass"] else 1

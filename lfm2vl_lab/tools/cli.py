@@ -21,8 +21,9 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from .args import UsageError
 from .attention_probe import add_attention_args, run_attention_cli
-from .bench import UsageError, add_bench_args, run_bench_cli
+from .bench_cli import add_bench_args, run_bench_cli
 from .check import add_check_args, run_check_cli
 from .e2e import add_e2e_args, run_e2e_cli
 from .report import add_report_args, run_report_cli

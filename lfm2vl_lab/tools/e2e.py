@@ -15,13 +15,14 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from .bench import check_choice, time_paired
-from ..core.hf import hf_image_features
 from ..core.graphs import GraphedEncoder
+from ..core.hf import hf_image_features
 from ..core.inputs import process_images
 from ..core.packing import tokens_for
+from .args import check_choice
 from .meter import measured_capture
-from .workloads import synthetic_image
+from .timing import time_paired
+from .workloads import TILED_SIZE, synthetic_image
 
 PROMPT_TEXT_TOKENS = 24  # a short instruction around the image, as in a chat turn
 
@@ -40,7 +41,10 @@ def build_prompt(model, inputs: dict, n_requests: int, seed: int = 0) -> dict:
     text[text == cfg.image_token_id] = 5
     ids = torch.cat([text[:8], torch.full((tokens,), cfg.image_token_id), text[8:]])
     dev = model.device
-    rep = lambda t: torch.cat([t] * n_requests)  # noqa: E731
+
+    def rep(t):
+        return torch.cat([t] * n_requests)
+
     return {
         "input_ids": ids.repeat(n_requests, 1).to(dev),
         "attention_mask": torch.ones(n_requests, ids.numel(), dtype=torch.long, device=dev),
@@ -57,14 +61,14 @@ def generate_once(model, batch: dict, new_tokens: int) -> torch.Tensor:
     )
 
 
-IMAGES = {"1x512": (512, 512), "tiled": (1024, 768)}
+IMAGES = {"1x512": (512, 512), "tiled": TILED_SIZE}  # name -> (width, height)
 # The two image paths compared: "hf-eager" and the graphed encoder's. Where no graph was captured
 # (no CUDA), the latter is the packed eager encoder, and its rows say so: mode "lab-eager" (see
 # ``lab_mode``) and this note.
 NO_GRAPHS_NOTE = "no CUDA graphs captured: the packed eager encoder ran"
 # The decode steps never call the image encoder, so their per-token time is a control: when it
 # differs between the two modes by more than this, the process was disturbed during one of them
-# (session 1 recorded +64% on one row), and that row's TTFT difference is not the encoder alone.
+# (a recorded row's ``decode_drift`` shows it), and that row's TTFT difference is not the encoder alone.
 DECODE_DRIFT_WARN = 0.05
 
 
@@ -85,7 +89,7 @@ def decode_ms_per_token(row: dict) -> float | None:
 
 def paired_reduction(base: list[float], new: list[float]) -> float:
     """Median over rounds of ``1 - new_i / base_i``: the saving measured pair by pair."""
-    return statistics.median(1 - n / b for b, n in zip(base, new))
+    return statistics.median(1 - n / b for b, n in zip(base, new, strict=True))
 
 
 @contextmanager
@@ -133,16 +137,65 @@ def timed_image_features(model, samples: list[float]):
     samples.append(sum(spans))
 
 
+def _paired_calls(model, batch: dict, genc: GraphedEncoder, lab: str, new_tokens: int, enc: dict | None = None):
+    """The two generate calls for :func:`time_paired`; with ``enc``, each mode's encoder time inside
+    the call is appended to ``enc[mode]``."""
+    def call():
+        return generate_once(model, batch, new_tokens)
+
+    def hf_ctx():
+        return timed_image_features(model, enc["hf-eager"]) if enc is not None else nullcontext()
+
+    @contextmanager
+    def lab_ctx():
+        with genc.installed(), (timed_image_features(model, enc[lab]) if enc is not None else nullcontext()):
+            yield
+
+    return {"hf-eager": (call, hf_ctx), lab: (call, lab_ctx)}
+
+
+def _pair_rows(model, genc: GraphedEncoder, image: str, n: int, new_tokens: list[int], repeats: int) -> list[dict]:
+    """The hf-eager row and the graphed encoder's row of one image and request count."""
+    lab, dev = lab_mode(genc), model.device
+    batch = build_prompt(model, process_images([synthetic_image(*IMAGES[image], seed=1)], model.lab_preset), n)
+    enc: dict[str, list[float]] = {"hf-eager": [], lab: []}
+    ttft = time_paired(_paired_calls(model, batch, genc, lab, 1, enc), repeats, 1, dev)
+    totals = {t: time_paired(_paired_calls(model, batch, genc, lab, t), repeats, 1, dev) for t in new_tokens}
+    pair = []
+    for mode in ("hf-eager", lab):
+        encoder = enc[mode][-repeats:]  # the warm-up call's sample comes first
+        row = {"preset": model.lab_preset.name, "image": image, "requests": n, "mode": mode,
+               "items": int(batch["spatial_shapes"].shape[0]), "prompt_len": int(batch["input_ids"].shape[1]),
+               "repeats": repeats, "timing": "paired",
+               "encoder_ms": statistics.median(encoder), "encoder_samples_ms": encoder,
+               "ttft_ms": statistics.median(ttft[mode]), "ttft_samples_ms": ttft[mode]}
+        if mode == "lab-eager":
+            row["note"] = NO_GRAPHS_NOTE
+        for t in new_tokens:
+            row[f"total_{t}_ms"] = statistics.median(totals[t][mode])
+        if len(new_tokens) >= 2:
+            row["decode_ms_per_token"] = decode_ms_per_token(row)
+        row["encoder_share_of_ttft"] = row["encoder_ms"] / row["ttft_ms"]
+        pair.append(row)
+    base, graph = pair
+    base["ttft_reduction"] = 0.0
+    graph["ttft_reduction"] = 1 - graph["ttft_ms"] / base["ttft_ms"]
+    graph["ttft_reduction_paired"] = paired_reduction(ttft["hf-eager"], ttft[lab])
+    if "decode_ms_per_token" in graph:
+        graph["decode_drift"] = graph["decode_ms_per_token"] / base["decode_ms_per_token"] - 1
+    return pair
+
+
 def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16, 64), repeats: int = 5,
             genc: GraphedEncoder | None = None, progress: bool = True, on_row=None) -> list[dict]:
     """TTFT (generate with one new token) and total latency, eager image path vs graphed encoder.
 
-    The two modes are timed in turns (``bench.time_paired``), one untimed warm-up call each. Rows
+    The two modes are timed in turns (``timing.time_paired``), one untimed warm-up call each. Rows
     keep every TTFT sample. ``encoder_ms`` is the image-feature call timed *inside* each TTFT call
     (median over the same calls as ``ttft_ms``), so ``encoder_share_of_ttft`` = encoder_ms / ttft_ms
     is a share of the calls it was measured in and never exceeds 1. (An encoder timed in calls of
-    its own, as before, could: on a CPU where the encoder is most of TTFT, the noise between two
-    medians of different calls showed 107%.)
+    its own could: on a CPU, where the encoder is most of TTFT, the noise between two medians of
+    different calls can put it above 100%.)
 
     The graphed encoder's row has mode ``lab-graph``, or ``lab-eager`` with a ``note`` where nothing
     was captured (no CUDA): then the packed eager encoder ran. With two or more ``new_tokens``
@@ -159,56 +212,13 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
     if repeats < 1 or min(requests, default=0) < 1 or min(new_tokens, default=0) < 1:
         raise ValueError(f"need repeats >= 1 and at least one request and one new token, each >= 1; got "
                          f"repeats={repeats}, requests={list(requests)}, new_tokens={new_tokens}")
-    preset = model.lab_preset
     if genc is None:
         genc = GraphedEncoder(model)
         if model.device.type == "cuda":
             genc.capture()
-    lab = lab_mode(genc)
     rows = []
-    jobs = [(im, n) for im in images for n in requests]
-    dev = model.device
-    for im, n in tqdm(jobs, desc="end to end", disable=not progress):
-        inputs = process_images([synthetic_image(*IMAGES[im], seed=1)], preset)
-        batch = build_prompt(model, inputs, n)
-        enc: dict[str, list[float]] = {"hf-eager": [], lab: []}
-
-        def generate_calls(t, timed=False):
-            call = lambda: generate_once(model, batch, t)  # noqa: E731
-            hf_ctx = (lambda: timed_image_features(model, enc["hf-eager"])) if timed else None
-
-            @contextmanager
-            def lab_ctx():
-                with genc.installed(), (timed_image_features(model, enc[lab]) if timed else nullcontext()):
-                    yield
-
-            return {"hf-eager": (call, hf_ctx), lab: (call, lab_ctx)}
-
-        ttft = time_paired(generate_calls(1, timed=True), repeats, 1, dev)
-        totals = {t: time_paired(generate_calls(t), repeats, 1, dev) for t in new_tokens}
-        pair = []
-        for mode in ("hf-eager", lab):
-            encoder = enc[mode][-repeats:]  # the warm-up call's sample comes first
-            row = {"preset": preset.name, "image": im, "requests": n, "mode": mode,
-                   "items": int(batch["spatial_shapes"].shape[0]), "prompt_len": int(batch["input_ids"].shape[1]),
-                   "repeats": repeats, "timing": "paired",
-                   "encoder_ms": statistics.median(encoder), "encoder_samples_ms": encoder,
-                   "ttft_ms": statistics.median(ttft[mode]), "ttft_samples_ms": ttft[mode]}
-            if mode == "lab-eager":
-                row["note"] = NO_GRAPHS_NOTE
-            for t in new_tokens:
-                row[f"total_{t}_ms"] = statistics.median(totals[t][mode])
-            if len(new_tokens) >= 2:
-                row["decode_ms_per_token"] = decode_ms_per_token(row)
-            row["encoder_share_of_ttft"] = row["encoder_ms"] / row["ttft_ms"]
-            pair.append(row)
-        base, graph = pair
-        base["ttft_reduction"] = 0.0
-        graph["ttft_reduction"] = 1 - graph["ttft_ms"] / base["ttft_ms"]
-        graph["ttft_reduction_paired"] = paired_reduction(ttft["hf-eager"], ttft[lab])
-        if "decode_ms_per_token" in graph:
-            graph["decode_drift"] = graph["decode_ms_per_token"] / base["decode_ms_per_token"] - 1
-        for row in pair:
+    for im, n in tqdm([(im, n) for im in images for n in requests], desc="end to end", disable=not progress):
+        for row in _pair_rows(model, genc, im, n, new_tokens, repeats):
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -259,7 +269,7 @@ def logits_parity(model, genc: GraphedEncoder, n_requests: int = 1, seed: int = 
 
 def add_e2e_args(p) -> None:
     """Options of ``python -m lfm2vl_lab e2e``."""
-    from .bench import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
+    from .args import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
 
     p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
@@ -270,48 +280,67 @@ def add_e2e_args(p) -> None:
     p.add_argument("--new-tokens", type=list_arg(positive_int), default="16,64",
                    help="new tokens for the total-latency columns, comma list")
     p.add_argument("--repeats", type=positive_int, default=5)
-    p.add_argument("--dtype", type=dtype_arg, default=None, help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--dtype", type=dtype_arg, default=None,
+                   help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--out", default=None, help="results root (default: data/results)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--profile", action="store_true",
-                   help="also profile one TTFT call per mode (1x512, one request): encoder vs text model, GPU-busy vs wall")
+                   help="also profile one TTFT call per mode (1x512, one request): encoder vs text model, "
+                        "GPU-busy vs wall")
+
+
+def print_row(row: dict) -> None:
+    """One e2e row as a line, with the decode-drift warning where the control fails."""
+    paired = f", paired {-100 * row['ttft_reduction_paired']:+.1f}%" if "ttft_reduction_paired" in row else ""
+    print(f"{row['preset']:>14} {row['image']:>6} x{row['requests']} {row['mode']:>10}  encoder "
+          f"{row['encoder_ms']:7.2f} ms  TTFT {row['ttft_ms']:7.2f} ms "
+          f"({-100 * row['ttft_reduction'] + 0:+.1f}% vs hf{paired})"
+          f"  encoder share {100 * row['encoder_share_of_ttft']:.0f}%"
+          + "".join(f"  {k} {v:.1f}" for k, v in row.items() if k.startswith("total_")), flush=True)
+    drift = row.get("decode_drift")
+    if drift is not None and abs(drift) > DECODE_DRIFT_WARN:
+        print(f"  warning: decode (which never runs the encoder) differs by {100 * drift:+.0f}% between the modes; "
+              "this row's TTFT difference is not the encoder alone", flush=True)
+
+
+def print_profile(name: str, prof: dict, modes) -> None:
+    """The lines of one :func:`profile_ttft` result."""
+    for mode in modes:
+        t, e, x = prof[mode]["ttft"], prof[mode]["encoder"], prof[mode]["text"]
+        share = "-" if x["busy_share"] is None else f"{100 * x['busy_share']:.0f}%"
+        print(f"profile {name} {mode:>10}: TTFT wall {t['wall_ms']:.2f} ms, busy {t['gpu_busy_ms']:.2f} ms, "
+              f"{t['kernels']:.0f} kernels | encoder wall {e['wall_ms']:.2f} ms | text wall {x['wall_ms']:.2f} ms, "
+              f"busy {x['gpu_busy_ms']:.2f} ms ({share}), {x['kernels']:.0f} kernels", flush=True)
 
 
 def run_e2e_cli(args) -> int:
     """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
     import sys
 
-    from .bench import parse_dtype
     from ..core.presets import build_model
+    from .args import default_device, dtype_name, parse_dtype
     from .results import RESULTS_ROOT, provenance, save_result
+    from .workloads import device_defaults
 
-    on_cuda = torch.cuda.is_available()
-    dev = "cuda" if on_cuda else "cpu"
-    dt = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if on_cuda else torch.float32)
-    presets = args.preset or (["lfm2-vl-450m"] if on_cuda else ["tiny"])
+    dev = default_device()
+    default_preset, default_dtype = device_defaults(dev)
+    dt = parse_dtype(args.dtype) if args.dtype else default_dtype
+    presets = args.preset or [default_preset]
     command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
-    result = {"name": "e2e", "provenance": provenance(command, dtype=str(dt).replace("torch.", ""),
+    result = {"name": "e2e", "provenance": provenance(command, dtype=dtype_name(dt),
                                                         preset=",".join(presets), text="full depth, random weights"),
               "rows": [], "parity": []}
-    path = None
+    saved: dict = {}
 
     def on_row(row):  # save after every row: a run cut short still leaves what it measured
-        nonlocal path
-        print(f"{row['preset']:>14} {row['image']:>6} x{row['requests']} {row['mode']:>10}  encoder "
-              f"{row['encoder_ms']:7.2f} ms  TTFT {row['ttft_ms']:7.2f} ms ({-100 * row['ttft_reduction'] + 0:+.1f}% vs hf"
-              + (f", paired {-100 * row['ttft_reduction_paired']:+.1f}%" if "ttft_reduction_paired" in row else "") + ")"
-              f"  encoder share {100 * row['encoder_share_of_ttft']:.0f}%"
-              + "".join(f"  {k} {v:.1f}" for k, v in row.items() if k.startswith("total_")), flush=True)
-        drift = row.get("decode_drift")
-        if drift is not None and abs(drift) > DECODE_DRIFT_WARN:
-            print(f"  warning: decode (which never runs the encoder) differs by {100 * drift:+.0f}% between the modes; "
-                  "this row's TTFT difference is not the encoder alone", flush=True)
-        path = save_result(result, args.out or RESULTS_ROOT, "e2e", path)
+        result["rows"].append(row)
+        print_row(row)
+        saved["path"] = save_result(result, args.out or RESULTS_ROOT, "e2e", saved.get("path"))
 
     for name in presets:
         model = build_model(name, dtype=dt, device=dev, text_layers="full")
         genc = GraphedEncoder(model)
-        if on_cuda:
+        if dev.type == "cuda":
             measured_capture(genc, progress=not args.no_progress)
         else:
             print(f"note: {lab_mode(genc)} rows: {NO_GRAPHS_NOTE} (no CUDA)", flush=True)
@@ -320,17 +349,12 @@ def run_e2e_cli(args) -> int:
         if args.profile:
             prof = {"preset": name, **profile_ttft(model, genc)}
             result.setdefault("ttft_profile", []).append(prof)
-            for mode in ("hf-eager", lab_mode(genc)):
-                t, e, x = prof[mode]["ttft"], prof[mode]["encoder"], prof[mode]["text"]
-                share = "-" if x["busy_share"] is None else f"{100 * x['busy_share']:.0f}%"
-                print(f"profile {name} {mode:>10}: TTFT wall {t['wall_ms']:.2f} ms, busy {t['gpu_busy_ms']:.2f} ms, "
-                      f"{t['kernels']:.0f} kernels | encoder wall {e['wall_ms']:.2f} ms | text wall {x['wall_ms']:.2f} ms, "
-                      f"busy {x['gpu_busy_ms']:.2f} ms ({share}), {x['kernels']:.0f} kernels", flush=True)
+            print_profile(name, prof, ("hf-eager", lab_mode(genc)))
         run_e2e(model, images=args.image, requests=args.requests, new_tokens=args.new_tokens, repeats=args.repeats,
-                genc=genc, progress=not args.no_progress, on_row=lambda r: (result["rows"].append(r), on_row(r)))
+                genc=genc, progress=not args.no_progress, on_row=on_row)
         del model, genc
-        if on_cuda:
+        if dev.type == "cuda":
             torch.cuda.empty_cache()
     print("parity:", result["parity"])
-    print("results:", path)
+    print("results:", saved.get("path"))
     return 0

@@ -9,7 +9,7 @@ way in: it captures, and returns ``capture_info`` rows with ``capture_s``, ``poo
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -18,19 +18,18 @@ results have data for.
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 
 from matplotlib.figure import Figure
 
 from ..core.graphs import SINGLE_ITEM_GRAPHS
+from .workloads import NXS
 
 MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused")
 MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b4", "lab-graph": "#2ca02c",
                "lab-graph-fused": "#d62728"}
 DEFAULT_GRAPH_CONFIG = ("auto", "safe", "tight")  # preferred (budget_set, cu_rule, max_seqlen_mode) in figures
 DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default (with fuse_qkv off)
-_NXS = re.compile(r"(\d+)x(\d+)")
 
 
 class NoData(ValueError):
@@ -76,7 +75,7 @@ def pick_rows(rows: list[dict]) -> list[dict]:
 def count_nxs_workloads(rows: list[dict]) -> int:
     """How many distinct ``NxS`` workloads (N images of S px) the rows have: :func:`speedup_figure`
     draws a line over them, so it needs at least two."""
-    return len({r["workload"] for r in rows if _NXS.fullmatch(str(r.get("workload")))})
+    return len({r["workload"] for r in rows if NXS.fullmatch(str(r.get("workload")))})
 
 
 def _workloads(rows) -> list[str]:
@@ -131,26 +130,26 @@ def latency_figure(rows: list[dict], title: str | None = None, log: bool = False
 def speedup_figure(rows: list[dict], side: int | None = None, title: str | None = None) -> Figure:
     """Speedup over hf-eager against the number of images, for the ``NxS`` workloads of one side
     ``S`` (default: the side with the most image counts)."""
-    rows = [r for r in pick_rows(rows) if r.get("speedup_vs_hf") and _NXS.fullmatch(str(r.get("workload")))]
+    rows = [r for r in pick_rows(rows) if r.get("speedup_vs_hf") and NXS.fullmatch(str(r.get("workload")))]
     if side is None:
         sides: dict[int, set] = {}
         for r in rows:
-            n, s = map(int, _NXS.fullmatch(r["workload"]).groups())
+            n, s = map(int, NXS.fullmatch(r["workload"]).groups())
             sides.setdefault(s, set()).add(n)
         if not sides:
             raise NoData("speedup_figure: no NxS rows with speedup_vs_hf")
         side = max(sides, key=lambda s: len(sides[s]))
-    rows = [r for r in rows if int(_NXS.fullmatch(r["workload"])[2]) == side and r["mode"] != "hf-eager"]
+    rows = [r for r in rows if int(NXS.fullmatch(r["workload"])[2]) == side and r["mode"] != "hf-eager"]
     if not rows:
         raise NoData(f"speedup_figure: no rows for {side} px images")
     fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.add_subplot()
     for mode in _modes(rows):
-        pts = sorted((int(_NXS.fullmatch(r["workload"])[1]), r["speedup_vs_hf"]) for r in rows if r["mode"] == mode)
+        pts = sorted((int(NXS.fullmatch(r["workload"])[1]), r["speedup_vs_hf"]) for r in rows if r["mode"] == mode)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=mode, color=MODE_COLORS.get(mode))
     ax.axhline(1.0, color=MODE_COLORS["hf-eager"], ls="--", lw=1, label="hf-eager")
     ax.set_xscale("log", base=2)
-    ns = sorted({int(_NXS.fullmatch(r["workload"])[1]) for r in rows})
+    ns = sorted({int(NXS.fullmatch(r["workload"])[1]) for r in rows})
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel(f"images per call ({side}×{side} px)")
     ax.set_ylabel("speedup over hf-eager (×)")

@@ -12,6 +12,7 @@ import platform
 import re
 import subprocess
 import sys
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -111,21 +112,30 @@ def _json_default(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+class UnreadableResultWarning(UserWarning):
+    """A file under a results folder that could not be read as JSON (and so was left out)."""
+
+
 def load_results(root=RESULTS_ROOT, pattern: str = "*.json", rows_only: bool = False) -> list[dict]:
     """Every result JSON under ``root`` (recursively) matching ``pattern``, oldest first; each
-    gets ``"_path"``. ``rows_only`` keeps benchmark-shaped files (``provenance`` and ``rows``)."""
+    gets ``"_path"``. ``rows_only`` keeps benchmark-shaped files (``provenance`` and ``rows``).
+
+    A file that cannot be read or parsed is left out with an :class:`UnreadableResultWarning`
+    naming it and the reason, so one broken file neither hides the others nor goes unnoticed.
+    JSON that is not a result (no ``provenance``, e.g. a profiler trace) is skipped silently.
+    """
     out = []
     for path in sorted(Path(root).rglob(pattern)):
         try:
             data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            warnings.warn(f"left out {path}: not readable as JSON ({type(exc).__name__}: {exc})",
+                          UnreadableResultWarning, stacklevel=2)
             continue
         if isinstance(data, dict) and "provenance" in data and (not rows_only or isinstance(data.get("rows"), list)):
             data["_path"] = str(path)
             out.append(data)
     return sorted(out, key=lambda r: str(r["provenance"].get("date", "")))
-
-
 
 
 def newest(pattern: str, gpu: str = "nvidia-h200", root=RESULTS_ROOT, **provenance) -> dict | None:

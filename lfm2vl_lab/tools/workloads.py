@@ -1,9 +1,16 @@
-"""Workloads: the shipped sample photos, seeded synthetic images and request streams, and
-processor-shaped random inputs for parity checks."""
+"""Workloads: the shipped sample photos, seeded synthetic images and request streams,
+processor-shaped random inputs for parity checks, and the benchmark's named workloads.
+
+Named workloads: ``NxS`` (N synthetic S×S images, e.g. ``1x512``, ``4x512``), ``A..BxS``
+(doubling N from A to B: ``1..16x512`` → 1, 2, 4, 8, 16 images; ``1..16`` alone means
+``1..16x512``), ``tiled`` (one ``TILED_SIZE`` image → tiles, plus a thumbnail on presets that use
+one) and ``stream`` (requests from :func:`synthetic_workload`, each timed once).
+"""
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +18,13 @@ import numpy as np
 import torch
 
 from ..core.inputs import image_limits
+from ..core.packing import tokens_for
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "data" / "images"
+DEFAULT_WORKLOADS = ("1x512", "1x256", "4x512", "tiled")
+TILED_SIZE = (1024, 768)  # width, height of the ``tiled`` workload's one image
+NXS = re.compile(r"(\d+)x(\d+)")  # an ``NxS`` workload name: N images of S×S pixels
+_RANGE = re.compile(r"(\d+)\.\.(\d+)(?:x(\d+))?")
 
 # The seeded workload: image sides are drawn from this table of (weight, (min_px, max_px)) bands.
 # Small thumbnails (one item, fewer than 256 tokens), ~512 px photos (one item, 256 tokens), and
@@ -92,7 +104,8 @@ def random_processor_output(shapes, model_or_preset="tiny", seed: int = 0, dtype
             raise ValueError(f"item {i}: patch grid {h}x{w} = {h * w} rows exceeds max_num_patches={rows}")
         pv[i, : h * w] = torch.rand(h * w, dim, generator=g, dtype=torch.float32).to(dtype) * 2 - 1
         mask[i, : h * w] = 1
-    return {"pixel_values": pv, "pixel_attention_mask": mask, "spatial_shapes": torch.tensor(shapes, dtype=torch.int64).reshape(n, 2)}
+    shapes_t = torch.tensor(shapes, dtype=torch.int64).reshape(n, 2)
+    return {"pixel_values": pv, "pixel_attention_mask": mask, "spatial_shapes": shapes_t}
 
 
 def device_defaults(device) -> tuple[str, torch.dtype]:
@@ -100,3 +113,81 @@ def device_defaults(device) -> tuple[str, torch.dtype]:
     dtype a server runs), the tiny preset in fp32 elsewhere (a CPU runs it in seconds)."""
     on_cuda = torch.device(device).type == "cuda"
     return ("lfm2-vl-450m", torch.bfloat16) if on_cuda else ("tiny", torch.float32)
+
+
+def parse_nxs(name) -> tuple[int, int] | None:
+    """``"4x512"`` → ``(4, 512)`` (images, side); None for any other name (``tiled``, ``stream``)."""
+    m = NXS.fullmatch(str(name))
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def _expand_one(part: str) -> list[str]:
+    if m := _RANGE.fullmatch(part):
+        a, b, side = int(m[1]), int(m[2]), int(m[3] or 512)
+        if a < 1 or b < a:
+            raise ValueError(f"workload range {part!r}: need 1 <= A <= B")
+        out, n = [], a
+        while n < b:
+            out.append(f"{n}x{side}")
+            n *= 2
+        return out + [f"{b}x{side}"]
+    if nxs := parse_nxs(part):
+        if min(nxs) < 1:
+            raise ValueError(f"workload {part!r}: need at least one image of positive size")
+        return [part]
+    if part in ("tiled", "stream"):
+        return [part]
+    raise ValueError(f"unknown workload {part!r}: use NxS (e.g. 4x512), A..BxS, tiled or stream")
+
+
+def expand_workloads(specs) -> list[str]:
+    """Workload specs (strings or comma lists) → workload names, ranges expanded, order kept."""
+    if isinstance(specs, str):
+        specs = [specs]
+    out = [name for spec in specs for part in str(spec).split(",") if part.strip()
+           for name in _expand_one(part.strip())]
+    return list(dict.fromkeys(out))
+
+
+def workload_images(name: str, seed: int = 0) -> list:
+    """The PIL images of a fixed workload (``NxS`` or ``tiled``)."""
+    if name == "tiled":
+        return [synthetic_image(*TILED_SIZE, seed=seed)]
+    nxs = parse_nxs(name)
+    if nxs is None:
+        raise ValueError(f"{name!r} is not a fixed workload (NxS or tiled)")
+    n, side = nxs
+    if n < 1 or side < 1:
+        raise ValueError(f"workload {name!r}: need at least one image of positive size")
+    return [synthetic_image(side, side, seed=seed + i) for i in range(n)]
+
+
+def to_device(inputs: dict, device, dtype) -> dict:
+    """Processor output on the device: pixel values in the model dtype, the mask alongside, and
+    ``spatial_shapes`` kept on the CPU (the encoders read it on the host)."""
+    return {
+        "pixel_values": inputs["pixel_values"].to(device, dtype),
+        "pixel_attention_mask": inputs["pixel_attention_mask"].to(device),
+        "spatial_shapes": inputs["spatial_shapes"].cpu(),
+    }
+
+
+def input_stats(inputs: dict, factor: int = 2) -> dict:
+    """Items, output tokens and patch rows of one processor output."""
+    shapes = [(int(h), int(w)) for h, w in inputs["spatial_shapes"].tolist()]
+    return {"n_items": len(shapes), "tokens": sum(tokens_for(s, factor) for s in shapes),
+            "patch_rows": sum(h * w for h, w in shapes)}
+
+
+def stream_requests(n: int, preset, seed: int = 0, progress: bool = False) -> tuple[list[dict], dict]:
+    """Processor output (CPU) of ``n`` seeded requests (:func:`synthetic_workload`), and totals over them."""
+    from tqdm.auto import tqdm
+
+    from ..core.inputs import process_images
+
+    reqs = []
+    for r in tqdm(synthetic_workload(n, seed), desc="processing stream images", leave=False, disable=not progress):
+        out = process_images([r.image()], preset)
+        reqs.append({k: out[k] for k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")})
+    totals = [input_stats(r) for r in reqs]
+    return reqs, {"n_images": n, **{k: sum(t[k] for t in totals) for k in ("n_items", "tokens", "patch_rows")}}

@@ -1,0 +1,225 @@
+"""The encoder paths the benchmark compares (``MODES``), each built once into a :class:`Runner`.
+
+* ``hf-eager``        transformers' ``get_image_features`` (via :func:`core.hf.hf_image_features`)
+* ``lab-eager``       :meth:`PackedVisionEncoder.encode`: packed varlen, no graphs
+* ``lab-graph``       :class:`GraphedEncoder` after capture: one CUDA graph per budget
+* ``compile``         ``torch.compile(mode="reduce-overhead")`` of a function calling transformers'
+                      ``get_image_features`` (inductor + CUDA graph trees; rows record the first
+                      call's seconds and dynamo counters, which show recompiles per new shape)
+* ``lab-graph-fused`` ``GraphedEncoder`` whose captured ``body`` is the packed forward compiled by
+                      inductor (``dynamic=False``; ``fullgraph=True`` when dynamo traces it whole,
+                      else with graph breaks); the compile cost is part of capture
+
+The three graph modes need CUDA (``CUDA_ONLY`` says why). ``DEFAULT_MODES`` leaves
+``lab-graph-fused`` out: its compile per budget is slow (the ``compile_s`` of recorded
+``lab-graph-fused`` rows under ``data/results`` says how slow), which a default run should not pay.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..core.config import EncoderGraphConfig
+from ..core.graphs import SINGLE_ITEM_GRAPHS
+from .meter import graph_memory, measured_capture
+
+MODES = ("hf-eager", "lab-eager", "lab-graph", "compile", "lab-graph-fused")
+DEFAULT_MODES = ("hf-eager", "lab-eager", "lab-graph", "compile")
+CUDA_ONLY = {
+    "lab-graph": "CUDA graphs need a CUDA device",
+    "compile": "mode='reduce-overhead' is CUDA graphs (cudagraph trees); it needs a CUDA device",
+    "lab-graph-fused": "CUDA graphs of an inductor-compiled body need a CUDA device",
+}
+GRAPH_MODES = ("lab-graph", "lab-graph-fused")  # the budget / cu-rule / max-seqlen sweeps apply to these
+LAB_MODES = ("lab-eager", "lab-graph", "lab-graph-fused")  # the packed encoder: attention / fuse_qkv sweeps
+# The technique's own defaults (stated once, in core), for the modes that take these settings
+DEFAULT_CU_RULE = EncoderGraphConfig.cu_seqlens_rule
+DEFAULT_MAX_SEQLEN_MODE = EncoderGraphConfig.max_seqlen_mode
+# torch.compile's modes, for the lab-graph-fused body
+FUSED_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+# What dynamo and inductor raise when they cannot compile a body whole (torch 2.11 to 2.14): a graph
+# break under fullgraph=True (Unsupported), an op failing on fake tensors (TorchRuntimeError), the
+# backend failing (BackendCompilerFailed), a tracing rule broken by the code (UserError).
+TRACE_FAILURES: tuple[type[BaseException], ...] = tuple(
+    getattr(torch._dynamo.exc, name) for name in ("Unsupported", "TorchRuntimeError", "BackendCompilerFailed",
+                                                  "UserError") if hasattr(torch._dynamo.exc, name))
+
+
+@dataclass
+class Runner:
+    """One mode, set up once and reused across workloads."""
+
+    mode: str
+    call: Callable[[dict], list]
+    info: dict = field(default_factory=dict)  # config and one-off costs, copied into every row
+    graphed: Any = None  # the GraphedEncoder of graph modes, for its stats
+
+    def graph_stats(self) -> dict:
+        if self.graphed is None:
+            return {}
+        s = self.graphed.stats
+        return {"hit_rate": s.hit_rate, "hits": s.hits, "misses": s.misses, "overflow": s.overflow,
+                "padding_waste": s.padding_waste, "replays": {str(k): v for k, v in sorted(s.replays.items())}}
+
+    def reset_stats(self) -> None:
+        if self.graphed is not None:
+            self.graphed.reset_stats()
+
+
+# The dynamo / inductor counters worth keeping per row: graphs compiled, frames, graph breaks,
+# CUDA-graph (re-)recordings and skips. Others are per-kernel details, and the keys of
+# "graph_break" / "unimplemented" are whole messages, so those two are kept as totals only.
+_COUNTER_CATS = ("stats", "frames", "recompiles")
+_COUNTER_TOTALS = ("graph_break", "unimplemented")
+
+
+def dynamo_counters() -> dict[str, int]:
+    """A flat snapshot of the informative parts of ``torch._dynamo.utils.counters``."""
+    from torch._dynamo.utils import counters
+
+    flat = {}
+    for cat, counter in list(counters.items()):
+        if cat in _COUNTER_TOTALS:
+            flat[f"{cat}.total"] = sum(v for v in counter.values() if isinstance(v, (int, float)))
+        elif cat in _COUNTER_CATS or cat == "inductor":
+            for key, val in counter.items():
+                if isinstance(val, (int, float)) and (cat != "inductor" or "cudagraph" in key):
+                    flat[f"{cat}.{key}"] = val
+    return flat
+
+
+def counter_diff(before: dict, after: dict) -> dict:
+    """The counters that changed between two :func:`dynamo_counters` snapshots, by how much."""
+    return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] != before.get(k, 0)}
+
+
+def budgets_label(budgets) -> str:
+    """How rows name a budget set: ``"auto"`` or ``"64,256"``."""
+    return "auto" if budgets is None else ",".join(str(b) for b in budgets)
+
+
+def is_trace_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, or any exception it was raised from or during (``__cause__`` and
+    ``__context__``, followed all the way), is one of ``TRACE_FAILURES``: dynamo or inductor could
+    not compile the body whole. A failed capture wraps the body's error (often as the context of
+    the error that ending the capture raised), so the whole chain is searched."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, TRACE_FAILURES):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
+def _graph_info(genc, rows: list[dict], seconds: float) -> dict:
+    cfg = genc.config
+    return {
+        "budgets": list(cfg.budgets), "max_items": cfg.max_items, "cu_rule": cfg.cu_seqlens_rule,
+        "max_seqlen_mode": cfg.max_seqlen_mode, "attention": genc.encoder.attention_backend,
+        "capture_s": seconds, "capture_info": rows,
+        **{f"graph_{k}": v for k, v in graph_memory(rows).items() if k != "per_budget"},
+    }
+
+
+def _captured(genc, progress: bool) -> dict:
+    """Capture ``genc`` through the meter; the graph part of a row's info."""
+    t0 = time.perf_counter()
+    rows = measured_capture(genc, progress=progress)
+    return _graph_info(genc, rows, time.perf_counter() - t0)
+
+
+def make_runner(mode: str, model, *, budgets=None, cu_rule: str = DEFAULT_CU_RULE,
+                max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE, fused_compile_mode: str = "default",
+                progress: bool = False, attention: str = "auto",
+                fuse_qkv: bool = False, single_item_graphs: bool = SINGLE_ITEM_GRAPHS) -> Runner:
+    """Build (and for graph modes capture) one mode on ``model``. ``budgets=None``: the automatic
+    budgets. Raises ``ValueError`` for an unknown mode."""
+    from ..core.encoder import PackedVisionEncoder
+    from ..core.graphs import GraphedEncoder
+    from ..core.hf import hf_image_features
+
+    if mode == "hf-eager":
+        return Runner(mode, lambda inp: hf_image_features(model, inp))
+    if mode == "lab-eager":
+        enc = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
+        return Runner(mode, enc.encode, {"attention": enc.attention_backend, "fuse_qkv": fuse_qkv})
+    if mode == "lab-graph":
+        genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
+                              attention=attention, fuse_qkv=fuse_qkv, single_item_graphs=single_item_graphs)
+        info = {"budget_set": budgets_label(budgets), "fuse_qkv": fuse_qkv, "single_item_graphs": single_item_graphs,
+                **_captured(genc, progress)}
+        return Runner(mode, genc.encode, info, genc)
+    if mode == "lab-graph-fused":
+        return make_fused(model, budgets, cu_rule, max_seqlen_mode, fused_compile_mode, progress, attention, fuse_qkv)
+    if mode == "compile":
+        return make_compile(model)
+    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def make_fused(model, budgets=None, cu_rule: str = DEFAULT_CU_RULE, max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE,
+               compile_mode: str = "default", progress: bool = False, attention: str = "auto",
+               fuse_qkv: bool = False) -> Runner:
+    """GraphedEncoder with an inductor-compiled body. ``fullgraph=True`` first: one fused program
+    per budget. If dynamo or inductor cannot compile it whole (:func:`is_trace_failure`), fall back
+    to a body with graph breaks and say so in ``fullgraph_error``; any other error propagates."""
+    from ..core.encoder import PackedVisionEncoder
+    from ..core.graphs import GraphedEncoder
+
+    error = None
+    for fullgraph in (True, False):
+        torch._dynamo.reset()
+        body = torch.compile(PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv), mode=compile_mode,
+                             dynamic=False, fullgraph=fullgraph)
+        genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
+                              body=body, attention=attention)
+        try:
+            graph = _captured(genc, progress)
+        except Exception as exc:
+            if not fullgraph or not is_trace_failure(exc):
+                raise
+            error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            del genc, body
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
+        # capture timed compile + warm-up + capture together: that sum is the one-off cost here
+        info = {"budget_set": budgets_label(budgets), **graph, "compile_mode": compile_mode, "fullgraph": fullgraph,
+                "fullgraph_error": error, "fuse_qkv": fuse_qkv, "compile_s": graph["capture_s"]}
+        return Runner("lab-graph-fused", genc.encode, info, genc)
+    raise AssertionError("unreachable")
+
+
+def make_compile(model) -> Runner:
+    """torch.compile(mode="reduce-overhead") around transformers' own image path."""
+    from ..core.encoder import lfm2vl_parts
+
+    torch._dynamo.reset()  # counters and caches of earlier modes must not leak into this one
+    w = lfm2vl_parts(model)[0].embeddings.patch_embedding.weight
+
+    def hf_features(pixel_values, spatial_shapes, pixel_attention_mask):
+        return model.get_image_features(pixel_values=pixel_values, spatial_shapes=spatial_shapes,
+                                        pixel_attention_mask=pixel_attention_mask)
+
+    compiled = torch.compile(hf_features, mode="reduce-overhead")
+
+    @torch.no_grad()
+    def call(inp):
+        torch.compiler.cudagraph_mark_step_begin()  # tell cudagraph trees a new inference step begins
+        out = compiled(inp["pixel_values"].to(w.device, w.dtype), inp["spatial_shapes"].to(w.device),
+                       inp["pixel_attention_mask"].to(w.device))
+        feats = out.pooler_output if hasattr(out, "pooler_output") else out
+        # Clone: cudagraph trees overwrite their outputs on the next replay.
+        return [f.clone() for f in feats]
+
+    return Runner("compile", call, {"compile_mode": "reduce-overhead"})
