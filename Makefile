@@ -32,7 +32,9 @@ $(VPY):
 bench: | $(VPY)
 	$(VPY) -m lfm2vl_lab bench
 
+# ruff first (seconds; its settings are in pyproject.toml), then the CPU tests, then every notebook.
 test: | $(VPY)
+	$(VENV)/bin/ruff check .
 ifneq ($(NOTEBOOKS),)
 	$(VPY) -m pytest -q tests --nbval-lax --nbval-current-env notebooks/
 else
