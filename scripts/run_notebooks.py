@@ -125,7 +125,7 @@ def execute(nb, path: Path, timeout: int) -> str:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         return "ok"
-    except Exception as exc:  # noqa: BLE001 - report and go on to the next notebook
+    except Exception as exc:  # report it and go on to the next notebook
         if type(exc).__name__ == "DeadKernelError":
             print(f"{path.name}: the kernel died; rerunning its code as a script to see why", flush=True)
             print(diagnose_dead_kernel(nb, path, timeout), flush=True)

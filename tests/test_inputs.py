@@ -21,6 +21,7 @@ from lfm2vl_lab.core.inputs import (
     processor_for,
     to_rgb,
 )
+from lfm2vl_lab.core.packing import tokens_for
 from lfm2vl_lab.core.presets import Preset, build_config
 
 WHITE = np.array(ALPHA_BACKGROUND, dtype=np.uint8)
@@ -406,7 +407,10 @@ def test_load_model_processor_settings_win_over_the_preset(tmp_path, tiny_model)
     genc = GraphedEncoder(loaded)
     assert min(genc.config.budgets) == 32
     img = synthetic_image(512, 512)
-    tokens = lambda inputs: [(h // 2) * (w // 2) for h, w in inputs["spatial_shapes"].tolist()]  # noqa: E731
+
+    def tokens(inputs):
+        return [tokens_for(s) for s in inputs["spatial_shapes"].tolist()]
+
     assert tokens(process_images(img, "tiny")) == [256]
     (ours,) = tokens(process_images(img, loaded))
     assert 32 <= ours <= 128
@@ -457,7 +461,10 @@ def test_stats_report_the_position_cache(tiny_model):
     genc = GraphedEncoder(tiny_model)
     cache = genc.encoder.pos_cache
     c = tiny_model.config.vision_config.hidden_size
-    entry = lambda h, w: h * w * c * 4  # noqa: E731 - fp32 rows of the resized grid
+
+    def entry(h, w):  # bytes of one fp32 resized grid
+        return h * w * c * 4
+
     cache.max_bytes = entry(16, 16) + entry(8, 8)
     shapes = [(16, 16), (8, 8), (16, 16), (6, 8)]
     with warnings.catch_warnings():

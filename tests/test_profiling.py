@@ -1,5 +1,6 @@
 """analyze_trace against hand-written traces with known answers; profile_callable on the CPU."""
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -125,9 +126,7 @@ def test_profile_callable_temp_trace_is_removed():
 def test_hta_optional():
     from lfm2vl_lab.tools.profiling import hta_launch_stats
 
-    try:
-        import hta  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("hta") is None:
         with pytest.raises(ImportError, match="pip install HolisticTraceAnalysis"):
             hta_launch_stats(FIX)
     else:

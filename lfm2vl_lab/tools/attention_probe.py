@@ -14,21 +14,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..core.capture import capture_graph
 from ..core.encoder import attention_sdpa_blockmask, attention_varlen
 from ..core.parity import rel_error
 from ..core.presets import as_preset
 
 
 def _graph_time_ms(fn, iters: int = 50) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    """Mean ms of one replay of ``fn`` captured into a graph (the kit's one capture recipe)."""
+    g = capture_graph(fn, warmup=3)
     g.replay()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
