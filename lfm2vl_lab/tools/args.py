@@ -62,11 +62,6 @@ def parse_device(spec) -> torch.device:
     return dev
 
 
-def default_device() -> torch.device:
-    """CUDA when this machine has it, else the CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def parse_budgets(spec) -> list[int] | None:
     """``"auto"``/None → None (automatic budgets); ``"64,256,1024"`` or a list → sorted positive ints."""
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):

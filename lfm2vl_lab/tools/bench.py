@@ -36,7 +36,6 @@ from ..core.graphs import SINGLE_ITEM_GRAPHS
 from ..core.parity import max_rel_error
 from .args import (
     check_choice,
-    default_device,
     dtype_name,
     parse_budgets,
     parse_device,
@@ -62,6 +61,7 @@ from .table import add_derived
 from .timing import summarize, time_call, time_calls
 from .workloads import (
     DEFAULT_WORKLOADS,
+    default_device,
     device_defaults,
     expand_workloads,
     input_stats,

@@ -318,9 +318,9 @@ def run_e2e_cli(args) -> int:
     import sys
 
     from ..core.presets import build_model
-    from .args import default_device, dtype_name, parse_dtype
+    from .args import dtype_name, parse_dtype
     from .results import RESULTS_ROOT, provenance, save_result
-    from .workloads import device_defaults
+    from .workloads import default_device, device_defaults
 
     dev = default_device()
     default_preset, default_dtype = device_defaults(dev)

@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from .results import RESULTS_ROOT, gpu_slug, newest, recorded_label
-from .workloads import device_defaults
+from .workloads import default_device, device_defaults
 
 RECORDED_GPU = "nvidia-h200"  # the GPU whose recorded results the notebooks read: data/results/nvidia-h200/
 
@@ -43,7 +43,7 @@ def setup(device=None) -> tuple[str, str, torch.dtype]:
         if not constants.HF_HUB_OFFLINE:
             warnings.warn("setup(): huggingface_hub was imported before HF_HUB_OFFLINE was set, so hub access "
                           "stays on in this kernel; call setup() first", stacklevel=2)
-    device = str(device) if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(device if device is not None else default_device())
     preset, dtype = device_defaults(device)
     print(f"DEVICE={device}  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}")
     return device, preset, dtype

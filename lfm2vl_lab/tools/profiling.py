@@ -52,9 +52,9 @@ __all__ = [
 def _resolve_device(device):
     import torch
 
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    from .workloads import default_device
+
+    return default_device() if device is None else torch.device(device)
 
 
 def profile_callable(fn, warmup: int = 3, iters: int = 5, trace_path=None, device=None,

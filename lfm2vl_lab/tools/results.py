@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .workloads import default_device
+
 RESULTS_ROOT = Path(__file__).resolve().parents[2] / "data" / "results"
 
 
@@ -58,7 +60,7 @@ def provenance(command: str | None = None, device=None, **extra) -> dict:
     """
     import transformers
 
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device) if device is not None else default_device()
     on_cuda = dev.type == "cuda" and torch.cuda.is_available()
     prov = {
         "gpu": torch.cuda.get_device_name(dev) if on_cuda else "cpu",

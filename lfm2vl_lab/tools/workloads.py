@@ -108,6 +108,11 @@ def random_processor_output(shapes, model_or_preset="tiny", seed: int = 0, dtype
     return {"pixel_values": pv, "pixel_attention_mask": mask, "spatial_shapes": shapes_t}
 
 
+def default_device() -> torch.device:
+    """CUDA when this machine has it, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def device_defaults(device) -> tuple[str, torch.dtype]:
     """The kit's choice of model for a device: LFM2-VL-450M in bf16 on CUDA (the real shapes, the
     dtype a server runs), the tiny preset in fp32 elsewhere (a CPU runs it in seconds)."""
