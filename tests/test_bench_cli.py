@@ -177,10 +177,11 @@ def test_figures_pick_the_default_config_over_experiments():
     from lfm2vl_lab.tools.plots import pick_rows
 
     base = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
-            "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": False, "single_item_graphs": True}
+            "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": True, "fuse_elementwise": True,
+            "dense_graphs": True}
     rows = [dict(base, median_ms=1.4, gpu_busy_ms=1.1),
-            dict(base, median_ms=1.1, gpu_busy_ms=0.9, single_item_graphs=False),  # newer, profiled, faster
-            dict(base, median_ms=1.2, gpu_busy_ms=1.0, fuse_qkv=True),
+            dict(base, median_ms=1.1, gpu_busy_ms=0.9, dense_graphs=False),  # newer, profiled, faster
+            dict(base, median_ms=1.2, gpu_busy_ms=1.0, fuse_qkv=False),
             dict(base, median_ms=1.3, gpu_busy_ms=1.0, attention="sdpa_blockmask")]
     assert [r["median_ms"] for r in pick_rows(rows)] == [1.4]  # the default row, though slower and older
     assert [r["median_ms"] for r in pick_rows(rows[1:])] == [1.3]  # no default row: the newest profiled one

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from lfm2vl_lab.core.graphs import SINGLE_ITEM_GRAPHS
+from lfm2vl_lab.core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
+from lfm2vl_lab.core.graphs import DENSE_GRAPHS
 from lfm2vl_lab.tools.bench import RunSpec, expand_specs, measure_fixed, run_bench
 from lfm2vl_lab.tools.modes import DEFAULT_CU_RULE, DEFAULT_MAX_SEQLEN_MODE, Runner, is_trace_failure
 from lfm2vl_lab.tools.results import UnreadableResultWarning, load_results, save_result
@@ -16,8 +17,9 @@ from lfm2vl_lab.tools.workloads import NXS, TILED_SIZE, parse_nxs, workload_imag
 
 def test_run_spec_defaults_are_explicit():
     s = RunSpec("lab-graph")
-    assert (s.budgets, s.cu_rule, s.max_seqlen_mode, s.attention, s.fuse_qkv, s.single_item_graphs) == \
-        (None, DEFAULT_CU_RULE, DEFAULT_MAX_SEQLEN_MODE, "auto", False, SINGLE_ITEM_GRAPHS)
+    assert (s.budgets, s.cu_rule, s.max_seqlen_mode, s.attention, s.fuse_qkv, s.fuse_elementwise,
+            s.dense_graphs) == (None, DEFAULT_CU_RULE, DEFAULT_MAX_SEQLEN_MODE, "auto", FUSE_QKV, FUSE_ELEMENTWISE,
+                                DENSE_GRAPHS)
     assert s.labels() == {"mode": "lab-graph", "budget_set": "auto", "cu_rule": DEFAULT_CU_RULE,
                           "max_seqlen_mode": DEFAULT_MAX_SEQLEN_MODE}
     assert RunSpec("lab-graph", budgets=(64, 256)).labels()["budget_set"] == "64,256"
@@ -26,17 +28,17 @@ def test_run_spec_defaults_are_explicit():
 def test_expand_specs_sweeps_only_where_a_setting_applies():
     specs = expand_specs(["hf-eager", "lab-eager", "lab-graph", "compile"], budget_sets=[None, [64, 256]],
                          cu_rules=["safe", "repeat_last"], attentions=["auto", "sdpa_blockmask"],
-                         fuse_qkvs=[False, True], single_item_graphs=[True, False])
+                         fuse_qkvs=[False, True], fuse_elementwises=[False, True], dense_graphs=[True, False])
     by_mode = {m: [s for s in specs if s.mode == m] for m in ("hf-eager", "lab-eager", "lab-graph", "compile")}
     assert by_mode["hf-eager"] == [RunSpec("hf-eager")] and by_mode["compile"] == [RunSpec("compile")]
-    assert len(by_mode["lab-eager"]) == 2 * 2  # attention x fuse_qkv; no graph settings
+    assert len(by_mode["lab-eager"]) == 2 * 2 * 2  # attention x fuse_qkv x fuse_elementwise; no graph settings
     assert {(s.budgets, s.cu_rule) for s in by_mode["lab-eager"]} == {(None, DEFAULT_CU_RULE)}
-    assert len(by_mode["lab-graph"]) == 2 * 2 * 2 * 2 * 2  # budgets x cu rules x attention x fuse_qkv x single
+    assert len(by_mode["lab-graph"]) == 2 * 2 * 2 * 2 * 2 * 2  # budgets x cu rules x attention x 2 fusions x dense
     assert {s.budgets for s in by_mode["lab-graph"]} == {None, (64, 256)}
     assert [s.mode for s in specs[:1]] == ["hf-eager"] and len(set(specs)) == len(specs)
     assert expand_specs(["lab-eager", "lab-eager"]) == [RunSpec("lab-eager")]  # duplicates run once
-    with pytest.raises(ValueError, match="single_item_graphs"):  # no None standing for "the default"
-        expand_specs(["lab-graph"], single_item_graphs=[None])
+    with pytest.raises(ValueError, match="dense_graphs"):  # no None standing for "the default"
+        expand_specs(["lab-graph"], dense_graphs=[None])
 
 
 def test_nxs_and_tiled_are_stated_once():

@@ -88,8 +88,8 @@ def test_good_input_still_parses():
     assert a.budgets == [None, [64, 256]] and a.cu_rule == ["safe", "repeat_last"] and a.fuse_qkv == [False, True]
     assert (a.dtype, a.device, a.repeats, a.warmup, a.preset) == ("bf16", torch.device("cpu"), 3, 0, "tiny")
     d = p.parse_args(["bench"])  # string defaults go through the same types
-    assert (d.cu_rule, d.max_seqlen_mode, d.attention, d.fuse_qkv, d.single_item_graphs) == \
-        (["safe"], ["tight"], ["auto"], [False], None)  # None: GraphedEncoder's own default (single-item on)
+    assert (d.cu_rule, d.max_seqlen_mode, d.attention, d.fuse_qkv, d.fuse_elementwise, d.dense_graphs) == \
+        (["safe"], ["tight"], ["auto"], None, None, None)  # None: the kit's own defaults (all on)
     e = p.parse_args(["e2e", "--image", "tiled", "--requests", "1,4", "--new-tokens", "2,8"])
     assert (e.image, e.requests, e.new_tokens, e.repeats) == (["tiled"], [1, 4], [2, 8], 5)
 

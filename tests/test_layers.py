@@ -13,9 +13,10 @@ CORE = sorted((PKG / "core").glob("*.py"))
 ALL = sorted(PKG.rglob("*.py"))
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
-# What the technique may use besides the standard library: torch, transformers, and the two
-# packages transformers' image processor itself needs.
-CORE_THIRD_PARTY = {"torch", "transformers", "numpy", "PIL"}
+# What the technique may use besides the standard library: torch, transformers, the two packages
+# transformers' image processor itself needs, and Triton, torch's own kernel language (installed with
+# CUDA torch; core/fused.py imports it lazily and runs plain torch without it).
+CORE_THIRD_PARTY = {"torch", "transformers", "numpy", "PIL", "triton"}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:

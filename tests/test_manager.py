@@ -76,6 +76,9 @@ class ToyEncoder:
         buffers["x"][n:].zero_()
         return "default"
 
+    def computed_tokens(self, budget, variant):
+        return budget
+
     def forward_eager(self, items, batch):
         return self.mlp(torch.cat([items[i] for i in batch]))
 

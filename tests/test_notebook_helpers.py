@@ -16,9 +16,8 @@ import pytest
 import torch
 
 import lfm2vl_lab
-from lfm2vl_lab.core.graphs import SINGLE_ITEM_GRAPHS
 from lfm2vl_lab.tools.notebook import RECORDED_GPU, load_recorded, setup
-from lfm2vl_lab.tools.plots import count_nxs_workloads, e2e_figure, is_default_config
+from lfm2vl_lab.tools.plots import KERNEL_OPTIONS, count_nxs_workloads, e2e_figure, is_default_config
 from lfm2vl_lab.tools.results import save_result
 from lfm2vl_lab.tools.workloads import device_defaults
 
@@ -94,8 +93,7 @@ def test_the_recorded_gpu_is_the_one_the_repo_has_results_for():
 # plots: is_default_config, count_nxs_workloads, e2e_figure(share=True)
 
 GRAPH_ROW = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
-             "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": False,
-             "single_item_graphs": SINGLE_ITEM_GRAPHS}
+             "max_seqlen_mode": "tight", "attention": "varlen", **KERNEL_OPTIONS}
 
 
 @pytest.mark.parametrize("change,default", [
@@ -103,25 +101,28 @@ GRAPH_ROW = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu
     ({"attention": "auto"}, True),
     ({"attention": None}, True),
     ({"attention": "sdpa_blockmask"}, False),
-    ({"fuse_qkv": True}, False),
+    ({"fuse_qkv": not KERNEL_OPTIONS["fuse_qkv"]}, False),
+    ({"fuse_elementwise": not KERNEL_OPTIONS["fuse_elementwise"]}, False),
     ({"cu_rule": "repeat_last"}, False),
     ({"max_seqlen_mode": "loose"}, False),
     ({"budget_set": "256,1024"}, False),
-    ({"single_item_graphs": not SINGLE_ITEM_GRAPHS}, False),
+    ({"dense_graphs": not KERNEL_OPTIONS["dense_graphs"]}, False),
+    # a row without an option's key ran before the option existed, with it off
+    ({"fuse_elementwise": None} if KERNEL_OPTIONS["fuse_elementwise"] else {"fuse_elementwise": True}, False),
     # rows of eager modes carry no graph settings: they are default unless an option says otherwise
     ({"mode": "hf-eager", "budget_set": None, "cu_rule": None, "max_seqlen_mode": None, "attention": None}, True),
-    ({"mode": "lab-eager", "budget_set": None, "single_item_graphs": not SINGLE_ITEM_GRAPHS}, True),
+    ({"mode": "lab-eager", "budget_set": None, "dense_graphs": not KERNEL_OPTIONS["dense_graphs"]}, True),
+    ({"mode": "hf-eager", "budget_set": None, "fuse_qkv": None, "fuse_elementwise": None}, True),
 ])
 def test_is_default_config(change, default):
     assert is_default_config(dict(GRAPH_ROW, **change)) is default
 
 
-def test_is_default_config_can_accept_either_single_item_setting():
-    other = dict(GRAPH_ROW, single_item_graphs=not SINGLE_ITEM_GRAPHS)
-    assert is_default_config(other, single_item_graphs=None)
-    assert is_default_config(other, single_item_graphs=not SINGLE_ITEM_GRAPHS)
-    assert not is_default_config(GRAPH_ROW, single_item_graphs=not SINGLE_ITEM_GRAPHS)
-    assert not is_default_config(dict(other, fuse_qkv=True), single_item_graphs=None)
+def test_is_default_config_can_ignore_an_option():
+    other = dict(GRAPH_ROW, dense_graphs=not KERNEL_OPTIONS["dense_graphs"])
+    assert is_default_config(other, ignore=("dense_graphs",))
+    assert not is_default_config(other, ignore=("fuse_qkv",))
+    assert not is_default_config(dict(other, fuse_qkv=not KERNEL_OPTIONS["fuse_qkv"]), ignore=("dense_graphs",))
 
 
 def test_count_nxs_workloads():

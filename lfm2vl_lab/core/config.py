@@ -140,6 +140,10 @@ class EncoderGraphConfig:
       patch limit) or vLLM's ``"loose"`` (4·budget)
     * ``out_hidden_size``: the width of the rows the graphs write
     * ``padding_logics``: per buffer key, a padding logic that replaces the default for that buffer
+    * ``max_run_items``: the most *full-length* items (``max_num_patches`` rows each: a 512 px image
+      or tile) one replay may carry when the batch holds nothing else (0: no such batches). If that
+      is more tokens than the largest budget, one more graph budget, :attr:`run_budget`, holds them:
+      its graphs run only dense attention over exactly the items given, so it pads nothing
     """
 
     budgets: list[int]
@@ -151,6 +155,7 @@ class EncoderGraphConfig:
     cu_seqlens_rule: str = "safe"
     max_seqlen_mode: str = "tight"
     padding_logics: dict[str, PaddingLogic] = field(default_factory=dict)
+    max_run_items: int = 0
 
     def __post_init__(self):
         self.budgets = check_budgets(self.budgets)
@@ -165,6 +170,8 @@ class EncoderGraphConfig:
             raise ValueError(f"cu_seqlens_rule must be one of {CU_SEQLENS_RULES}, got {self.cu_seqlens_rule!r}")
         if self.max_seqlen_mode not in MAX_SEQLEN_MODES:
             raise ValueError(f"max_seqlen_mode must be one of {MAX_SEQLEN_MODES}, got {self.max_seqlen_mode!r}")
+        if not isinstance(self.max_run_items, int) or isinstance(self.max_run_items, bool) or self.max_run_items < 0:
+            raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {self.max_run_items!r}")
 
     @classmethod
     def build(cls, out_hidden_size: int, budgets=None, max_items=None, min_tokens: int = MIN_IMAGE_TOKENS,
@@ -177,6 +184,34 @@ class EncoderGraphConfig:
             max_items = auto_max_items(budgets, min_tokens)
         return cls(budgets=budgets, max_items=max_items, out_hidden_size=out_hidden_size,
                    min_item_tokens=min_tokens, **kw)
+
+    # -- runs of full-length items ----------------------------------------------------------------
+    @property
+    def run_tokens(self) -> int:
+        """Output tokens of a full-length item (``max_num_patches`` rows): 256 for LFM2-VL."""
+        return self.max_num_patches // self.factor**2
+
+    @property
+    def run_budget(self) -> int | None:
+        """The extra budget for pure runs longer than the largest budget holds (None if none)."""
+        return self._derived()[0]
+
+    @property
+    def graph_budgets(self) -> list[int]:
+        """Every budget that gets graphs: ``budgets``, then :attr:`run_budget` if there is one."""
+        return self._derived()[1]
+
+    def _derived(self) -> tuple:
+        """(run_budget, graph_budgets), recomputed only when a field they follow changed: every
+        replay asks for them, so they are not rebuilt per call."""
+        key = (tuple(self.budgets), self.max_run_items, self.max_num_patches, self.factor)
+        cached = self.__dict__.get("_derived_cache")
+        if cached is None or cached[0] != key:
+            b = self.max_run_items * self.run_tokens
+            run = b if self.max_run_items and b > max(self.budgets) else None
+            cached = (key, (run, list(self.budgets) + ([run] if run else [])))
+            self.__dict__["_derived_cache"] = cached
+        return cached[1]
 
     # -- per-budget geometry ---------------------------------------------------------------------
     def rows(self, budget: int) -> int:
@@ -192,6 +227,8 @@ class EncoderGraphConfig:
         16 slots ran its attention slower than eager on the H200 (docs/results.md compares the
         profiles before and after, ``data/results/nvidia-h200/slots-*.json``).
         """
+        if budget == self.run_budget:
+            return self.max_run_items
         if budget == max(self.budgets):
             return self.max_items
         return max(1, min(self.max_items, budget // self.min_item_tokens))
@@ -205,18 +242,30 @@ class EncoderGraphConfig:
             return self.rows(budget)
         return min(self.rows(budget), self.max_num_patches)
 
-    def padding_for(self, key: str, budget: int) -> PaddingLogic:
+    def dense_rows(self, budget: int) -> int:
+        """Rows of the one item length a budget's dense graphs take (``max_seqlen`` of the tight mode,
+        whatever the mode): one 256 px item at 64 tokens, 512 px tiles from 256 tokens on."""
+        return min(self.rows(budget), self.max_num_patches)
+
+    def dense_blocks(self, budget: int) -> int:
+        """The most items of :meth:`dense_rows` rows one replay of this budget can carry."""
+        return min(self.slots(budget), self.rows(budget) // self.dense_rows(budget))
+
+    def padding_for(self, key: str, budget: int, rows: int | None = None) -> PaddingLogic:
+        """The padding logic of buffer ``key``. ``rows``: for ``cu_seqlens``, the rows the varlen
+        kernel is given when that is fewer than the budget's (the ragged rest after dense items)."""
         if key in self.padding_logics:
             return self.padding_logics[key]
         if key == "cu_seqlens":
             if self.cu_seqlens_rule == "safe":
-                return make_pad_cu_seqlens_safe(self.rows(budget), self.max_seqlen(budget))
+                return make_pad_cu_seqlens_safe(self.rows(budget) if rows is None else rows, self.max_seqlen(budget))
             return pad_cu_seqlens_repeat_last
         return pad_default
 
     def budget_for(self, tokens: int, items: int = 1) -> int | None:
-        """The smallest budget that holds ``tokens`` in ``items`` items, or None if none does."""
-        for b in self.budgets:
+        """The smallest budget that holds ``tokens`` in ``items`` items, or None if none does (the run
+        budget holds only pure runs of full-length items: its model refuses anything else)."""
+        for b in self.graph_budgets:
             if tokens <= b and items <= self.slots(b):
                 return b
         return None

@@ -23,11 +23,16 @@ import itertools
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .fused import TANH_GELU_ACTS, add_layer_norm, linear_gelu
 from .inputs import image_limits
 from .packing import PackedBatch, PositionEmbeddingCache, pack_inputs
 
 ATTENTION_BACKENDS = ("varlen", "sdpa_blockmask")
+# The kernel options' defaults (PackedVisionEncoder explains them; the benchmark records them per row)
+FUSE_QKV = True
+FUSE_ELEMENTWISE = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,16 +122,44 @@ def attention_per_item(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
     return out
 
 
-def attention_one_sequence(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
-    """Dense SDPA over *all* rows as one sequence; ``cu_seqlens`` is ignored.
+# cuDNN's fused attention first: inside a graph it beat FlashAttention-2 (dense and varlen) at every
+# equal-length layout the attention probe timed on the H200 (data/results/nvidia-h200/attention-*.json);
+# the others follow so that shapes or devices cuDNN refuses (and CPUs) still get a kernel.
+DENSE_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                  SDPBackend.MATH]
 
-    Correct only when the rows are exactly one item and no padding. ``GraphedEncoder``'s
-    single-item graphs are replayed only then. It is not a user-selectable backend, because with
-    several items it would silently mix them. Why have it: with no mask, SDPA gets the fast dense
-    kernels (``python -m lfm2vl_lab attention`` measures both inside a graph; the H200 runs are
-    ``data/results/nvidia-h200/attention-*.json``).
-    """
-    return _sdpa_rows(q, k, v, scale)
+
+def attention_dense_blocks(q, k, v, n_items: int, scale: float):
+    """Dense SDPA over rows (T, H, D) that are ``n_items`` sequences of ``T / n_items`` rows each:
+    one batched call on (n_items, H, L, D) views, no mask, cuDNN first."""
+    t, h, d = q.shape
+    q, k, v = (x.view(n_items, t // n_items, h, d).transpose(1, 2) for x in (q, k, v))
+    with sdpa_kernel(DENSE_BACKENDS, set_priority=True):
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    return out.transpose(1, 2).reshape(t, h, d)
+
+
+def dense_attention(n_items: int, item_rows: int, rest=None):
+    """An attention function (same signature as the backends) for a batch that starts with
+    ``n_items`` items of exactly ``item_rows`` rows: those rows go through batched dense SDPA and any
+    rows after them through ``rest`` (a backend) with ``cu_seqlens`` counted from the rest's first
+    row. Correct only for such batches: ``GraphedEncoder`` replays its dense graphs only then. Not a
+    user-selectable backend, because on other batches it would silently mix items."""
+    head = n_items * item_rows
+
+    def attn(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
+        out = attention_dense_blocks(q[:head], k[:head], v[:head], n_items, scale)
+        if q.shape[0] == head:
+            return out
+        return torch.cat([out, rest(q[head:], k[head:], v[head:], cu_seqlens, max_seqlen, scale)])
+
+    return attn
+
+
+def attention_one_sequence(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
+    """Dense SDPA over *all* rows as one sequence; ``cu_seqlens`` is ignored (``dense_attention``'s
+    one-item case: correct only when the rows are exactly one item and no padding)."""
+    return attention_dense_blocks(q, k, v, 1, scale)
 
 
 def resolve_attention(name: str, device: torch.device):
@@ -204,9 +237,14 @@ class PackedVisionEncoder(nn.Module):
     >>> feats = enc.encode(processor_output)            # list of (tokens_i, text_hidden) per item
 
     ``forward(pixel_values, pos_embeds, cu_seqlens, max_seqlen, gather_idx)`` is the graph body.
+
+    Kernel options (all on by default; each changes only rounding, not the math): ``fuse_qkv``, one
+    QKV GEMM per layer; ``fuse_elementwise``, residual add + LayerNorm as one Triton kernel and the
+    MLP's bias + GELU in the GEMM epilogue (:mod:`~.fused`; on CUDA only, plain torch elsewhere).
     """
 
-    def __init__(self, model, attention: str = "auto", fuse_qkv: bool = False):
+    def __init__(self, model, attention: str = "auto", fuse_qkv: bool = FUSE_QKV,
+                 fuse_elementwise: bool = FUSE_ELEMENTWISE):
         super().__init__()
         vt, proj, cfg = lfm2vl_parts(model)
         self.vision = vt
@@ -220,6 +258,8 @@ class PackedVisionEncoder(nn.Module):
         self.patch_dim = vt.embeddings.patch_embedding.in_features
         self.max_num_patches = image_limits(model).max_num_patches  # the rows the processor pads each item to
         self.pos_cache = PositionEmbeddingCache(vt.embeddings.position_embedding)
+        self.fuse_elementwise = fuse_elementwise
+        self.tanh_gelu = cfg.vision_config.hidden_act in TANH_GELU_ACTS  # what the GEMM epilogue computes
         self.attention_name = attention
         self._attn_cache = None
         # Optional: one (3C × C) GEMM per layer instead of three. The model's q/k/v weights are
@@ -274,10 +314,14 @@ class PackedVisionEncoder(nn.Module):
         pe = self.vision.embeddings.patch_embedding
         return pe(pixel_values.to(pe.weight.dtype)) + pos_embeds
 
-    def layer(self, layer: nn.Module, x: torch.Tensor, cu_seqlens, max_seqlen: int, attn, qkv=None) -> torch.Tensor:
-        """One SigLIP2 encoder layer on packed rows (same modules, varlen attention)."""
-        sa = layer.self_attn
-        h = layer.layer_norm1(x)
+    def layer(self, layer: nn.Module, x: torch.Tensor, h: torch.Tensor, next_norm: nn.Module, cu_seqlens,
+              max_seqlen: int, attn, qkv=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One SigLIP2 encoder layer on packed rows (same modules, packed attention).
+
+        Takes the residual stream ``x`` and ``h = layer_norm1(x)``; returns the new stream and
+        ``next_norm`` of it (the next layer's ``layer_norm1``, or the post-LayerNorm), so that every
+        residual add is fused with the LayerNorm after it."""
+        sa, fused = layer.self_attn, self.fuse_elementwise
         if qkv is not None:
             q, k, v = F.linear(h, *qkv).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
         else:
@@ -285,17 +329,22 @@ class PackedVisionEncoder(nn.Module):
             k = sa.k_proj(h).view(-1, self.num_heads, self.head_dim)
             v = sa.v_proj(h).view(-1, self.num_heads, self.head_dim)
         a = attn(q, k, v, cu_seqlens, max_seqlen, self.scale).reshape(-1, self.embed_dim)
-        x = x + sa.out_proj(a)
-        return x + layer.mlp(layer.layer_norm2(x))
+        x, h = add_layer_norm(x, sa.out_proj(a), layer.layer_norm2, fused)
+        mlp = layer.mlp
+        m = linear_gelu(h, mlp.fc1, mlp.activation_fn, fused and self.tanh_gelu)
+        return add_layer_norm(x, mlp.fc2(m), next_norm, fused)
 
     def encoder_layers(self, x, cu_seqlens, max_seqlen: int, attn=None) -> torch.Tensor:
         attn = attn if attn is not None else self.attention_fn()
         if self.fuse_qkv and not self._qkv_current():
             self._fuse_qkv()
-        fused = self._qkv if self.fuse_qkv else [None] * len(self.vision.encoder.layers)
-        for layer, qkv in zip(self.vision.encoder.layers, fused):
-            x = self.layer(layer, x, cu_seqlens, max_seqlen, attn, qkv)
-        return self.vision.post_layernorm(x)
+        layers = self.vision.encoder.layers
+        fused = self._qkv if self.fuse_qkv else [None] * len(layers)
+        next_norms = [nxt.layer_norm1 for nxt in layers[1:]] + [self.vision.post_layernorm]
+        h = layers[0].layer_norm1(x)
+        for layer, qkv, next_norm in zip(layers, fused, next_norms):
+            x, h = self.layer(layer, x, h, next_norm, cu_seqlens, max_seqlen, attn, qkv)
+        return h
 
     def forward(self, pixel_values, pos_embeds, cu_seqlens, max_seqlen: int, gather_idx, attn=None) -> torch.Tensor:
         """``attn``: an attention function to use instead of the configured backend (the graph

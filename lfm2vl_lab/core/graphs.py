@@ -12,17 +12,21 @@ import warnings
 
 from .capture import capture_graph
 from .config import DEFAULT_MAX_BUDGET, EncoderGraphConfig
-from .encoder import PackedVisionEncoder
+from .encoder import FUSE_ELEMENTWISE, FUSE_QKV, PackedVisionEncoder
 from .hf import installed
 from .inputs import image_limits, process_images
 from .lfm2vl import Lfm2VlGraphModel
 from .manager import EncoderGraphManager, plan_batches, plan_stats
 
-__all__ = ["SINGLE_ITEM_GRAPHS", "GraphedEncoder", "plan_batches", "plan_stats"]
+__all__ = ["DENSE_GRAPHS", "MAX_RUN_ITEMS", "GraphedEncoder", "plan_batches", "plan_stats"]
 
-# Single-item graphs (see GraphedEncoder) are on unless a caller turns them off: on the H200 they
-# made one 512 px or 256 px image faster at the same parity (data/results/nvidia-h200/single-item-*.json).
-SINGLE_ITEM_GRAPHS = True
+# Dense graphs (see GraphedEncoder) are on unless a caller turns them off. Their one-item case, the
+# single-item graphs of earlier runs, made one 512 px or 256 px image faster on the H200 at the same
+# parity (data/results/nvidia-h200/single-item-*.json); dense-*.json measures the rest.
+DENSE_GRAPHS = True
+# The most 512 px images or tiles one replay carries: 16 (4096 tokens), so 8 or 16 tiles run as one
+# replay with large GEMMs instead of four of the largest regular budget (1024 tokens).
+MAX_RUN_ITEMS = 16
 
 
 class GraphedEncoder(EncoderGraphManager):
@@ -38,23 +42,29 @@ class GraphedEncoder(EncoderGraphManager):
 
     Config: ``budgets`` (default: doubling from the processor's smallest item up to ``max_budget``),
     ``max_items``, ``cu_seqlens_rule`` (``"safe"`` or vLLM's ``"repeat_last"``), ``max_seqlen_mode``
-    (:class:`~.config.EncoderGraphConfig` explains each). Encoder: ``attention`` backend, ``fuse_qkv``,
-    and ``body``, the callable to capture instead of the packed encoder (the benchmark's fused mode
+    (:class:`~.config.EncoderGraphConfig` explains each). Encoder: ``attention`` backend, ``fuse_qkv`` and
+    ``fuse_elementwise`` (:class:`~.encoder.PackedVisionEncoder`), and ``body``, the callable to capture
+    instead of the packed encoder (the benchmark's fused mode
     passes an inductor-compiled copy).
 
-    ``single_item_graphs`` (on by default): for each budget whose rows one item can fill (64, 128 and
-    256 tokens by default) a second graph on the same buffers runs dense SDPA instead of varlen
-    attention; a replay of exactly one item that fills the budget (a 512 px or 256 px image alone)
-    uses it. ``check_finite=True`` makes ``encode`` refuse pixel values holding NaN or Inf with an
-    error naming the items (off by default: it costs one device sync per call).
+    ``dense_graphs`` (on by default): each budget also captures graphs that run batched dense
+    attention (cuDNN first) over the full-length items a batch starts with (:mod:`~.lfm2vl` lists the
+    variants); a replay picks one from the patch grids on the host. With them, ``max_run_items``
+    (default 16, 0: off) full-length items may share one replay in an extra *run budget* that holds
+    only such runs and computes only their rows. ``check_finite=True`` makes ``encode`` refuse pixel
+    values holding NaN or Inf with an error naming the items (off by default: it costs one device
+    sync per call).
     """
 
     def __init__(self, model, budgets=None, max_items=None, cu_seqlens_rule: str = "safe",
                  max_seqlen_mode: str = "tight", attention: str = "auto", max_budget: int | None = None,
-                 body=None, meta_cache_size: int = 256, fuse_qkv: bool = False,
-                 single_item_graphs: bool = SINGLE_ITEM_GRAPHS, check_finite: bool = False, record=capture_graph):
+                 body=None, meta_cache_size: int = 256, fuse_qkv: bool = FUSE_QKV,
+                 fuse_elementwise: bool = FUSE_ELEMENTWISE,
+                 dense_graphs: bool = DENSE_GRAPHS, max_run_items: int = MAX_RUN_ITEMS, check_finite: bool = False,
+                 record=capture_graph):
         self.model = model
-        self.encoder = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
+        self.encoder = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv,
+                                           fuse_elementwise=fuse_elementwise)
         config = EncoderGraphConfig.build(
             out_hidden_size=self.encoder.out_hidden_size, budgets=budgets, max_items=max_items,
             # the smallest item the model's processor makes: a preset's, or a loaded checkpoint's own
@@ -62,8 +72,10 @@ class GraphedEncoder(EncoderGraphManager):
             max_tokens=max_budget if max_budget is not None else DEFAULT_MAX_BUDGET,
             max_num_patches=self.encoder.max_num_patches, factor=self.encoder.factor,
             cu_seqlens_rule=cu_seqlens_rule, max_seqlen_mode=max_seqlen_mode,
+            # runs need dense graphs: the run budget has no varlen graph
+            max_run_items=max_run_items if dense_graphs and body is None else 0,
         )
-        adapter = Lfm2VlGraphModel(self.encoder, config, body=body, single_item_graphs=single_item_graphs,
+        adapter = Lfm2VlGraphModel(self.encoder, config, body=body, dense_graphs=dense_graphs,
                                    check_finite=check_finite, meta_cache_size=meta_cache_size)
         super().__init__(adapter, record=record)
         self.warned = False

@@ -9,9 +9,21 @@ Per budget B (output tokens), the graphs read four persistent buffers:
                                 built on the host and uploaded in one copy
 * ``out``          [B, text hidden]  the projector's output rows
 
-and the body is ``PackedVisionEncoder.forward`` on them. A second graph variant, ``single_item``,
-runs dense SDPA instead of varlen attention; it is captured where one item can fill every row and
-replayed when exactly that happens (one sequence, no padding: no mask needed, faster kernels).
+and the body is ``PackedVisionEncoder.forward`` on them. Each budget captures several *variants*
+of that body on the same buffers; the host picks one per replay from the patch grids it already
+has (no sync):
+
+* ``varlen``         every row through varlen attention over ``cu_seqlens`` (any batch)
+* ``dense{k}``       a batch of exactly k full-length items (L rows each, L = ``dense_rows``: 1024
+                     for 512 px images and tiles): batched dense SDPA on (k, heads, L, d), and the
+                     graph runs only those k·L rows, so it pads nothing
+* ``dense{k}+varlen`` k full-length items, then a ragged rest: dense SDPA on the first k·L rows,
+                     varlen on the rest (``cu_seqlens`` then describes only the rest)
+
+Why: inside a graph, cuDNN's dense attention on equal-length items ran at about half the time of
+FlashAttention-2's varlen kernel on the H200 (``python -m lfm2vl_lab attention``), and replay
+sorts items largest first, so batches start with their full-length items. Only the variants the
+config can route a batch to are captured (:meth:`Lfm2VlGraphModel.graph_variants`).
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ from collections import OrderedDict
 import torch
 
 from .config import EncoderGraphConfig
-from .encoder import PackedVisionEncoder, attention_one_sequence
+from .encoder import PackedVisionEncoder, dense_attention
 from .packing import (
     Shape,
     lfm2vl_check_shapes,
@@ -46,34 +58,71 @@ def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
                          "encode() refused them (check_finite=True)")
 
 
-def fills_one_sequence(shapes: list[Shape], rows: int) -> bool:
-    """True when a replay batch is one item whose patch rows fill a ``rows``-row buffer exactly: the
-    whole buffer is then one sequence with no padding rows, so dense attention without a mask is
-    exact (the condition for a single-item graph)."""
-    return len(shapes) == 1 and shapes[0][0] * shapes[0][1] == rows
+def parse_variant(name: str) -> tuple[int, bool]:
+    """``"varlen"`` → (0, True); ``"dense3"`` → (3, False); ``"dense3+varlen"`` → (3, True):
+    (full-length items through dense attention, whether a varlen rest follows)."""
+    if name == "varlen":
+        return 0, True
+    if name.startswith("dense"):
+        k, _, rest = name[5:].partition("+")
+        if k.isdigit() and int(k) > 0 and rest in ("", "varlen"):
+            return int(k), rest == "varlen"
+    raise ValueError(f"unknown graph variant {name!r}: expected varlen, dense<k> or dense<k>+varlen")
+
+
+def variant_name(k: int, rest: bool) -> str:
+    return "varlen" if k == 0 else f"dense{k}" + ("+varlen" if rest else "")
+
+
+def _pixel_rows(pv: torch.Tensor, batch: list[int], shapes) -> list[torch.Tensor]:
+    """The real patch rows of items ``batch``: one view when they are consecutive items that fill
+    their rows (a run of tiles: one copy, not one per item), else one slice per item."""
+    per_item = pv.shape[1]
+    if all(h * w == per_item for h, w in shapes) and batch == list(range(batch[0], batch[0] + len(batch))):
+        return [pv[batch[0] : batch[0] + len(batch)].flatten(0, 1)]
+    return [pv[i, : h * w] for i, (h, w) in zip(batch, shapes)]
+
+
+def leading_full_items(shapes: list[Shape], rows: int) -> int:
+    """How many items at the start of a batch have exactly ``rows`` patch rows."""
+    n = 0
+    for h, w in shapes:
+        if h * w != rows:
+            break
+        n += 1
+    return n
 
 
 class Lfm2VlGraphModel:
     """The packed LFM2-VL encoder behind the manager's protocol.
 
     ``body`` is the callable captured per budget (default: ``encoder`` itself; the benchmark's fused
-    mode passes an inductor-compiled copy, whose attention is baked in, so it gets no single-item
-    variant). Items are ``(pixel_values on the device, patch grids)``.
+    mode passes an inductor-compiled copy, whose attention is baked in, so it gets only ``varlen``
+    graphs). ``dense_graphs=False`` captures only ``varlen`` graphs too. Items are ``(pixel_values on
+    the device, patch grids)``.
     """
 
-    variants = ("varlen", "single_item")
-
     def __init__(self, encoder: PackedVisionEncoder, config: EncoderGraphConfig, body=None,
-                 single_item_graphs: bool = True, check_finite: bool = False, meta_cache_size: int = 256):
+                 dense_graphs: bool = True, check_finite: bool = False, meta_cache_size: int = 256):
         self.encoder, self.config = encoder, config
         self.body = body if body is not None else encoder
-        self.single_item_graphs, self.check_finite = single_item_graphs, check_finite
+        self.dense_graphs, self.check_finite = dense_graphs, check_finite
         self.meta_cache: OrderedDict = OrderedDict()
         self.meta_cache_size = meta_cache_size
+        self._attn: dict[str, object] = {}
+        # Per budget, the patch grids whose position rows and meta are in its buffers now: a replay
+        # of the same grids (the common case: 512 px tiles) skips re-uploading both.
+        self.resident: dict[int, tuple] = {}
 
     @property
     def device(self) -> torch.device:
         return self.encoder.device
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """Every variant some budget captures (``varlen`` first)."""
+        names = dict.fromkeys(v for b in self.config.graph_budgets for v in self.graph_variants(b))
+        return tuple(sorted(names, key=lambda v: (v != "varlen", parse_variant(v))))
 
     def counters(self) -> dict:
         return {f"pos_cache_{k}": v for k, v in self.encoder.pos_cache.info().items()}
@@ -106,12 +155,13 @@ class Lfm2VlGraphModel:
 
     def describe(self, budget: int) -> dict:
         return {"rows": self.config.rows(budget), "max_seqlen": self.config.max_seqlen(budget),
-                "single_item_graph": "single_item" in self.graph_variants(budget)}
+                "variants": list(self.graph_variants(budget))}
 
     def fill_dummy(self, buffers: dict[str, torch.Tensor], budget: int) -> None:
         """Random (never zero) data and a valid layout: items of max_seqlen rows fill the buffer."""
         cfg = self.config
         rows, max_seqlen, cu_size = cfg.rows(budget), cfg.max_seqlen(budget), cfg.cu_size(budget)
+        self.resident.pop(budget, None)
         gen = torch.Generator(device=buffers["pixel_values"].device).manual_seed(budget)
         buffers["pixel_values"].uniform_(-1, 1, generator=gen)
         buffers["pos_embeds"].normal_(0, 0.02, generator=gen)
@@ -120,56 +170,109 @@ class Lfm2VlGraphModel:
         buffers["meta"].copy_(torch.tensor(cu + list(range(rows)), dtype=torch.int32))
 
     def graph_variants(self, budget: int) -> tuple[str, ...]:
-        """``single_item`` too where one item can fill the budget's rows, if the body is the packed
-        encoder itself (a compiled body has its attention baked in)."""
-        single = (self.single_item_graphs and self.body is self.encoder
-                  and self.config.rows(budget) <= self.encoder.max_num_patches)
-        return ("varlen", "single_item") if single else ("varlen",)
+        """The variants worth capturing for ``budget``: ``varlen`` (not in the run budget, which takes
+        only pure runs), ``dense{k}`` for each k whose pure run ``budget_for`` sends here, and
+        ``dense{k}+varlen`` for each k that leaves rows for a rest. Only ``varlen`` when dense graphs
+        are off or the body is not the packed encoder itself (a compiled body bakes its attention in)."""
+        cfg = self.config
+        if not self.dense_graphs or self.body is not self.encoder:
+            return ("varlen",)
+        rows, item_rows = cfg.rows(budget), cfg.dense_rows(budget)
+        item_tokens = item_rows // cfg.factor**2
+        ks = range(1, cfg.dense_blocks(budget) + 1)
+        pure = [variant_name(k, False) for k in ks if cfg.budget_for(k * item_tokens, k) == budget]
+        if budget == cfg.run_budget:
+            return tuple(pure)
+        return ("varlen", *pure, *(variant_name(k, True) for k in ks if k * item_rows < rows))
+
+    def computed_tokens(self, budget: int, variant: str) -> int:
+        k, rest = parse_variant(variant)
+        return budget if rest else k * self.config.dense_rows(budget) // self.config.factor**2
+
+    def _attention(self, budget: int, variant: str):
+        """The attention function of a variant (None: the encoder's own backend)."""
+        k, rest = parse_variant(variant)
+        if k == 0:
+            return None
+        key = f"{variant}@{self.config.dense_rows(budget)}"
+        if key not in self._attn:
+            self._attn[key] = dense_attention(k, self.config.dense_rows(budget),
+                                              self.encoder.attention_fn() if rest else None)
+        return self._attn[key]
 
     def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: str) -> torch.Tensor:
-        cu_size = self.config.cu_size(budget)
-        meta = buffers["meta"]
-        kw = {"attn": attention_one_sequence} if variant == "single_item" else {}
-        return self.body(buffers["pixel_values"], buffers["pos_embeds"], meta[:cu_size],
-                         self.config.max_seqlen(budget), meta[cu_size:], **kw)
+        cfg = self.config
+        cu_size, meta = cfg.cu_size(budget), buffers["meta"]
+        k, rest = parse_variant(variant)
+        rows = cfg.rows(budget) if rest else k * cfg.dense_rows(budget)  # a pure run computes only its rows
+        kw = {"attn": self._attention(budget, variant)} if k else {}
+        return self.body(buffers["pixel_values"][:rows], buffers["pos_embeds"][:rows], meta[:cu_size],
+                         cfg.max_seqlen(budget), meta[cu_size : cu_size + rows], **kw)
 
     # -- replay ------------------------------------------------------------------------------------
     def fits(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> bool:
-        """The guard: a batch larger than the captured buffers must never reach a kernel."""
+        """The guard: a batch larger than the captured buffers must never reach a kernel, and the run
+        budget takes only pure runs of full-length items."""
         shapes = [items[1][i] for i in batch]
         cfg = self.config
+        if budget == cfg.run_budget and leading_full_items(shapes, cfg.dense_rows(budget)) != len(shapes):
+            return False
         return (sum(tokens_for(s, cfg.factor) for s in shapes) <= budget
                 and sum(h * w for h, w in shapes) <= cfg.rows(budget) and len(shapes) <= cfg.slots(budget)
                 and max(h * w for h, w in shapes) <= cfg.max_seqlen(budget))
 
+    def variant_for(self, budget: int, shapes: list[Shape]) -> str:
+        """The variant a batch of these patch grids replays: ``dense{k}`` for a pure run of k
+        full-length items, ``dense{k}+varlen`` for k of them then a rest, else ``varlen``."""
+        captured = self.graph_variants(budget)
+        k = leading_full_items(shapes, self.config.dense_rows(budget))
+        for name in (variant_name(k, k < len(shapes)), "varlen"):
+            if name in captured:
+                return name
+        raise ValueError(f"no {budget}-token graph variant takes patch grids {shapes} (captured: {captured})")
+
     def fill_buffers(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> str:
         pv, shapes = items
-        bshapes = [shapes[i] for i in batch]
+        bshapes = tuple(shapes[i] for i in batch)
         cfg = self.config
-        cfg.padding_for("pixel_values", budget)(buffers["pixel_values"],
-                                                 [pv[i, : h * w] for i, (h, w) in zip(batch, bshapes)])
-        cfg.padding_for("pos_embeds", budget)(buffers["pos_embeds"],
-                                               [self.encoder.pos_cache.get(h, w) for h, w in bshapes])
-        buffers["meta"].copy_(self.host_meta(budget, bshapes), non_blocking=True)
-        single = "single_item" in self.graph_variants(budget) and fills_one_sequence(bshapes, cfg.rows(budget))
-        return "single_item" if single else "varlen"
+        variant, meta = self.host_meta(budget, bshapes)
+        k, rest = parse_variant(variant)
+        rows = cfg.rows(budget) if rest else k * cfg.dense_rows(budget)  # a pure run reads no padding rows
+        cfg.padding_for("pixel_values", budget)(buffers["pixel_values"][:rows], _pixel_rows(pv, batch, bshapes))
+        resident = (bshapes, self.encoder.pos_cache.stamp())
+        if self.resident.get(budget) != resident:  # else both are in the buffers already
+            cfg.padding_for("pos_embeds", budget)(buffers["pos_embeds"][:rows],
+                                                   [self.encoder.pos_cache.get(h, w) for h, w in bshapes])
+            buffers["meta"][: meta.shape[0]].copy_(meta, non_blocking=True)
+            self.resident[budget] = resident
+        return variant
 
-    def host_meta(self, budget: int, shapes: list[Shape]) -> torch.Tensor:
-        """``cu_seqlens`` then ``gather_idx`` of a batch, padded by the config's padding logics, as one
-        (pinned, on CUDA) int32 host tensor; cached per (budget, shapes), so a repeat builds nothing."""
+    def host_meta(self, budget: int, shapes: list[Shape]) -> tuple[str, torch.Tensor]:
+        """The variant of a batch, and its ``cu_seqlens`` then ``gather_idx`` padded by the config's
+        padding logics, as one (pinned, on CUDA) int32 host tensor. ``cu_seqlens`` describes the rows
+        the varlen kernel sees: all of them for ``varlen``, the rest after the dense items for
+        ``dense{k}+varlen`` (a pure ``dense{k}`` ignores it). Cached per (budget, shapes), so a
+        repeat builds nothing."""
         key = (budget, tuple(shapes))
         hit = self.meta_cache.get(key)
         if hit is not None:
             self.meta_cache.move_to_end(key)
             return hit
         cfg = self.config
-        cu_size = cfg.cu_size(budget)
-        meta = torch.empty(cu_size + cfg.rows(budget), dtype=torch.int32)
-        cfg.padding_for("cu_seqlens", budget)(meta[:cu_size], lfm2vl_cu_seqlens(shapes))
+        variant = self.variant_for(budget, shapes)
+        k, rest = parse_variant(variant)
+        cu_size, skip = cfg.cu_size(budget), k * cfg.dense_rows(budget)
+        rows = cfg.rows(budget) if rest else skip
+        meta = torch.empty(cu_size + rows, dtype=torch.int32)
+        if rest:
+            cu = lfm2vl_cu_seqlens(shapes[k:]) if k < len(shapes) else torch.zeros(1, dtype=torch.int32)
+            cfg.padding_for("cu_seqlens", budget, rows - skip)(meta[:cu_size], cu)
+        else:
+            meta[:cu_size] = 0  # unread: a pure dense graph has no varlen kernel
         cfg.padding_for("gather_idx", budget)(meta[cu_size:], lfm2vl_gather_idx(shapes, cfg.factor).int())
         if torch.cuda.is_available():
             meta = meta.pin_memory()  # read-only from here on, so async uploads of it are safe
-        self.meta_cache[key] = meta
+        self.meta_cache[key] = (variant, meta)
         if len(self.meta_cache) > self.meta_cache_size:
             self.meta_cache.popitem(last=False)
-        return meta
+        return variant, meta

@@ -32,8 +32,10 @@ from .capture import capture_graph, recover_from_failed_capture
 class EncoderGraphModel(Protocol):
     """What a model provides to get encoder CUDA graphs (vLLM: ``SupportsEncoderCudaGraph``).
 
-    ``config`` answers ``budgets`` (ascending), ``max_items`` and ``budget_for(tokens, items)``.
-    ``variants`` names every graph kind the model may capture per budget; the first is the default.
+    ``config`` answers ``budgets`` (ascending), ``max_items`` and ``budget_for(tokens, items)``; if it
+    also has ``run_tokens``, ``max_run_items`` and ``graph_budgets`` (every budget to capture), pure
+    runs of ``run_tokens``-token items are planned as :func:`plan_batches` says.
+    ``variants`` names every graph kind the model may capture per budget (the first: the default).
     """
 
     config: Any
@@ -58,13 +60,18 @@ class EncoderGraphModel(Protocol):
         """Which of ``variants`` to capture for this budget (the default one first)."""
 
     def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: str) -> torch.Tensor:
-        """The graph body: reads only ``buffers``, no host synchronisation; returns ``budget`` rows."""
+        """The graph body: reads only ``buffers``, no host synchronisation; returns the output rows
+        (``computed_tokens(budget, variant)`` of them: the manager copies them into ``out``)."""
 
     def fits(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> bool:
         """The guard: whether items ``batch`` fit this budget's buffers (else they run eagerly)."""
 
     def fill_buffers(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> str:
         """Write items ``batch`` into the buffers through the padding logics; return the variant to replay."""
+
+    def computed_tokens(self, budget: int, variant: str) -> int:
+        """Output rows one replay of ``variant`` computes (``budget``, unless the variant runs only
+        the rows it is given): the padding stats count the difference to the real tokens."""
 
     def forward_eager(self, items, batch: list[int]) -> torch.Tensor:
         """Items ``batch`` without a graph: their output rows, concatenated in ``batch`` order."""
@@ -73,40 +80,60 @@ class EncoderGraphModel(Protocol):
         """The model's own counters, reported with the manager's stats (may be empty)."""
 
 
-def plan_batches(tokens: list[int], max_budget: int, max_items: int) -> tuple[list[list[int]], list[int]]:
+def plan_batches(tokens: list[int], max_budget: int, max_items: int, run_tokens: int | None = None,
+                 max_run_items: int = 0) -> tuple[list[list[int]], list[int]]:
     """Greedy packing of item indices into replay batches.
 
     Items are taken largest first; a batch grows while its tokens stay ≤ ``max_budget`` and its
     items < ``max_items``. Items larger than ``max_budget`` are returned separately (eager).
+
+    Runs: a batch made only of items of exactly ``run_tokens`` tokens (full-length items, which come
+    first because they are the largest) may instead grow to ``max_run_items`` items, so 16 tiles make
+    one replay with large GEMMs, not four. It closes at the first other item that would break the
+    regular limits; the rest is packed as usual.
     """
     order = sorted(range(len(tokens)), key=lambda i: -tokens[i])
     eager = [i for i in order if tokens[i] > max_budget]
     batches: list[list[int]] = []
     cur: list[int] = []
-    cur_tokens = 0
+    cur_tokens, pure = 0, True  # pure: every item of cur is a full-length run item
     for i in order:
         if tokens[i] > max_budget:
             continue
-        if cur and (cur_tokens + tokens[i] > max_budget or len(cur) >= max_items):
+        run = run_tokens is not None and tokens[i] == run_tokens
+        regular_full = cur_tokens + tokens[i] > max_budget or len(cur) >= max_items
+        full = regular_full and not (pure and run and len(cur) < max_run_items)
+        if cur and full:
             batches.append(cur)
-            cur, cur_tokens = [], 0
+            cur, cur_tokens, pure = [], 0, True
         cur.append(i)
         cur_tokens += tokens[i]
+        pure = pure and run
     if cur:
         batches.append(cur)
     return batches, eager
 
 
-def plan_stats(calls: list[list[int]], config) -> dict:
+def plan_config(tokens: list[int], config) -> tuple[list[list[int]], list[int]]:
+    """:func:`plan_batches` with a config's limits (``run_tokens``/``max_run_items`` where it has them)."""
+    return plan_batches(tokens, max(config.budgets), config.max_items, getattr(config, "run_tokens", None),
+                        getattr(config, "max_run_items", 0))
+
+
+def plan_stats(calls: list[list[int]], config, dense_runs: bool = True) -> dict:
     """Host-only preview of what a config does to a stream of calls (each a list of item tokens):
-    replays, real and padded tokens, items left to eager, and the padding waste (padded / real)."""
+    replays, real and padded tokens, items left to eager, and the padding waste (padded / real).
+    ``dense_runs``: a batch made only of ``config.run_tokens``-token items runs graphs that compute
+    exactly its items (LFM2-VL's dense graphs), so it pads nothing."""
     replays = real = padded = eager_items = 0
+    run_tokens = getattr(config, "run_tokens", None)
     for toks in calls:
-        batches, eager = plan_batches(toks, max(config.budgets), config.max_items)
+        batches, eager = plan_config(toks, config)
         eager_items += len(eager)
         for b in batches:
             t = sum(toks[i] for i in b)
-            replays, real, padded = replays + 1, real + t, padded + config.budget_for(t, len(b)) - t
+            exact = dense_runs and run_tokens is not None and all(toks[i] == run_tokens for i in b)
+            replays, real, padded = replays + 1, real + t, padded + (0 if exact else config.budget_for(t, len(b)) - t)
     return {"replays": replays, "real": real, "padded": padded, "eager_items": eager_items,
             "waste": padded / real if real else 0.0}
 
@@ -120,7 +147,7 @@ class GraphStats:
     overflow: int = 0  # batches refused by the guard (never reached a kernel)
     eager_calls: int = 0  # encode() calls served eagerly because nothing was captured
     replays: dict[int, int] = field(default_factory=dict)  # per budget, all variants together
-    variant_replays: dict[str, int] = field(default_factory=dict)  # replays of each non-default variant
+    variant_replays: dict[str, int] = field(default_factory=dict)  # replays per graph variant
     real_tokens: int = 0
     padded_tokens: int = 0
     model_counters: Callable[[], dict] | None = field(default=None, repr=False, compare=False)
@@ -138,7 +165,7 @@ class GraphStats:
         return {
             "hits": self.hits, "misses": self.misses, "overflow": self.overflow, "eager_calls": self.eager_calls,
             "replays": dict(sorted(self.replays.items())),
-            **{f"{v}_replays": n for v, n in self.variant_replays.items()},
+            "variant_replays": dict(sorted(self.variant_replays.items())),
             "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
             "padding_waste": self.padding_waste, "hit_rate": self.hit_rate,
             **(self.model_counters() if self.model_counters is not None else {}),
@@ -179,8 +206,7 @@ class EncoderGraphManager:
         return bool(self.graphs)
 
     def reset_stats(self) -> None:
-        self.stats = GraphStats(variant_replays={v: 0 for v in self.adapter.variants[1:]},
-                                model_counters=self.adapter.counters)
+        self.stats = GraphStats(model_counters=self.adapter.counters)
 
     def capture_info(self) -> list[dict]:
         """One row per captured budget (largest first, the capture order): what the model reports,
@@ -204,7 +230,7 @@ class EncoderGraphManager:
                                "encode() works without capture and runs the packed eager path")
         self.graphs, self.capture_extra = {}, {}
         self.pool = torch.cuda.graph_pool_handle() if real else None
-        for budget in sorted(self.config.budgets, reverse=True):
+        for budget in sorted(getattr(self.config, "graph_budgets", self.config.budgets), reverse=True):
             caller_stream = torch.cuda.current_stream() if real else None
             try:
                 g = BudgetGraph(budget, self.adapter.allocate(budget))
@@ -223,7 +249,8 @@ class EncoderGraphManager:
         out = g.buffers["out"]
         for variant in self.adapter.graph_variants(g.budget):
             def body(v=variant):  # the output is copied into the persistent buffer inside the graph
-                out.copy_(self.adapter.forward_on_buffers(g.buffers, g.budget, v))
+                res = self.adapter.forward_on_buffers(g.buffers, g.budget, v)
+                out[: res.shape[0]].copy_(res)
 
             g.graphs[variant] = self.record(body, self.pool, warmup_iters)
 
@@ -237,11 +264,10 @@ class EncoderGraphManager:
             return None
         variant = self.adapter.fill_buffers(g.buffers, budget, items, batch)
         g.graphs[variant].replay()
-        if variant in self.stats.variant_replays:
-            self.stats.variant_replays[variant] += 1
+        self.stats.variant_replays[variant] = self.stats.variant_replays.get(variant, 0) + 1
         self.stats.replays[budget] = self.stats.replays.get(budget, 0) + 1
         self.stats.real_tokens += total
-        self.stats.padded_tokens += budget - total
+        self.stats.padded_tokens += self.adapter.computed_tokens(budget, variant) - total
         self.stats.hits += len(batch)
         return g.buffers["out"][:total].clone()  # the buffer belongs to the graph: the next replay overwrites it
 
@@ -252,7 +278,7 @@ class EncoderGraphManager:
         if not self.graphs:
             self.stats.eager_calls += 1
             return list(self.adapter.forward_eager(items, list(range(len(tokens)))).split(tokens))
-        batches, eager = plan_batches(tokens, max(self.config.budgets), self.config.max_items)
+        batches, eager = plan_config(tokens, self.config)
         results: list[torch.Tensor | None] = [None] * len(tokens)
         for batch in batches:
             out = self._replay(items, tokens, batch)

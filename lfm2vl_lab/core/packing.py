@@ -206,7 +206,9 @@ class PositionEmbeddingCache:
         self._cache.clear()
         self.nbytes = 0
 
-    def _weight_stamp(self):
+    def stamp(self) -> tuple:
+        """Identifies the position weights the entries were computed from (pointer, version, dtype,
+        device): when it changes, every entry, and every copy of one, is stale."""
         wt = self.embedding.weight
         return (wt.data_ptr(), wt._version, wt.dtype, wt.device)
 
@@ -222,7 +224,7 @@ class PositionEmbeddingCache:
         self.nbytes += size
 
     def get(self, h: int, w: int) -> torch.Tensor:
-        stamp = self._weight_stamp()
+        stamp = self.stamp()
         if stamp != self._stamp:  # weights moved, changed dtype or were loaded: start over
             self.clear()
             self._stamp = stamp

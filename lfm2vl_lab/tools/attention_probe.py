@@ -4,20 +4,33 @@ The packed encoder's GPU floor is set largely by its attention kernel. This prob
 preset's head layout and a few packed layouts, each candidate *replayed from a CUDA graph* (so
 launch overhead is out of the picture) and checks it against a float32 reference:
 
-* ``varlen``          torch's ``varlen_attn`` (FlashAttention-2 varlen) over cu_seqlens
+* ``varlen``          torch's ``varlen_attn`` over cu_seqlens (FlashAttention-2 on torch 2.11)
 * ``sdpa_blockmask``  SDPA with a block-diagonal boolean mask (exact; memory-efficient kernel)
-* ``sdpa_dense``      plain SDPA per item (only valid when the batch is one item: the best case)
+* ``cudnn_ragged``    cuDNN's ragged kernel through ``aten._cudnn_attention_forward`` with
+                      cu_seqlens (torch 2.11 could not capture it on the H200: the failure is kept)
+* ``dense_cudnn``     batched dense SDPA on (items, heads, L, d), cuDNN first (the dense graphs' kernel;
+                      layouts whose items all have one length)
+* ``dense_flash``     the same on FlashAttention-2's dense kernel, for comparison
+* ``dense+varlen``    the dense graphs' mixed variant: dense on the leading full-length run, varlen on
+                      the rest (layouts that start with such a run and have a rest)
+
+A candidate that fails (to run, to capture or to be correct) stays in the rows with its error.
 """
 
 from __future__ import annotations
 
+import traceback
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..core.capture import capture_graph
-from ..core.encoder import attention_sdpa_blockmask, attention_varlen
+from ..core.capture import capture_graph, recover_from_failed_capture
+from ..core.encoder import attention_dense_blocks, attention_sdpa_blockmask, attention_varlen, dense_attention
 from ..core.parity import rel_error
 from ..core.presets import as_preset
+
+LAYOUTS = ((1024,), (1024,) * 4, (1024,) * 16, (256,) * 16, (1024, 600, 256, 256, 64), (1024, 1024, 576, 64))
 
 
 def _graph_time_ms(fn, iters: int = 50) -> float:
@@ -34,22 +47,52 @@ def _graph_time_ms(fn, iters: int = 50) -> float:
     return a.elapsed_time(b) / iters
 
 
+def _cudnn_ragged(q, k, v, cu, max_len: int, scale: float):
+    return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, max_len, max_len, False, 0.0, False,
+                                                   False, scale=scale)[0]
+
+
+def _dense_flash(q, k, v, n: int, scale: float):
+    t, h, d = q.shape
+    q, k, v = (x.view(n, t // n, h, d).transpose(1, 2) for x in (q, k, v))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    return out.transpose(1, 2).reshape(t, h, d)
+
+
 def _candidates(q, k, v, lens, scale) -> dict:
     """The attention backends to time on one layout, each a no-argument call."""
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
-    cands = {"varlen": lambda: attention_varlen(q, k, v, cu, max(lens), scale),
-             "sdpa_blockmask": lambda: attention_sdpa_blockmask(q, k, v, cu, max(lens), scale)}
-    if len(lens) == 1:
-        def dense():
-            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                                 v.transpose(0, 1)[None], scale=scale)
-            return out[0].transpose(0, 1)
-        cands["sdpa_dense"] = dense
+    m = max(lens)
+    cands = {"varlen": lambda: attention_varlen(q, k, v, cu, m, scale),
+             "sdpa_blockmask": lambda: attention_sdpa_blockmask(q, k, v, cu, m, scale),
+             "cudnn_ragged": lambda: _cudnn_ragged(q, k, v, cu, m, scale)}
+    if len(set(lens)) == 1:
+        cands["dense_cudnn"] = lambda: attention_dense_blocks(q, k, v, len(lens), scale)
+        cands["dense_flash"] = lambda: _dense_flash(q, k, v, len(lens), scale)
+    run = next((i for i, n in enumerate(lens) if n != lens[0]), len(lens))
+    if 0 < run < len(lens):
+        cu_rest = cu[run:] - cu[run]
+        mixed = dense_attention(run, lens[0], rest=attention_varlen)
+        cands["dense+varlen"] = lambda: mixed(q, k, v, cu_rest, m, scale)
     return cands
 
 
-def probe(preset: str = "lfm2-vl-450m", layouts=((1024,), (1024,) * 4, (1024, 576, 256, 64)),
-          seed: int = 0) -> list[dict]:
+def _measure(fn, ref) -> dict:
+    """Error vs float32 and ms per replay, or the error that stopped it (with its traceback)."""
+    stream = torch.cuda.current_stream()
+    try:
+        err = rel_error(fn(), ref)
+        if not err <= 1e-2:  # NaN fails too
+            return {"rel_err_vs_fp32": err, "error": f"wrong result: rel error {err:.3g} vs float32"}
+        return {"rel_err_vs_fp32": err, "graph_ms_per_layer": _graph_time_ms(fn)}
+    except Exception as exc:  # every failure is a result of the probe, kept with its traceback
+        recover_from_failed_capture(stream)
+        return {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}",
+                "traceback": traceback.format_exc()}
+
+
+def probe(preset: str = "lfm2-vl-450m", layouts=LAYOUTS, seed: int = 0) -> list[dict]:
     """Per-layer attention time (ms, graph replay) and error vs float32 for each backend and layout."""
     p = as_preset(preset)
     heads, dim = p.vision["num_attention_heads"], p.vision["hidden_size"] // p.vision["num_attention_heads"]
@@ -62,9 +105,8 @@ def probe(preset: str = "lfm2-vl-450m", layouts=((1024,), (1024,) * 4, (1024, 57
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
         ref = attention_sdpa_blockmask(q.float(), k.float(), v.float(), cu, max(lens), scale)
         for name, fn in _candidates(q, k, v, lens, scale).items():
-            err = rel_error(fn(), ref)
             rows.append({"preset": p.name, "heads": heads, "head_dim": dim, "layout": list(lens), "backend": name,
-                         "graph_ms_per_layer": _graph_time_ms(fn), "rel_err_vs_fp32": err})
+                         **_measure(fn, ref)})
     return rows
 
 
@@ -91,7 +133,8 @@ def run_attention_cli(args) -> int:
     result = {"name": "attention", "provenance": provenance("python -m lfm2vl_lab " + " ".join(sys.argv[1:]),
                                                               dtype="bfloat16"), "rows": rows}
     for r in rows:
-        print(f"{r['preset']:>14} h{r['heads']}x{r['head_dim']} {str(r['layout']):>24} {r['backend']:>15} "
-              f"{1000 * r['graph_ms_per_layer']:8.1f} us/layer  err {r['rel_err_vs_fp32']:.1e}")
+        what = (f"{1000 * r['graph_ms_per_layer']:8.1f} us/layer  err {r['rel_err_vs_fp32']:.1e}"
+                if "error" not in r else f"FAILED {r['error'][:90]}")
+        print(f"{r['preset']:>14} h{r['heads']}x{r['head_dim']} {str(r['layout'])[:28]:>28} {r['backend']:>15} {what}")
     print("results:", save_result(result, args.out or RESULTS_ROOT, "attention"))
     return 0

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
-from ..core.encoder import ATTENTION_BACKENDS
-from ..core.graphs import SINGLE_ITEM_GRAPHS
+from ..core.encoder import ATTENTION_BACKENDS, FUSE_ELEMENTWISE, FUSE_QKV
+from ..core.graphs import DENSE_GRAPHS
 from ..core.parity import max_rel_error
 from .args import (
     check_choice,
@@ -91,8 +91,9 @@ class RunSpec:
     cu_rule: str = DEFAULT_CU_RULE
     max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE
     attention: str = "auto"
-    fuse_qkv: bool = False
-    single_item_graphs: bool = SINGLE_ITEM_GRAPHS
+    fuse_qkv: bool = FUSE_QKV
+    fuse_elementwise: bool = FUSE_ELEMENTWISE
+    dense_graphs: bool = DENSE_GRAPHS
     fused_compile_mode: str = "default"
 
     def runner(self, model, progress: bool = False) -> Runner:
@@ -108,22 +109,24 @@ class RunSpec:
 
 
 def expand_specs(modes, budget_sets=(None,), cu_rules=(DEFAULT_CU_RULE,), max_seqlen_modes=(DEFAULT_MAX_SEQLEN_MODE,),
-                 attentions=("auto",), fuse_qkvs=(False,), single_item_graphs=(SINGLE_ITEM_GRAPHS,),
-                 fused_compile_mode: str = "default") -> list[RunSpec]:
+                 attentions=("auto",), fuse_qkvs=(FUSE_QKV,), fuse_elementwises=(FUSE_ELEMENTWISE,),
+                 dense_graphs=(DENSE_GRAPHS,), fused_compile_mode: str = "default") -> list[RunSpec]:
     """Every configuration to run, in order: the graph modes sweep budget sets × cu rules ×
-    max-seqlen modes, the lab modes attention backends × fuse_qkv, ``lab-graph`` single-item
-    graphs; a setting that does not apply to a mode keeps its default (one spec, not a copy per value)."""
-    for kind, values in (("fuse_qkv", fuse_qkvs), ("single_item_graphs", single_item_graphs)):
+    max-seqlen modes, the lab modes attention backends × fuse_qkv × fuse_elementwise, ``lab-graph``
+    dense graphs; a setting that does not apply to a mode keeps its default (one spec, not a copy per value)."""
+    for kind, values in (("fuse_qkv", fuse_qkvs), ("fuse_elementwise", fuse_elementwises),
+                         ("dense_graphs", dense_graphs)):
         if not all(isinstance(v, bool) for v in values):
             raise ValueError(f"{kind} values must be True or False, got {list(values)!r}")
     out = []
     for m in dict.fromkeys(modes):
         graph, lab = m in GRAPH_MODES, m in LAB_MODES
-        out += [RunSpec(m, None if b is None else tuple(b), c, s, att, f, si, fused_compile_mode)
+        out += [RunSpec(m, None if b is None else tuple(b), c, s, att, f, fe, dg, fused_compile_mode)
                 for b in (budget_sets if graph else [None]) for c in (cu_rules if graph else [DEFAULT_CU_RULE])
                 for s in (max_seqlen_modes if graph else [DEFAULT_MAX_SEQLEN_MODE])
-                for att in (attentions if lab else ["auto"]) for f in (fuse_qkvs if lab else [False])
-                for si in (single_item_graphs if m == "lab-graph" else [SINGLE_ITEM_GRAPHS])]
+                for att in (attentions if lab else ["auto"]) for f in (fuse_qkvs if lab else [FUSE_QKV])
+                for fe in (fuse_elementwises if lab else [FUSE_ELEMENTWISE])
+                for dg in (dense_graphs if m == "lab-graph" else [DENSE_GRAPHS])]
     return list(dict.fromkeys(out))
 
 
@@ -296,7 +299,8 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
               budget_sets=(None,), cu_rules=(DEFAULT_CU_RULE,), max_seqlen_modes=(DEFAULT_MAX_SEQLEN_MODE,),
               profile: bool = False, progress: bool = True, seed: int = 0, fused_compile_mode: str = "default",
               trace_dir=None, command: str | None = None, name: str = "bench", attentions=("auto",),
-              fuse_qkvs=(False,), single_item_graphs=(SINGLE_ITEM_GRAPHS,), on_job=None) -> dict:
+              fuse_qkvs=(FUSE_QKV,), fuse_elementwises=(FUSE_ELEMENTWISE,), dense_graphs=(DENSE_GRAPHS,),
+              on_job=None) -> dict:
     """Run every configuration (:func:`expand_specs` of the sweeps) on every workload; return the
     result dict (see the module docstring).
 
@@ -330,7 +334,7 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     result["skipped"] = [{"mode": m, "reason": f"{CUDA_ONLY[m]} (device is {dev.type})"}
                          for m in dict.fromkeys(modes) if m not in runnable]
     specs = expand_specs(runnable, budget_sets, cu_rules, max_seqlen_modes, attentions, fuse_qkvs,
-                         single_item_graphs, fused_compile_mode)
+                         fuse_elementwises, dense_graphs, fused_compile_mode)
     model = build_model(preset, dtype=dt, device=dev, seed=seed)
     fixed, stream = _prepare_inputs(workloads, preset, dev, dt, stream_n, seed, progress)
     session = _Session(model, preset, dev, dt, repeats, warmup, profile, progress, trace_dir, fixed, stream, {})

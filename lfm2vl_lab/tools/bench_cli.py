@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
-from ..core.encoder import ATTENTION_BACKENDS
-from ..core.graphs import SINGLE_ITEM_GRAPHS
+from ..core.encoder import ATTENTION_BACKENDS, FUSE_ELEMENTWISE, FUSE_QKV
+from ..core.graphs import DENSE_GRAPHS
 from .args import (
     budgets_arg,
     choice_arg,
@@ -55,10 +55,17 @@ def add_bench_args(p) -> None:
              "for minutes)")
     add("--attention", type=list_arg(choice_arg("attention backend", ("auto", *ATTENTION_BACKENDS))), default="auto",
         help=f"attention backend(s) of the lab modes, comma list: auto, {', '.join(ATTENTION_BACKENDS)}")
-    add("--fuse-qkv", type=on_off_list, default="off", help="fused q/k/v GEMM in the lab modes, comma list: off, on")
-    add("--single-item-graphs", type=on_off_list, default=None,
-        help="lab-graph: dense-attention graphs for one item that fills a budget, comma list: off, on "
-             "(default: GraphedEncoder's, which is on)")
+    def on_off(v: bool) -> str:
+        return "on" if v else "off"
+
+    add("--fuse-qkv", type=on_off_list, default=None,
+        help=f"fused q/k/v GEMM in the lab modes, comma list: off, on (default: {on_off(FUSE_QKV)})")
+    add("--fuse-elementwise", type=on_off_list, default=None,
+        help="lab modes: residual add + LayerNorm in one Triton kernel and bias + GELU in the GEMM epilogue, "
+             f"comma list: off, on (default: {on_off(FUSE_ELEMENTWISE)})")
+    add("--dense-graphs", type=on_off_list, default=None,
+        help="lab-graph: dense-attention graph variants for runs of full-length items, comma list: off, on "
+             f"(default: {on_off(DENSE_GRAPHS)})")
     add("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
     add("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
     add("--seed", type=int, default=0)
@@ -98,7 +105,8 @@ def run_bench_cli(args) -> int:
         cu_rules=args.cu_rule, max_seqlen_modes=args.max_seqlen_mode, profile=args.profile,
         progress=not args.no_progress, seed=args.seed, fused_compile_mode=args.fused_compile_mode,
         trace_dir=args.trace_dir, command=command, name=args.name, attentions=args.attention,
-        fuse_qkvs=args.fuse_qkv, single_item_graphs=args.single_item_graphs or (SINGLE_ITEM_GRAPHS,), on_job=checkpoint)
+        fuse_qkvs=args.fuse_qkv or (FUSE_QKV,), fuse_elementwises=args.fuse_elementwise or (FUSE_ELEMENTWISE,),
+        dense_graphs=args.dense_graphs or (DENSE_GRAPHS,), on_job=checkpoint)
     print_table(result)
     print(f"results: {save_result(result, args.out, args.name, saved.get('path'))}")
     if args.figure != "none" and result["rows"]:

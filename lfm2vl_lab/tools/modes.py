@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from ..core.config import EncoderGraphConfig
-from ..core.graphs import SINGLE_ITEM_GRAPHS
+from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
+from ..core.graphs import DENSE_GRAPHS
 from .meter import graph_memory, measured_capture
 
 MODES = ("hf-eager", "lab-eager", "lab-graph", "compile", "lab-graph-fused")
@@ -37,7 +38,7 @@ CUDA_ONLY = {
     "lab-graph-fused": "CUDA graphs of an inductor-compiled body need a CUDA device",
 }
 GRAPH_MODES = ("lab-graph", "lab-graph-fused")  # the budget / cu-rule / max-seqlen sweeps apply to these
-LAB_MODES = ("lab-eager", "lab-graph", "lab-graph-fused")  # the packed encoder: attention / fuse_qkv sweeps
+LAB_MODES = ("lab-eager", "lab-graph", "lab-graph-fused")  # the packed encoder: attention / kernel-option sweeps
 # The technique's own defaults (stated once, in core), for the modes that take these settings
 DEFAULT_CU_RULE = EncoderGraphConfig.cu_seqlens_rule
 DEFAULT_MAX_SEQLEN_MODE = EncoderGraphConfig.max_seqlen_mode
@@ -142,7 +143,8 @@ def _captured(genc, progress: bool) -> dict:
 def make_runner(mode: str, model, *, budgets=None, cu_rule: str = DEFAULT_CU_RULE,
                 max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE, fused_compile_mode: str = "default",
                 progress: bool = False, attention: str = "auto",
-                fuse_qkv: bool = False, single_item_graphs: bool = SINGLE_ITEM_GRAPHS) -> Runner:
+                fuse_qkv: bool = FUSE_QKV, fuse_elementwise: bool = FUSE_ELEMENTWISE,
+                dense_graphs: bool = DENSE_GRAPHS) -> Runner:
     """Build (and for graph modes capture) one mode on ``model``. ``budgets=None``: the automatic
     budgets. Raises ``ValueError`` for an unknown mode."""
     from ..core.encoder import PackedVisionEncoder
@@ -152,16 +154,20 @@ def make_runner(mode: str, model, *, budgets=None, cu_rule: str = DEFAULT_CU_RUL
     if mode == "hf-eager":
         return Runner(mode, lambda inp: hf_image_features(model, inp))
     if mode == "lab-eager":
-        enc = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv)
-        return Runner(mode, enc.encode, {"attention": enc.attention_backend, "fuse_qkv": fuse_qkv})
+        enc = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv, fuse_elementwise=fuse_elementwise)
+        return Runner(mode, enc.encode, {"attention": enc.attention_backend, "fuse_qkv": fuse_qkv,
+                                         "fuse_elementwise": fuse_elementwise})
     if mode == "lab-graph":
         genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
-                              attention=attention, fuse_qkv=fuse_qkv, single_item_graphs=single_item_graphs)
-        info = {"budget_set": budgets_label(budgets), "fuse_qkv": fuse_qkv, "single_item_graphs": single_item_graphs,
+                              attention=attention, fuse_qkv=fuse_qkv, fuse_elementwise=fuse_elementwise,
+                              dense_graphs=dense_graphs)
+        info = {"budget_set": budgets_label(budgets), "fuse_qkv": fuse_qkv, "fuse_elementwise": fuse_elementwise,
+                "dense_graphs": dense_graphs,
                 **_captured(genc, progress)}
         return Runner(mode, genc.encode, info, genc)
     if mode == "lab-graph-fused":
-        return make_fused(model, budgets, cu_rule, max_seqlen_mode, fused_compile_mode, progress, attention, fuse_qkv)
+        return make_fused(model, budgets, cu_rule, max_seqlen_mode, fused_compile_mode, progress, attention, fuse_qkv,
+                          fuse_elementwise)
     if mode == "compile":
         return make_compile(model)
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
@@ -169,7 +175,7 @@ def make_runner(mode: str, model, *, budgets=None, cu_rule: str = DEFAULT_CU_RUL
 
 def make_fused(model, budgets=None, cu_rule: str = DEFAULT_CU_RULE, max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE,
                compile_mode: str = "default", progress: bool = False, attention: str = "auto",
-               fuse_qkv: bool = False) -> Runner:
+               fuse_qkv: bool = FUSE_QKV, fuse_elementwise: bool = FUSE_ELEMENTWISE) -> Runner:
     """GraphedEncoder with an inductor-compiled body. ``fullgraph=True`` first: one fused program
     per budget. If dynamo or inductor cannot compile it whole (:func:`is_trace_failure`), fall back
     to a body with graph breaks and say so in ``fullgraph_error``; any other error propagates."""
@@ -179,7 +185,8 @@ def make_fused(model, budgets=None, cu_rule: str = DEFAULT_CU_RULE, max_seqlen_m
     error = None
     for fullgraph in (True, False):
         torch._dynamo.reset()
-        body = torch.compile(PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv), mode=compile_mode,
+        enc = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv, fuse_elementwise=fuse_elementwise)
+        body = torch.compile(enc, mode=compile_mode,
                              dynamic=False, fullgraph=fullgraph)
         genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
                               body=body, attention=attention)
@@ -195,7 +202,8 @@ def make_fused(model, budgets=None, cu_rule: str = DEFAULT_CU_RULE, max_seqlen_m
             continue
         # capture timed compile + warm-up + capture together: that sum is the one-off cost here
         info = {"budget_set": budgets_label(budgets), **graph, "compile_mode": compile_mode, "fullgraph": fullgraph,
-                "fullgraph_error": error, "fuse_qkv": fuse_qkv, "compile_s": graph["capture_s"]}
+                "fullgraph_error": error, "fuse_qkv": fuse_qkv, "fuse_elementwise": fuse_elementwise,
+                "compile_s": graph["capture_s"]}
         return Runner("lab-graph-fused", genc.encode, info, genc)
     raise AssertionError("unreachable")
 

@@ -22,14 +22,17 @@ from collections import OrderedDict
 
 from matplotlib.figure import Figure
 
-from ..core.graphs import SINGLE_ITEM_GRAPHS
+from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
+from ..core.graphs import DENSE_GRAPHS
 from .workloads import NXS
 
 MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused")
 MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b4", "lab-graph": "#2ca02c",
                "lab-graph-fused": "#d62728"}
 DEFAULT_GRAPH_CONFIG = ("auto", "safe", "tight")  # preferred (budget_set, cu_rule, max_seqlen_mode) in figures
-DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default (with fuse_qkv off)
+DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default
+# The kit's kernel options and their defaults; a row without the key ran before the option existed (off)
+KERNEL_OPTIONS = {"fuse_qkv": FUSE_QKV, "fuse_elementwise": FUSE_ELEMENTWISE, "dense_graphs": DENSE_GRAPHS}
 
 
 class NoData(ValueError):
@@ -44,22 +47,22 @@ def _config(r: dict) -> tuple:
     return (r.get("budget_set"), r.get("cu_rule"), r.get("max_seqlen_mode"))
 
 
-def is_default_config(row: dict, single_item_graphs: bool | None = SINGLE_ITEM_GRAPHS) -> bool:
+def is_default_config(row: dict, ignore=()) -> bool:
     """Whether a result row ran the kit's default configuration: for graph rows the automatic
     budgets, the safe ``cu_seqlens`` rule and tight ``max_seqlen`` (``DEFAULT_GRAPH_CONFIG``); a
-    default attention backend (``DEFAULT_LAB_OPTIONS``); no fused QKV; and, for ``lab-graph`` rows,
-    single-item graphs as given (default: the kit's ``SINGLE_ITEM_GRAPHS``; None accepts either,
-    for comparing files recorded before and after that default changed)."""
+    default attention backend (``DEFAULT_LAB_OPTIONS``); and, for the lab modes, each of
+    ``KERNEL_OPTIONS`` at its default (``dense_graphs`` for ``lab-graph`` only). ``ignore`` names
+    kernel options not to compare (for files recorded before and after a default changed)."""
     graph_ok = row.get("budget_set") is None or _config(row) == DEFAULT_GRAPH_CONFIG
-    single_ok = (single_item_graphs is None or row.get("mode") != "lab-graph"
-                 or bool(row.get("single_item_graphs")) == single_item_graphs)
-    return graph_ok and single_ok and row.get("attention") in DEFAULT_LAB_OPTIONS and not row.get("fuse_qkv")
+    lab = row.get("mode") in ("lab-eager", "lab-graph", "lab-graph-fused")
+    opts_ok = not lab or all(bool(row.get(k, False)) == v for k, v in KERNEL_OPTIONS.items()
+                             if k not in ignore and (k != "dense_graphs" or row.get("mode") == "lab-graph"))
+    return graph_ok and opts_ok and row.get("attention") in DEFAULT_LAB_OPTIONS
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:
-    """One row per (mode, workload): prefer the default config (auto budgets, safe rule, tight
-    max_seqlen, varlen attention, no fused QKV), then a profiled row (it has the GPU-busy floor and
-    a timeline), then the newest (rows come oldest first)."""
+    """One row per (mode, workload): prefer the default config (:func:`is_default_config`), then a
+    profiled row (it has the GPU-busy floor and a timeline), then the newest (rows come oldest first)."""
     best: dict = OrderedDict()
     for r in rows:
         if r.get("median_ms") is None:

@@ -26,11 +26,11 @@ def _fmt(v, spec: str, suffix: str = "") -> str:
 
 
 def graph_config_label(row: dict) -> str:
-    """A graph mode row's configuration: ``budget_set/cu_rule/max_seqlen_mode[/single-item]``."""
+    """A graph mode row's configuration: ``budget_set/cu_rule/max_seqlen_mode[/dense]``."""
     if row.get("mode") not in GRAPH_MODES:
         return ""
     label = f"{row.get('budget_set', '')}/{row.get('cu_rule', '')}/{row.get('max_seqlen_mode', '')}"
-    return label + ("/single-item" if row.get("single_item_graphs") else "")
+    return label + ("/dense" if row.get("dense_graphs") else "/single-item" if row.get("single_item_graphs") else "")
 
 
 def _cells(r: dict, sweep: bool) -> list[str]:

@@ -1,0 +1,80 @@
+"""Why is ``lab-graph-fused`` (an inductor-compiled body in our graphs) slower than ``lab-graph``?
+
+Session 1's H200 bench had it at 1.52 ms for 1x512 against 1.38 ms, although its kernels were
+*fewer and shorter* (GPU-busy 1.10 vs 1.17 ms): the loss is on the host. This probe separates the
+candidates, 1x512 on the 450M preset in bf16, varlen graphs only on both sides (the fused body
+cannot take the dense variants):
+
+1. ``lab-graph`` encode() wall and its bare ``graph.replay()`` wall, before any torch.compile;
+2. the same, *after* the fused runner was compiled and captured in this process;
+3. the fused runner's encode() wall and bare replay wall.
+
+If (2) is slower than (1) like (3) is, compiling slowed the whole process's host path, not the
+fused graph. Writes ``data/results/<gpu>/fused-host-*.json`` with provenance.
+
+    python scripts/fused_host_probe.py [--out data/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from lfm2vl_lab.core.graphs import GraphedEncoder
+from lfm2vl_lab.core.presets import build_model
+from lfm2vl_lab.tools.modes import make_fused
+from lfm2vl_lab.tools.results import RESULTS_ROOT, provenance, save_result
+from lfm2vl_lab.tools.workloads import random_processor_output, to_device
+
+
+def _wall_ms(fn, n: int = 200) -> dict:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(1000 * (time.perf_counter() - t))
+    return {"median_ms": statistics.median(times), "min_ms": min(times)}
+
+
+def _measure(genc, inputs) -> dict:
+    budget = 256
+    graph = genc.graphs[budget].graphs["varlen"]
+    return {"encode": _wall_ms(lambda: genc.encode(inputs)), "replay": _wall_ms(graph.replay)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(RESULTS_ROOT))
+    args = p.parse_args()
+    model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda")
+    inputs = to_device(random_processor_output([(32, 32)], "lfm2-vl-450m", seed=0), "cuda", torch.bfloat16)
+    # the fused body has no dense variants and no kernel options of ours: compare like with like
+    # one budget (256 tokens: one 512 px image) keeps the inductor compile short
+    plain = GraphedEncoder(model, budgets=[256], dense_graphs=False, fuse_qkv=False, fuse_elementwise=False)
+    plain.capture()
+    rows = [{"what": "lab-graph, before any compile", **_measure(plain, inputs)}]
+    t0 = time.perf_counter()
+    fused = make_fused(model, budgets=[256], fuse_qkv=False, fuse_elementwise=False)
+    compile_s = time.perf_counter() - t0
+    rows.append({"what": "lab-graph, after the fused body was compiled", **_measure(plain, inputs)})
+    rows.append({"what": "lab-graph-fused", "compile_s": compile_s, **_measure(fused.graphed, inputs)})
+    for r in rows:
+        enc, rep = r['encode']['median_ms'], r['replay']['median_ms']
+        print(f"{r['what']:>46}: encode {enc:.3f} ms, bare replay {rep:.3f} ms")
+    result = {"name": "fused-host", "provenance": provenance("python " + " ".join(sys.argv), device="cuda",
+                                                             dtype="bfloat16", preset="lfm2-vl-450m",
+                                                             workload="1x512"), "rows": rows}
+    print("results:", save_result(result, args.out, "fused-host"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
