@@ -145,7 +145,7 @@ fi
 if [ "$PART" = g1 ]; then
 LOG=pytest8  TAILN=10 step 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 LOG=attn     TAILN=40 step 45 $M attention --out "$R"
-LOG=fusedh   TAILN=6 step 70 python3 scripts/fused_host_probe.py --out "$R"
+LOG=fusedh   TAILN=6 step 70 env PYTHONPATH=$PWD python3 scripts/fused_host_probe.py --out "$R"
 LOG=b450     TAILN=40 step 240 $M bench --preset lfm2-vl-450m --mode hf-eager,lab-eager,lab-graph,compile \
              --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" \
              --name floor --no-progress

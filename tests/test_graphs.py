@@ -775,6 +775,28 @@ def test_graph_variants_per_budget(tiny_model):
     assert {compiled_like.adapter.graph_variants(b) for b in compiled_like.config.graph_budgets} == {("varlen",)}
 
 
+@pytest.mark.parametrize("rule", ["safe", "repeat_last"])
+def test_capture_layout_stays_inside_every_variants_rows(tiny_model, rule):
+    """FlashAttention reads every row cu_seqlens names, unchecked: the dummy layout a budget is
+    captured with must stay inside the rows each variant's varlen kernel is given (a mixed variant
+    gets only the rest after its dense items). On the H200 a layout covering the whole buffer read
+    past the rest and crashed the capture with an illegal memory access."""
+    genc = GraphedEncoder(tiny_model, cu_seqlens_rule=rule)
+    a, cfg = genc.adapter, genc.config
+    for b in cfg.graph_budgets:
+        bufs = a.allocate(b)
+        a.fill_dummy(bufs, b)
+        cu = bufs["meta"][: cfg.cu_size(b)]
+        assert bool((cu[1:] >= cu[:-1]).all()) and int(cu[0]) == 0
+        for v in a.graph_variants(b):
+            rows = a.varlen_rows(b, v)
+            assert rows == 0 or int(cu.max()) <= rows, (b, v, cu.tolist(), rows)
+            # and the gather the variant reads indexes only rows it computes
+            computed = rows + parse_variant(v)[0] * cfg.dense_rows(b)
+            gather = bufs["meta"][cfg.cu_size(b): cfg.cu_size(b) + computed]
+            assert int(gather.max()) < computed, (b, v)
+
+
 def test_run_budget_guard_takes_only_pure_runs(tiny_model):
     genc = GraphedEncoder(tiny_model)
     items = (None, [(32, 32)] * 5 + [(16, 16)])

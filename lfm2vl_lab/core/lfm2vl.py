@@ -157,16 +157,25 @@ class Lfm2VlGraphModel:
         return {"rows": self.config.rows(budget), "max_seqlen": self.config.max_seqlen(budget),
                 "variants": list(self.graph_variants(budget))}
 
+    def varlen_rows(self, budget: int, variant: str) -> int:
+        """Rows the varlen kernel of a variant is given (0 for a pure dense run)."""
+        k, rest = parse_variant(variant)
+        return self.config.rows(budget) - k * self.config.dense_rows(budget) if rest else 0
+
     def fill_dummy(self, buffers: dict[str, torch.Tensor], budget: int) -> None:
-        """Random (never zero) data and a valid layout: items of max_seqlen rows fill the buffer."""
+        """Random (never zero) data and a layout valid for *every* variant captured on these buffers:
+        ``cu_seqlens`` covers only as many rows as the smallest varlen part gets (the rest after
+        the most dense items), since FlashAttention reads every row ``cu_seqlens`` names, unchecked."""
         cfg = self.config
         rows, max_seqlen, cu_size = cfg.rows(budget), cfg.max_seqlen(budget), cfg.cu_size(budget)
         self.resident.pop(budget, None)
         gen = torch.Generator(device=buffers["pixel_values"].device).manual_seed(budget)
         buffers["pixel_values"].uniform_(-1, 1, generator=gen)
         buffers["pos_embeds"].normal_(0, 0.02, generator=gen)
-        offsets = list(range(0, rows, max_seqlen)) + [rows]
-        cu = offsets[:cu_size] + [rows] * (cu_size - len(offsets))
+        varlen = min((self.varlen_rows(budget, v) for v in self.graph_variants(budget) if parse_variant(v)[1]),
+                     default=rows)
+        offsets = list(range(0, varlen, max_seqlen)) + [varlen]
+        cu = offsets[:cu_size] + [varlen] * (cu_size - len(offsets))
         buffers["meta"].copy_(torch.tensor(cu + list(range(rows)), dtype=torch.int32))
 
     def graph_variants(self, budget: int) -> tuple[str, ...]:
