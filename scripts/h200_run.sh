@@ -144,15 +144,18 @@ fi
 # question of the fused mode, then every mode side by side on the 450M preset (the target file).
 if [ "$PART" = g1 ]; then
 LOG=pytest8  TAILN=10 step 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests
-LOG=attn     TAILN=40 step 45 $M attention --out "$R"
+# (the attention probe of g1 ran in the first try of this part, whose other steps crashed; kept)
 LOG=fusedh   TAILN=6 step 70 env PYTHONPATH=$PWD python3 scripts/fused_host_probe.py --out "$R"
 LOG=b450     TAILN=40 step 240 $M bench --preset lfm2-vl-450m --mode hf-eager,lab-eager,lab-graph,compile \
              --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" \
              --name floor --no-progress
 fi
-# g2: the kernel options one by one (before/after, profiled), the 1.6B preset beside transformers,
-# and check.
+# g2: the GPU suite and the fused-mode probe again after g1 found fused QKV re-fused per encoder
+# (now once per model), the kernel options one by one (before/after, profiled), the 1.6B preset
+# beside transformers, and check.
 if [ "$PART" = g2 ]; then
+LOG=pytest9  TAILN=10 step 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=fusedh   TAILN=6 step 70 env PYTHONPATH=$PWD python3 scripts/fused_host_probe.py --out "$R"
 LOG=ablate   TAILN=40 step 150 $M bench --mode lab-graph --workload 1x512,4x512,16x512,tiled --fuse-qkv off,on \
              --fuse-elementwise off,on --dense-graphs off,on --repeats 30 --profile --out "$R" --name kernels --no-progress
 LOG=b16      TAILN=24 step 150 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-graph \

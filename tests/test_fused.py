@@ -146,3 +146,45 @@ def test_kernel_options_keep_the_encoder_within_the_fp32_judge(preset):
         for ew in (False, True):
             err = max_rel_error(PackedVisionEncoder(model, fuse_qkv=qkv, fuse_elementwise=ew).encode(inputs), expected)
             assert err == err and (err <= 1e-2 or err <= 1.05 * plain), (qkv, ew, err, plain)
+
+
+# ------------------------------------------------------------------------------------------------
+# Fused QKV is shared by every encoder on a model
+
+
+def test_fused_qkv_is_made_once_per_model():
+    from lfm2vl_lab.core.presets import build_model
+
+    tiny_model = build_model("tiny")  # its own: the shared fixture may be fused already
+    sa = tiny_model.model.vision_tower.encoder.layers[0].self_attn
+    original = sa.q_proj.weight
+    first = PackedVisionEncoder(tiny_model, fuse_qkv=True)
+    w, b = first._qkv[0]
+    assert sa.q_proj.weight.data_ptr() == w.data_ptr()  # the parameters now view the fused storage
+    second = PackedVisionEncoder(tiny_model, fuse_qkv=True)
+    assert second._qkv[0][0] is w and second._qkv[0][1] is b  # reused, not re-fused
+    second.encode(random_processor_output([(16, 16)], tiny_model))
+    assert first._qkv_current() and first._qkv[0][0] is w
+    # graphs captured before fusing read the separate tensors: they stay alive with the model
+    assert any(t is original for t, _ in sa._lab_unfused_qkv)
+
+
+@pytest.mark.gpu
+def test_graphs_survive_other_encoders_on_the_same_model():
+    """A graphed encoder keeps passing the judge after other encoders (fused or not) were built on
+    its model and ran eagerly: none of them frees weights its graphs read."""
+    from lfm2vl_lab.core.graphs import GraphedEncoder
+    from lfm2vl_lab.core.parity import float32_reference, judge_replay
+    from lfm2vl_lab.core.presets import build_model
+
+    model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda")
+    ref32 = float32_reference(model)
+    unfused = GraphedEncoder(model, fuse_qkv=False, budgets=[256, 1024])
+    unfused.capture()
+    fused = GraphedEncoder(model, budgets=[256, 1024])  # fuses the model's q/k/v now
+    fused.capture()
+    PackedVisionEncoder(model).encode(random_processor_output([(32, 32)], "lfm2-vl-450m", seed=1))
+    for k, genc in enumerate((unfused, fused, unfused)):
+        inputs = random_processor_output([(32, 32), (24, 32), (8, 8)], "lfm2-vl-450m", seed=10 + k)
+        verdict = judge_replay(genc.encode(inputs), genc.encoder.encode(inputs), inputs, 1e-2, ref32)
+        assert verdict["pass"] and not verdict["nan"], verdict

@@ -222,6 +222,39 @@ class SplitProjector(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
+def fused_qkv(sa: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """One attention module's q/k/v projections as one (3C, C) weight and (3C,) bias.
+
+    The module's own q/k/v parameters are re-pointed as views into that storage (same values,
+    same memory; transformers' forward and in-place weight loading still work, and reach the fused
+    GEMM too). Done once per model: the result is kept on the module, and a later call, from any
+    encoder, returns the same tensors while the parameters still view them. Re-fusing would drop
+    the storage that graphs captured earlier read (on the H200 a second encoder on the same model
+    did exactly that: garbage and NaN from the first one's replays, then an illegal memory access).
+    For the same reason the separate tensors the parameters held before are kept alive with it: a
+    graph captured without fused QKV still reads them (this costs one copy of the q/k/v weights).
+    After ``model.to(...)`` the views are broken and the next call fuses again.
+    """
+    projs = (sa.q_proj, sa.k_proj, sa.v_proj)
+    kept = getattr(sa, "_lab_fused_qkv", None)
+    if kept is not None:
+        w, b = kept
+        c = w.shape[0] // 3
+        if all(p.weight.data_ptr() == w[i * c].data_ptr() and p.bias.data_ptr() == b[i * c :].data_ptr()
+               for i, p in enumerate(projs)):
+            return kept
+    with torch.no_grad():
+        unfused = [(p.weight, p.bias) for p in projs]
+        w, b = torch.cat([p.weight for p in projs]), torch.cat([p.bias for p in projs])
+        c = w.shape[0] // 3
+        for i, p in enumerate(projs):
+            p.weight = nn.Parameter(w[i * c : (i + 1) * c], requires_grad=p.weight.requires_grad)
+            p.bias = nn.Parameter(b[i * c : (i + 1) * c], requires_grad=p.bias.requires_grad)
+    sa._lab_fused_qkv = (w, b)
+    sa._lab_unfused_qkv = unfused
+    return w, b
+
+
 def lfm2vl_parts(model):
     """(vision_tower, projector, config) from an Lfm2VlForConditionalGeneration or Lfm2VlModel."""
     inner = getattr(model, "model", model)
@@ -262,27 +295,15 @@ class PackedVisionEncoder(nn.Module):
         self.tanh_gelu = cfg.vision_config.hidden_act in TANH_GELU_ACTS  # what the GEMM epilogue computes
         self.attention_name = attention
         self._attn_cache = None
-        # Optional: one (3C × C) GEMM per layer instead of three. The model's q/k/v weights are
-        # re-pointed as views into one fused storage (same values, same memory, transformers'
-        # own forward still works), so nothing is copied per call.
+        # One (3C × C) GEMM per layer instead of three: see fused_qkv (shared by every encoder on
+        # this model, so graphs captured by one are never broken by another).
         self.fuse_qkv = fuse_qkv
         self._qkv: list[tuple[torch.Tensor, torch.Tensor]] = []
         if fuse_qkv:
             self._fuse_qkv()
 
     def _fuse_qkv(self) -> None:
-        self._qkv = []
-        with torch.no_grad():
-            for layer in self.vision.encoder.layers:
-                sa = layer.self_attn
-                projs = (sa.q_proj, sa.k_proj, sa.v_proj)
-                w = torch.cat([p.weight for p in projs])
-                b = torch.cat([p.bias for p in projs])
-                c = self.embed_dim
-                for i, p in enumerate(projs):
-                    p.weight = nn.Parameter(w[i * c : (i + 1) * c], requires_grad=p.weight.requires_grad)
-                    p.bias = nn.Parameter(b[i * c : (i + 1) * c], requires_grad=p.bias.requires_grad)
-                self._qkv.append((w, b))
+        self._qkv = [fused_qkv(layer.self_attn) for layer in self.vision.encoder.layers]
 
     def _qkv_current(self) -> bool:
         """False when the model was moved/cast since fusing (``.to`` breaks the shared storage)."""

@@ -189,7 +189,7 @@ def make_fused(model, budgets=None, cu_rule: str = DEFAULT_CU_RULE, max_seqlen_m
         body = torch.compile(enc, mode=compile_mode,
                              dynamic=False, fullgraph=fullgraph)
         genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
-                              body=body, attention=attention)
+                              body=body, attention=attention, fuse_qkv=fuse_qkv, fuse_elementwise=fuse_elementwise)
         try:
             graph = _captured(genc, progress)
         except Exception as exc:
