@@ -568,7 +568,7 @@ def _captured(preset, dtype, rule, budgets=None):
 @pytest.mark.parametrize("preset", ["tiny", "lfm2-vl-450m"])
 def test_replay_equals_eager(preset, dtype, rule, budget):
     genc = _captured(preset, dtype, rule)
-    assert genc.captured and sorted(genc.graphs) == DEFAULT_BUDGETS + [4096]
+    assert genc.captured and sorted(genc.graphs) == DEFAULT_BUDGETS + [2048]
     shapes = BUDGET_CASES[budget]
     inputs = random_processor_output(shapes, preset, seed=1000 + budget)
     outs = genc.encode(inputs)
@@ -763,10 +763,10 @@ def test_graph_variants_per_budget(tiny_model):
         # budget_for sends one full item to 256, so 512 captures only the pure run of two
         512: ("varlen", "dense2", "dense1+varlen"),
         1024: ("varlen", "dense3", "dense4", "dense1+varlen", "dense2+varlen", "dense3+varlen"),
-        4096: tuple(f"dense{k}" for k in range(5, 17)),  # the run budget: pure runs only
+        2048: tuple(f"dense{k}" for k in range(5, 9)),  # the run budget (8 tiles): pure runs only
     }
-    assert genc.adapter.variants[0] == "varlen" and "dense16" in genc.adapter.variants
-    assert genc.adapter.computed_tokens(4096, "dense6") == 6 * 256  # a pure run computes only its items
+    assert genc.adapter.variants[0] == "varlen" and "dense8" in genc.adapter.variants
+    assert genc.adapter.computed_tokens(2048, "dense6") == 6 * 256  # a pure run computes only its items
     assert genc.adapter.computed_tokens(1024, "dense1+varlen") == 1024
     off = GraphedEncoder(tiny_model, dense_graphs=False)
     assert off.config.graph_budgets == DEFAULT_BUDGETS  # no run budget without dense graphs
@@ -800,8 +800,8 @@ def test_capture_layout_stays_inside_every_variants_rows(tiny_model, rule):
 def test_run_budget_guard_takes_only_pure_runs(tiny_model):
     genc = GraphedEncoder(tiny_model)
     items = (None, [(32, 32)] * 5 + [(16, 16)])
-    assert genc.adapter.fits(None, 4096, items, [0, 1, 2, 3, 4])
-    assert not genc.adapter.fits(None, 4096, items, [0, 1, 2, 3, 5])  # a smaller item: refused, runs eagerly
+    assert genc.adapter.fits(None, 2048, items, [0, 1, 2, 3, 4])
+    assert not genc.adapter.fits(None, 2048, items, [0, 1, 2, 3, 5])  # a smaller item: refused, runs eagerly
 
 
 # Batches that reach each kind of variant (the first items full-length, 32x32 = 1024 rows)
@@ -818,7 +818,7 @@ VARIANT_CASES = {
     "dense2+varlen": [(32, 32)] * 2 + [(24, 32)],
     "dense3+varlen": [(32, 32)] * 3 + [(8, 16)],
     "dense6": [(32, 32)] * 6,
-    "dense16": [(32, 32)] * 16,
+    "dense8": [(32, 32)] * 8,
 }
 
 
@@ -846,8 +846,8 @@ def test_simulated_many_tiles_run_as_one_replay(tiny_model):
     genc.capture()
     inputs = random_processor_output([(32, 32)] * 17 + [(16, 16)], "tiny", seed=3)
     _assert_parity(genc.encode(inputs), hf_image_features(tiny_model, inputs), FP32_TOL)
-    assert genc.stats.replays == {4096: 1, 512: 1}  # 16 tiles; then the 17th with the small item
-    assert genc.stats.variant_replays == {"dense16": 1, "dense1+varlen": 1}
+    assert genc.stats.replays == {2048: 2, 512: 1}  # 8 + 8 tiles; then the 17th with the small item
+    assert genc.stats.variant_replays == {"dense8": 2, "dense1+varlen": 1}
     assert genc.stats.padded_tokens == 512 - (256 + 64)  # the run pads nothing
 
 

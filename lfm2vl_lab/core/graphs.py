@@ -24,9 +24,12 @@ __all__ = ["DENSE_GRAPHS", "MAX_RUN_ITEMS", "GraphedEncoder", "plan_batches", "p
 # single-item graphs of earlier runs, made one 512 px or 256 px image faster on the H200 at the same
 # parity (data/results/nvidia-h200/single-item-*.json); dense-*.json measures the rest.
 DENSE_GRAPHS = True
-# The most 512 px images or tiles one replay carries: 16 (4096 tokens), so 8 or 16 tiles run as one
-# replay with large GEMMs instead of four of the largest regular budget (1024 tokens).
-MAX_RUN_ITEMS = 16
+# The most 512 px images or tiles one replay carries: 8 (a 2048-token run budget), so 8 tiles run as
+# one replay with large GEMMs and 16 as two, instead of 2 or 4 replays of the largest regular budget
+# (1024 tokens). Why not 16: on the H200 a 16-item run budget made the 450M graphs hold 1005 MiB and
+# the 1.6B ones 1663 MiB, captured in 3.03 s (floor-*-20261201-*.json), against the 1 GiB and 3 s
+# the kit allows itself, for 3% at 16x512 (7.03 ms in one replay; 8x512 took 3.64).
+MAX_RUN_ITEMS = 8
 
 
 class GraphedEncoder(EncoderGraphManager):
@@ -50,7 +53,7 @@ class GraphedEncoder(EncoderGraphManager):
     ``dense_graphs`` (on by default): each budget also captures graphs that run batched dense
     attention (cuDNN first) over the full-length items a batch starts with (:mod:`~.lfm2vl` lists the
     variants); a replay picks one from the patch grids on the host. With them, ``max_run_items``
-    (default 16, 0: off) full-length items may share one replay in an extra *run budget* that holds
+    (default 8, 0: off) full-length items may share one replay in an extra *run budget* that holds
     only such runs and computes only their rows. ``check_finite=True`` makes ``encode`` refuse pixel
     values holding NaN or Inf with an error naming the items (off by default: it costs one device
     sync per call).
