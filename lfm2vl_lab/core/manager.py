@@ -89,7 +89,7 @@ def plan_batches(tokens: list[int], max_budget: int, max_items: int, run_tokens:
 
     Runs: a batch made only of items of exactly ``run_tokens`` tokens (full-length items, which come
     first because they are the largest) may instead grow to ``max_run_items`` items, so 8 tiles make
-    one replay with large GEMMs, not four. It closes at the first other item that would break the
+    one replay with large GEMMs, not two. It closes at the first other item that would break the
     regular limits; the rest is packed as usual.
     """
     order = sorted(range(len(tokens)), key=lambda i: -tokens[i])
