@@ -34,8 +34,8 @@ __all__ = [
     "synthetic_image", "synthetic_workload", "to_rgb",
 ]
 
-TOOL_MODULES = ("args", "attention_probe", "bench", "bench_cli", "check", "e2e", "meter", "modes", "notebook", "plots",
-                "profiling", "report", "results", "table", "timing", "trace_analysis", "workloads")
+TOOL_MODULES = ("args", "attention_probe", "bench", "bench_cli", "check", "e2e", "floor", "meter", "modes", "notebook",
+                "plots", "profiling", "report", "results", "table", "timing", "trace_analysis", "workloads")
 
 
 def __getattr__(name: str):

@@ -1,0 +1,170 @@
+"""The kernel floor (issue #11): where one call's GPU time goes, and the targets the graphed path
+is held to, judged from recorded result files.
+
+* :func:`kernel_breakdown` sorts the kernels of one profiled call (a bench row's ``timeline``) into
+  classes (GEMMs, attention, LayerNorm, ...) with their count and µs; :func:`breakdown_figure`
+  draws several rows side by side, e.g. the kernel options off and on.
+* :data:`TARGETS` states each target once; :func:`judge_targets` reads them off a bench of every
+  mode (``python -m lfm2vl_lab bench --mode hf-eager,lab-eager,lab-graph,compile --workload
+  1x512,1x256,1..16x512,tiled,stream --profile``) and, for the 1.6B targets, a bench of that preset.
+  A target that is missed stays a row with ``ok: False``: nothing here loosens one.
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+# (class, substrings of kernel names), first match wins; the names are what the H200 profiles show
+KERNEL_CLASSES = (
+    ("attention", ("flash_fwd", "fmha", "_sdpa_", "attention")),
+    ("add+LayerNorm (Triton)", ("add_ln",)),
+    ("LayerNorm", ("layer_norm",)),
+    ("GELU", ("gelu", "Gelu")),
+    ("GEMM", ("nvjet", "gemm", "Gemm", "cutlass", "xmma", "sm90_")),
+    ("residual add", ("CUDAFunctor_add",)),
+    ("memset", ("Memset",)),
+    ("copies", ("Memcpy", "copy_kernel", "CatArrayBatchedCopy")),
+    ("gather", ("gather", "index")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """The class of one kernel name (``"other"`` when none matches). GEMMs with the GELU in their
+    epilogue (``..._gelubias_...``) count as GEMMs: that GELU costs no kernel of its own."""
+    if "gelubias" in name or "gelu_bias" in name:
+        return "GEMM"
+    for cls, needles in KERNEL_CLASSES:
+        if any(n in name for n in needles):
+            return cls
+    return "other"
+
+
+def kernel_breakdown(row: dict) -> dict[str, dict]:
+    """``{class: {"count", "us"}}`` of the one call a profiled bench row keeps in ``timeline``."""
+    gpu = (row.get("timeline") or {}).get("gpu") or []
+    if not gpu:
+        raise ValueError(f"row {row.get('mode')}/{row.get('workload')} has no profiled timeline (run with --profile)")
+    out: dict[str, dict] = {}
+    for _start, dur, name in gpu:
+        c = out.setdefault(kernel_class(name), {"count": 0, "us": 0.0})
+        c["count"] += 1
+        c["us"] += dur
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))
+
+
+def breakdown_figure(rows: dict[str, dict], title: str | None = None) -> Figure:
+    """Stacked bars of :func:`kernel_breakdown`, one bar per labelled row (µs of one call)."""
+    parts = {label: kernel_breakdown(r) for label, r in rows.items()}
+    classes = list(dict.fromkeys(c for p in parts.values() for c in p))
+    fig = Figure(figsize=(max(5.5, 1.6 * len(parts) + 3), 4), layout="constrained")
+    ax = fig.add_subplot()
+    bottom = [0.0] * len(parts)
+    for cls in classes:
+        vals = [p.get(cls, {}).get("us", 0.0) for p in parts.values()]
+        ax.bar(range(len(parts)), vals, 0.6, bottom=bottom, label=cls)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, total in enumerate(bottom):
+        ax.annotate(f"{total:.0f} µs", (i, total), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(parts)), list(parts), fontsize=8)
+    ax.set_ylabel("kernel µs in one call")
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------------
+
+FLOOR_WORKLOADS = ("1x512", "1x256", "2x512", "4x512", "8x512", "16x512", "tiled", "stream")
+# (workload, ms): lab-graph's median on the 450M preset must be at most this
+LATENCY_TARGETS = (("1x512", 0.95), ("1x256", 0.70), ("4x512", 2.3), ("16x512", 8.0), ("tiled", 3.5))
+TARGETS = {
+    "latency": LATENCY_TARGETS,
+    "vs_compile_1x512": 2.0,  # at least this many times faster than compile at 1x512
+    "stream_p99_vs_compile": 0.5,  # lab-graph's stream p99 at most this share of compile's
+    "busy_ratio_1x512": 1.10,  # 1x512 wall within this factor of its own GPU-busy time
+    "capture_s": 3.0,
+    "graph_mib": 1024.0,
+    "1.6b": (("1x512", 3.0), ("tiled", 15.0)),
+}
+
+
+def _by(rows: list[dict]) -> dict:
+    return {(r["mode"], r["workload"]): r for r in rows if r.get("median_ms") is not None}
+
+
+def _row(target: str, value, limit, ok: bool, detail: str = "") -> dict:
+    return {"target": target, "value": value, "limit": limit, "ok": bool(ok), "detail": detail}
+
+
+def _fastest_and_busy(by: dict) -> list[dict]:
+    out = []
+    for w in FLOOR_WORKLOADS:
+        mine, others = by.get(("lab-graph", w)), {m: r for (m, ww), r in by.items() if ww == w and m != "lab-graph"}
+        if mine is None:
+            out.append(_row(f"fastest mode at {w}", None, None, False, "no lab-graph row"))
+            continue
+        best = min(others.items(), key=lambda kv: kv[1]["median_ms"], default=(None, None))
+        ok = best[1] is None or mine["median_ms"] < best[1]["median_ms"]
+        out.append(_row(f"fastest mode at {w}", mine["median_ms"], best[1] and best[1]["median_ms"], ok,
+                        f"next: {best[0]}"))
+        hf = by.get(("hf-eager", w))
+        busy, hf_busy = mine.get("gpu_busy_ms"), hf and hf.get("gpu_busy_ms")
+        if busy is None or hf_busy is None:  # the bench profiles fixed workloads, not the stream
+            out.append(_row(f"GPU-busy <= transformers' at {w}", busy, hf_busy, False, "not profiled"))
+        else:
+            out.append(_row(f"GPU-busy <= transformers' at {w}", busy, hf_busy, busy <= hf_busy))
+    return out
+
+
+def judge_targets(rows: list[dict], rows_16b: list[dict] | None = None) -> list[dict]:
+    """Every target of :data:`TARGETS` as ``{"target", "value", "limit", "ok", "detail"}``, from the
+    rows of one bench of every mode on the 450M preset (and of one on the 1.6B preset, if given)."""
+    by, out = _by(rows), []
+    for w, limit in TARGETS["latency"]:
+        r = by.get(("lab-graph", w))
+        out.append(_row(f"450M {w} median ms", r and r["median_ms"], limit, bool(r) and r["median_ms"] <= limit))
+    g, c = by.get(("lab-graph", "1x512")), by.get(("compile", "1x512"))
+    if g and c:
+        x = c["median_ms"] / g["median_ms"]
+        out.append(_row("1x512 speedup over compile", x, TARGETS["vs_compile_1x512"], x >= TARGETS["vs_compile_1x512"]))
+    gs, cs = by.get(("lab-graph", "stream")), by.get(("compile", "stream"))
+    if gs and cs:
+        share = gs["p99_ms"] / cs["p99_ms"]
+        out.append(_row("stream p99 / compile's", share, TARGETS["stream_p99_vs_compile"],
+                        share <= TARGETS["stream_p99_vs_compile"]))
+    if g and g.get("gpu_busy_ms"):
+        ratio = g["median_ms"] / g["gpu_busy_ms"]
+        limit = TARGETS["busy_ratio_1x512"]
+        out.append(_row("1x512 wall / GPU-busy", ratio, limit, ratio <= limit))
+    out += _fastest_and_busy(by)
+    out += _capture_targets("450M", g)
+    if rows_16b:
+        by16 = _by(rows_16b)
+        for w, limit in TARGETS["1.6b"]:
+            r, hf = by16.get(("lab-graph", w)), by16.get(("hf-eager", w))
+            out.append(_row(f"1.6B {w} median ms", r and r["median_ms"], limit, bool(r) and r["median_ms"] <= limit,
+                            f"transformers: {hf['median_ms']:.2f} ms" if hf else ""))
+        out += _capture_targets("1.6B", by16.get(("lab-graph", "1x512")))
+    return out
+
+
+def _capture_targets(label: str, row: dict | None) -> list[dict]:
+    if row is None or row.get("capture_s") is None:
+        return [_row(f"{label} capture", None, None, False, "no lab-graph row with capture info")]
+    mib, secs = row.get("graph_total_mb"), row["capture_s"]
+    return [_row(f"{label} capture s", secs, TARGETS["capture_s"], secs <= TARGETS["capture_s"]),
+            _row(f"{label} graph MiB", mib, TARGETS["graph_mib"], mib is not None and 0 <= mib <= TARGETS["graph_mib"])]
+
+
+def targets_table(judged: list[dict]) -> str:
+    """The judged targets as a Markdown table (README, notes)."""
+    lines = ["| target | measured | limit | met |", "|---|---|---|---|"]
+    for t in judged:
+        v = "not measured" if t["value"] is None else f"{t['value']:.3g}"
+        lim = "-" if t["limit"] is None else f"{t['limit']:.3g}"
+        lines.append(f"| {t['target']} | {v} | {lim} | {'yes' if t['ok'] else '**no**'}"
+                     f"{' (' + t['detail'] + ')' if t['detail'] else ''} |")
+    return "\n".join(lines)
