@@ -10,9 +10,12 @@ cannot take the dense variants):
 3. the fused runner's encode() wall and bare replay wall.
 
 If (2) is slower than (1) like (3) is, compiling slowed the whole process's host path, not the
-fused graph. Writes ``data/results/<gpu>/fused-host-*.json`` with provenance.
+fused graph. ``--after-compile-mode`` first runs the ``compile`` mode (``torch.compile`` with
+``mode="reduce-overhead"`` around transformers' path, CUDA graph trees) on the same input, as the
+session-1 bench did just before its fused mode, and measures (1) again after it. Writes
+``data/results/<gpu>/fused-host-*.json`` with provenance.
 
-    python scripts/fused_host_probe.py [--out data/results]
+    python scripts/fused_host_probe.py [--after-compile-mode] [--out data/results]
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 
 from lfm2vl_lab.core.graphs import GraphedEncoder
 from lfm2vl_lab.core.presets import build_model
-from lfm2vl_lab.tools.modes import make_fused
+from lfm2vl_lab.tools.modes import make_compile, make_fused
 from lfm2vl_lab.tools.results import RESULTS_ROOT, provenance, save_result
 from lfm2vl_lab.tools.workloads import random_processor_output, to_device
 
@@ -53,6 +56,7 @@ def _measure(genc, inputs) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(RESULTS_ROOT))
+    p.add_argument("--after-compile-mode", action="store_true", help="run the compile mode first, as session 1 did")
     args = p.parse_args()
     model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda")
     inputs = to_device(random_processor_output([(32, 32)], "lfm2-vl-450m", seed=0), "cuda", torch.bfloat16)
@@ -61,6 +65,12 @@ def main() -> int:
     plain = GraphedEncoder(model, budgets=[256], dense_graphs=False, fuse_qkv=False, fuse_elementwise=False)
     plain.capture()
     rows = [{"what": "lab-graph, before any compile", **_measure(plain, inputs)}]
+    if args.after_compile_mode:
+        compiled = make_compile(model)
+        for _ in range(3):  # compiles on the first call, then records its CUDA graph trees
+            compiled.call(inputs)
+        rows.append({"what": "lab-graph, after the compile mode ran", **_measure(plain, inputs),
+                     "compile_mode_ms": _wall_ms(lambda: compiled.call(inputs), n=50)})
     t0 = time.perf_counter()
     fused = make_fused(model, budgets=[256], fuse_qkv=False, fuse_elementwise=False)
     compile_s = time.perf_counter() - t0

@@ -162,4 +162,21 @@ LOG=b16      TAILN=24 step 150 $M bench --preset lfm2-vl-1.6b --mode hf-eager,la
              --workload 1x512,1x256,4x512,16x512,tiled --repeats 30 --profile --out "$R" --name floor-1.6b --no-progress
 LOG=check8   TAILN=6 step 90 $M check --out "$R"
 fi
+# g3: the final run of the session's code (run budget of 8 tiles, fused QKV once per model): the
+# GPU suite, both floor benches again, check, the fused-mode probe after the compile mode, then every
+# notebook (they read these files: copied into data/results first). Carries the Jupyter wheels.
+if [ "$PART" = g3 ]; then
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD
+LOG=pytest10 TAILN=6 step 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=b450     TAILN=40 step 120 $M bench --preset lfm2-vl-450m --mode hf-eager,lab-eager,lab-graph,compile \
+             --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" \
+             --name floor --no-progress
+LOG=b16      TAILN=14 step 60 $M bench --preset lfm2-vl-1.6b --mode hf-eager,lab-graph \
+             --workload 1x512,1x256,4x512,16x512,tiled --repeats 30 --profile --out "$R" --name floor --no-progress
+LOG=check9   TAILN=4 step 60 $M check --out "$R"
+cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
+LOG=nb       TAILN=12 step 200 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
+LOG=fusedh   TAILN=8 step 60 python3 scripts/fused_host_probe.py --after-compile-mode --out "$R"
+fi
 ls -la "$OUT"
