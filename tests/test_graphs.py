@@ -747,6 +747,8 @@ def test_config_run_budget_and_dense_geometry():
     assert [cfg.dense_rows(b) for b in cfg.graph_budgets] == [256, 512, 1024, 1024, 1024, 1024]
     assert [cfg.dense_blocks(b) for b in cfg.graph_budgets] == [1, 1, 1, 2, 4, 16]
     assert EncoderGraphConfig.build(out_hidden_size=64).run_budget is None  # off unless asked for
+    # budgets too small for one full-length item (it runs eagerly): no run budget to capture for nothing
+    assert EncoderGraphConfig.build(out_hidden_size=64, budgets=[64, 128], max_run_items=8).run_budget is None
     # a run limit the largest budget already holds needs no extra budget
     assert EncoderGraphConfig.build(out_hidden_size=64, max_run_items=4).graph_budgets == DEFAULT_BUDGETS
     loose = EncoderGraphConfig.build(out_hidden_size=64, max_run_items=16, max_seqlen_mode="loose")

@@ -207,8 +207,9 @@ class EncoderGraphConfig:
         key = (tuple(self.budgets), self.max_run_items, self.max_num_patches, self.factor)
         cached = self.__dict__.get("_derived_cache")
         if cached is None or cached[0] != key:
-            b = self.max_run_items * self.run_tokens
-            run = b if self.max_run_items and b > max(self.budgets) else None
+            # no run budget where full-length items do not fit the largest budget (they run eagerly)
+            b, top = self.max_run_items * self.run_tokens, max(self.budgets)
+            run = b if self.max_run_items and b > top and self.run_tokens <= top else None
             cached = (key, (run, list(self.budgets) + ([run] if run else [])))
             self.__dict__["_derived_cache"] = cached
         return cached[1]
