@@ -81,6 +81,8 @@ LOG=nb       TAILN=60 step 150 python3 scripts/run_notebooks.py notebooks/02_cud
              notebooks/05_the_manager.ipynb notebooks/06_measuring_the_savings.ipynb \
              notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
 fi
+# (Parts d1 and e1 used --single-item-graphs, which session 5 replaced by --dense-graphs: the parts
+# before g1 record what ran then, with the code of then.)
 # Parts e1, e2 and e3: session 3 (issue #9), one device call each. Between calls, the result files
 # that came back are committed to data/results/ (the notebooks read the newest ones). Only e3 carries
 # the Jupyter wheels; its executed notebooks come back in $OUT/res.tgz under nb/.
