@@ -55,7 +55,7 @@ class CaptureMeter:
 def measured_capture(genc, progress: bool = True, warmup_iters: int = 2) -> list[dict]:
     """``genc.capture()`` through a :class:`CaptureMeter`; rows gain ``capture_s``, ``pool_mb`` and
     ``total_mb`` (pool + buffers), so the rows add up to what the graphs hold on the device."""
-    meter = CaptureMeter(progress=progress, total=len(genc.config.budgets))
+    meter = CaptureMeter(progress=progress, total=len(getattr(genc.config, "graph_budgets", genc.config.budgets)))
     try:
         rows = genc.capture(hook=meter, warmup_iters=warmup_iters)
     finally:
