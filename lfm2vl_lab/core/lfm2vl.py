@@ -157,10 +157,15 @@ class Lfm2VlGraphModel:
         return {"rows": self.config.rows(budget), "max_seqlen": self.config.max_seqlen(budget),
                 "variants": list(self.graph_variants(budget))}
 
+    def computed_rows(self, budget: int, variant: str) -> int:
+        """Patch rows one replay of a variant computes: all of the budget's, or only a pure run's items."""
+        k, rest = parse_variant(variant)
+        return self.config.rows(budget) if rest else k * self.config.dense_rows(budget)
+
     def varlen_rows(self, budget: int, variant: str) -> int:
         """Rows the varlen kernel of a variant is given (0 for a pure dense run)."""
         k, rest = parse_variant(variant)
-        return self.config.rows(budget) - k * self.config.dense_rows(budget) if rest else 0
+        return self.computed_rows(budget, variant) - k * self.config.dense_rows(budget) if rest else 0
 
     def fill_dummy(self, buffers: dict[str, torch.Tensor], budget: int) -> None:
         """Random (never zero) data and a layout valid for *every* variant captured on these buffers:
@@ -195,8 +200,7 @@ class Lfm2VlGraphModel:
         return ("varlen", *pure, *(variant_name(k, True) for k in ks if k * item_rows < rows))
 
     def computed_tokens(self, budget: int, variant: str) -> int:
-        k, rest = parse_variant(variant)
-        return budget if rest else k * self.config.dense_rows(budget) // self.config.factor**2
+        return self.computed_rows(budget, variant) // self.config.factor**2
 
     def _attention(self, budget: int, variant: str):
         """The attention function of a variant (None: the encoder's own backend)."""
@@ -212,9 +216,8 @@ class Lfm2VlGraphModel:
     def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: str) -> torch.Tensor:
         cfg = self.config
         cu_size, meta = cfg.cu_size(budget), buffers["meta"]
-        k, rest = parse_variant(variant)
-        rows = cfg.rows(budget) if rest else k * cfg.dense_rows(budget)  # a pure run computes only its rows
-        kw = {"attn": self._attention(budget, variant)} if k else {}
+        rows = self.computed_rows(budget, variant)
+        kw = {"attn": self._attention(budget, variant)} if variant != "varlen" else {}
         return self.body(buffers["pixel_values"][:rows], buffers["pos_embeds"][:rows], meta[:cu_size],
                          cfg.max_seqlen(budget), meta[cu_size : cu_size + rows], **kw)
 
@@ -245,8 +248,7 @@ class Lfm2VlGraphModel:
         bshapes = tuple(shapes[i] for i in batch)
         cfg = self.config
         variant, meta = self.host_meta(budget, bshapes)
-        k, rest = parse_variant(variant)
-        rows = cfg.rows(budget) if rest else k * cfg.dense_rows(budget)  # a pure run reads no padding rows
+        rows = self.computed_rows(budget, variant)  # a pure run reads no padding rows
         cfg.padding_for("pixel_values", budget)(buffers["pixel_values"][:rows], _pixel_rows(pv, batch, bshapes))
         resident = (bshapes, self.encoder.pos_cache.stamp())
         if self.resident.get(budget) != resident:  # else both are in the buffers already
@@ -270,12 +272,11 @@ class Lfm2VlGraphModel:
         cfg = self.config
         variant = self.variant_for(budget, shapes)
         k, rest = parse_variant(variant)
-        cu_size, skip = cfg.cu_size(budget), k * cfg.dense_rows(budget)
-        rows = cfg.rows(budget) if rest else skip
+        cu_size, rows = cfg.cu_size(budget), self.computed_rows(budget, variant)
         meta = torch.empty(cu_size + rows, dtype=torch.int32)
         if rest:
             cu = lfm2vl_cu_seqlens(shapes[k:]) if k < len(shapes) else torch.zeros(1, dtype=torch.int32)
-            cfg.padding_for("cu_seqlens", budget, rows - skip)(meta[:cu_size], cu)
+            cfg.padding_for("cu_seqlens", budget, self.varlen_rows(budget, variant))(meta[:cu_size], cu)
         else:
             meta[:cu_size] = 0  # unread: a pure dense graph has no varlen kernel
         cfg.padding_for("gather_idx", budget)(meta[cu_size:], lfm2vl_gather_idx(shapes, cfg.factor).int())
