@@ -181,4 +181,11 @@ cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
 LOG=nb       TAILN=12 step 200 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
 LOG=fusedh   TAILN=8 step 60 python3 scripts/fused_host_probe.py --after-compile-mode --out "$R"
 fi
+# h1 (session 6, issue #12): the text engine's first GPU run: its GPU tests, then a small TTFT grid
+# with the profile split (450M, 1x512, 1 and 4 requests).
+if [ "$PART" = h1 ]; then
+LOG=pyeng    TAILN=12 step 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_engine.py
+LOG=ttft0    TAILN=60 step 240 $M ttft --preset lfm2-vl-450m --image 1x512 --requests 1,4 --repeats 3 \
+             --decode-tokens 8 --profile --out "$R" --no-progress
+fi
 ls -la "$OUT"

@@ -102,6 +102,13 @@ class GraphedEncoder(EncoderGraphManager):
         the model carries (its preset's, or a loaded checkpoint's own)."""
         return self.encode(process_images(images, self.model))
 
+    def stage(self, inputs: dict) -> dict:
+        """The processor's output on this encoder's device, as ``encode`` reads it: what an engine
+        uploads before the encoder runs (the pipeline's ``h2d`` phase)."""
+        dev = self.device
+        return {k: (v.to(dev, non_blocking=True) if k != "spatial_shapes" else v) for k, v in inputs.items()
+                if k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
+
     def installed(self, model=None):
         """Within the block, ``model`` (default: the one this encoder wraps) computes its image
         features — in ``forward`` and so in ``generate`` — with this graphed encoder."""

@@ -27,6 +27,7 @@ from .bench_cli import add_bench_args, run_bench_cli
 from .check import add_check_args, run_check_cli
 from .e2e import add_e2e_args, run_e2e_cli
 from .report import add_report_args, run_report_cli
+from .ttft_cli import add_ttft_args, run_ttft_cli
 
 # name → (add_args(parser), run(args) -> exit status). Add new subcommands here (see module docstring).
 SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
@@ -35,6 +36,7 @@ SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "check": (add_check_args, run_check_cli),
     "e2e": (add_e2e_args, run_e2e_cli),
     "attention": (add_attention_args, run_attention_cli),
+    "ttft": (add_ttft_args, run_ttft_cli),
 }
 
 

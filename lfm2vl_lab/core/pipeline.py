@@ -1,0 +1,167 @@
+"""From a processed request to its tokens, the way a serving engine runs LFM2-VL, in named phases.
+
+``generate`` does this in one call; an engine does it as steps it can schedule and graph, and so
+does :class:`VlmPipeline`:
+
+1. ``h2d``      the processor's (CPU) output onto the GPU
+2. ``encoder``  image features: transformers' eager path, or the :class:`~.graphs.GraphedEncoder`
+3. ``merge``    token embeddings with the image features written at the image-token positions
+4. ``prefill``  the text model over the prompt
+5. ``sample``   the first token (greedy: final norm, LM head, argmax at the last position)
+6. ``decode``   the rest, one token per step
+
+Each of the two models has two modes: ``encoder_mode`` "eager" (transformers' ``get_image_features``,
+fed the padded float32 pixels the way transformers moves them) or "graphed" (the graphed encoder,
+fed only the real rows); ``text_mode`` "eager" (transformers' ``Lfm2Model`` with its own
+``DynamicCache``: :class:`HfText`) or "graphed" (:class:`~.engine.TextEngine` after ``capture``).
+
+The pipeline knows nothing about timing: ``run(..., mark=fn)`` calls ``mark(phase)`` after each
+phase, which is where the instrument (``tools/e2e.py``) records its CUDA events.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .engine import TextEngine, lfm2_text_parts
+from .hf import hf_image_features
+
+MODES = ("eager", "graphed")
+PHASES = ("h2d", "encoder", "merge", "prefill", "sample", "decode")
+
+
+class HfText:
+    """transformers' own LFM2 text model, eager, with its ``DynamicCache``: ``text_mode="eager"``.
+
+    The same interface as :class:`~.engine.TextEngine` (``prompt``, ``prefill``, ``sample``,
+    ``decode``), and the same greedy choice ``generate(do_sample=False)`` makes. Every request of a
+    batch must have the same length (``generate`` would pad them; this reference does not)."""
+
+    def __init__(self, model):
+        self.lm, self.lm_head = lfm2_text_parts(model)
+        w = self.lm_head.weight
+        self.device, self.dtype = w.device, w.dtype
+        self.stats = None
+
+    def prompt(self, n: int, length: int) -> torch.Tensor:
+        return torch.empty(n, length, self.lm.config.hidden_size, dtype=self.dtype, device=self.device)
+
+    @torch.no_grad()
+    def prefill(self, lengths, embeds: torch.Tensor) -> None:
+        if len(set(lengths)) != 1:
+            raise ValueError(f"HfText runs requests of one length; got lengths {list(lengths)}")
+        out = self.lm(inputs_embeds=embeds, use_cache=True)
+        self.cache, self.hidden = out.past_key_values, out.last_hidden_state[:, -1]
+
+    @torch.no_grad()
+    def sample(self) -> torch.Tensor:
+        self.logits = self.lm_head(self.hidden)
+        self.ids = self.logits.argmax(-1)
+        return self.ids
+
+    @torch.no_grad()
+    def decode(self, steps: int) -> torch.Tensor:
+        out = []
+        for _ in range(steps):
+            h = self.lm(inputs_embeds=self.lm.embed_tokens(self.ids)[:, None], past_key_values=self.cache,
+                        use_cache=True).last_hidden_state[:, -1]
+            self.logits = self.lm_head(h)
+            self.ids = self.logits.argmax(-1)
+            out.append(self.ids)
+        return torch.stack(out, 1) if out else torch.empty(len(self.ids), 0, dtype=torch.long, device=self.device)
+
+
+def image_positions(input_ids: torch.Tensor, image_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request, position) of every image token, in the order the features fill them (row-major,
+    as transformers' ``masked_scatter``)."""
+    b, t = (input_ids == image_token_id).nonzero(as_tuple=True)
+    return b, t
+
+
+def _upload(t: torch.Tensor, device) -> torch.Tensor:
+    """A small host tensor onto ``device`` without a sync (pinned first on CUDA)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class VlmPipeline:
+    """LFM2-VL from processor output and prompt ids to greedy tokens, in :data:`PHASES`.
+
+    ``genc``: a :class:`~.graphs.GraphedEncoder` (needed for ``encoder_mode="graphed"``); ``engine``: a
+    :class:`~.engine.TextEngine` (needed for ``text_mode="graphed"``). Both are shared across pipelines
+    of one model, so four pipelines (the modes' grid) cost one capture each.
+    """
+
+    def __init__(self, model, encoder_mode: str = "graphed", text_mode: str = "graphed", genc=None,
+                 engine: TextEngine | None = None):
+        for name, mode in (("encoder_mode", encoder_mode), ("text_mode", text_mode)):
+            if mode not in MODES:
+                raise ValueError(f"{name} must be one of {MODES}, got {mode!r}")
+        if encoder_mode == "graphed" and genc is None:
+            raise ValueError("encoder_mode='graphed' needs genc= (a GraphedEncoder)")
+        if text_mode == "graphed" and engine is None:
+            raise ValueError("text_mode='graphed' needs engine= (a TextEngine)")
+        self.model, self.genc = model, genc
+        self.encoder_mode, self.text_mode = encoder_mode, text_mode
+        self.text = engine if text_mode == "graphed" else HfText(model)
+        self.embed = lfm2_text_parts(model)[0].embed_tokens
+        self.image_token_id = model.config.image_token_id
+
+    @property
+    def name(self) -> str:
+        return f"text {self.text_mode}, encoder {self.encoder_mode}"
+
+    def to_device(self, inputs: dict) -> dict:
+        """Phase ``h2d``. Eager: every padded float32 row, as transformers moves them. Graphed: what
+        the graphed encoder reads (``GraphedEncoder.stage``: the real rows, in the model's dtype)."""
+        dev = self.text.device
+        if self.encoder_mode == "graphed":
+            return self.genc.stage(inputs)
+        return {"pixel_values": inputs["pixel_values"].to(dev, self.text.dtype),
+                "pixel_attention_mask": inputs["pixel_attention_mask"].to(dev),
+                "spatial_shapes": inputs["spatial_shapes"]}
+
+    def encode(self, dev_inputs: dict) -> list[torch.Tensor]:
+        """Phase ``encoder``: per-item image features."""
+        if self.encoder_mode == "graphed":
+            return self.genc.encode(dev_inputs)
+        return hf_image_features(self.model, dev_inputs)
+
+    @torch.no_grad()
+    def merge(self, input_ids: torch.Tensor, feats: list[torch.Tensor]) -> tuple[list[int], torch.Tensor]:
+        """Phase ``merge``: the prompt's embeddings, image features at the image tokens, written where
+        the text model reads them. Returns the lengths and the embeddings."""
+        n, length = input_ids.shape
+        b, t = image_positions(input_ids, self.image_token_id)
+        rows = sum(f.shape[0] for f in feats)
+        if rows != b.numel():
+            raise ValueError(f"the prompt holds {b.numel()} image tokens but the images give {rows} features")
+        dev = self.text.device
+        dst = self.text.prompt(n, length)
+        dst.copy_(self.embed(_upload(input_ids, dev)))
+        dst[_upload(b, dev), _upload(t, dev)] = torch.cat(feats).to(dst.dtype)
+        return [length] * n, dst
+
+    @torch.no_grad()
+    def run(self, input_ids: torch.Tensor, inputs: dict, new_tokens: int = 1, mark=None) -> torch.Tensor:
+        """Greedy tokens ``[requests, new_tokens]`` (on the device) for prompts ``input_ids`` (host,
+        ``[requests, length]``) and their images' processor output ``inputs``."""
+        if new_tokens < 1:
+            raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+        mark = mark or (lambda phase: None)
+        dev_inputs = self.to_device(inputs)
+        mark("h2d")
+        feats = self.encode(dev_inputs)
+        mark("encoder")
+        lengths, embeds = self.merge(input_ids, feats)
+        mark("merge")
+        self.text.prefill(lengths, embeds)
+        mark("prefill")
+        first = self.text.sample()
+        mark("sample")
+        if new_tokens == 1:
+            return first[:, None]
+        rest = self.text.decode(new_tokens - 1)
+        mark("decode")
+        return torch.cat([first[:, None], rest], 1)
