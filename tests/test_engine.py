@@ -193,6 +193,6 @@ def test_every_mode_passes_parity_on_450m():
     genc.capture()
     eng = TextEngine(model, max_batch=2, max_len=1024)
     eng.capture([(2, prompt_len(model, "1x512"))])
-    res = ttft_parity(model, build_pipelines(model, genc, eng), n=2)
+    (res,) = ttft_parity(model, build_pipelines(model, genc, eng), cases=[("1x512", 2)])
     assert all(r["ok"] for r in res["modes"].values()), res["modes"]
     assert not eng.stats.eager

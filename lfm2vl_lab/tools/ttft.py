@@ -31,6 +31,7 @@ from .timing import time_call, time_paired
 from .workloads import synthetic_image
 
 DECODE_TOKENS = 16
+PARITY_CASES = (("1x512", 2), ("tiled", 1))  # (image, requests): two requests in one batch, and tiles
 # Issue #12's targets, stated once (450M, bf16, one 512 px request, paired timing).
 TARGETS = {
     "encoder_graph_cut_text_graphed": 0.35,  # TTFT cut by encoder graphs with the text model graphed
@@ -110,8 +111,10 @@ def prompt_len(model, image: str) -> int:
 
 
 def capture_engine(engine: TextEngine, model, images, requests, progress: bool = True) -> dict:
-    """Capture the text engine's graphs for every (requests, image) of the grid, timed."""
-    shapes = [(n, prompt_len(model, im)) for im in images for n in requests]
+    """Capture the text engine's graphs for every (requests, image) of the grid and of the parity
+    cases (:data:`PARITY_CASES`), timed."""
+    cases = [(im, n) for im in images for n in requests] + list(PARITY_CASES)
+    shapes = list(dict.fromkeys((n, prompt_len(model, im)) for im, n in cases if n <= engine.max_batch))
     t0 = time.perf_counter()
     info = engine.capture(shapes)
     torch.cuda.synchronize()
@@ -157,6 +160,10 @@ def _rows_for(model, pipes: dict, image: str, n: int, repeats: int, decode_token
             "same_first_tokens": bool((tokens[:, 0] == ref_tokens[:, 0]).all()),
             "same_decode_tokens": bool((dlogs[m][-1][1] == dlogs[mode_name("eager", "eager")][-1][1]).all()),
         }
+        ran_eager = [what for what, on in (("encoder", p.encoder_mode == "graphed" and not p.genc.captured),
+                                           ("text model", p.text_mode == "graphed" and not p.text.graphs)) if on]
+        if ran_eager:
+            rows[m]["note"] = f"no CUDA graphs captured: the graphed {' and '.join(ran_eager)} ran eagerly"
     _add_reductions(rows)
     return list(rows.values())
 
@@ -211,18 +218,26 @@ def time_first_call(pipe: VlmPipeline, image: str = "1x512", n: int = 1) -> floa
 
 def _first_logits(pipe: VlmPipeline, ids, inputs) -> torch.Tensor:
     pipe.run(ids, inputs, 1)
-    return pipe.text.logits[: ids.shape[0]].float()
+    return pipe.text.logits[: ids.shape[0]].to(torch.float32, copy=True)  # the next run overwrites the buffer
 
 
 @torch.no_grad()
-def ttft_parity(model, pipes: dict, image: str = "1x512", n: int = 1, new_tokens: int = 8) -> dict:
-    """Every mode against transformers: its greedy tokens against ``generate``'s (the first must be
-    equal; ``matching_tokens`` counts the equal leading ones), and its first-token logits against a
-    float32 copy of the same weights run through transformers' eager path. A mode passes the logits
-    check when finite and within 1e-2, or no worse than transformers' own path in the model's dtype
-    (the ``text-eager+encoder-eager`` mode)."""
+def ttft_parity(model, pipes: dict, cases=PARITY_CASES, new_tokens: int = 8) -> list[dict]:
+    """Every mode against transformers, per ``(image, requests)`` case: its greedy tokens against
+    ``generate``'s (the first must be equal; ``matching_tokens`` counts the equal leading ones), and
+    its first-token logits against a float32 copy of the same weights run through transformers'
+    eager path. A mode passes the logits check when finite and within 1e-2, or no worse than
+    transformers' own path in the model's dtype (the ``text-eager+encoder-eager`` mode)."""
     import copy
 
+    ref32 = model if model.dtype == torch.float32 else copy.deepcopy(model).float()
+    ref32.lab_preset = model.lab_preset
+    out = [_parity_case(model, ref32, pipes, image, n, new_tokens) for image, n in cases]
+    del ref32
+    return out
+
+
+def _parity_case(model, ref32, pipes: dict, image: str, n: int, new_tokens: int) -> dict:
     from .e2e import generate_once
 
     images, ids = prompt_for(model, image, n)
@@ -232,11 +247,7 @@ def ttft_parity(model, pipes: dict, image: str = "1x512", n: int = 1, new_tokens
              "pixel_values": inputs["pixel_values"].to(dev, model.dtype),
              "pixel_attention_mask": inputs["pixel_attention_mask"].to(dev), "spatial_shapes": inputs["spatial_shapes"]}
     want = generate_once(model, batch, new_tokens)[:, ids.shape[1]:].cpu()
-    ref32 = model if model.dtype == torch.float32 else copy.deepcopy(model).float()
-    ref32.lab_preset = model.lab_preset
     ref = _first_logits(VlmPipeline(ref32, "eager", "eager"), ids, inputs)
-    if ref32 is not model:
-        del ref32
     out = {"image": image, "requests": n, "new_tokens": new_tokens, "generate_tokens": want.tolist(), "modes": {}}
     for m, p in pipes.items():
         logits = _first_logits(p, ids, inputs)
@@ -273,8 +284,9 @@ def _row(target: str, value, limit, ok: bool, detail: str = "") -> dict:
     return {"target": target, "value": value, "limit": limit, "ok": bool(ok), "detail": detail}
 
 
-def judge_ttft(rows: list[dict], image_path: list[dict] | None = None, preset: str = "lfm2-vl-450m") -> list[dict]:
-    """Issue #12's :data:`TARGETS` from a grid's rows (and the image-path rows, if measured)."""
+def judge_ttft(rows: list[dict], image_path: list[dict] | None = None, parity: list[dict] | None = None,
+               preset: str = "lfm2-vl-450m") -> list[dict]:
+    """Issue #12's :data:`TARGETS` from a grid's rows (and the image-path and parity records, if any)."""
     by = {r["mode"]: r for r in rows if r["preset"] == preset and r["image"] == "1x512" and r["requests"] == 1}
     out = []
     both, tg = by.get(mode_name("graphed", "graphed")), by.get(mode_name("eager", "graphed"))
@@ -292,4 +304,9 @@ def judge_ttft(rows: list[dict], image_path: list[dict] | None = None, preset: s
             out.append(_row(f"encode() CPU input / GPU input, {r['workload']}", r["ratio"], lim, r["ratio"] <= lim))
     same = [r["mode"] + f" {r['image']} x{r['requests']}" for r in rows if not r["same_first_tokens"]]
     out.append(_row("every mode's first tokens equal eager's", not same, True, not same, ", ".join(same)))
+    if parity:
+        bad = [f"{p['preset']} {p['image']} x{p['requests']} {m}" for p in parity for m, r in p["modes"].items()
+               if not r["ok"]]
+        out.append(_row("every mode passes parity (tokens vs generate, logits vs fp32)", not bad, True, not bad,
+                        ", ".join(bad)))
     return out

@@ -17,6 +17,7 @@ import torch
 from .e2e import IMAGES
 from .ttft import (
     DECODE_TOKENS,
+    PARITY_CASES,
     build_pipelines,
     capture_engine,
     judge_ttft,
@@ -58,16 +59,17 @@ def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
     progress = not args.no_progress
     model = build_model(name, dtype=dt, device=dev, text_layers="full")
     genc = GraphedEncoder(model)
-    longest = max(prompt_len(model, im) for im in args.image)
-    engine = TextEngine(model, max_batch=max(args.requests), max_len=bucket_len(longest) + args.decode_tokens + 1)
+    longest = max(prompt_len(model, im) for im in {*args.image, *(im for im, _ in PARITY_CASES)})
+    engine = TextEngine(model, max_batch=max(*args.requests, 2), max_len=bucket_len(longest) + args.decode_tokens + 1)
     setup = {"preset": name}
     result["setup"].append(setup)
     if dev.type == "cuda":
         setup["encoder_capture"] = measured_capture(genc, progress=progress)
         setup["engine_capture"] = capture_engine(engine, model, args.image, args.requests, progress)
     pipes = build_pipelines(model, genc, engine)
-    result["parity"].append({"preset": name, **ttft_parity(model, pipes)})
-    print("parity:", {m: r for m, r in result["parity"][-1]["modes"].items()}, flush=True)
+    for case in ttft_parity(model, pipes):
+        result["parity"].append({"preset": name, **case})
+        print(f"parity {case['image']} x{case['requests']}:", case["modes"], flush=True)
     save()
     if args.profile:
         result["profile"].append({"preset": name, **profile_modes(model, pipes)})
@@ -105,7 +107,7 @@ def run_ttft_cli(args) -> int:
     saved: dict = {}
 
     def save():
-        result["targets"] = judge_ttft(result["rows"], result["image_path"])
+        result["targets"] = judge_ttft(result["rows"], result["image_path"], result["parity"])
         saved["path"] = save_result(result, args.out or RESULTS_ROOT, "ttft", saved.get("path"))
 
     status = 0
