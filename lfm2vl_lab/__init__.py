@@ -3,9 +3,11 @@
 Two layers:
 
 * :mod:`lfm2vl_lab.core`  — the technique: presets, inputs, packing, the packed encoder, the graph
-  config and padding logics, capture, the manager and ``GraphedEncoder``; torch and transformers only.
+  config and padding logics, capture, the manager and ``GraphedEncoder``, and the engine side: the
+  text model on static buffers (``TextEngine``) and a request in phases (``VlmPipeline``); torch and
+  transformers only.
 * :mod:`lfm2vl_lab.tools` — the instrument: timing, workloads, the benchmark, profiling, results,
-  plots, check, e2e, the notebooks' helpers and the CLI (``python -m lfm2vl_lab``).
+  plots, check, e2e, ttft, the notebooks' helpers and the CLI (``python -m lfm2vl_lab``).
 
 The names below are the public API; the instrument's modules are also reachable as
 ``lfm2vl_lab.bench``, ``lfm2vl_lab.e2e`` … (loaded on first use).
@@ -16,11 +18,13 @@ import importlib
 from .core.capture import recover_from_failed_capture
 from .core.config import EncoderGraphConfig, auto_budgets
 from .core.encoder import PackedVisionEncoder, SplitProjector
+from .core.engine import TextEngine
 from .core.graphs import GraphedEncoder, plan_batches, plan_stats
 from .core.hf import hf_image_features
 from .core.inputs import image_limits, item_image, process_images, processor_for, to_rgb
 from .core.packing import PackedBatch, pack_inputs
 from .core.parity import max_rel_error, rel_error
+from .core.pipeline import VlmPipeline
 from .core.presets import Preset, available_presets, build_model, count_params, load_model
 from .tools.workloads import load_sample_images, random_processor_output, synthetic_image, synthetic_workload
 
@@ -31,11 +35,12 @@ __all__ = [
     "auto_budgets", "available_presets", "build_model", "count_params", "hf_image_features", "image_limits",
     "item_image", "load_model", "load_sample_images", "max_rel_error", "pack_inputs", "plan_batches", "plan_stats",
     "process_images", "processor_for", "random_processor_output", "recover_from_failed_capture", "rel_error",
-    "synthetic_image", "synthetic_workload", "to_rgb",
+    "synthetic_image", "synthetic_workload", "TextEngine", "to_rgb", "VlmPipeline",
 ]
 
 TOOL_MODULES = ("args", "attention_probe", "bench", "bench_cli", "check", "e2e", "floor", "meter", "modes", "notebook",
-                "plots", "profiling", "report", "results", "table", "timing", "trace_analysis", "workloads")
+                "plots", "profiling", "report", "results", "table", "timing", "trace_analysis", "ttft",
+                "ttft_cli", "workloads")
 
 
 def __getattr__(name: str):
