@@ -188,4 +188,20 @@ LOG=pyeng    TAILN=12 step 200 python3 -m pytest -q -m gpu -p no:cacheprovider t
 LOG=ttft0    TAILN=60 step 240 $M ttft --preset lfm2-vl-450m --image 1x512 --requests 1,4 --repeats 3 \
              --decode-tokens 8 --profile --out "$R" --no-progress
 fi
+# h2: issue #12's record: the GPU suite, the whole TTFT grid (both presets, 1/2/4/8 requests, 512 px and
+# tiled, profile split, image path), and generate's own TTFT beside it (the text model eager inside
+# generate), then every notebook (they read these files: copied into data/results first). Carries
+# the Jupyter wheels.
+if [ "$PART" = h2 ]; then
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD
+LOG=pytest11 TAILN=6 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+LOG=ttft     TAILN=60 step 270 $M ttft --preset lfm2-vl-450m --preset lfm2-vl-1.6b --image 1x512,tiled \
+             --requests 1,2,4,8 --repeats 7 --decode-tokens 16 --profile --image-path --out "$R" --no-progress
+LOG=e2e      TAILN=8 step 50 $M e2e --preset lfm2-vl-450m --image 1x512 --requests 1,4 --repeats 5 --out "$R" \
+             --no-progress
+cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
+LOG=nb07     TAILN=6 step 60 python3 scripts/run_notebooks.py notebooks/07_end_to_end_and_vllm.ipynb --out "$W/nb"
+LOG=nb       TAILN=12 step 170 python3 scripts/run_notebooks.py notebooks/0[0-6]*.ipynb --out "$W/nb"
+fi
 ls -la "$OUT"
