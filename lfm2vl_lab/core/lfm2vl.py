@@ -50,7 +50,8 @@ def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
     """Raise ``ValueError`` naming every item whose real patch rows hold NaN or Inf.
 
     Without it a NaN pixel silently becomes NaN embeddings (transformers' own path does the same).
-    One reduction per item and a single read-back, so it costs one device sync per call.
+    One reduction per item and a single read-back: on device input that costs one device sync per
+    call; on host input (checked before staging) only a host pass over the real rows.
     """
     flags = torch.stack([torch.isfinite(pixel_values[i, : h * w]).all() for i, (h, w) in enumerate(shapes)]).tolist()
     bad = [i for i, ok in enumerate(flags) if not ok]
