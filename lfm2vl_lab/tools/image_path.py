@@ -18,6 +18,7 @@ import torch
 
 from ..core.inputs import process_images, processor_for
 from .timing import percentile, time_paired
+from .workloads import to_device
 
 
 def _count(images) -> int:
@@ -108,12 +109,14 @@ def time_encode_sources(genc, inputs: dict, repeats: int = 20, warmup: int = 3, 
     padded float32 tensor, ``stage_rows=False``), so one row holds the before and the after.
 
     Why: an engine receives the processor's output on the host, so the upload is part of the
-    encoder's cost; the device-fed time is the floor. ``outputs_equal`` checks that both sources
+    encoder's cost; the device-fed time is the floor. The device-fed input is the benchmark's
+    (:func:`~.workloads.to_device`: pixel values already in the model's dtype), so the floor is
+    the one the recorded encoder timings were taken from. ``outputs_equal`` checks that both sources
     give bit-identical embeddings (staging casts to the model's dtype, which the encoder does
     first anyway), and ``staging`` shows the stager's counters (host waits on a pinned buffer,
     growths): a host-fed call must not wait for the device.
     """
-    dev_inputs = on_device(inputs, genc.device)
+    dev_inputs = to_device(inputs, genc.device, genc.encoder.dtype)
     with torch.no_grad():
         a, b = genc.encode(inputs), genc.encode(dev_inputs)
     equal = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
