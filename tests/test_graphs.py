@@ -26,6 +26,7 @@ from lfm2vl_lab.core.lfm2vl import check_finite_items, leading_full_items, parse
 from lfm2vl_lab.core.manager import GraphStats, plan_config
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx, tokens_for
 from lfm2vl_lab.core.parity import float32_reference, judge_replay
+from lfm2vl_lab.core.staging import PixelItems
 from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes
 
 FP32_TOL = 1e-4
@@ -801,7 +802,7 @@ def test_capture_layout_stays_inside_every_variants_rows(tiny_model, rule):
 
 def test_run_budget_guard_takes_only_pure_runs(tiny_model):
     genc = GraphedEncoder(tiny_model)
-    items = (None, [(32, 32)] * 5 + [(16, 16)])
+    items = PixelItems(torch.empty(0), [(32, 32)] * 5 + [(16, 16)])  # the guard reads only the patch grids
     assert genc.adapter.fits(None, 2048, items, [0, 1, 2, 3, 4])
     assert not genc.adapter.fits(None, 2048, items, [0, 1, 2, 3, 5])  # a smaller item: refused, runs eagerly
 

@@ -55,8 +55,11 @@ class GraphedEncoder(EncoderGraphManager):
     variants); a replay picks one from the patch grids on the host. With them, ``max_run_items``
     (default 8, 0: off) full-length items may share one replay in an extra *run budget* that holds
     only such runs and computes only their rows. ``check_finite=True`` makes ``encode`` refuse pixel
-    values holding NaN or Inf with an error naming the items (off by default: it costs one device
-    sync per call).
+    values holding NaN or Inf with an error naming the items (off by default: on device input it
+    costs one device sync per call). ``stage_rows`` (default: on when the model is on CUDA):
+    processor output on the host is uploaded as only its real rows, in the model's dtype, through
+    a reused pinned buffer and without a sync (:mod:`~.staging`); ``False`` uploads the padded
+    float32 tensor as it is, the path before staging.
     """
 
     def __init__(self, model, budgets=None, max_items=None, cu_seqlens_rule: str = "safe",
@@ -64,7 +67,7 @@ class GraphedEncoder(EncoderGraphManager):
                  body=None, meta_cache_size: int = 256, fuse_qkv: bool = FUSE_QKV,
                  fuse_elementwise: bool = FUSE_ELEMENTWISE,
                  dense_graphs: bool = DENSE_GRAPHS, max_run_items: int = MAX_RUN_ITEMS, check_finite: bool = False,
-                 record=capture_graph):
+                 record=capture_graph, stage_rows: bool | None = None):
         self.model = model
         self.encoder = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv,
                                            fuse_elementwise=fuse_elementwise)
@@ -79,7 +82,8 @@ class GraphedEncoder(EncoderGraphManager):
             max_run_items=max_run_items if dense_graphs and body is None else 0,
         )
         adapter = Lfm2VlGraphModel(self.encoder, config, body=body, dense_graphs=dense_graphs,
-                                   check_finite=check_finite, meta_cache_size=meta_cache_size)
+                                   check_finite=check_finite, meta_cache_size=meta_cache_size,
+                                   stage_rows=stage_rows)
         super().__init__(adapter, record=record)
         self.warned = False
 

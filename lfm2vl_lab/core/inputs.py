@@ -236,11 +236,18 @@ def image_limits(model_or_preset) -> ImageLimits:
     )
 
 
-def process_images(images, model_or_preset, return_row_col_info: bool = False) -> dict:
+def process_images(images, model_or_preset, return_row_col_info: bool = False, device=None) -> dict:
     """Run the real processor on images → dict of tensors.
 
     ``images``: one image or a list; each anything :func:`to_rgb` accepts (PIL in any mode, numpy
     arrays, file paths). ``model_or_preset``: anything :func:`processor_for` accepts.
+
+    ``device`` (default: the CPU, as transformers does): where the processor resizes, normalises and
+    patchifies. transformers' torchvision processor (5.17 to 5.20) moves each uint8 image there
+    first, so ``device="cuda"`` returns ``pixel_values`` and ``pixel_attention_mask`` on the GPU;
+    ``spatial_shapes`` stays on the CPU, where the encoder reads it without a sync. The GPU resizes
+    with its own kernels, so its pixel values may differ slightly from the CPU's
+    (:func:`lfm2vl_lab.tools.image_path.compare_processors` measures by how much).
 
     Returns ``pixel_values`` (items, max_num_patches, 3·p·p), ``pixel_attention_mask`` (items,
     max_num_patches) and ``spatial_shapes`` (items, 2) in patches; one image may become several
@@ -255,8 +262,9 @@ def process_images(images, model_or_preset, return_row_col_info: bool = False) -
     # side of 1 or 3 px and then reads it channels-first.
     arrays = [np.array(to_rgb(im, i)) for i, im in enumerate(images)]
     proc = processor_for(model_or_preset)
+    kw = {"device": device} if device is not None else {}
     out = proc(images=arrays, return_tensors="pt", input_data_format="channels_last",
-               return_row_col_info=return_row_col_info)
+               return_row_col_info=return_row_col_info, **kw)
     return dict(out)
 
 

@@ -40,16 +40,18 @@ from .packing import (
     lfm2vl_cu_seqlens,
     lfm2vl_gather_idx,
     lfm2vl_read_inputs,
-    pack_items,
+    packed_batch,
     tokens_for,
 )
+from .staging import PixelItems, RowStager, row_offsets
 
 
 def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
     """Raise ``ValueError`` naming every item whose real patch rows hold NaN or Inf.
 
     Without it a NaN pixel silently becomes NaN embeddings (transformers' own path does the same).
-    One reduction per item and a single read-back, so it costs one device sync per call.
+    One reduction per item and a single read-back: on device input that costs one device sync per
+    call; on host input (checked before staging) only a host pass over the real rows.
     """
     flags = torch.stack([torch.isfinite(pixel_values[i, : h * w]).all() for i, (h, w) in enumerate(shapes)]).tolist()
     bad = [i for i, ok in enumerate(flags) if not ok]
@@ -74,15 +76,6 @@ def variant_name(k: int, rest: bool) -> str:
     return "varlen" if k == 0 else f"dense{k}" + ("+varlen" if rest else "")
 
 
-def _pixel_rows(pv: torch.Tensor, batch: list[int], shapes) -> list[torch.Tensor]:
-    """The real patch rows of items ``batch``: one view when they are consecutive items that fill
-    their rows (a run of tiles: one copy, not one per item), else one slice per item."""
-    per_item = pv.shape[1]
-    if all(h * w == per_item for h, w in shapes) and batch == list(range(batch[0], batch[0] + len(batch))):
-        return [pv[batch[0] : batch[0] + len(batch)].flatten(0, 1)]
-    return [pv[i, : h * w] for i, (h, w) in zip(batch, shapes)]
-
-
 def leading_full_items(shapes: list[Shape], rows: int) -> int:
     """How many items at the start of a batch have exactly ``rows`` patch rows."""
     n = 0
@@ -98,13 +91,19 @@ class Lfm2VlGraphModel:
 
     ``body`` is the callable captured per budget (default: ``encoder`` itself; the benchmark's fused
     mode passes an inductor-compiled copy, whose attention is baked in, so it gets only ``varlen``
-    graphs). ``dense_graphs=False`` captures only ``varlen`` graphs too. Items are ``(pixel_values on
-    the device, patch grids)``.
+    graphs). ``dense_graphs=False`` captures only ``varlen`` graphs too. Items are a
+    :class:`~.staging.PixelItems` on the device.
+
+    ``stage_rows`` (None: when the encoder is on CUDA): pixel values on the host are staged by a
+    :class:`~.staging.RowStager` (only the real rows, in the model's dtype, through pinned memory,
+    without a sync) instead of uploading the processor's padded float32 tensor.
     """
 
     def __init__(self, encoder: PackedVisionEncoder, config: EncoderGraphConfig, body=None,
-                 dense_graphs: bool = True, check_finite: bool = False, meta_cache_size: int = 256):
+                 dense_graphs: bool = True, check_finite: bool = False, meta_cache_size: int = 256,
+                 stage_rows: bool | None = None):
         self.encoder, self.config = encoder, config
+        self.stage_rows, self.stager = stage_rows, None
         self.body = body if body is not None else encoder
         self.dense_graphs, self.check_finite = dense_graphs, check_finite
         self.meta_cache: OrderedDict = OrderedDict()
@@ -125,21 +124,35 @@ class Lfm2VlGraphModel:
         return tuple(sorted(names, key=lambda v: (v != "varlen", parse_variant(v))))
 
     def counters(self) -> dict:
-        return {f"pos_cache_{k}": v for k, v in self.encoder.pos_cache.info().items()}
+        staging = {f"staging_{k}": v for k, v in self.stager.info().items()} if self.stager is not None else {}
+        return {**{f"pos_cache_{k}": v for k, v in self.encoder.pos_cache.info().items()}, **staging}
 
     # -- inputs ------------------------------------------------------------------------------------
+    def _stager(self) -> RowStager | None:
+        """The stager for host pixel values, or None when they are uploaded padded, as they are."""
+        dev = self.device
+        if not (self.stage_rows if self.stage_rows is not None else dev.type == "cuda"):
+            return None
+        if self.stager is None or self.stager.device != dev:
+            self.stager = RowStager(dev)
+        return self.stager
+
     def read_items(self, inputs: dict):
         pv, shapes, _ = lfm2vl_read_inputs(inputs)
         lfm2vl_check_shapes(shapes, self.encoder.max_num_patches, self.config.factor)
-        pv = pv.to(self.device, non_blocking=True)  # the dtype is cast while packing into the buffers
-        if self.check_finite:
+        if self.check_finite:  # on the values as given: host input then costs no device sync
             check_finite_items(pv, shapes)
-        return (pv, shapes), [tokens_for(s, self.config.factor) for s in shapes]
+        stager = self._stager() if pv.device.type == "cpu" else None
+        if stager is not None:
+            items = PixelItems(stager.stage(pv, shapes, self.encoder.dtype), shapes, row_offsets(shapes))
+        else:  # device-resident input stays as it is (views); the dtype is cast while filling the buffers
+            items = PixelItems(pv.to(self.device, non_blocking=True), shapes)
+        return items, [tokens_for(s, self.config.factor) for s in shapes]
 
-    def forward_eager(self, items, batch: list[int]) -> torch.Tensor:
-        pv, shapes = items
-        packed = pack_items(pv, shapes, batch, factor=self.config.factor, pos_cache=self.encoder.pos_cache,
-                            device=self.device)
+    def forward_eager(self, items: PixelItems, batch: list[int]) -> torch.Tensor:
+        rows = items.rows(batch)
+        packed = packed_batch(rows[0] if len(rows) == 1 else torch.cat(rows), [items.shapes[i] for i in batch],
+                              factor=self.config.factor, pos_cache=self.encoder.pos_cache, device=self.device)
         return self.encoder.forward_packed(packed)
 
     # -- capture -----------------------------------------------------------------------------------
@@ -225,7 +238,7 @@ class Lfm2VlGraphModel:
     def fits(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> bool:
         """The guard: a batch larger than the captured buffers must never reach a kernel, and the run
         budget takes only pure runs of full-length items."""
-        shapes = [items[1][i] for i in batch]
+        shapes = [items.shapes[i] for i in batch]
         cfg = self.config
         if budget == cfg.run_budget and leading_full_items(shapes, cfg.dense_rows(budget)) != len(shapes):
             return False
@@ -244,12 +257,11 @@ class Lfm2VlGraphModel:
         raise ValueError(f"no {budget}-token graph variant takes patch grids {shapes} (captured: {captured})")
 
     def fill_buffers(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> str:
-        pv, shapes = items
-        bshapes = tuple(shapes[i] for i in batch)
+        bshapes = tuple(items.shapes[i] for i in batch)
         cfg = self.config
         variant, meta = self.host_meta(budget, bshapes)
         rows = self.computed_rows(budget, variant)  # a pure run reads no padding rows
-        cfg.padding_for("pixel_values", budget)(buffers["pixel_values"][:rows], _pixel_rows(pv, batch, bshapes))
+        cfg.padding_for("pixel_values", budget)(buffers["pixel_values"][:rows], items.rows(batch))
         resident = (bshapes, self.encoder.pos_cache.stamp())
         if self.resident.get(budget) != resident:  # else both are in the buffers already
             cfg.padding_for("pos_embeds", budget)(buffers["pos_embeds"][:rows],

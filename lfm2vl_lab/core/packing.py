@@ -271,11 +271,18 @@ def pack_items(pixel_values: torch.Tensor, shapes: list[Shape], index=None, *, f
                pos_cache: PositionEmbeddingCache | None = None, device=None) -> PackedBatch:
     """The chosen items (all, or ``index``) of already checked inputs → :class:`PackedBatch`."""
     index = list(range(len(shapes))) if index is None else list(index)
-    chosen = [shapes[i] for i in index]
-    device = torch.device(device) if device is not None else pixel_values.device
+    return packed_batch(lfm2vl_pack_pixels(pixel_values, shapes, index=index), [shapes[i] for i in index],
+                        factor=factor, pos_cache=pos_cache, device=device)
+
+
+def packed_batch(rows: torch.Tensor, chosen: list[Shape], *, factor: int = 2,
+                 pos_cache: PositionEmbeddingCache | None = None, device=None) -> PackedBatch:
+    """Already packed real rows ``[Σh·w, D]`` of items with patch grids ``chosen`` → :class:`PackedBatch`
+    on ``device`` (default: where the rows are)."""
+    device = torch.device(device) if device is not None else rows.device
     return PackedBatch(
         shapes=chosen,
-        pixel_values=lfm2vl_pack_pixels(pixel_values, shapes, index=index).to(device, non_blocking=True),
+        pixel_values=rows.to(device, non_blocking=True),
         cu_seqlens=lfm2vl_cu_seqlens(chosen).to(device, non_blocking=True),
         max_seqlen=max(h * w for h, w in chosen),
         gather_idx=lfm2vl_gather_idx(chosen, factor).to(device, non_blocking=True),
