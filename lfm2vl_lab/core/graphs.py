@@ -15,7 +15,7 @@ from .config import DEFAULT_MAX_BUDGET, EncoderGraphConfig
 from .encoder import FUSE_ELEMENTWISE, FUSE_QKV, PackedVisionEncoder
 from .hf import installed
 from .inputs import image_limits, process_images
-from .lfm2vl import Lfm2VlGraphModel
+from .lfm2vl import STAGED, Lfm2VlGraphModel
 from .manager import EncoderGraphManager, plan_batches, plan_stats
 
 __all__ = ["DENSE_GRAPHS", "MAX_RUN_ITEMS", "GraphedEncoder", "plan_batches", "plan_stats"]
@@ -107,11 +107,11 @@ class GraphedEncoder(EncoderGraphManager):
         return self.encode(process_images(images, self.model))
 
     def stage(self, inputs: dict) -> dict:
-        """The processor's output on this encoder's device, as ``encode`` reads it: what an engine
-        uploads before the encoder runs (the pipeline's ``h2d`` phase)."""
-        dev = self.device
-        return {k: (v.to(dev, non_blocking=True) if k != "spatial_shapes" else v) for k, v in inputs.items()
-                if k in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
+        """The processor's output on this encoder's device, the way ``encode`` reads it: only the
+        real rows, in the model's dtype, queued from pinned memory (see :mod:`~.staging`). This is
+        what an engine uploads before the encoder runs (the pipeline's ``h2d`` phase); ``encode``
+        takes the returned dict as it is and does no second upload."""
+        return {STAGED: self.adapter.read_items(inputs)}
 
     def installed(self, model=None):
         """Within the block, ``model`` (default: the one this encoder wraps) computes its image

@@ -45,6 +45,9 @@ from .packing import (
 )
 from .staging import PixelItems, RowStager, row_offsets
 
+# The key under which GraphedEncoder.stage hands encode() inputs it has already read and uploaded.
+STAGED = "lab_staged_items"
+
 
 def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
     """Raise ``ValueError`` naming every item whose real patch rows hold NaN or Inf.
@@ -138,6 +141,8 @@ class Lfm2VlGraphModel:
         return self.stager
 
     def read_items(self, inputs: dict):
+        if STAGED in inputs:  # already read and uploaded (GraphedEncoder.stage)
+            return inputs[STAGED]
         pv, shapes, _ = lfm2vl_read_inputs(inputs)
         lfm2vl_check_shapes(shapes, self.encoder.max_num_patches, self.config.factor)
         if self.check_finite:  # on the values as given: host input then costs no device sync
