@@ -147,11 +147,14 @@ def _panel_lines(ax, mine: list[dict], metric: str) -> list[str]:
 def _per_request_figure(rows: list[dict], metric: str, ylabel: str, title: str, presets, images,
                         log: bool) -> Figure:
     """``metric`` against requests, one line per mode, one panel per (preset, image), two columns."""
-    rows = [r for r in ttft_rows(rows) if (presets is None or r.get("preset") in presets)
+    every = ttft_rows(rows)
+    if not every:
+        raise NoData(NO_ROWS)
+    rows = [r for r in every if (presets is None or r.get("preset") in presets)
             and (images is None or r.get("image") in images)]
     if not any(r.get(metric) is not None for r in rows):
         raise NoData(f"no {metric} in the TTFT rows asked for (presets {presets or 'any'}, images {images or 'any'}); "
-                     f"recorded: {recorded_cases(rows) if rows else NO_ROWS}")
+                     f"recorded: {recorded_cases(every)}")
     panels = list(dict.fromkeys((r["preset"], r["image"]) for r in rows))
     ncols = min(2, len(panels))
     nrows = math.ceil(len(panels) / ncols)
