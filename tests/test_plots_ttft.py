@@ -25,6 +25,7 @@ from lfm2vl_lab.tools.plots_ttft import (
 from lfm2vl_lab.tools.results import save_result
 from lfm2vl_lab.tools.ttft import mode_name
 from lfm2vl_lab.tools.ttft_summary import (
+    claim_sentence,
     claim_text,
     claim_verdict,
     decode_text,
@@ -179,6 +180,18 @@ def test_claim_verdict_and_drift_flag():
     rows[1]["decode_drift"] = -0.2  # text eager, encoder graphed
     assert claim_text(rows).splitlines()[-1].startswith("(!) decode per token differs")
     assert "(!)" in decode_text(rows)
+
+
+def test_claim_sentence(recorded):
+    rows = recorded["rows"]
+    cuts = {t: ttft_case(rows, "lfm2-vl-450m", "1x512", 1)[mode_name(t, "graphed")]["encoder_graph_cut"]
+            for t in ("graphed", "eager")}
+    line = claim_sentence(rows)
+    assert line.startswith("lfm2-vl-450m, 1x512 x1\n")
+    assert all(f"cut TTFT by {c:.1%}, {claim_verdict(c)} the PR's 10%-20%" in line for c in cuts.values())
+    assert claim_sentence(rows, requests=3).endswith("not recorded: this file has no TTFT rows for this case.")
+    no_eager = [r for r in rows if r["mode"] != mode_name("eager", "eager")]
+    assert claim_sentence(no_eager).endswith("text model eager (as in generate): not recorded")
 
 
 # ------------------------------------------------------------------------------------------------

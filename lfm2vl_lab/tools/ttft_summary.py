@@ -149,3 +149,18 @@ def claim_text(rows: list[dict], preset: str | None = None, image: str | None = 
         lines.append(f"(!) decode per token differs by more than {DECODE_DRIFT_WARN:.0%} between the two encoder "
                      "modes: that cut is not the encoder's alone")
     return "\n".join(lines)
+
+
+def claim_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = "1x512", requests: int = 1) -> str:
+    """One case in words: the encoder graphs' TTFT cut with the text model graphed and eager, each
+    against the PR's range (or that it is not recorded)."""
+    by = ttft_case(rows, preset, image, requests)
+    if not by:
+        return f"{preset}, {image} x{requests}: {_not_recorded('TTFT rows for this case')}."
+    parts = []
+    for t, how in (("graphed", "text model graphed (as in an engine)"), ("eager", "text model eager (as in generate)")):
+        cut = by.get(mode_name(t, "graphed"), {}).get("encoder_graph_cut")
+        parts.append(f"with the {how}: not recorded" if cut is None or mode_name(t, "eager") not in by else
+                     f"with the {how}: encoder graphs cut TTFT by {cut:.1%}, {claim_verdict(cut)} the PR's "
+                     f"{PR_CLAIM[0]:.0%}-{PR_CLAIM[1]:.0%}")
+    return f"{preset}, {image} x{requests}\n  " + "\n  ".join(parts)
