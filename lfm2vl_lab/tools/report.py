@@ -2,7 +2,9 @@
 
 Benchmark rows are grouped by (GPU, preset, dtype), and each group gets the figures of
 :mod:`lfm2vl_lab.tools.plots` it has data for; end-to-end and attention-probe files get a figure
-of their own per GPU. A figure without data is skipped and the reason printed.
+of their own per GPU, TTFT files three (:mod:`lfm2vl_lab.tools.plots_ttft`: the phase breakdown at
+one 512 px request, TTFT and decode per token against requests). A figure without data is skipped
+and the reason printed.
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ from .plots import (
     speedup_figure,
     timeline_figure,
 )
+from .plots_ttft import decode_figure, ttft_breakdown_figure, ttft_grid_figure
 from .results import RESULTS_ROOT, gpu_slug, load_results
 
-SPECIAL_RESULTS = {  # results with a figure of their own: name -> (figure, short title)
-    "e2e": (e2e_figure, "Time to first token, transformers' image path vs graphed encoder"),
-    "attention": (attention_figure, "Attention per layer inside CUDA graphs"),
+SPECIAL_RESULTS = {  # results with figures of their own: name -> {file suffix: (figure, short title)}
+    "e2e": {"": (e2e_figure, "Time to first token, transformers' image path vs graphed encoder")},
+    "attention": {"": (attention_figure, "Attention per layer inside CUDA graphs")},
+    "ttft": {"breakdown": (ttft_breakdown_figure, "Time to first token phase by phase, 1x512 x1"),
+             "grid": (ttft_grid_figure, "Time to first token against requests"),
+             "decode": (decode_figure, "Decode per token against requests")},
 }
 
 
@@ -110,14 +116,21 @@ def _save(fig, path: Path, written: list[Path], say) -> None:
 
 
 def _special_figures(results: list[dict], out: Path, written: list[Path], say) -> None:
-    """e2e and attention-probe files get their own figure: per GPU, each preset's rows from the
-    newest file that has that preset (one run per preset is the usual way to record them)."""
-    for name, (make_fig, short) in SPECIAL_RESULTS.items():
+    """e2e, attention-probe and TTFT files get figures of their own (``<slug>-<name>[-<suffix>].png``):
+    per GPU, each preset's rows from the newest file that has that preset (one run per preset is the
+    usual way to record them). A figure without data is skipped and the reason printed."""
+    for name, figures in SPECIAL_RESULTS.items():
         for slug, (files, rows) in newest_per_preset([r for r in results if r.get("name") == name]).items():
             p = files[-1]["provenance"]
             dates = sorted({str(f["provenance"].get("date"))[:10] for f in files})
-            fig = make_fig(rows, title=f"{short} — {p.get('gpu')}, {', '.join(dates)}, {p.get('dtype')}")
-            _save(fig, out / f"{slug}-{name}.png", written, say)
+            for suffix, (make_fig, short) in figures.items():
+                stem = f"{slug}-{name}" + (f"-{suffix}" if suffix else "")
+                try:
+                    fig = make_fig(rows, title=f"{short} — {p.get('gpu')}, {', '.join(dates)}, {p.get('dtype')}")
+                except NoData as exc:
+                    say(f"skip {stem}: {exc}")
+                    continue
+                _save(fig, out / f"{stem}.png", written, say)
 
 
 def _group_figures(prefix: str, rows: list[dict], label: str, out: Path, written: list[Path], say) -> None:

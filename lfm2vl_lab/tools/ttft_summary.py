@@ -1,0 +1,166 @@
+"""A recorded TTFT result (``ttft-*.json``) as text: the tables notebook 07 prints next to its figures.
+
+Each function takes the whole result (or its rows) and returns a string. A section the file does not
+have (``targets``, ``parity``, ``profile``, or the rows a table needs) gives a line that says it is not
+recorded, never an error, so the same cells read a small first run and the full grid.
+
+* :func:`targets_text` — issue #12's targets as the run judged them
+* :func:`decode_text`  — decode ms per token per mode, and the drift between the encoder modes
+* :func:`parity_text`  — every mode's tokens and first-token logits against transformers
+* :func:`profile_text` — kernels, launch calls and GPU-busy against wall time per mode
+* :func:`claim_text`   — the encoder graphs' TTFT cut, text model graphed and eager, next to the PR's 10-20%
+"""
+
+from __future__ import annotations
+
+from .e2e import DECODE_DRIFT_WARN
+from .plots_ttft import TTFT_MODES, ttft_case, ttft_rows
+from .ttft import judge_ttft, mode_name
+
+PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
+
+
+def _cases(rows: list[dict]) -> list[tuple]:
+    return list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in ttft_rows(rows)))
+
+
+def _not_recorded(what: str) -> str:
+    return f"not recorded: this file has no {what}"
+
+
+def _fmt_value(target: str, v) -> str:
+    if v is None:
+        return "not measured"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return f"{100 * v:.1f}%" if "cut" in target else f"{v:.3g}"
+
+
+def targets_text(result: dict) -> str:
+    """The judged targets (``result["targets"]``); a file without them is judged now from its rows."""
+    judged, note = result.get("targets"), ""
+    if not judged:
+        if not ttft_rows(result.get("rows") or []):
+            return _not_recorded("targets and no TTFT rows to judge them from")
+        judged = judge_ttft(ttft_rows(result["rows"]), result.get("image_path"))
+        note = "(no targets in this file: judged now from its rows)\n"
+    width = max(len(t["target"]) for t in judged)
+    lines = [f"{'target':<{width}} | {'measured':>12} | {'limit':>8} | met"]
+    for t in judged:
+        lines.append(f"{t['target']:<{width}} | {_fmt_value(t['target'], t.get('value')):>12} | "
+                     f"{_fmt_value(t['target'], t.get('limit')):>8} | {'yes' if t.get('ok') else 'NO'}"
+                     + (f"  ({t['detail']})" if t.get("detail") else ""))
+    return note + "\n".join(lines)
+
+
+def _short(mode: str) -> str:
+    """``text-graphed+encoder-eager`` -> ``T:graphed E:eager``."""
+    text, enc = mode.removeprefix("text-").split("+encoder-")
+    return f"T:{text} E:{enc}"
+
+
+def decode_text(rows: list[dict]) -> str:
+    """Decode ms per token per mode and case, and at each text mode the drift between the two encoder
+    modes (decode never runs the encoder, so a large drift means that row's timing was disturbed)."""
+    cases = _cases(rows)
+    if not any(r.get("decode_ms_per_token") is not None for r in ttft_rows(rows)):
+        return _not_recorded("TTFT rows with decode_ms_per_token")
+    head = f"{'preset':<14}{'image':>7}{'req':>4} | " + " ".join(f"{_short(m):>19}" for m in TTFT_MODES)
+    lines = [head + " | drift, text eager / graphed"]
+    for case in cases:
+        by = ttft_case(rows, *case)
+        cells = [f"{by[m]['decode_ms_per_token']:>19.2f}" if by.get(m, {}).get("decode_ms_per_token") is not None
+                 else f"{'-':>19}" for m in TTFT_MODES]
+        drifts = []
+        for t in ("eager", "graphed"):
+            d = by.get(mode_name(t, "graphed"), {}).get("decode_drift")
+            drifts.append("-" if d is None else f"{d:+.1%}" + (" (!)" if abs(d) > DECODE_DRIFT_WARN else ""))
+        lines.append(f"{case[0]:<14}{case[1]:>7}{case[2]:>4} | " + " ".join(cells) + " | " + " / ".join(drifts))
+    return "\n".join(lines)
+
+
+def parity_text(result: dict) -> str:
+    """Per preset and mode: relative error of the first-token logits against a float32 copy, whether
+    the first token equals ``generate``'s, how many leading tokens do, and the verdict."""
+    parity = result.get("parity") or []
+    if not parity:
+        return _not_recorded("parity section")
+    lines = [f"{'preset':<14} {'mode':<29} | {'logits vs fp32':>14} | first token | equal leading | ok"]
+    for p in parity:
+        for mode, r in (p.get("modes") or {}).items():
+            lines.append(f"{p.get('preset', '?'):<14} {mode:<29} | {r['rel_err_vs_fp32']:>14.2e} | "
+                         f"{'same' if r['same_first_token'] else 'DIFFERS':>11} | "
+                         f"{r['matching_tokens']:>6} of {p.get('new_tokens', '?'):<5} | {'yes' if r['ok'] else 'NO'}")
+    return "\n".join(lines)
+
+
+def profile_text(result: dict) -> str:
+    """Per preset and mode, one profiled request: kernels, launch calls, graph launches, GPU-busy and
+    wall ms, and the busy share (the rest of the wall time is launch gaps and host work)."""
+    profile = result.get("profile") or []
+    if not profile:
+        return _not_recorded("profile section (ttft --profile records one)")
+    lines = [f"{'preset':<14} {'mode':<29} | kernels | launches | graphs | GPU busy ms | wall ms | busy"]
+    for p in profile:
+        for mode in TTFT_MODES:
+            r = p.get(mode)
+            if r is None:
+                continue
+            share = r.get("busy_share")
+            lines.append(f"{p.get('preset', '?'):<14} {mode:<29} | {r.get('kernels', 0):>7.0f} | "
+                         f"{r.get('launch_calls', 0):>8.0f} | {r.get('graph_launches', 0):>6.0f} | "
+                         f"{r.get('gpu_busy_ms', 0):>11.2f} | {r.get('wall_ms', 0):>7.2f} | "
+                         + ("-" if share is None else f"{share:.0%}"))
+    return "\n".join(lines)
+
+
+def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
+    """Where a TTFT cut stands against the PR's range: below, within or above."""
+    lo, hi = claim
+    return "below" if cut < lo else "above" if cut > hi else "within"
+
+
+def claim_text(rows: list[dict], preset: str | None = None, image: str | None = None) -> str:
+    """The encoder graphs' paired TTFT cut per case (``encoder_graph_cut`` of the graphed-encoder row),
+    with the text model graphed (an engine like vLLM) and eager (``generate``), each placed against
+    the PR's 10-20%; ``preset``/``image`` restrict the cases."""
+    cases = [c for c in _cases(rows) if (preset is None or c[0] == preset) and (image is None or c[1] == image)]
+    if not cases:
+        return _not_recorded(f"TTFT rows for {preset or 'any preset'}, {image or 'any image'}")
+    lo, hi = PR_CLAIM
+    flagged = False
+    lines = [f"PR #44930 claims {lo:.0%}-{hi:.0%} lower end-to-end latency at low batch, its text model graphed.",
+             f"{'preset':<14}{'image':>7}{'req':>4} | {'text graphed: cut, TTFT eager -> graphed':>44} | "
+             f"{'text eager: cut, TTFT eager -> graphed':>42}"]
+    for case in cases:
+        by, cells = ttft_case(rows, *case), []
+        for t in ("graphed", "eager"):
+            e, g = by.get(mode_name(t, "eager")), by.get(mode_name(t, "graphed"))
+            if e is None or g is None or g.get("encoder_graph_cut") is None:
+                cells.append(f"{'not recorded':>43}")
+                continue
+            cut, drift = g["encoder_graph_cut"], g.get("decode_drift")
+            flag = drift is not None and abs(drift) > DECODE_DRIFT_WARN
+            flagged = flagged or flag
+            cells.append(f"{cut:>6.1%} ({claim_verdict(cut)}) {e['ttft_ms']:>7.2f} -> {g['ttft_ms']:>6.2f} ms"
+                         + (" (!)" if flag else ""))
+        lines.append(f"{case[0]:<14}{case[1]:>7}{case[2]:>4} | {cells[0]:>44} | {cells[1]:>42}")
+    if flagged:
+        lines.append(f"(!) decode per token differs by more than {DECODE_DRIFT_WARN:.0%} between the two encoder "
+                     "modes: that cut is not the encoder's alone")
+    return "\n".join(lines)
+
+
+def claim_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = "1x512", requests: int = 1) -> str:
+    """One case in words: the encoder graphs' TTFT cut with the text model graphed and eager, each
+    against the PR's range (or that it is not recorded)."""
+    by = ttft_case(rows, preset, image, requests)
+    if not by:
+        return f"{preset}, {image} x{requests}: {_not_recorded('TTFT rows for this case')}."
+    parts = []
+    for t, how in (("graphed", "text model graphed (as in an engine)"), ("eager", "text model eager (as in generate)")):
+        cut = by.get(mode_name(t, "graphed"), {}).get("encoder_graph_cut")
+        parts.append(f"with the {how}: not recorded" if cut is None or mode_name(t, "eager") not in by else
+                     f"with the {how}: encoder graphs cut TTFT by {cut:.1%}, {claim_verdict(cut)} the PR's "
+                     f"{PR_CLAIM[0]:.0%}-{PR_CLAIM[1]:.0%}")
+    return f"{preset}, {image} x{requests}\n  " + "\n  ".join(parts)

@@ -1,0 +1,216 @@
+"""The TTFT grid's figures (tools/plots_ttft.py), its text tables (tools/ttft_summary.py) and the report's
+ttft figures: from the recorded H200 file and from synthetic rows of the full grid's shape, with
+missing modes, cases and sections."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from lfm2vl_lab.tools.plots import NoData
+from lfm2vl_lab.tools.plots_ttft import (
+    PROCESSOR,
+    TTFT_MODES,
+    decode_figure,
+    phase_order,
+    recorded_cases,
+    ttft_breakdown_figure,
+    ttft_case,
+    ttft_grid_figure,
+    ttft_rows,
+)
+from lfm2vl_lab.tools.results import save_result
+from lfm2vl_lab.tools.ttft import mode_name
+from lfm2vl_lab.tools.ttft_summary import (
+    claim_sentence,
+    claim_text,
+    claim_verdict,
+    decode_text,
+    parity_text,
+    profile_text,
+    targets_text,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "data" / "results" / "nvidia-h200" / "ttft-20261201-024123.json"  # 450M, 1x512, 1 and 4 requests
+PHASES = {"processor": 1.6, "h2d": 0.4, "encoder": 1.0, "merge": 0.05, "prefill": 2.0, "sample": 0.1}
+PRESETS, IMAGES, REQUESTS = ("lfm2-vl-450m", "lfm2-vl-1.6b"), ("1x512", "tiled"), (1, 2, 4, 8)
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict:
+    return json.loads(RECORDED.read_text())
+
+
+def synthetic_rows(presets=PRESETS, images=IMAGES, requests=REQUESTS, modes=TTFT_MODES) -> list[dict]:
+    rows = []
+    for p in presets:
+        for im in images:
+            for n in requests:
+                for k, m in enumerate(modes):
+                    text, enc = m.removeprefix("text-").split("+encoder-")
+                    row = {"preset": p, "image": im, "requests": n, "mode": m, "text_mode": text, "encoder_mode": enc,
+                           "ttft_ms": 20.0 - 4 * k + n, "phases_ms": dict(PHASES), "decode_ms_per_token": 10.0 - 2 * k,
+                           "same_first_tokens": True}
+                    if enc == "graphed":
+                        row.update(encoder_graph_cut=0.3 + 0.1 * (text == "graphed"), decode_drift=0.0)
+                    rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# figures
+
+
+def test_breakdown_from_the_recorded_file(recorded):
+    fig = ttft_breakdown_figure(recorded["rows"])
+    (ax,) = fig.axes
+    # four modes, six phases each (the processor included, hatched)
+    assert len(ax.patches) == 4 * 6
+    assert sum(1 for p in ax.patches if p.get_hatch()) == 4
+    texts = [t.get_text() for t in ax.texts]
+    both = ttft_case(recorded["rows"], "lfm2-vl-450m", "1x512", 1)[mode_name("graphed", "graphed")]
+    assert any(f"TTFT {both['ttft_ms']:.2f} ms" in t and "ms/token" in t for t in texts)
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(TTFT_MODES)
+    assert len(ttft_breakdown_figure(recorded["rows"], requests=4).axes) == 1
+
+
+def test_grid_and_decode_from_the_recorded_file(recorded):
+    for make in (ttft_grid_figure, decode_figure):
+        (ax,) = make(recorded["rows"]).axes
+        assert len(ax.lines) == 4
+        assert all(list(line.get_xdata()) == [1, 4] for line in ax.lines)
+
+
+def test_the_segments_are_the_phases_in_order():
+    assert phase_order(PHASES) == ["h2d", "encoder", "merge", "prefill", "sample", PROCESSOR]
+    assert phase_order({"decode": 1, "extra": 1, "prefill": 1}) == ["prefill", "extra"]
+    (ax,) = ttft_breakdown_figure(synthetic_rows(presets=PRESETS[:1])).axes
+    first = sorted((p for p in ax.patches if abs(p.get_y() + p.get_height() / 2) < 1e-9), key=lambda p: p.get_x())
+    assert [round(p.get_width(), 3) for p in first] == [0.4, 1.0, 0.05, 2.0, 0.1, 1.6]
+
+
+def test_full_grid_synthetic():
+    rows = synthetic_rows()
+    fig = ttft_grid_figure(rows)
+    assert len(fig.axes) == 4  # (preset, image) panels
+    assert all(len(ax.lines) == 4 and len(ax.lines[0].get_xdata()) == 4 for ax in fig.axes)
+    assert len(ttft_grid_figure(rows, presets=["lfm2-vl-1.6b"]).axes) == 2
+    assert len(decode_figure(rows, images=["tiled"]).axes) == 2
+    assert len(ttft_grid_figure(rows, presets=["lfm2-vl-1.6b"], images=["tiled"]).axes) == 1
+    bd = ttft_breakdown_figure(rows, image="tiled", requests=8)
+    assert len(bd.axes) == 2 and all(len(ax.patches) == 24 for ax in bd.axes)
+    assert len(ttft_breakdown_figure(rows, preset="lfm2-vl-1.6b").axes) == 1
+
+
+def test_a_missing_mode_is_said_not_drawn():
+    missing = mode_name("eager", "eager")
+    rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], modes=[m for m in TTFT_MODES if m != missing])
+    (ax,) = ttft_breakdown_figure(rows).axes
+    assert len(ax.patches) == 3 * 6
+    assert "not recorded" in [t.get_text().strip() for t in ax.texts]
+    assert ax.get_ylim() == (3.5, -0.5)  # the missing mode keeps its row
+    (ax,) = ttft_grid_figure(rows).axes
+    assert len(ax.lines) == 3
+    assert any(t.get_text() == f"not recorded: {missing}" for t in ax.texts)
+
+
+def test_missing_cases_and_rows_raise_nodata_that_says_what_is_there(recorded):
+    with pytest.raises(NoData, match=r"no rows for any preset tiled x1; recorded: lfm2-vl-450m 1x512 x1, "
+                                     r"lfm2-vl-450m 1x512 x4"):
+        ttft_breakdown_figure(recorded["rows"], image="tiled")
+    with pytest.raises(NoData, match="lfm2-vl-1.6b 1x512 x1"):
+        ttft_breakdown_figure(recorded["rows"], preset="lfm2-vl-1.6b")
+    e2e_rows = [{"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 3.0}]
+    for make in (ttft_breakdown_figure, ttft_grid_figure, decode_figure):
+        with pytest.raises(NoData, match="python -m lfm2vl_lab ttft"):
+            make(e2e_rows)
+        with pytest.raises(NoData):
+            make([])
+    with pytest.raises(NoData, match="no ttft_ms .*presets \\['x'\\].*recorded: lfm2-vl-450m 1x512 x1"):
+        ttft_grid_figure(recorded["rows"], presets=["x"])
+
+
+def test_rows_keep_the_last_of_each_case():
+    rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,))
+    later = dict(rows[0], ttft_ms=99.0)
+    kept = ttft_rows(rows + [later])
+    assert len(kept) == 4 and kept[0]["ttft_ms"] == 99.0
+    assert recorded_cases(rows) == "lfm2-vl-450m 1x512 x1" and recorded_cases([]) == "nothing"
+
+
+# ------------------------------------------------------------------------------------------------
+# text tables
+
+
+def test_tables_from_the_recorded_file(recorded):
+    t = targets_text(recorded)
+    assert all(x["target"] in t for x in recorded["targets"]) and "not recorded" not in t
+    assert decode_text(recorded["rows"]).count("lfm2-vl-450m") == 2
+    assert parity_text(recorded).count("lfm2-vl-450m") == 4
+    assert profile_text(recorded).count("lfm2-vl-450m") == 4
+    claim = claim_text(recorded["rows"], preset="lfm2-vl-450m", image="1x512")
+    for n in (1, 4):
+        for text in ("graphed", "eager"):
+            row = ttft_case(recorded["rows"], "lfm2-vl-450m", "1x512", n)[mode_name(text, "graphed")]
+            cut = row["encoder_graph_cut"]
+            assert f"{cut:.1%} ({claim_verdict(cut)})" in claim
+
+
+def test_missing_sections_say_not_recorded(recorded):
+    bare = {k: v for k, v in recorded.items() if k not in ("targets", "parity", "profile")}
+    assert parity_text(bare).startswith("not recorded")
+    assert profile_text(dict(bare, profile=[])).startswith("not recorded")
+    assert targets_text(bare).startswith("(no targets in this file: judged now from its rows)")
+    assert targets_text({"rows": []}).startswith("not recorded")
+    assert decode_text([]).startswith("not recorded")
+    assert claim_text(recorded["rows"], preset="lfm2-vl-1.6b").startswith("not recorded")
+    rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,),
+                          modes=[m for m in TTFT_MODES if m != mode_name("eager", "eager")])
+    assert "not recorded" in claim_text(rows).splitlines()[-1]
+
+
+def test_claim_verdict_and_drift_flag():
+    assert [claim_verdict(x) for x in (0.05, 0.1, 0.15, 0.2, 0.5)] == ["below", "within", "within", "within", "above"]
+    rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,))
+    assert "(!)" not in claim_text(rows)
+    rows[1]["decode_drift"] = -0.2  # text eager, encoder graphed
+    assert claim_text(rows).splitlines()[-1].startswith("(!) decode per token differs")
+    assert "(!)" in decode_text(rows)
+
+
+def test_claim_sentence(recorded):
+    rows = recorded["rows"]
+    cuts = {t: ttft_case(rows, "lfm2-vl-450m", "1x512", 1)[mode_name(t, "graphed")]["encoder_graph_cut"]
+            for t in ("graphed", "eager")}
+    line = claim_sentence(rows)
+    assert line.startswith("lfm2-vl-450m, 1x512 x1\n")
+    assert all(f"cut TTFT by {c:.1%}, {claim_verdict(c)} the PR's 10%-20%" in line for c in cuts.values())
+    assert claim_sentence(rows, requests=3).endswith("not recorded: this file has no TTFT rows for this case.")
+    no_eager = [r for r in rows if r["mode"] != mode_name("eager", "eager")]
+    assert claim_sentence(no_eager).endswith("text model eager (as in generate): not recorded")
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+
+
+def test_report_draws_the_ttft_figures(recorded, tmp_path, capsys):
+    from lfm2vl_lab.tools.report import report
+
+    res = copy.deepcopy(recorded)
+    res.pop("_path", None)
+    save_result(res, tmp_path / "results")
+    written = report(tmp_path / "results", tmp_path / "figures")
+    assert sorted(p.name for p in written) == [f"nvidia-h200-ttft-{k}.png" for k in ("breakdown", "decode", "grid")]
+    # a file without a 1x512 x1 row: the breakdown is skipped with the reason, the others are drawn
+    res["rows"] = [r for r in res["rows"] if r["requests"] != 1]
+    res["provenance"]["date"] = "2027-01-01T00:00:00+00:00"
+    save_result(res, tmp_path / "results")
+    written = report(tmp_path / "results", tmp_path / "figures2")
+    assert sorted(p.name for p in written) == [f"nvidia-h200-ttft-{k}.png" for k in ("decode", "grid")]
+    assert "skip nvidia-h200-ttft-breakdown: ttft_breakdown_figure: no rows for any preset 1x512 x1" in \
+        capsys.readouterr().out
