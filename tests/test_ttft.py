@@ -65,7 +65,9 @@ def _row(text, enc, ttft_ms, cut=None, same=True):
 def test_judge_reads_each_target():
     rows = [_row("eager", "eager", 26.0), _row("eager", "graphed", 21.0, cut=0.19),
             _row("graphed", "eager", 9.0), _row("graphed", "graphed", 6.5, cut=0.28)]
-    got = {t["target"]: t["ok"] for t in ttft.judge_ttft(rows, [{"workload": "1x512", "ratio": 1.2}])}
+    image_path = [{"workload": "1x512", "kind": "encode_sources", "ratio": 1.2},
+                  {"workload": "tiled", "kind": "encode_sources", "ratio": 2}]  # tiled is not a target workload
+    got = {t["target"]: t["ok"] for t in ttft.judge_ttft(rows, image_path)}
     assert got == {"encoder graphs' TTFT cut, text graphed": False, "TTFT ms, both graphed": False,
                    "encoder graphs' TTFT cut, text eager": True, "encode() CPU input / GPU input, 1x512": False,
                    "every mode's first tokens equal eager's": True}

@@ -133,3 +133,24 @@ def time_encode_sources(genc, inputs: dict, repeats: int = 20, warmup: int = 3, 
             **med, **{f"{k}_ms": v for k, v in samples.items()}, "ratio": ratio["cpu"],
             **({"ratio_padded": ratio["cpu_padded"]} if padded else {}),
             "staging": stager.info() if stager is not None else None}
+
+
+IMAGE_PATH_WORKLOADS = ("1x512", "4x512", "tiled")  # the target's two workloads, and a tiled image
+
+
+def image_path_rows(model, genc, workloads=IMAGE_PATH_WORKLOADS, repeats: int = 30) -> list[dict]:
+    """What ``python -m lfm2vl_lab ttft --image-path`` records per workload: ``encode()`` from the
+    CPU processor's output against GPU-resident input (:func:`time_encode_sources`; its ``ratio`` is
+    the target), and the processor on the model's device against the CPU one, compared
+    (:func:`compare_processors`) and timed (:func:`time_processors`). Sample lists are kept."""
+    from ..core.inputs import process_images
+    from .workloads import workload_images
+
+    rows = []
+    for w in workloads:
+        images = workload_images(w)
+        rows.append({"workload": w, **time_encode_sources(genc, process_images(images, model), repeats=repeats)})
+        if model.device.type == "cuda":
+            rows.append({"workload": w, "kind": "processor_compare", **compare_processors(images, model, model.device)})
+            rows.append({"workload": w, **time_processors(images, model, model.device, repeats=repeats)})
+    return rows
