@@ -196,3 +196,24 @@ def test_every_mode_passes_parity_on_450m():
     (res,) = ttft_parity(model, build_pipelines(model, genc, eng), cases=[("1x512", 2)])
     assert all(r["ok"] for r in res["modes"].values()), res["modes"]
     assert not eng.stats.eager
+
+
+@pytest.mark.gpu
+def test_every_mode_gives_generates_tokens_in_fp32():
+    """fp32 on the GPU, 450M, two 512 px requests and one tiled image: every mode (graphs captured)
+    gives ``generate``'s tokens and float32's logits, so a bf16 first-token difference can only be
+    rounding, never the plumbing."""
+    from lfm2vl_lab import build_model
+    from lfm2vl_lab.core.graphs import GraphedEncoder
+    from lfm2vl_lab.tools.ttft import PARITY_CASES, build_pipelines, capture_engine, ttft_parity
+
+    model = build_model("lfm2-vl-450m", dtype=torch.float32, device="cuda", text_layers="full")
+    genc = GraphedEncoder(model)
+    genc.capture()
+    eng = TextEngine(model, max_batch=2, max_len=2048)
+    capture_engine(eng, model, [], [], progress=False)
+    for case in ttft_parity(model, build_pipelines(model, genc, eng), cases=PARITY_CASES, new_tokens=6):
+        for m, r in case["modes"].items():
+            assert r["same_first_token"] and r["matching_tokens"] >= 4, (case["image"], m, r)
+            assert r["rel_err_vs_fp32"] < 1e-4, (case["image"], m, r)
+    assert not eng.stats.eager

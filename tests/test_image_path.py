@@ -171,10 +171,13 @@ def _cuda_model():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("captured", [False, True])
-def test_staged_equals_device_resident_bit_exactly(captured):
+@pytest.mark.parametrize("captured,chunk_rows", [(False, None), (True, None), (True, 100)])
+def test_staged_equals_device_resident_bit_exactly(captured, chunk_rows):
+    """Staged rows (one upload, or pipelined in chunks of rows that cut items apart) give the same
+    embeddings as device-resident input, bit for bit."""
     model = _cuda_model()
     genc = GraphedEncoder(model)
+    genc.adapter._stager().chunk_rows = chunk_rows
     if captured:
         genc.capture()
     inputs = process_images(_images(), model)

@@ -75,7 +75,13 @@ def test_judge_reads_each_target():
     judged = {t["target"]: t for t in ttft.judge_ttft(rows)}
     assert judged["TTFT ms, both graphed"]["ok"] and judged["encoder graphs' TTFT cut, text graphed"]["ok"]
     assert not judged["every mode's first tokens equal eager's"]["ok"]
-    assert "text-graphed+encoder-graphed 1x512 x1" in judged["every mode's first tokens equal eager's"]["detail"]
+    first = "every mode's first tokens equal eager's"
+    assert judged[first]["detail"] == "lfm2-vl-450m 1x512 x1 text-graphed+encoder-graphed"
+    parity = [{"preset": "lfm2-vl-450m", "image": "1x512", "requests": 1, "fp32_top2_margin": [0.004],
+               "modes": {rows[3]["mode"]: {"ok": False, "first_token_as_fp32": True}}}]
+    judged = {t["target"]: t for t in ttft.judge_ttft(rows, parity=parity)}
+    assert "its first token is float32's: True; float32's top-2 margin 0.004" in judged[first]["detail"]
+    assert not judged["every mode passes parity (tokens vs generate, logits vs fp32)"]["ok"]
 
 
 def test_phase_clock_on_cpu():

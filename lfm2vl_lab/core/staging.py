@@ -130,8 +130,11 @@ class RowStager:
     a fresh tensor (the "device" tensor is the host one: nothing may overwrite it later).
     """
 
-    def __init__(self, device, slots: int = 2):
+    def __init__(self, device, slots: int = 2, chunk_rows: int | None = None):
         self.device = torch.device(device)
+        # None: gather every row, then one upload. A number: gather and upload in chunks of at most
+        # that many rows, so the DMA of one chunk overlaps the host's gather of the next.
+        self.chunk_rows = chunk_rows
         self.cuda = self.device.type == "cuda"
         self._buffers: list[torch.Tensor | None] = [None] * slots
         self._events: list = [None] * slots
@@ -169,9 +172,18 @@ class RowStager:
         slot, self._turn = self._turn, (self._turn + 1) % len(self._buffers)
         nbytes = total * dim * dtype.itemsize
         host = self._host_buffer(slot, nbytes)[:nbytes].view(dtype).view(total, dim)
-        gather_rows(pixel_values, shapes, host)
         out = torch.empty(total, dim, dtype=dtype, device=self.device)
-        out.copy_(host, non_blocking=True)
+        if self.chunk_rows is None:
+            gather_rows(pixel_values, shapes, host)
+            out.copy_(host, non_blocking=True)
+        else:
+            o = 0
+            for piece in padded_rows(pixel_values, shapes, list(range(len(shapes)))):
+                for chunk in piece.split(self.chunk_rows):
+                    n = chunk.shape[0]
+                    host[o : o + n].copy_(chunk)
+                    out[o : o + n].copy_(host[o : o + n], non_blocking=True)
+                    o += n
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(self.device))
         self._events[slot] = ev

@@ -101,7 +101,19 @@ def _unstaged(genc):
         adapter.stage_rows = before
 
 
-def time_encode_sources(genc, inputs: dict, repeats: int = 20, warmup: int = 3, padded: bool = True) -> dict:
+@contextmanager
+def _chunked(genc, chunk_rows: int):
+    """Within the block, ``genc``'s stager gathers and uploads in chunks of ``chunk_rows`` rows."""
+    stager = genc.adapter._stager()
+    before, stager.chunk_rows = stager.chunk_rows, chunk_rows
+    try:
+        yield
+    finally:
+        stager.chunk_rows = before
+
+
+def time_encode_sources(genc, inputs: dict, repeats: int = 20, warmup: int = 3, padded: bool = True,
+                        chunk_rows: int | None = None) -> dict:
     """``genc.encode`` fed the CPU processor's output against the same inputs already on the GPU,
     in alternating turns (:func:`~.timing.time_paired`): medians, samples and ``ratio`` = host-fed
     ms / device-fed ms (issue #12's target: at most 1.05 at 1x512 and 4x512). ``padded``: a third
@@ -111,7 +123,9 @@ def time_encode_sources(genc, inputs: dict, repeats: int = 20, warmup: int = 3, 
     Why: an engine receives the processor's output on the host, so the upload is part of the
     encoder's cost; the device-fed time is the floor. The device-fed input is the benchmark's
     (:func:`~.workloads.to_device`: pixel values already in the model's dtype), so the floor is
-    the one the recorded encoder timings were taken from. ``outputs_equal`` checks that both sources
+    the one the recorded encoder timings were taken from. ``chunk_rows`` adds ``cpu_chunked``: the
+    stager pipelines its gather and upload in chunks of that many rows (``RowStager``).
+    ``outputs_equal`` checks that both sources
     give bit-identical embeddings (staging casts to the model's dtype, which the encoder does
     first anyway), and ``staging`` shows the stager's counters (host waits on a pinned buffer,
     growths): a host-fed call must not wait for the device.
@@ -123,6 +137,8 @@ def time_encode_sources(genc, inputs: dict, repeats: int = 20, warmup: int = 3, 
     calls = {"cpu": lambda: genc.encode(inputs), "gpu": lambda: genc.encode(dev_inputs)}
     if padded:
         calls["cpu_padded"] = (lambda: genc.encode(inputs), lambda: _unstaged(genc))
+    if chunk_rows:
+        calls["cpu_chunked"] = (lambda: genc.encode(inputs), lambda: _chunked(genc, chunk_rows))
     samples = time_paired(calls, repeats, warmup, genc.device)
     med = _medians(samples)
     ratio = {k: med[f"{k}_ms_median"] / med["gpu_ms_median"] if med["gpu_ms_median"] else None
@@ -132,25 +148,59 @@ def time_encode_sources(genc, inputs: dict, repeats: int = 20, warmup: int = 3, 
             "tokens": sum(int(t.shape[0]) for t in a), "repeats": repeats, "outputs_equal": equal,
             **med, **{f"{k}_ms": v for k, v in samples.items()}, "ratio": ratio["cpu"],
             **({"ratio_padded": ratio["cpu_padded"]} if padded else {}),
+            **({"ratio_chunked": ratio["cpu_chunked"], "chunk_rows": chunk_rows} if chunk_rows else {}),
             "staging": stager.info() if stager is not None else None}
 
 
+def staging_split(genc, inputs: dict, repeats: int = 30) -> dict:
+    """Where a host-fed call's extra time goes: the host gather (the real rows cast into pinned
+    memory, ``perf_counter``) and the upload alone (CUDA events, from an idle device), medians over
+    ``repeats``; ``threads`` is torch's intra-op thread count, which the gather's ``copy_`` uses."""
+    import time
+
+    from ..core.staging import gather_rows
+    from .timing import time_call
+
+    pv = inputs["pixel_values"]
+    shapes = [tuple(int(v) for v in s) for s in inputs["spatial_shapes"].tolist()]
+    total, dt = sum(h * w for h, w in shapes), genc.encoder.dtype
+    host = torch.empty(total, pv.shape[2], dtype=dt, pin_memory=True)
+    dev = torch.empty(total, pv.shape[2], dtype=dt, device=genc.device)
+    gather, upload = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        gather_rows(pv, shapes, host)
+        gather.append((time.perf_counter() - t0) * 1e3)
+        upload.append(time_call(lambda: dev.copy_(host, non_blocking=True), genc.device)[0])
+    nbytes = host.numel() * host.element_size()
+    up = percentile(upload, 50)
+    return {"kind": "staging_split", "rows": total, "bytes": nbytes, "threads": torch.get_num_threads(),
+            "gather_ms_median": percentile(gather, 50), "upload_ms_median": up,
+            "upload_gb_s": nbytes / up / 1e6 if up else None, "gather_ms": gather, "upload_ms": upload}
+
+
 IMAGE_PATH_WORKLOADS = ("1x512", "4x512", "tiled")  # the target's two workloads, and a tiled image
+CHUNK_ROWS = 512  # the pipelined staging variant timed beside the default (one gather, one upload)
 
 
 def image_path_rows(model, genc, workloads=IMAGE_PATH_WORKLOADS, repeats: int = 30) -> list[dict]:
     """What ``python -m lfm2vl_lab ttft --image-path`` records per workload: ``encode()`` from the
     CPU processor's output against GPU-resident input (:func:`time_encode_sources`; its ``ratio`` is
     the target), and the processor on the model's device against the CPU one, compared
-    (:func:`compare_processors`) and timed (:func:`time_processors`). Sample lists are kept."""
+    (:func:`compare_processors`) and timed (:func:`time_processors`), and on CUDA the host-fed
+    call's extra cost split into gather and upload (:func:`staging_split`). Sample lists are kept."""
     from ..core.inputs import process_images
     from .workloads import workload_images
 
     rows = []
     for w in workloads:
         images = workload_images(w)
-        rows.append({"workload": w, **time_encode_sources(genc, process_images(images, model), repeats=repeats)})
-        if model.device.type == "cuda":
+        inputs = process_images(images, model)
+        cuda = model.device.type == "cuda"
+        rows.append({"workload": w, **time_encode_sources(genc, inputs, repeats=repeats,
+                                                          chunk_rows=CHUNK_ROWS if cuda else None)})
+        if cuda:
+            rows.append({"workload": w, **staging_split(genc, inputs, repeats=repeats)})
             rows.append({"workload": w, "kind": "processor_compare", **compare_processors(images, model, model.device)})
             rows.append({"workload": w, **time_processors(images, model, model.device, repeats=repeats)})
     return rows
