@@ -139,6 +139,16 @@ def test_attention_varlen_on_cpu_raises(tiny_model):
         resolve_attention("varlen", torch.device("cpu"))
 
 
+def test_auto_attention_follows_the_dtype():
+    """FlashAttention varlen takes half precision only: ``auto`` never picks it for fp32 (a fp32 model
+    on a GPU then captures with the exact block-mask path), and asking for it says why."""
+    cuda = torch.device("cuda")
+    name, _ = resolve_attention("auto", cuda, torch.float32)
+    assert name == "sdpa_blockmask"
+    with pytest.raises(ValueError, match=r"needs fp16 or bf16 .* torch.float32"):
+        resolve_attention("varlen", cuda, torch.float32)
+
+
 def test_unknown_attention_backend():
     with pytest.raises(ValueError, match="flash9"):
         resolve_attention("flash9", torch.device("cpu"))

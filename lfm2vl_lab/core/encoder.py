@@ -162,13 +162,21 @@ def attention_one_sequence(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
     return attention_dense_blocks(q, k, v, 1, scale)
 
 
-def resolve_attention(name: str, device: torch.device):
-    """``auto`` → varlen on CUDA when torch has it, else the exact block-mask SDPA."""
+# torch's varlen_attn is FlashAttention: half precision only (fp32 fails inside the kernel)
+VARLEN_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def resolve_attention(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    """``auto`` → varlen on CUDA in half precision when torch has it, else the exact block-mask SDPA."""
     if name == "auto":
-        name = "varlen" if device.type == "cuda" and varlen_available() else "sdpa_blockmask"
+        varlen = device.type == "cuda" and dtype in VARLEN_DTYPES and varlen_available()
+        name = "varlen" if varlen else "sdpa_blockmask"
     if name == "varlen":
         if device.type != "cuda":
             raise ValueError("attention='varlen' needs a CUDA device (torch's varlen_attn has no CPU kernel)")
+        if dtype not in VARLEN_DTYPES:
+            raise ValueError(f"attention='varlen' needs fp16 or bf16 (FlashAttention); the model is {dtype}: "
+                             "use attention='sdpa_blockmask' or 'auto'")
         return name, attention_varlen
     if name == "sdpa_blockmask":
         return name, attention_sdpa_blockmask
@@ -320,9 +328,9 @@ class PackedVisionEncoder(nn.Module):
         return self.vision.embeddings.patch_embedding.weight.dtype
 
     def attention_fn(self):
-        key = (self.attention_name, self.device)
+        key = (self.attention_name, self.device, self.dtype)
         if self._attn_cache is None or self._attn_cache[0] != key:
-            self._attn_cache = (key, *resolve_attention(self.attention_name, self.device))
+            self._attn_cache = (key, *resolve_attention(*key))
         return self._attn_cache[2]
 
     @property

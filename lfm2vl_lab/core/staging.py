@@ -133,7 +133,9 @@ class RowStager:
     def __init__(self, device, slots: int = 2, chunk_rows: int | None = None):
         self.device = torch.device(device)
         # None: gather every row, then one upload. A number: gather and upload in chunks of at most
-        # that many rows, so the DMA of one chunk overlaps the host's gather of the next.
+        # that many rows, so the DMA of one chunk overlaps the host's gather of the next. Measured
+        # slower on the H200 (the image-path rows of ttft-20261201-031107.json: the upload, at
+        # 23-28 GB/s, is 2-3x the gather, and each chunk adds a launch), so it is off by default.
         self.chunk_rows = chunk_rows
         self.cuda = self.device.type == "cuda"
         self._buffers: list[torch.Tensor | None] = [None] * slots
