@@ -67,3 +67,15 @@ def test_free_names_catches_an_undefined_name():
     # `images`, `prompt_and_pixels` and `lab` without defining them.
     old = "feats = genc.encode(lab.process_images(images, 'x'))\nout = model.generate(**prompt_and_pixels)"
     assert free_names(old) == {"genc", "lab", "images", "model", "prompt_and_pixels"}
+
+
+@pytest.mark.gpu
+def test_gpu_snippet_runs_on_a_gpu():
+    """The README's GPU snippet, as written, on a GPU: its engine tokens are generate's."""
+    import torch
+
+    scope = {"__name__": "readme_gpu"}
+    exec(compile(python_block("### On a GPU"), "README.md: On a GPU", "exec"), scope)
+    prompt_len = scope["prompt"]["input_ids"].shape[1]
+    assert torch.equal(scope["tokens"][:, :1].cpu(), scope["out"][:, prompt_len:prompt_len + 1].cpu())
+    assert not scope["engine"].stats.eager and scope["genc"].stats.hits > 0
