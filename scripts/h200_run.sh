@@ -15,6 +15,9 @@ step() { local t=$1; shift; local left=$(( DEADLINE - ($(date +%s) - T0) ))
          echo "== rc=$rc in $(( $(date +%s) - s ))s"
          tar czf "$OUT/res.tgz" -C "$W" . 2>/dev/null; }  # re-packed per step: a kill keeps what ran
 M="python3 -m lfm2vl_lab"
+# The notebooks' Jupyter packages, from the wheels carried in .whl/ (the image has no Jupyter)
+jupyter_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; }
 PART=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if [ "$PART" = a ] || [ "$PART" = all ]; then
@@ -42,8 +45,7 @@ fi
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl \
 #     nbval nbclient nbformat ipykernel
 if [ "$PART" = c ]; then  # the second call: e2e, re-judged parity, per-budget slots, then notebooks
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD
+jupyter_wheels
 LOG=e2e      TAILN=20 step 90 $M e2e --preset lfm2-vl-450m --preset lfm2-vl-1.6b --requests 1,4 --repeats 2 --out "$R" --no-progress
 LOG=check2   step 45 $M check --out "$R"
 LOG=slots    TAILN=12 step 30 $M bench --mode lab-graph --workload 1x512,1x256,4x512,tiled,stream --stream-n 24 \
@@ -71,8 +73,7 @@ LOG=b16c     TAILN=12 step 170 $M bench --preset lfm2-vl-1.6b --mode compile --w
              --repeats 30 --profile --out "$R" --name bench-compile --no-progress
 fi
 if [ "$PART" = d2 ]; then
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD
+jupyter_wheels
 LOG=e2e450   TAILN=20 step 200 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --repeats 5 --profile --out "$R" --no-progress
 LOG=e2e16    TAILN=20 step 200 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --profile --out "$R" --no-progress
 cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
@@ -106,8 +107,7 @@ LOG=e2e450   TAILN=20 step 230 $M e2e --preset lfm2-vl-450m --requests 1,2,4 --r
 LOG=e2e16    TAILN=20 step 200 $M e2e --preset lfm2-vl-1.6b --requests 1,2,4 --repeats 3 --profile --out "$R" --no-progress
 fi
 if [ "$PART" = e3 ]; then  # after e2's files are committed to data/results/
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD
+jupyter_wheels
 # notebook 06's memory columns need the pool/buffer split: the two sweeps again (session 1's files predate it)
 LOG=sweepB   TAILN=10 step 60 $M bench --mode lab-graph --workload 1x512,4x512,stream --stream-n 40 --budgets auto \
              --budgets 256,1024 --budgets 64,128,256,512,1024,2048,4096 --repeats 30 --out "$R" --name sweep-budgets --no-progress
@@ -118,8 +118,7 @@ cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
 LOG=nb       TAILN=12 step 300 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
 fi
 if [ "$PART" = e4 ]; then  # 06 and 07 again after their recorded-spread and check-label cells were fixed
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD
+jupyter_wheels
 LOG=nb2      TAILN=6 step 120 python3 scripts/run_notebooks.py ${NOTEBOOKS:-notebooks/06_measuring_the_savings.ipynb \
              notebooks/07_end_to_end_and_vllm.ipynb} --out "$W/nb"
 fi
@@ -127,8 +126,7 @@ fi
 # check, a bench of the graph path against the single-item-* run (same workloads, so a regression in
 # the generic manager would show), then every notebook (their cells changed; outputs are refreshed).
 if [ "$PART" = f1 ]; then
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD
+jupyter_wheels
 LOG=pytest6  TAILN=8 step 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 LOG=check6   TAILN=4 step 60 $M check --out "$R"
 LOG=layers   TAILN=16 step 60 $M bench --mode hf-eager,lab-graph --workload 1x512,1x256,4x512,tiled,stream --stream-n 24 \
@@ -168,8 +166,7 @@ fi
 # GPU suite, both floor benches again, check, the fused-mode probe after the compile mode, then every
 # notebook (they read these files: copied into data/results first). Carries the Jupyter wheels.
 if [ "$PART" = g3 ]; then
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD
+jupyter_wheels
 LOG=pytest10 TAILN=6 step 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 LOG=b450     TAILN=40 step 120 $M bench --preset lfm2-vl-450m --mode hf-eager,lab-eager,lab-graph,compile \
              --workload 1x512,1x256,1..16x512,tiled,stream --stream-n 24 --repeats 30 --profile --out "$R" \
@@ -193,8 +190,7 @@ fi
 # generate), then every notebook (they read these files: copied into data/results first). Carries
 # the Jupyter wheels.
 if [ "$PART" = h2 ]; then
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD
+jupyter_wheels
 LOG=pytest11 TAILN=6 step 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 LOG=ttft     TAILN=60 step 270 $M ttft --preset lfm2-vl-450m --preset lfm2-vl-1.6b --image 1x512,tiled \
              --requests 1,2,4,8 --repeats 7 --decode-tokens 16 --profile --image-path --out "$R" --no-progress
@@ -209,8 +205,7 @@ fi
 # (gather vs upload) and a pipelined staging variant in the image-path rows; the grid again (the
 # record), then notebook 07 (its engine had been sized for its own grid only: fixed).
 if [ "$PART" = h3 ]; then
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD
+jupyter_wheels
 LOG=pytest12 TAILN=6 step 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 LOG=ttft     TAILN=40 step 260 $M ttft --preset lfm2-vl-450m --preset lfm2-vl-1.6b --image 1x512,tiled \
              --requests 1,2,4,8 --repeats 7 --decode-tokens 16 --profile --image-path --out "$R" --no-progress
@@ -221,5 +216,10 @@ fi
 # picked FlashAttention varlen for an fp32 model; it now picks the block-mask path below fp16/bf16).
 if [ "$PART" = h4 ]; then
 LOG=pytest13 TAILN=6 step 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+fi
+# h5: the GPU suite on the session's final code (the README's GPU snippet is now a GPU test too).
+if [ "$PART" = h5 ]; then
+jupyter_wheels
+LOG=pytest14 TAILN=6 step 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 fi
 ls -la "$OUT"

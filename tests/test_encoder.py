@@ -145,7 +145,7 @@ def test_auto_attention_follows_the_dtype():
     cuda = torch.device("cuda")
     name, _ = resolve_attention("auto", cuda, torch.float32)
     assert name == "sdpa_blockmask"
-    with pytest.raises(ValueError, match=r"needs fp16 or bf16 .* torch.float32"):
+    with pytest.raises(ValueError, match=r"fp16 or bf16 .*got cuda, torch.float32"):
         resolve_attention("varlen", cuda, torch.float32)
 
 

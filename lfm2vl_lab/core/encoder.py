@@ -122,9 +122,8 @@ def attention_per_item(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
     return out
 
 
-# cuDNN's fused attention first: inside a graph it beat FlashAttention-2 (dense and varlen) at every
-# equal-length layout the attention probe timed on the H200 (data/results/nvidia-h200/attention-*.json);
-# the others follow so that shapes or devices cuDNN refuses (and CPUs) still get a kernel.
+# cuDNN first: in a graph it beat FlashAttention-2 (dense and varlen) at every equal-length layout the H200
+# probe timed (attention-*.json); the others serve shapes or devices cuDNN refuses (and CPUs).
 DENSE_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                   SDPBackend.MATH]
 
@@ -157,26 +156,22 @@ def dense_attention(n_items: int, item_rows: int, rest=None):
 
 
 def attention_one_sequence(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
-    """Dense SDPA over *all* rows as one sequence; ``cu_seqlens`` is ignored (``dense_attention``'s
-    one-item case: correct only when the rows are exactly one item and no padding)."""
+    """Dense SDPA over *all* rows as one sequence, ``cu_seqlens`` ignored: one item, no padding only."""
     return attention_dense_blocks(q, k, v, 1, scale)
 
 
-# torch's varlen_attn is FlashAttention: half precision only (fp32 fails inside the kernel)
-VARLEN_DTYPES = (torch.float16, torch.bfloat16)
+VARLEN_DTYPES = (torch.float16, torch.bfloat16)  # varlen_attn is FlashAttention: fp32 fails inside the kernel
 
 
 def resolve_attention(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16):
     """``auto`` → varlen on CUDA in half precision when torch has it, else the exact block-mask SDPA."""
     if name == "auto":
-        varlen = device.type == "cuda" and dtype in VARLEN_DTYPES and varlen_available()
-        name = "varlen" if varlen else "sdpa_blockmask"
+        ok = device.type == "cuda" and dtype in VARLEN_DTYPES and varlen_available()
+        name = "varlen" if ok else "sdpa_blockmask"
     if name == "varlen":
-        if device.type != "cuda":
-            raise ValueError("attention='varlen' needs a CUDA device (torch's varlen_attn has no CPU kernel)")
-        if dtype not in VARLEN_DTYPES:
-            raise ValueError(f"attention='varlen' needs fp16 or bf16 (FlashAttention); the model is {dtype}: "
-                             "use attention='sdpa_blockmask' or 'auto'")
+        if device.type != "cuda" or dtype not in VARLEN_DTYPES:
+            raise ValueError(f"attention='varlen' needs a CUDA device and fp16 or bf16 (torch's varlen_attn is "
+                             f"FlashAttention); got {device.type}, {dtype}: use 'auto' or 'sdpa_blockmask'")
         return name, attention_varlen
     if name == "sdpa_blockmask":
         return name, attention_sdpa_blockmask

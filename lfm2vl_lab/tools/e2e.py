@@ -204,7 +204,6 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
     ``DECODE_DRIFT_WARN``. ``on_row(row)`` is called as each row completes (the CLI saves partial
     results with it).
     """
-    from tqdm.auto import tqdm
 
     for im in images:
         check_choice("image", im, IMAGES)
@@ -216,13 +215,8 @@ def run_e2e(model, images=("1x512", "tiled"), requests=(1, 2, 4), new_tokens=(16
         genc = GraphedEncoder(model)
         if model.device.type == "cuda":
             genc.capture()
-    rows = []
-    for im, n in tqdm([(im, n) for im in images for n in requests], desc="end to end", disable=not progress):
-        for row in _pair_rows(model, genc, im, n, new_tokens, repeats):
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
-    return rows
+    return grid_rows([(im, n) for im in images for n in requests], "end to end",
+                     lambda im, n: _pair_rows(model, genc, im, n, new_tokens, repeats), progress, on_row)
 
 
 def profile_ttft(model, genc: GraphedEncoder, image: str = "1x512", n_requests: int = 1, iters: int = 3) -> dict:
@@ -313,13 +307,14 @@ def print_profile(name: str, prof: dict, modes) -> None:
               f"busy {x['gpu_busy_ms']:.2f} ms ({share}), {x['kernels']:.0f} kernels", flush=True)
 
 
-def run_e2e_cli(args) -> int:
-    """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
+def start_run(name: str, args, **sections) -> tuple:
+    """What both end-to-end CLIs (``e2e``, ``ttft``) start from: the device, the dtype (``--dtype`` or
+    the device's default), the presets (``--preset`` or the device's default) and the result dict
+    with its provenance (full-depth random-weight text model) and empty ``sections``."""
     import sys
 
-    from ..core.presets import build_model
     from .args import dtype_name, parse_dtype
-    from .results import RESULTS_ROOT, provenance, save_result
+    from .results import provenance
     from .workloads import default_device, device_defaults
 
     dev = default_device()
@@ -327,9 +322,29 @@ def run_e2e_cli(args) -> int:
     dt = parse_dtype(args.dtype) if args.dtype else default_dtype
     presets = args.preset or [default_preset]
     command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
-    result = {"name": "e2e", "provenance": provenance(command, dtype=dtype_name(dt),
-                                                        preset=",".join(presets), text="full depth, random weights"),
-              "rows": [], "parity": []}
+    prov = provenance(command, dtype=dtype_name(dt), preset=",".join(presets), text="full depth, random weights")
+    return dev, dt, presets, {"name": name, "provenance": prov, **sections}
+
+
+def grid_rows(cases: list, desc: str, rows_for, progress: bool, on_row=None) -> list[dict]:
+    """``rows_for(*case)`` for every case, under a progress bar; ``on_row(row)`` as each row lands."""
+    from tqdm.auto import tqdm
+
+    rows = []
+    for case in tqdm(cases, desc=desc, disable=not progress):
+        for row in rows_for(*case):
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return rows
+
+
+def run_e2e_cli(args) -> int:
+    """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
+    from ..core.presets import build_model
+    from .results import RESULTS_ROOT, save_result
+
+    dev, dt, presets, result = start_run("e2e", args, rows=[], parity=[])
     saved: dict = {}
 
     def on_row(row):  # save after every row: a run cut short still leaves what it measured

@@ -27,7 +27,7 @@ from ..core.inputs import process_images
 from ..core.packing import tokens_for
 from ..core.parity import lowp_parity
 from ..core.pipeline import MODES, VlmPipeline
-from .e2e import DECODE_DRIFT_WARN, IMAGES, PROMPT_TEXT_TOKENS, build_prompt, paired_reduction
+from .e2e import DECODE_DRIFT_WARN, IMAGES, PROMPT_TEXT_TOKENS, build_prompt, grid_rows, paired_reduction
 from .timing import time_call, time_paired
 from .workloads import synthetic_image
 
@@ -188,19 +188,12 @@ def _add_reductions(rows: dict) -> None:
 def run_ttft(model, genc, engine, images=("1x512", "tiled"), requests=(1, 2, 4, 8), repeats: int = 5,
              decode_tokens: int = DECODE_TOKENS, progress: bool = True, on_row=None) -> list[dict]:
     """The grid's rows for one model: every image × request count × the four modes (see the module)."""
-    from tqdm.auto import tqdm
-
     if repeats < 1 or decode_tokens < 1 or min(requests, default=0) < 1:
         raise ValueError(f"need repeats, decode_tokens and every request count >= 1; got repeats={repeats}, "
                          f"decode_tokens={decode_tokens}, requests={list(requests)}")
     pipes = build_pipelines(model, genc, engine)
-    rows = []
-    for im, n in tqdm([(im, n) for im in images for n in requests], desc="ttft grid", disable=not progress):
-        for row in _rows_for(model, pipes, im, n, repeats, decode_tokens):
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
-    return rows
+    return grid_rows([(im, n) for im in images for n in requests], "ttft grid",
+                     lambda im, n: _rows_for(model, pipes, im, n, repeats, decode_tokens), progress, on_row)
 
 
 def print_row(row: dict) -> None:

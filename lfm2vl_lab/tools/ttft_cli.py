@@ -9,12 +9,11 @@ with its traceback and the run goes on to the next preset.
 
 from __future__ import annotations
 
-import sys
 import traceback
 
 import torch
 
-from .e2e import IMAGES
+from .e2e import IMAGES, start_run
 from .ttft import (
     DECODE_TOKENS,
     PARITY_CASES,
@@ -92,18 +91,10 @@ def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
 
 def run_ttft_cli(args) -> int:
     """TTFT like an engine: text eager/graphed x encoder eager/graphed, phases, decode, parity."""
-    from .args import dtype_name, parse_dtype
-    from .results import RESULTS_ROOT, provenance, save_result
-    from .workloads import default_device, device_defaults
+    from .results import RESULTS_ROOT, save_result
 
-    dev = default_device()
-    default_preset, default_dtype = device_defaults(dev)
-    dt = parse_dtype(args.dtype) if args.dtype else default_dtype
-    presets = args.preset or [default_preset]
-    command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
-    result = {"name": "ttft", "provenance": provenance(command, dtype=dtype_name(dt), preset=",".join(presets),
-                                                         text="full depth, random weights"),
-              "setup": [], "parity": [], "profile": [], "image_path": [], "rows": [], "errors": []}
+    dev, dt, presets, result = start_run("ttft", args, setup=[], parity=[], profile=[], image_path=[], rows=[],
+                                         errors=[])
     saved: dict = {}
 
     def save():
