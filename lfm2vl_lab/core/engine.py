@@ -42,6 +42,13 @@ def lfm2_text_parts(model):
     return inner.language_model, model.lm_head
 
 
+def upload(t: torch.Tensor, device) -> torch.Tensor:
+    """A small host tensor onto ``device`` without a sync (pinned first on CUDA)."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def bucket_len(n: int, bucket: int = LEN_BUCKET) -> int:
     """The prefill length ``n`` positions pad to."""
     return -(-n // bucket) * bucket
@@ -245,7 +252,7 @@ class TextEngine:
         if embeds is not None and embeds.data_ptr() != self.embeds.data_ptr():
             self.embeds[: embeds.shape[0], : embeds.shape[1]].copy_(embeds)
         last = torch.tensor(lengths + [lengths[0]] * (B - len(lengths))) - 1  # bucket rows repeat request 0
-        self.last[:B].copy_(last.pin_memory() if self.device.type == "cuda" else last, non_blocking=True)
+        self.last[:B].copy_(upload(last, self.device))
         self.n, self.lengths = len(lengths), lengths
         self._run(f"prefill {B}x{T}", lambda: self._prefill_body(B, T))
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .engine import TextEngine, lfm2_text_parts
+from .engine import TextEngine, lfm2_text_parts, upload
 from .hf import hf_image_features
 
 MODES = ("eager", "graphed")
@@ -76,13 +76,6 @@ def image_positions(input_ids: torch.Tensor, image_token_id: int) -> tuple[torch
     as transformers' ``masked_scatter``)."""
     b, t = (input_ids == image_token_id).nonzero(as_tuple=True)
     return b, t
-
-
-def _upload(t: torch.Tensor, device) -> torch.Tensor:
-    """A small host tensor onto ``device`` without a sync (pinned first on CUDA)."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 class VlmPipeline:
@@ -139,8 +132,8 @@ class VlmPipeline:
             raise ValueError(f"the prompt holds {b.numel()} image tokens but the images give {rows} features")
         dev = self.text.device
         dst = self.text.prompt(n, length)
-        dst.copy_(self.embed(_upload(input_ids, dev)))
-        dst[_upload(b, dev), _upload(t, dev)] = torch.cat(feats).to(dst.dtype)
+        dst.copy_(self.embed(upload(input_ids, dev)))
+        dst[upload(b, dev), upload(t, dev)] = torch.cat(feats).to(dst.dtype)
         return [length] * n, dst
 
     @torch.no_grad()

@@ -242,10 +242,7 @@ def _parity_case(model, ref32, pipes: dict, image: str, n: int, new_tokens: int)
 
     images, ids = prompt_for(model, image, n)
     inputs = process_images(images, model)
-    dev = model.device
-    batch = {"input_ids": ids.to(dev), "attention_mask": torch.ones_like(ids, device=dev),
-             "pixel_values": inputs["pixel_values"].to(dev, model.dtype),
-             "pixel_attention_mask": inputs["pixel_attention_mask"].to(dev), "spatial_shapes": inputs["spatial_shapes"]}
+    batch = build_prompt(model, process_images(images[:1], model), n)  # the same ids, images repeated per request
     want = generate_once(model, batch, new_tokens)[:, ids.shape[1]:].cpu()
     ref = _first_logits(VlmPipeline(ref32, "eager", "eager"), ids, inputs)
     top2 = ref.topk(2, dim=-1).values
