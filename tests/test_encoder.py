@@ -15,7 +15,7 @@ from lfm2vl_lab import (
     rel_error,
     synthetic_image,
 )
-from lfm2vl_lab.core.encoder import attention_one_sequence, attention_sdpa_blockmask, resolve_attention
+from lfm2vl_lab.core.attention import attention_one_sequence, attention_sdpa_blockmask, resolve_attention
 from lfm2vl_lab.core.packing import lfm2vl_gather_idx
 from lfm2vl_lab.core.parity import float32_reference, lowp_parity
 
@@ -147,6 +147,29 @@ def test_auto_attention_follows_the_dtype():
     assert name == "sdpa_blockmask"
     with pytest.raises(ValueError, match=r"fp16 or bf16 .*got cuda, torch.float32"):
         resolve_attention("varlen", cuda, torch.float32)
+
+
+@pytest.mark.parametrize(("capability", "half", "fp32"), [
+    ((7, 5), "sdpa_blockmask", "sdpa_blockmask"),  # T4: no FlashAttention-2
+    ((8, 0), "varlen", "sdpa_blockmask"),  # A100
+    ((8, 6), "varlen", "sdpa_blockmask"),  # A10
+    ((8, 9), "varlen", "sdpa_blockmask"),  # L4
+    ((9, 0), "varlen", "sdpa_blockmask"),  # H100 / H200
+])
+def test_auto_attention_follows_the_gpu(monkeypatch, capability, half, fp32):
+    """The workshop's GPUs, faked on the CPU: ``auto`` picks a backend that exists on the device, and
+    asking for varlen on a T4 names the capability instead of failing inside the kernel."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda = torch.device("cuda")
+    for dtype in (torch.float16, torch.bfloat16):
+        assert resolve_attention("auto", cuda, dtype)[0] == half
+    assert resolve_attention("auto", cuda, torch.float32)[0] == fp32
+    if half == "varlen":
+        assert resolve_attention("varlen", cuda, torch.float16)[0] == "varlen"
+    else:
+        with pytest.raises(ValueError, match=r"sm80 or newer; this GPU is sm75"):
+            resolve_attention("varlen", cuda, torch.float16)
 
 
 def test_unknown_attention_backend():

@@ -13,12 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lfm2vl_lab.core.encoder import (
-    PackedVisionEncoder,
-    attention_dense_blocks,
-    attention_per_item,
-    dense_attention,
-)
+from lfm2vl_lab.core.attention import attention_dense_blocks, attention_per_item, dense_attention
+from lfm2vl_lab.core.encoder import PackedVisionEncoder
 from lfm2vl_lab.core.fused import add_layer_norm, linear_gelu
 from lfm2vl_lab.core.parity import rel_error
 from lfm2vl_lab.tools.workloads import random_processor_output

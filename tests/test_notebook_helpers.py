@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 import lfm2vl_lab
 from lfm2vl_lab.tools.notebook import RECORDED_GPU, load_recorded, setup
@@ -38,6 +39,43 @@ def test_setup_on_cpu_prints_the_first_line_and_returns_the_device_defaults(caps
 def test_setup_names_the_cuda_choice_without_touching_a_gpu(capsys):
     assert setup("cuda") == ("cuda", *device_defaults("cuda"))
     assert capsys.readouterr().out.startswith("DEVICE=cuda  PRESET=lfm2-vl-450m  DTYPE=torch.bfloat16  torch ")
+
+
+def _fake_gpu(monkeypatch, capability, name="Tesla T4"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (14 * 2**30, 15 * 2**30))
+
+
+SHOWS = {"launch counts": "any", "the kernel timeline": "gpu", "the H200 sweeps": "recorded"}
+
+
+def test_environment_check_on_a_cpu_says_what_comes_from_recorded_results(capsys):
+    setup("cpu", shows=SHOWS)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("environment: no CUDA GPU") and f"transformers {transformers.__version__}" in out[1]
+    assert out[2] == "  model: tiny in float32; encoder attention (auto): sdpa_blockmask"
+    assert out[3] == "  live here: launch counts"
+    assert out[4] == f"  from recorded {RECORDED_GPU} results: the kernel timeline (needs a GPU); the H200 sweeps"
+
+
+@pytest.mark.parametrize(("capability", "dtype", "attention"), [
+    ((7, 5), "float16", "sdpa_blockmask"), ((8, 6), "bfloat16", "varlen"), ((9, 0), "bfloat16", "varlen")])
+def test_environment_check_on_a_gpu_names_it_and_the_backend_it_got(monkeypatch, capsys, capability, dtype, attention):
+    """A T4 (sm75) gets fp16 and the block-mask attention; Ampere and newer get bf16 and varlen."""
+    _fake_gpu(monkeypatch, capability)
+    assert setup("cuda", shows=SHOWS)[2] == getattr(torch, dtype)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(f"environment: Tesla T4 (sm{capability[0]}{capability[1]}), 14.0 of 15.0 GiB free")
+    assert out[2] == f"  model: lfm2-vl-450m in {dtype}; encoder attention (auto): {attention}"
+    assert out[3] == "  live here: launch counts; the kernel timeline"
+    assert out[4] == f"  from recorded {RECORDED_GPU} results: the H200 sweeps"
+
+
+def test_environment_check_rejects_an_unknown_kind():
+    with pytest.raises(ValueError, match=r"kinds must be one of .*'the timeline': 'cuda'"):
+        setup("cpu", shows={"the timeline": "cuda"})
 
 
 def test_setup_defaults_to_the_available_device(capsys):
@@ -195,5 +233,5 @@ def test_notebook_cells_define_nothing_the_library_already_has(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebooks_start_with_setup(path):
     first = next(source for _, source in _code_cells(path))
-    assert "DEVICE, PRESET, DTYPE = setup()" in first
+    assert "DEVICE, PRESET, DTYPE = setup(shows=" in first, "the first cell checks the environment"
     assert "torch.cuda.is_available() else" not in first, "the device choice lives in setup() and device_defaults()"

@@ -32,8 +32,9 @@ from collections import OrderedDict
 
 import torch
 
+from .attention import dense_attention
 from .config import EncoderGraphConfig
-from .encoder import PackedVisionEncoder, dense_attention
+from .encoder import PackedVisionEncoder
 from .packing import (
     Shape,
     lfm2vl_check_shapes,

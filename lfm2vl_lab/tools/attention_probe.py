@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..core.attention import attention_dense_blocks, attention_sdpa_blockmask, attention_varlen, dense_attention
 from ..core.capture import capture_graph, recover_from_failed_capture
-from ..core.encoder import attention_dense_blocks, attention_sdpa_blockmask, attention_varlen, dense_attention
 from ..core.parity import rel_error
 from ..core.presets import as_preset
 

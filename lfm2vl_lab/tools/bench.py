@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
+from ..core.attention import ATTENTION_BACKENDS
 from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
-from ..core.encoder import ATTENTION_BACKENDS, FUSE_ELEMENTWISE, FUSE_QKV
+from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
 from ..core.graphs import DENSE_GRAPHS
 from ..core.parity import max_rel_error
 from .args import (

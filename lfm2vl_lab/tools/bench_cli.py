@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..core.attention import ATTENTION_BACKENDS
 from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
-from ..core.encoder import ATTENTION_BACKENDS, FUSE_ELEMENTWISE, FUSE_QKV
+from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
 from ..core.graphs import DENSE_GRAPHS
 from .args import (
     budgets_arg,

@@ -7,34 +7,86 @@ The first cell of each notebook is::
     import lfm2vl_lab as lab
     from lfm2vl_lab.tools.notebook import setup
 
-    DEVICE, PRESET, DTYPE = setup()
+    DEVICE, PRESET, DTYPE = setup(shows={"what a cell shows": "any", ...})
 
-and cells that show recorded GPU numbers start with :func:`load_recorded`, which prints where the
-numbers come from (or that they are not recorded yet) before any of them is shown.
+``shows`` lists what the notebook shows and where from (:data:`SHOW_KINDS`), so the first cell's
+environment check can say what this machine shows live and what comes from recorded results.
+Cells that show recorded GPU numbers start with :func:`load_recorded`, which prints where the numbers
+come from (or that they are not recorded yet) before any of them is shown.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import sys
 import warnings
 
 import torch
 
+from ..core.attention import cuda_capability, resolve_attention, sm
 from .results import RESULTS_ROOT, gpu_slug, newest, recorded_label
 from .workloads import default_device, device_defaults
 
 RECORDED_GPU = "nvidia-h200"  # the GPU whose recorded results the notebooks read: data/results/nvidia-h200/
 
 
-def setup(device=None) -> tuple[str, str, torch.dtype]:
+# What a notebook part needs: "any" runs live everywhere (the tiny preset on a CPU), "gpu" runs live
+# on a CUDA device and comes from recorded results elsewhere, "recorded" always reads data/results/.
+SHOW_KINDS = ("any", "gpu", "recorded")
+
+
+def environment(device) -> dict:
+    """What a notebook runs on: the device (name, compute capability, free and total memory), the
+    torch / transformers / Python versions, and the encoder attention ``"auto"`` resolves to there."""
+    import transformers
+
+    preset, dtype = device_defaults(device)
+    env = {"device": str(device), "gpu": None, "capability": None, "free_gib": None, "total_gib": None,
+           "torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version(), "preset": preset, "dtype": str(dtype).removeprefix("torch."),
+           "attention": resolve_attention("auto", device, dtype)[0]}
+    cap = cuda_capability(device)
+    if cap is not None:
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        env.update(gpu=torch.cuda.get_device_name(torch.device(device)), capability=f"sm{sm(cap)}",
+                   free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1))
+    return env
+
+
+def environment_lines(env: dict, shows: dict[str, str]) -> list[str]:
+    """The environment check as printed lines: the machine, then what the notebook shows live here
+    and what it shows from recorded results (``shows`` maps a part to one of :data:`SHOW_KINDS`)."""
+    bad = {part: kind for part, kind in shows.items() if kind not in SHOW_KINDS}
+    if bad:
+        raise ValueError(f"setup(shows=...): kinds must be one of {SHOW_KINDS}; got {bad}")
+    if env["gpu"]:
+        where = f"{env['gpu']} ({env['capability']}), {env['free_gib']} of {env['total_gib']} GiB free"
+    else:
+        where = "no CUDA GPU: the tiny preset runs on the CPU"
+    lines = [f"environment: {where}; torch {env['torch']}, transformers {env['transformers']}, "
+             f"Python {env['python']}",
+             f"  model: {env['preset']} in {env['dtype']}; encoder attention (auto): {env['attention']}"]
+    on_gpu = env["gpu"] is not None
+    live = [p for p, k in shows.items() if k == "any" or (k == "gpu" and on_gpu)]
+    recorded = [p + (" (needs a GPU)" if k == "gpu" else "") for p, k in shows.items()
+                if k == "recorded" or (k == "gpu" and not on_gpu)]
+    if live:
+        lines.append("  live here: " + "; ".join(live))
+    if recorded:
+        lines.append(f"  from recorded {RECORDED_GPU} results: " + "; ".join(recorded))
+    return lines
+
+
+def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, torch.dtype]:
     """Start a notebook: hub access off, then the device and the kit's model choice for it.
 
     ``HF_HUB_OFFLINE=1`` is set unless the environment says otherwise (presets build random-weight
     models, so nothing is ever downloaded); it has to happen before transformers is first imported,
     which ``import lfm2vl_lab`` does not do. ``device`` defaults to CUDA when available, else the CPU;
     the preset and dtype come from :func:`lfm2vl_lab.tools.workloads.device_defaults`. Prints the
-    line every notebook's output starts with and returns ``(device, preset, dtype)``.
+    line every notebook's output starts with, then the environment check (:func:`environment_lines`;
+    ``shows``: what the notebook shows and where from), and returns ``(device, preset, dtype)``.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if "huggingface_hub" in sys.modules and os.environ["HF_HUB_OFFLINE"] == "1":
@@ -46,6 +98,8 @@ def setup(device=None) -> tuple[str, str, torch.dtype]:
     device = str(device if device is not None else default_device())
     preset, dtype = device_defaults(device)
     print(f"DEVICE={device}  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}")
+    if shows is not None:
+        print("\n".join(environment_lines(environment(device), shows)))
     return device, preset, dtype
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core.attention import cuda_capability
 from ..core.inputs import image_limits
 from ..core.packing import tokens_for
 
@@ -112,12 +113,18 @@ def default_device() -> torch.device:
     """CUDA when this machine has it, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
+# bf16 tensor cores arrived with Ampere (sm80); on a T4 (sm75) bf16 runs emulated, if at all
+BF16_MIN_CAPABILITY = (8, 0)
+
 
 def device_defaults(device) -> tuple[str, torch.dtype]:
     """The kit's choice of model for a device: LFM2-VL-450M in bf16 on CUDA (the real shapes, the
-    dtype a server runs), the tiny preset in fp32 elsewhere (a CPU runs it in seconds)."""
-    on_cuda = torch.device(device).type == "cuda"
-    return ("lfm2-vl-450m", torch.bfloat16) if on_cuda else ("tiny", torch.float32)
+    dtype a server runs), the tiny preset in fp32 elsewhere (a CPU runs it in seconds). GPUs older
+    than sm80 (a T4) have no bf16 arithmetic, so they get fp16."""
+    if torch.device(device).type != "cuda":
+        return "tiny", torch.float32
+    cap = cuda_capability(device)
+    return "lfm2-vl-450m", torch.bfloat16 if cap is None or cap >= BF16_MIN_CAPABILITY else torch.float16
 
 
 def parse_nxs(name) -> tuple[int, int] | None:
