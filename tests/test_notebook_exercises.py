@@ -1,0 +1,67 @@
+"""The exercises that end notebooks 01 to 07 (issue #13): their shape, which the docs site and the
+workshop rely on. nbval runs every cell, the tagged solutions included, so a solution that stops
+working fails the build; this file checks that there is something to run and that it is findable.
+
+The shape: the last ``##`` section of the notebook is ``## Exercises``; it holds one or two
+``### Exercise N: ...`` markdown cells that ask the learner to **predict** before measuring; each
+exercise has a code cell for the learner's prediction and at least one code cell tagged ``solution``
+(the docs site hides those behind a toggle). Solutions are never skipped by nbval.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WITH_EXERCISES = sorted(p for p in (ROOT / "notebooks").glob("0[1-7]_*.ipynb"))
+SOLUTION_TAG = "solution"
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def _exercises(cells: list[dict]) -> list[list[dict]]:
+    """The exercises after ``## Exercises``: each a list of cells, its ``### Exercise`` markdown first."""
+    start = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and _source(c).startswith("## Exercises"))
+    groups: list[list[dict]] = []
+    for cell in cells[start + 1:]:
+        if cell["cell_type"] == "markdown" and re.match(r"### Exercise \d+: ", _source(cell)):
+            groups.append([cell])
+        elif groups:
+            groups[-1].append(cell)
+    return groups
+
+
+def test_there_are_seven_notebooks_with_exercises():
+    assert [p.name[:2] for p in WITH_EXERCISES] == ["01", "02", "03", "04", "05", "06", "07"]
+
+
+@pytest.mark.parametrize("path", WITH_EXERCISES, ids=[p.stem for p in WITH_EXERCISES])
+def test_notebook_ends_with_exercises_and_tagged_solutions(path):
+    cells = _cells(path)
+    sections = [_source(c).splitlines()[0] for c in cells
+                if c["cell_type"] == "markdown" and _source(c).startswith("## ")]
+    assert sections and sections[-1] == "## Exercises", f"{path.name}: the last section is {sections[-1:]}"
+    exercises = _exercises(cells)
+    assert 1 <= len(exercises) <= 2, f"{path.name}: {len(exercises)} exercises"
+    for n, (intro, *rest) in enumerate(exercises, 1):
+        title = _source(intro).splitlines()[0]
+        assert title.startswith(f"### Exercise {n}: "), f"{path.name}: exercises are numbered 1, 2: {title!r}"
+        assert "predict" in _source(intro).lower(), f"{path.name} {title!r}: ask for a prediction first"
+        code = [c for c in rest if c["cell_type"] == "code"]
+        solutions = [c for c in code if SOLUTION_TAG in c.get("metadata", {}).get("tags", [])]
+        learner = [c for c in code if c not in solutions]
+        assert solutions, f"{path.name} {title!r}: no code cell tagged {SOLUTION_TAG!r}"
+        assert learner, f"{path.name} {title!r}: no cell for the learner's own prediction"
+        assert code.index(learner[0]) < code.index(solutions[0]), f"{path.name} {title!r}: prediction comes first"
+        for cell in solutions:
+            assert "NBVAL_SKIP" not in _source(cell), f"{path.name} {title!r}: nbval must run the solution"
