@@ -31,7 +31,8 @@ def _source(cell: dict) -> str:
 
 def _exercises(cells: list[dict]) -> list[list[dict]]:
     """The exercises after ``## Exercises``: each a list of cells, its ``### Exercise`` markdown first."""
-    start = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and _source(c).startswith("## Exercises"))
+    start = next(i for i, c in enumerate(cells)
+                 if c["cell_type"] == "markdown" and _source(c).startswith("## Exercises"))
     groups: list[list[dict]] = []
     for cell in cells[start + 1:]:
         if cell["cell_type"] == "markdown" and re.match(r"### Exercise \d+: ", _source(cell)):
