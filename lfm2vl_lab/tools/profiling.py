@@ -27,21 +27,24 @@ from pathlib import Path
 from .timing import percentile
 from .trace_analysis import (
     CALL_PREFIX,
+    COPY_NAME_PREFIXES,
     GRAPH_LAUNCH_PREFIXES,
     LAUNCH_PREFIXES,
+    Gap,
     ProfileReport,
     analyze_trace,
     build_timeline,
     classify_events,
+    idle_gaps,
     load_trace,
     merge_intervals,
     top_level,
 )
 
 __all__ = [
-    "CALL_PREFIX", "GRAPH_LAUNCH_PREFIXES", "LAUNCH_PREFIXES", "ProfileReport", "analyze_trace", "build_timeline",
-    "classify_events", "hta_launch_stats", "load_trace", "merge_intervals", "percentile", "profile_callable",
-    "top_level",
+    "CALL_PREFIX", "COPY_NAME_PREFIXES", "GRAPH_LAUNCH_PREFIXES", "LAUNCH_PREFIXES", "Gap", "ProfileReport",
+    "analyze_trace", "build_timeline", "classify_events", "hta_launch_stats", "idle_gaps", "load_trace",
+    "merge_intervals", "percentile", "profile_callable", "top_level",
 ]
 
 # --------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
+from typing import NamedTuple
 
 from .timing import percentile
 
@@ -42,6 +43,9 @@ LAUNCH_PREFIXES = (
     "cudaMemcpy", "cuMemcpy", "cudaMemset", "cuMemset",
 )
 GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "cuGraphLaunch")
+# How kineto names GPU copies and sets ("Memcpy HtoD (Pinned -> Device)", "Memset (Device)"). A
+# timeline keeps only names, not categories, so this is how :func:`idle_gaps` tells them from kernels.
+COPY_NAME_PREFIXES = ("Memcpy", "Memset")
 
 
 @dataclass
@@ -305,3 +309,34 @@ def build_timeline(cpu: list[_Ev], gpu: list[_Ev]) -> dict:
         return [(round(e.start - t0, 3), round(e.dur, 3), e.name) for e in sorted(evs, key=lambda e: e.start)]
 
     return {"cpu": lane(cpu), "gpu": lane(gpu)}
+
+
+class Gap(NamedTuple):
+    """One idle stretch of a timeline's GPU lane: where it starts (µs from the timeline's start), how
+    long the GPU waited, and the GPU events that end (``before``) and start (``after``) it."""
+
+    start_us: float
+    dur_us: float
+    before: str
+    after: str
+
+
+def idle_gaps(timeline: dict, kernels_only: bool = True) -> list[Gap]:
+    """The idle gaps of a timeline's GPU lane (:attr:`ProfileReport.timeline`, or a recorded row's
+    ``timeline``), in time order: where the GPU waited for work, and between which events.
+
+    Overlapping events count as one busy stretch, as in ``gpu_busy_ms``. ``kernels_only`` (default)
+    leaves copies and sets out, as the report's ``gap_*`` fields do, so for one call's timeline the
+    gaps are the ones those fields summarise; ``kernels_only=False`` counts them as busy too. A lane
+    without GPU events (the profiler on a CPU-only machine) has no gaps.
+    """
+    events = sorted(tuple(e) for e in timeline.get("gpu", [])
+                    if not (kernels_only and e[2].startswith(COPY_NAME_PREFIXES)))
+    gaps: list[Gap] = []
+    busy_until, last = None, None  # end of the busy stretch so far, and the event that ends it
+    for start, dur, name in events:
+        if busy_until is not None and start > busy_until:
+            gaps.append(Gap(round(busy_until, 3), round(start - busy_until, 3), last, name))
+        if busy_until is None or start + dur > busy_until:
+            busy_until, last = start + dur, name
+    return gaps
