@@ -72,9 +72,10 @@ def test_phase_calls_lists_each_phase_calls_in_order_and_the_kernels_they_starte
 
 def test_trace_lines_show_every_phase_and_the_graph_apis_in_order():
     text = ga.trace_lines({"module": "toy", "phases": ga.phase_calls(synthetic_trace()), "replay_rel_err": 0.0})
-    assert ("  capture     0 kernels ran,   2 kernel launches, 0 graph launches | cudaDeviceSynchronize, "
+    assert ("  capture   kernels run:   0   launch calls:   2 kernel, 0 graph\n      cudaDeviceSynchronize, "
             "cudaStreamBeginCapture, cudaLaunchKernel x2,") in text
-    assert "  replay 1    3 kernels ran,   0 kernel launches, 1 graph launches | cudaGraphLaunch\n" in text
+    assert "  replay 1  kernels run:   3   launch calls:   0 kernel, 1 graph\n      cudaGraphLaunch\n" in text
+    assert max(len(line) for line in text.splitlines() if line.startswith(" " * 6)) <= 116  # long lists wrap
     assert ("graph APIs in order: cudaStreamBeginCapture -> cudaStreamEndCapture -> cudaGraphInstantiateWithFlags"
             " -> cudaGraphLaunch -> cudaGraphLaunch") in text
 

@@ -22,6 +22,7 @@ import copy
 import os
 import statistics
 import tempfile
+import textwrap
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -142,12 +143,13 @@ def capture_trace(device="cuda", replays: int = 2, blocks: int = TOY_BLOCKS, wid
 
 def trace_lines(trace: dict) -> str:
     """A trace (:func:`capture_trace`) as text: per phase, the kernels that ran and the API calls."""
-    lines = [f"{trace['module']}, per phase: kernels that ran on the GPU, kernel and graph launch calls, "
-             "and every CUDA API call in order (repeats collapsed)"]
+    lines = [f"{trace['module']}: per phase, the kernels that ran on the GPU, the launch calls on the host, "
+             "then every CUDA API call in order (repeats collapsed)"]
     for ph in trace["phases"]:
         calls = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in ph["calls"]) or "(none)"
-        lines.append(f"  {ph['phase']:<9} {ph['kernels']:>3} kernels ran, {ph['kernel_launches']:>3} kernel "
-                     f"launches, {ph['graph_launches']} graph launches | {calls}")
+        lines.append(f"  {ph['phase']:<9} kernels run: {ph['kernels']:>3}   launch calls: {ph['kernel_launches']:>3} "
+                     f"kernel, {ph['graph_launches']} graph")
+        lines += textwrap.wrap(calls, width=116, initial_indent=" " * 6, subsequent_indent=" " * 6)
     lines.append("graph APIs in order: " + " -> ".join(graph_api_sequence(trace["phases"])))
     lines.append(f"replay vs eager: rel. error {trace['replay_rel_err']:.1e}")
     return "\n".join(lines)
@@ -246,7 +248,8 @@ def graphed_callable_demo(device="cuda", batch: int = TOY_BATCH, new_batches=NEW
 def graphed_lines(demo: dict) -> str:
     """A :func:`graphed_callable_demo` result as text."""
     p = demo["parity"]
-    lines = [f"make_graphed_callables on {demo['module']}: {demo['captures']} graphs captured (forward, backward)",
+    lines = [f"make_graphed_callables on {demo['module']}: {demo['captures']} graphs captured"
+             + (" (forward and backward)" if demo["captures"] == 2 else ""),
              f"  at the sample's shape, graphed vs eager rel. error: forward {p['forward']:.1e}, "
              f"input grad {p['input_grad']:.1e}, weight grad {p['weight_grad']:.1e}"]
     for s in demo["new_shapes"]:
@@ -307,7 +310,7 @@ def reduce_overhead_lines(demo: dict) -> str:
 # --- What breaks capture, through the kit's recipe -----------------------------------------------------------------
 
 
-def try_capture(fn: Callable[[], object]) -> dict:
+def capture_outcome(fn: Callable[[], object]) -> dict:
     """Capture ``fn`` with the kit's recipe (:func:`~lfm2vl_lab.core.capture.capture_graph`):
     ``{"captured": True}``, or ``False`` and the first error (a failed capture's ``capture_end``
     may raise a second one; its ``__context__`` is the cause), after which
@@ -323,11 +326,11 @@ def try_capture(fn: Callable[[], object]) -> dict:
 
 
 def capture_errors(device="cuda") -> dict:
-    """The constructs of notebook 02's "What breaks capture", each tried with :func:`try_capture`."""
+    """The constructs of notebook 02's "What breaks capture", each tried with :func:`capture_outcome`."""
     v = torch.randn(4, device=device)
     cases = {".item()": lambda: (v * 2).sum().item(), ".tolist()": lambda: (v * 2).tolist(),
              "pageable CPU->GPU copy": lambda: v + torch.ones(4).to(device), "v * 2 (no host read)": lambda: v * 2}
-    return {name: try_capture(fn) for name, fn in cases.items()}
+    return {name: capture_outcome(fn) for name, fn in cases.items()}
 
 
 # --- The recorded benchmark: compile vs the kit's capture ----------------------------------------------------------
@@ -359,9 +362,9 @@ def _ms(v, fmt: str = ".1f") -> str:
 
 def compile_vs_capture_lines(rows: list[dict]) -> str:
     """:func:`compile_vs_capture` rows as a table (ms unless marked s)."""
-    head = (f"{'workload':<9}{'compile: call 1':>16}{'call 2':>8}{'call 3':>8}{'median':>8}{'p99':>7}"
-            f"{'new graphs':>11}{'recorded':>9} | {'lab-graph: call 1':>17}{'median':>8}{'p99':>7}")
-    lines = [head]
+    lines = [f"{'':<9}{'  torch.compile reduce-overhead, ms ':-^67} | {' lab-graph, ms ':-^32}",
+             f"{'workload':<9}{'call 1':>16}{'call 2':>8}{'call 3':>8}{'median':>8}{'p99':>7}"
+             f"{'new graphs':>11}{'recorded':>9} | {'call 1':>17}{'median':>8}{'p99':>7}"]
     for r in rows:
         f = (r["compile_first_ms"] or []) + [None] * 3
         lines.append(f"{r['workload']:<9}{_ms(f[0]):>16}{_ms(f[1]):>8}{_ms(f[2]):>8}"
