@@ -196,7 +196,7 @@ def test_a_run_writes_every_part_with_provenance_and_the_notebook_reads_it_back(
     assert saved["provenance"]["gpu"] == "NVIDIA H200" and saved["provenance"]["command"] == \
         "python -m lfm2vl_lab graph-apis"
     assert saved["trace"] is None and [e["part"] for e in saved["errors"]] == ["trace"]
-    assert "RuntimeError: no luck" in saved["errors"][0]["traceback"]
+    assert "RuntimeError: no luck" in saved["errors"][0]["traceback"] and saved["errors"][0]["recovery"]
     assert set(saved["seconds"]) == set(ga.RECORDERS)  # the parts after a failure still ran
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     errs = ga.live_or_recorded("capture_errors", "cpu", root=tmp_path)

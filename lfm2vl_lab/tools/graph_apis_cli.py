@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.capture import recover_from_failed_capture
 from .graph_apis import NAME, RECORDERS, graphed_lines, reduce_overhead_lines, trace_lines
 from .results import RESULTS_ROOT, provenance, save_result
 
@@ -38,10 +39,21 @@ def record(root=None, command: str | None = None, device="cuda", recorders: dict
             result[part] = fn(device)
         except Exception as exc:  # recorded with its traceback, then the next part
             result[part] = None
-            result["errors"].append({"part": part, "error": repr(exc), "traceback": traceback.format_exc()})
+            result["errors"].append({"part": part, "error": repr(exc), "traceback": traceback.format_exc(),
+                                     "recovery": _recover()})
         result["seconds"][part] = round(time.perf_counter() - t0, 2)
         path = save_result(result, root if root is not None else RESULTS_ROOT, NAME, path)
     return result, path
+
+
+def _recover() -> str:
+    """After a failed part, put torch's stream and CUDA RNG back in case it failed inside a capture
+    (see :func:`~lfm2vl_lab.core.capture.recover_from_failed_capture`), so the next part can run.
+    Returns what that did, or why it could not: the next part then shows what is still broken."""
+    try:
+        return str(recover_from_failed_capture())
+    except Exception as exc:  # recorded, not raised: the run goes on
+        return f"recovery failed: {exc!r}"
 
 
 def add_graph_apis_args(p) -> None:
