@@ -26,6 +26,7 @@ from .attention_probe import add_attention_args, run_attention_cli
 from .bench_cli import add_bench_args, run_bench_cli
 from .check import add_check_args, run_check_cli
 from .e2e import add_e2e_args, run_e2e_cli
+from .graph_apis_cli import add_graph_apis_args, run_graph_apis_cli
 from .report import add_report_args, run_report_cli
 from .ttft_cli import add_ttft_args, run_ttft_cli
 
@@ -37,6 +38,7 @@ SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "e2e": (add_e2e_args, run_e2e_cli),
     "attention": (add_attention_args, run_attention_cli),
     "ttft": (add_ttft_args, run_ttft_cli),
+    "graph-apis": (add_graph_apis_args, run_graph_apis_cli),
 }
 
 
