@@ -222,4 +222,18 @@ if [ "$PART" = h5 ]; then
 jupyter_wheels
 LOG=pytest14 TAILN=6 step 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 fi
+# i1 (issue #13): the graph APIs notebook 02 shows (capture trace, make_graphed_callables,
+# reduce-overhead), then every notebook with its exercises (they read the new file: copied first),
+# then the graph-API GPU tests. Carries the Jupyter wheels.
+if [ "$PART" = i1 ]; then
+jupyter_wheels
+LOG=graphapis TAILN=30 step 180 $M graph-apis --out "$R"
+cp "$R"/nvidia-h200/*.json data/results/nvidia-h200/ 2>/dev/null
+LOG=nb       TAILN=12 step 300 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
+LOG=pytest15 TAILN=8 step 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graph_apis.py
+fi
+# i2: the whole GPU suite on the final code.
+if [ "$PART" = i2 ]; then
+LOG=pytest16 TAILN=8 step 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+fi
 ls -la "$OUT"
