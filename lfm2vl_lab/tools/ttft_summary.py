@@ -201,7 +201,9 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
     ``encoder_graph_cut``; rows without samples fall back to the medians."""
     out = []
     for p, image, n in _cases(rows):
-        by = ttft_case(rows, p, image, n) if p == preset else {}
+        if p != preset:
+            continue
+        by = ttft_case(rows, p, image, n)
         eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
         if eager is None or graphed is None:
             continue
