@@ -4,6 +4,8 @@ is held to, judged from recorded result files.
 * :func:`kernel_breakdown` sorts the kernels of one profiled call (a bench row's ``timeline``) into
   classes (GEMMs, attention, LayerNorm, ...) with their count and µs; :func:`breakdown_figure`
   draws several rows side by side, e.g. the kernel options off and on.
+* :func:`speedup_ceiling` splits what a graph can save at one workload into the host side it removes
+  and the kernels it runs instead, from two profiled rows.
 * :data:`TARGETS` states each target once; :func:`judge_targets` reads them off a bench of every
   mode (``python -m lfm2vl_lab bench --mode hf-eager,lab-eager,lab-graph,compile --workload
   1x512,1x256,1..16x512,tiled,stream --profile``) and, for the 1.6B targets, a bench of that preset.
@@ -71,6 +73,33 @@ def breakdown_figure(rows: dict[str, dict], title: str | None = None) -> Figure:
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+def speedup_ceiling(eager: dict, graphed: dict) -> dict:
+    """The most a graph can save at one workload, from two profiled bench rows of it: an eager path's
+    (e.g. ``hf-eager``) and the graphed encoder's.
+
+    A graph removes a call's host side (launches, the gaps between kernels, syncs), never its kernels,
+    so the graphed call cannot run faster than its own GPU-busy time. The ceiling of the speedup,
+    eager median / graphed GPU-busy, is the product of two factors:
+
+    * ``host_factor`` = eager median / eager GPU-busy: how much longer the eager call takes than its
+      kernels (1.0 for a call that keeps the GPU busy all the time);
+    * ``kernel_factor`` = eager GPU-busy / graphed GPU-busy: what the graphed path's own kernels save.
+
+    Returns those, ``ceiling``, the measured ``speedup`` (eager median / graphed median) and
+    ``reached`` (speedup / ceiling: the share of the ceiling the graphed call gets). The GPU-busy
+    times come from a separately profiled call, so ``reached`` can land a little above 1.
+    """
+    for row in (eager, graphed):
+        if not row.get("gpu_busy_ms") or not row.get("median_ms"):
+            raise ValueError(f"row {row.get('mode')}/{row.get('workload')} lacks median_ms or gpu_busy_ms "
+                             "(a bench run with --profile records both)")
+    host = eager["median_ms"] / eager["gpu_busy_ms"]
+    kernel = eager["gpu_busy_ms"] / graphed["gpu_busy_ms"]
+    speedup = eager["median_ms"] / graphed["median_ms"]
+    return {"host_factor": host, "kernel_factor": kernel, "ceiling": host * kernel, "speedup": speedup,
+            "reached": speedup / (host * kernel)}
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,15 +9,23 @@ recorded, never an error, so the same cells read a small first run and the full 
 * :func:`parity_text`  — every mode's tokens and first-token logits against transformers
 * :func:`profile_text` — kernels, launch calls and GPU-busy against wall time per mode
 * :func:`claim_text`   — the encoder graphs' TTFT cut, text model graphed and eager, next to the PR's 10-20%
+
+Two readings of the rows that notebook 07's exercises use:
+
+* :func:`amdahl_cut`      — the encoder graphs' cut predicted from the phases (Amdahl's law) next to the measured one
+* :func:`text_graph_cuts` — what graphing the text model cuts, per case, against the prompt tokens of the batch
 """
 
 from __future__ import annotations
 
-from .e2e import DECODE_DRIFT_WARN
-from .plots_ttft import TTFT_MODES, ttft_case, ttft_rows
+from .e2e import DECODE_DRIFT_WARN, paired_reduction
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
 from .ttft import judge_ttft, mode_name
 
 PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
+# The phases before the text model, the ones the encoder mode can change (h2d too: the graphed encoder
+# moves only the real rows, in the model's dtype: VlmPipeline.to_device); Amdahl's law takes the rest as fixed.
+BEFORE_TEXT = TTFT_PHASES[:TTFT_PHASES.index("prefill")]
 
 
 def _cases(rows: list[dict]) -> list[tuple]:
@@ -164,3 +172,45 @@ def claim_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = 
                      f"with the {how}: encoder graphs cut TTFT by {cut:.1%}, {claim_verdict(cut)} the PR's "
                      f"{PR_CLAIM[0]:.0%}-{PR_CLAIM[1]:.0%}")
     return f"{preset}, {image} x{requests}\n  " + "\n  ".join(parts)
+
+
+def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mode: str) -> dict | None:
+    """Amdahl's law for the encoder graphs' TTFT cut at one case and text mode, from the recorded phases.
+
+    The encoder mode changes the phases before the text model (:data:`BEFORE_TEXT`); Amdahl's law
+    assumes everything after them stays the same. ``share``: those phases' ms / TTFT in the
+    eager-encoder row; ``speedup``: their ms with the eager encoder / with the graphed one;
+    ``predicted`` = share · (1 − 1/speedup). ``measured``: the graphed-encoder row's paired
+    ``encoder_graph_cut``. None when the case lacks either row.
+    """
+    by = ttft_case(rows, preset, image, requests)
+    eager, graphed = by.get(mode_name(text_mode, "eager")), by.get(mode_name(text_mode, "graphed"))
+    if eager is None or graphed is None:
+        return None
+    before_eager = sum(eager["phases_ms"][p] for p in BEFORE_TEXT)
+    before_graphed = sum(graphed["phases_ms"][p] for p in BEFORE_TEXT)
+    share, speedup = before_eager / eager["ttft_ms"], before_eager / before_graphed
+    return {"ttft_ms": eager["ttft_ms"], "before_text_ms": (before_eager, before_graphed), "share": share,
+            "speedup": speedup, "predicted": share * (1 - 1 / speedup), "measured": graphed.get("encoder_graph_cut")}
+
+
+def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed") -> list[dict]:
+    """What graphing the text model cuts from TTFT in each case of ``preset``, at one encoder mode:
+    ``{"image", "requests", "prompt_tokens", "eager_ms", "graphed_ms", "cut"}`` sorted by the prompt
+    tokens of the batch (requests × prompt length). ``cut`` is paired (round by round) like
+    ``encoder_graph_cut``; rows without samples fall back to the medians."""
+    out = []
+    for p, image, n in _cases(rows):
+        if p != preset:
+            continue
+        by = ttft_case(rows, p, image, n)
+        eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
+        if eager is None or graphed is None:
+            continue
+        if eager.get("ttft_samples_ms") and graphed.get("ttft_samples_ms"):
+            cut = paired_reduction(eager["ttft_samples_ms"], graphed["ttft_samples_ms"])
+        else:
+            cut = 1 - graphed["ttft_ms"] / eager["ttft_ms"]
+        out.append({"image": image, "requests": n, "prompt_tokens": n * eager["prompt_len"],
+                    "eager_ms": eager["ttft_ms"], "graphed_ms": graphed["ttft_ms"], "cut": cut})
+    return sorted(out, key=lambda c: c["prompt_tokens"])
