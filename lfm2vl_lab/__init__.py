@@ -39,8 +39,8 @@ __all__ = [
 ]
 
 TOOL_MODULES = ("args", "attention_probe", "bench", "bench_cli", "check", "e2e", "floor", "image_path", "meter",
-                "modes", "notebook", "plots", "plots_ttft", "profiling", "report", "results", "table", "timing",
-                "trace_analysis", "ttft", "ttft_cli", "ttft_summary", "workloads")
+                "modes", "notebook", "plots", "plots_ttft", "profiling", "report", "results", "site", "table",
+                "timing", "trace_analysis", "ttft", "ttft_cli", "ttft_summary", "workloads")
 
 
 def __getattr__(name: str):
