@@ -1,8 +1,8 @@
-# lfm2vl-lab: two commands for newcomers (`make bench`, `make test`), plus `make lab`.
+# lfm2vl-lab: two commands for newcomers (`make bench`, `make test`), plus `make lab` and `make docs`.
 #
 # `make install` builds .venv once (a stamp file inside it marks it done). torch and torchvision
 # are pinned to the pair that lies on local disk on the CPU machines (docs/install.md says
-# why); everything else comes from pyproject.toml.
+# why); everything else comes from pyproject.toml (the package with its `test` and `docs` extras).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -16,13 +16,16 @@ export TRANSFORMERS_OFFLINE := 1
 # The repo root on the path too, so notebook kernels (cwd notebooks/) import the package even in a
 # venv that was made by hand without the editable install.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+# Material for MkDocs prints a banner about MkDocs 2.0 and its own end of life on every build;
+# README.md ("Docs site") says what that means for this site.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install bench test lab
+.PHONY: install bench test lab docs
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install torch==2.14.1 torchvision==0.29.1 && $(VENV)/bin/pip install -e '.[test]'
+	$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install torch==2.14.1 torchvision==0.29.1 && $(VENV)/bin/pip install -e '.[test,docs]'
 	touch $(STAMP)
 
 # A missing venv is built first; an existing one is used as it is (run `make install` to refresh).
@@ -47,3 +50,10 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: | $(VPY)
 	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/
+
+# The docs site into site/ (README "Docs site"; mkdocs.yml, docs/hooks.py). Strict: a broken link, a
+# missing figure or anything fetched from the network fails it. It never executes a notebook.
+docs: | $(VPY)
+	@$(VPY) -c "import mkdocs_jupyter, mkdocstrings" 2>/dev/null || \
+	  { echo "make docs: the docs extra is missing; run: $(VENV)/bin/pip install -e '.[docs]'" >&2; exit 2; }
+	$(VPY) -m mkdocs build --strict

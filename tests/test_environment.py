@@ -152,7 +152,11 @@ def test_makefile_pins_the_local_torch_pair():
     mk = (ROOT / "Makefile").read_text()
     pin = re.search(r"torch==(\d+(?:\.\d+)*) torchvision==\d+(?:\.\d+)*", mk)
     assert pin, "the Makefile pins torch and torchvision together"
-    assert "-e '.[test]'" in mk
+    extras = re.search(r"-e '\.\[([^\]]*)\]'", mk)
+    assert extras, "the Makefile installs the package in editable mode with its extras"
+    # `make install` and environment.yml set up the same extras (test, and docs for `make docs`)
+    assert sorted(extras[1].split(",")) == sorted(installed_extras(env_yml_lines()[1]))
+    assert "docs" in extras[1].split(",")
     # the pinned torch satisfies pyproject's floor
     floor = next(r for r in pyproject()["project"]["dependencies"] if norm_name(r) == "torch")
     lo = tuple(int(x) for x in floor.split(">=")[1].split("."))

@@ -10,6 +10,7 @@ and the reason printed.
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 
 from .plots import (
@@ -27,7 +28,7 @@ from .plots import (
     timeline_figure,
 )
 from .plots_ttft import decode_figure, ttft_breakdown_figure, ttft_grid_figure
-from .results import RESULTS_ROOT, gpu_slug, load_results
+from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, load_results
 
 SPECIAL_RESULTS = {  # results with figures of their own: name -> {file suffix: (figure, short title)}
     "e2e": {"": (e2e_figure, "Time to first token, transformers' image path vs graphed encoder")},
@@ -39,14 +40,18 @@ SPECIAL_RESULTS = {  # results with figures of their own: name -> {file suffix: 
 
 
 def _groups(results: list[dict]) -> dict:
-    """Rows of all results grouped by (gpu slug, preset, dtype); later results come later."""
+    """Rows of all results grouped by (gpu slug, preset, dtype), later results' rows later; each
+    group is ``(rows, the result files those rows come from)``."""
     groups: dict = OrderedDict()
     for res in results:
         slug = gpu_slug(str(res["provenance"].get("gpu", "unknown")))
         for r in res["rows"]:
             prov = res["provenance"]
             key = (slug, r.get("preset", prov.get("preset")), r.get("dtype", prov.get("dtype")))
-            groups.setdefault(key, []).append(r)
+            rows, files = groups.setdefault(key, ([], []))
+            rows.append(r)
+            if not files or files[-1] is not res:
+                files.append(res)
     return groups
 
 
@@ -115,36 +120,36 @@ def _save(fig, path: Path, written: list[Path], say) -> None:
     say(f"wrote {path}")
 
 
-def _special_figures(results: list[dict], out: Path, written: list[Path], say) -> None:
-    """e2e, attention-probe and TTFT files get figures of their own (``<slug>-<name>[-<suffix>].png``):
+def _special_jobs(results: list[dict]) -> list[tuple]:
+    """e2e, attention-probe and TTFT files get figures of their own (``<slug>-<name>[-<suffix>]``):
     per GPU, each preset's rows from the newest file that has that preset (one run per preset is the
-    usual way to record them). A figure without data is skipped and the reason printed."""
+    usual way to record them)."""
+    jobs = []
     for name, figures in SPECIAL_RESULTS.items():
         for slug, (files, rows) in newest_per_preset([r for r in results if r.get("name") == name]).items():
             p = files[-1]["provenance"]
             dates = sorted({str(f["provenance"].get("date"))[:10] for f in files})
             for suffix, (make_fig, short) in figures.items():
                 stem = f"{slug}-{name}" + (f"-{suffix}" if suffix else "")
-                try:
-                    fig = make_fig(rows, title=f"{short} — {p.get('gpu')}, {', '.join(dates)}, {p.get('dtype')}")
-                except NoData as exc:
-                    say(f"skip {stem}: {exc}")
-                    continue
-                _save(fig, out / f"{stem}.png", written, say)
+                title = f"{short} — {p.get('gpu')}, {', '.join(dates)}, {p.get('dtype')}"
+                jobs.append((stem, partial(make_fig, rows, title=title), files))
+    return jobs
 
 
-def _group_figures(prefix: str, rows: list[dict], label: str, out: Path, written: list[Path], say) -> None:
-    """Every figure one (GPU, preset, dtype) group of benchmark rows has data for."""
-    for kind, make in _figure_plans(rows, label).items():
-        if kind == "speedup" and count_nxs_workloads(rows) < 2:
-            say(f"skip {prefix}-{kind}: needs at least two NxS workloads (e.g. --workload 1..16x512)")
-            continue
-        try:
-            fig = make()
-        except NoData as exc:
-            say(f"skip {prefix}-{kind}: {exc}")
-            continue
-        _save(fig, out / f"{prefix}-{kind}.png", written, say)
+def figure_jobs(results: list[dict]) -> list[tuple]:
+    """Every figure :func:`report` may draw from ``results`` (benchmark-shaped, oldest first), as
+    ``(file stem, a function drawing it, the result files whose rows it draws)``. Drawing raises
+    :class:`NoData` when the rows hold nothing for that figure. The docs site's results page reads
+    the third item: which files a committed figure comes from."""
+    jobs = _special_jobs(results)
+    plain = [r for r in results if r.get("name") not in SPECIAL_RESULTS]
+    for (slug, preset, dtype), (rows, files) in _groups(plain).items():
+        prefix = f"{slug}-{preset}-{dtype}"
+        for kind, make in _figure_plans(rows, f"{preset}, {dtype}, {slug}").items():
+            if kind == "speedup" and count_nxs_workloads(rows) < 2:
+                make = partial(_missing, "needs at least two NxS workloads (e.g. --workload 1..16x512)")
+            jobs.append((f"{prefix}-{kind}", make, files))
+    return jobs
 
 
 def report(root="data/results", out="data/figures", verbose: bool = True) -> list[Path]:
@@ -162,10 +167,13 @@ def report(root="data/results", out="data/figures", verbose: bool = True) -> lis
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    _special_figures(results, out, written, say)
-    results = [r for r in results if r.get("name") not in SPECIAL_RESULTS]
-    for (slug, preset, dtype), rows in _groups(results).items():
-        _group_figures(f"{slug}-{preset}-{dtype}", rows, f"{preset}, {dtype}, {slug}", out, written, say)
+    for stem, make, _files in figure_jobs(results):
+        try:
+            fig = make()
+        except NoData as exc:
+            say(f"skip {stem}: {exc}")
+            continue
+        _save(fig, out / f"{stem}.png", written, say)
     return written
 
 
@@ -173,7 +181,7 @@ def add_report_args(p) -> None:
     """Options of ``python -m lfm2vl_lab report``. The defaults are the repo's own folders, wherever
     the command runs from (figures of CPU results land in ``data/figures/cpu-*``, which git ignores)."""
     p.add_argument("--root", default=str(RESULTS_ROOT), help="results root to read (default: data/results)")
-    p.add_argument("--out", default=str(RESULTS_ROOT.parent / "figures"),
+    p.add_argument("--out", default=str(FIGURES_ROOT),
                    help="folder for the PNGs (default: data/figures)")
 
 

@@ -21,6 +21,7 @@ import torch
 from .workloads import default_device
 
 RESULTS_ROOT = Path(__file__).resolve().parents[2] / "data" / "results"
+FIGURES_ROOT = RESULTS_ROOT.parent / "figures"  # where `python -m lfm2vl_lab report` writes the PNGs
 
 
 def gpu_slug(name: str) -> str:

@@ -1,0 +1,179 @@
+"""MkDocs hook of the docs site (``mkdocs.yml``: ``hooks``). Build glue, so it lives beside the docs:
+
+* adds the repository files the site shows (``extra.lab_site`` in mkdocs.yml) at their repository
+  paths, so links written for GitHub and JupyterLab resolve unchanged, and expands nav globs;
+* generates ``figures.md`` from ``data/results/`` (:mod:`lfm2vl_lab.tools.site` writes it);
+* in notebook pages: checks every relative link and image, points ``.ipynb``/``.md`` links at their
+  pages, wraps cells tagged ``solution`` in a closed ``<details>`` (plain HTML: no script needed);
+* keeps the site offline: nbconvert's CDN loaders are dropped, and any page that would still fetch
+  a script, stylesheet, font or image from the network is reported.
+
+Problems are logged as warnings: ``mkdocs build --strict`` (``make docs``) fails on any of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+from pathlib import Path
+
+from bs4 import BeautifulSoup
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION_TAG = "solution"
+log = logging.getLogger("mkdocs.hooks.lab_site")
+
+# nbconvert's lab template loads MathJax from a CDN on every page, and mermaid from a CDN when a
+# page has a diagram. The notebooks use neither; a notebook that starts to is reported (vendor it then).
+MATHJAX_BLOCK = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S)
+MERMAID_BLOCK = re.compile(r"<script type=\"module\">(?:(?!</script>).)*?\.jp-Mermaid(?:(?!</script>).)*</script>",
+                           re.S)
+MATH = re.compile(r"(?<![\\$])\$[^$\s][^$\n]*\$|\\\(|\\\[|\$\$")
+# What a browser fetches by itself on load: scripts, stylesheets and icons, images, frames, CSS urls.
+REMOTE_FETCH = re.compile(r"<(?:script|img|iframe|source|video|audio)\b[^>]*\ssrc=[\"']?(?:https?:)?//"
+                          r"|<link\b[^>]*\shref=[\"']?(?:https?:)?//"
+                          r"|url\(\s*[\"']?(?:https?:)?//|@import\s+[\"'](?:https?:)?//", re.I)
+# Sphinx roles in docstrings (:func:`x`): mkdocstrings renders them as text before the code span.
+SPHINX_ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|exc|obj):(<code>)~?")
+LOCAL_REF = re.compile(r"\s(src|href)=\"(?![a-z][a-z0-9+.-]*:|//|#)([^\"]+)\"", re.I)
+
+
+def _settings(config) -> dict:
+    return config.extra.get("lab_site") or {}
+
+
+def _repo_files(patterns) -> list[str]:
+    """Repository files matching the globs, as sorted POSIX paths from the repo root."""
+    return sorted({p.relative_to(ROOT).as_posix() for pat in patterns for p in ROOT.glob(pat) if p.is_file()})
+
+
+def _expand_nav(items):
+    """Nav entries whose value is a glob become one entry per matching repository file."""
+    if isinstance(items, list):
+        out = []
+        for item in items:
+            expanded = _expand_nav(item)
+            out.extend(expanded if isinstance(item, str) and isinstance(expanded, list) else [expanded])
+        return out
+    if isinstance(items, dict):
+        return {k: _expand_nav(v) for k, v in items.items()}
+    if isinstance(items, str) and "*" in items:
+        found = _repo_files([items])
+        if not found:
+            log.warning(f"nav: no file matches {items!r}")
+        return found
+    return items
+
+
+def on_config(config):
+    if config.nav:
+        config.nav = _expand_nav(config.nav)
+    return config
+
+
+def _add(files, rel: str, config) -> None:
+    if files.get_file_from_path(rel) is not None:
+        log.warning(f"{rel} is both in {config.docs_dir} and in extra.lab_site; keep one")
+        return
+    files.append(File(rel, src_dir=str(ROOT), dest_dir=config.site_dir, use_directory_urls=config.use_directory_urls))
+
+
+# Before mkdocs-jupyter's on_files (priority 0), which turns the .ipynb files it sees into pages.
+@event_priority(100)
+def on_files(files, config):
+    settings = _settings(config)
+    for rel in _repo_files(settings.get("pages", []) + settings.get("assets", [])):
+        _add(files, rel, config)
+    gpu = settings.get("figures_gpu")
+    if gpu:
+        from lfm2vl_lab.tools.site import figure_sources, figures_page, linked_files
+
+        sources = figure_sources(gpu)
+        for path in linked_files(sources):
+            _add(files, path.resolve().relative_to(ROOT).as_posix(), config)
+        files.append(File.generated(config, "figures.md", content=figures_page(sources, gpu)))
+    return files
+
+
+def _notebook_refs(html: str, page, files) -> str:
+    """Check each relative src/href of a notebook page against the site's files; a link to a
+    notebook or Markdown file is pointed at its page."""
+    dest_uris = {f.dest_uri for f in files}
+    base = posixpath.dirname(page.file.src_uri)
+
+    def fix(m: re.Match) -> str:
+        attr, url = m.group(1), m.group(2)
+        path, frag = (url.split("#", 1) + [""])[:2]
+        target = posixpath.normpath(posixpath.join(base, path))
+        if target.endswith((".ipynb", ".md")):
+            linked = files.get_file_from_path(target)
+            if linked is not None and linked.is_documentation_page():
+                return f' {attr}="{linked.url_relative_to(page.file)}{"#" + frag if frag else ""}"'
+        elif target in dest_uris:
+            return m.group(0)
+        log.warning(f"{page.file.src_uri}: {attr}={url!r} points at {target}, which is not in the site")
+        return m.group(0)
+
+    return LOCAL_REF.sub(fix, html)
+
+
+def _hide_solutions(html: str) -> str:
+    """Each run of consecutive ``solution``-tagged cells goes inside one closed ``<details>``."""
+    if f"celltag_{SOLUTION_TAG}" not in html:
+        return html
+    soup = BeautifulSoup(html, "html.parser")
+    for tagged in soup.select(f".celltag_{SOLUTION_TAG}"):
+        cell = tagged if "jp-Cell" in tagged.get("class", []) else tagged.find_parent(class_="jp-Cell")
+        if cell is None or cell.find_parent("details", class_="solution") is not None:
+            continue
+        prev = cell.find_previous_sibling()
+        if prev is not None and prev.name == "details" and "solution" in prev.get("class", []):
+            prev.append(cell.extract())  # the previous cell was a solution too: one toggle for both
+            continue
+        details = soup.new_tag("details", attrs={"class": "solution"})
+        summary = soup.new_tag("summary")
+        summary.string = "Solution"
+        cell.wrap(details)
+        details.insert(0, summary)
+    return str(soup)
+
+
+def _notebook_title(path: str) -> str | None:
+    """A notebook's first ``# `` heading as plain text (mkdocs-jupyter drops its code spans)."""
+    for cell in json.loads(Path(path).read_text(encoding="utf-8"))["cells"]:
+        source = "".join(cell["source"]) if cell["cell_type"] == "markdown" else ""
+        for line in source.splitlines():
+            if line.startswith("# "):
+                return line[2:].replace("`", "").strip()
+    return None
+
+
+def on_page_content(html, page, config, files):
+    if not page.file.src_uri.endswith(".ipynb"):
+        return SPHINX_ROLE.sub(r"\1", html)
+    page.title = _notebook_title(page.file.abs_src_path) or page.title  # before any page's nav is drawn
+    prose = " ".join(md.get_text() for md in BeautifulSoup(html, "html.parser").select(".jp-RenderedMarkdown"))
+    if MATH.search(prose):
+        log.warning(f"{page.file.src_uri}: has math, and the site vendors no MathJax (nbconvert loads it from a CDN)")
+    html = MATHJAX_BLOCK.sub("", html)
+    if '<div class="jp-Mermaid">' in html:
+        log.warning(f"{page.file.src_uri}: has a mermaid diagram, and the site vendors no mermaid.js")
+    html = MERMAID_BLOCK.sub("", html)
+    return _hide_solutions(_notebook_refs(html, page, files))
+
+
+def on_post_page(output, page, config):
+    for m in REMOTE_FETCH.finditer(output):
+        log.warning(f"{page.file.src_uri}: would fetch from the network: {output[m.start():m.start() + 120]!r}")
+    return output
+
+
+def on_post_build(config):
+    # mkdocs does not check these (plugins may add theirs late): a missing one is a 404 on every page
+    for asset in list(config.extra_css) + [str(js) for js in config.extra_javascript]:
+        if "//" not in asset and not (Path(config.site_dir) / asset).is_file():
+            log.warning(f"{asset} (extra_css / extra_javascript) is not in the site")

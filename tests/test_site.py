@@ -1,0 +1,261 @@
+"""The docs site (``make docs``): strict builds fail on broken links and missing images, ``solution``
+cells sit behind a toggle, and every page of the real site loads clean in headless Chromium.
+
+Every build here runs the command ``make docs`` runs (``mkdocs build --strict``). Small sites are
+temporary projects that inherit mkdocs.yml (theme, plugins, validation, hooks) with pages of their
+own. The browser tests use Debian's Chromium (``scripts/install_chromium.sh``) through Playwright,
+never a browser build Playwright would download; they skip, saying so, where either is missing. One
+screenshot per page goes to ``site-screenshots/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path(os.environ.get("LAB_CHROMIUM", "/usr/bin/chromium"))
+SHOTS = ROOT / "site-screenshots"
+# What Chromium may do here: no sandbox as root, no GPU, nothing fetched behind the page's back.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def missing(reason: str):
+    """Skip, saying why; under ``LAB_REQUIRE_SITE_TESTS=1`` (.ci/run) fail instead: CI must run these."""
+    if os.environ.get("LAB_REQUIRE_SITE_TESTS") == "1":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+# the docs extra: mkdocs, Material, mkdocs-jupyter, mkdocstrings, bs4 (playwright: see `browser`)
+if not all(importlib.util.find_spec(m) for m in ("mkdocs", "material", "mkdocs_jupyter", "mkdocstrings", "bs4")):
+    missing("the docs extra is not installed: pip install -e '.[docs]'")
+
+
+def build_site(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of ``config`` into ``site_dir``, as ``make docs`` runs it."""
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site_dir)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def small_project(tmp: Path, pages: dict[str, str], notebook=None, assets: bool = True) -> Path:
+    """A project inheriting mkdocs.yml with only ``pages`` (name → Markdown) and, if given, the
+    notebook ``fixture.ipynb``, plus the image ``img/ok.png`` and (``assets``) the site's stylesheet.
+    Returns its config file."""
+    from PIL import Image
+
+    docs = tmp / "docs"
+    (docs / "img").mkdir(parents=True)
+    if assets:
+        shutil.copytree(ROOT / "docs" / "web" / "assets", docs / "assets")  # mkdocs.yml's extra_css
+    Image.new("RGB", (8, 6), (200, 30, 30)).save(docs / "img" / "ok.png")
+    for name, text in pages.items():
+        (docs / name).write_text(text)
+    if notebook is not None:
+        nbformat.write(notebook, docs / "fixture.ipynb")
+    config = {"INHERIT": str(ROOT / "mkdocs.yml"), "docs_dir": str(docs), "hooks": [str(ROOT / "docs" / "hooks.py")],
+              "nav": list(pages) + (["fixture.ipynb"] if notebook is not None else []), "watch": [],
+              "extra": {"lab_site": {"pages": [], "assets": [], "figures_gpu": None}}}
+    path = tmp / "mkdocs.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def solution_notebook(image: str = "img/ok.png", prose: str = "Add two numbers."):
+    """Cells: a markdown cell with ``prose`` and ``image``, a plain cell, two ``solution`` cells in a
+    row, a plain cell, a lone ``solution`` cell."""
+    v4 = nbformat.v4
+    tagged = {"tags": ["solution"]}
+    return v4.new_notebook(cells=[
+        v4.new_markdown_cell(f"# Fixture: exercises\n\n{prose} ![a red box]({image})"),
+        v4.new_code_cell("x = 1", outputs=[]),
+        v4.new_markdown_cell("The first answer uses `+`.", metadata=tagged),
+        v4.new_code_cell("print(1 + 1)", metadata=tagged,
+                         outputs=[v4.new_output("stream", name="stdout", text="2\n")]),
+        v4.new_code_cell("print('visible between solutions')", outputs=[]),
+        v4.new_code_cell("second_answer = 2 * 2", metadata=tagged, outputs=[]),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+
+
+@pytest.fixture(scope="module")
+def fixture_site(tmp_path_factory) -> Path:
+    """A small site that builds: a page linking the notebook and the image, and the solution notebook."""
+    tmp = tmp_path_factory.mktemp("fixture-site")
+    index = "# Fixture\n\n[The exercises](fixture.ipynb) and ![ok](img/ok.png)\n"
+    proc = build_site(small_project(tmp, {"index.md": index}, solution_notebook()), tmp / "site")
+    assert proc.returncode == 0, proc.stderr
+    return tmp / "site"
+
+
+def test_broken_links_and_missing_images_fail_the_build(tmp_path, fixture_site):
+    """The same small site as ``fixture_site`` (which builds), plus one fault of each kind: broken
+    links and images in Markdown and in a notebook, a missing stylesheet, math (no MathJax offline)
+    and a script from the network."""
+    index = ("# Fixture\n\n[gone](no-such-page.md), [no anchor](#nowhere) and ![missing](img/missing.png)\n\n"
+             '<script src="https://cdn.example.org/lib.js"></script>\n')
+    notebook = solution_notebook("img/missing-in-notebook.png", prose="Add $a$ and $b$.")
+    proc = build_site(small_project(tmp_path, {"index.md": index}, notebook, assets=False), tmp_path / "site")
+    assert proc.returncode != 0
+    faults = ("no-such-page.md", "#nowhere", "img/missing.png", "img/missing-in-notebook.png", "assets/site.css",
+              "fixture.ipynb: has math", "would fetch from the network: '<script src=\"https://cdn.example.org")
+    for fault in faults:
+        assert fault in proc.stderr, f"the build did not report {fault}:\n{proc.stderr}"
+    assert "strict mode" in proc.stdout  # "Aborted with 4 warnings in strict mode!"
+
+
+def test_solution_cells_sit_behind_a_closed_toggle(fixture_site):
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup((fixture_site / "fixture.html").read_text(), "html.parser")
+    toggles = soup.select("details.solution")
+    assert [d.summary.get_text() for d in toggles] == ["Solution", "Solution"]
+    assert all(not d.has_attr("open") for d in toggles)
+    # the two solutions in a row share the first toggle; the plain cell between stays outside
+    assert "The first answer uses" in toggles[0].get_text() and "print(1 + 1)" in toggles[0].get_text()
+    assert "second_answer" in toggles[1].get_text()
+    plain = [c for c in soup.select(".jp-Cell") if c.find_parent("details") is None]
+    assert any("visible between solutions" in c.get_text() for c in plain)
+    assert not any("print(1 + 1)" in c.get_text() for c in plain)
+
+
+# ------------------------------------------------------------------------------------------------
+# The real site, and the browser
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def real_site(tmp_path_factory) -> Path:
+    """The repository's site, built as ``make docs`` builds it (into a temporary folder)."""
+    site = tmp_path_factory.mktemp("real-site") / "site"
+    proc = build_site(ROOT / "mkdocs.yml", site)
+    assert proc.returncode == 0, f"make docs would fail:\n{proc.stderr[-4000:]}"
+    return site
+
+
+@pytest.mark.slow
+def test_real_site_has_every_notebook_figure_and_the_quick_start(real_site):
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        assert (real_site / "notebooks" / f"{nb.stem}.html").is_file(), nb.name
+    figures = (real_site / "figures.html").read_text()
+    for png in sorted((ROOT / "data" / "figures").glob("nvidia-h200-*.png")):
+        assert f'src="data/figures/{png.name}"' in figures and (real_site / "data" / "figures" / png.name).is_file()
+    readme = (ROOT / "README.md").read_text()
+    quick = next(line for line in readme.splitlines() if line.startswith("make bench"))
+    assert quick.split("#")[1].strip() in (real_site / "index.html").read_text()
+    api = (real_site / "api.html").read_text()
+    assert 'id="lfm2vl_lab.GraphedEncoder"' in api and 'id="lfm2vl_lab.TextEngine"' in api
+    # Sphinx roles are stripped, and >>> examples are code, not nested block quotes
+    assert ":func:" not in api and ":class:" not in api and "<blockquote>" not in api
+
+
+def test_doctest_examples_become_code_blocks():
+    spec = importlib.util.spec_from_file_location("griffe_doctest", ROOT / "docs" / "griffe_doctest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = "Doubles.\n\n>>> f(1)\n2\n>>> f(2)\n4\n\nMore prose.\n"
+    assert mod.fence_doctests(text) == "Doubles.\n\n```pycon\n>>> f(1)\n2\n>>> f(2)\n4\n```\n\nMore prose.\n"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Debian Chromium driven by Playwright (never a browser Playwright downloads)."""
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing("playwright is not installed: pip install -e '.[docs]'")
+    if not CHROMIUM.is_file():
+        missing(f"no Chromium at {CHROMIUM}: run scripts/install_chromium.sh (Debian's chromium)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # one line per request would drown the test output
+        pass
+
+
+def serve(folder: Path):
+    """A static HTTP server for ``folder`` on 127.0.0.1 at a free port, in a thread: (server, base URL)."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(folder)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/"
+
+
+# Every <img> finished (loaded or failed), then the ones without pixels.
+BROKEN_IMAGES_JS = """async () => {
+  const imgs = [...document.images];
+  imgs.forEach(img => { img.loading = "eager"; });
+  await Promise.all(imgs.map(img => img.complete ? null : new Promise(r => { img.onload = img.onerror = r; })));
+  return imgs.filter(img => img.naturalWidth === 0).map(img => img.currentSrc || img.src);
+}"""
+
+
+def visit(browser, url: str, shot: Path | None = None) -> tuple[list[str], object]:
+    """Load ``url``; return (every problem seen, the open page): console errors, page errors, failed
+    requests and images without pixels. Saves a screenshot to ``shot``."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} ({r.failure})"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    page.goto(url, wait_until="load")
+    page.wait_for_load_state("networkidle")
+    problems += [f"image without pixels: {src}" for src in page.evaluate(BROKEN_IMAGES_JS)]
+    if shot is not None:
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot), full_page=True)
+    return problems, page
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_every_page_loads_clean_in_chromium(real_site, browser):
+    """Each HTML page of the site, over HTTP: images have pixels, no console error, no failed request."""
+    pages = sorted(p.relative_to(real_site).as_posix() for p in real_site.rglob("*.html"))
+    assert "index.html" in pages and "figures.html" in pages and "api.html" in pages
+    httpd, base = serve(real_site)
+    failures = {}
+    try:
+        for rel in pages:
+            problems, page = visit(browser, base + rel, SHOTS / (rel.removesuffix(".html").replace("/", "__") + ".png"))
+            page.close()
+            if problems:
+                failures[rel] = problems
+    finally:
+        httpd.shutdown()
+    print(f"\n{len(pages)} pages checked; screenshots in {SHOTS}")
+    assert not failures, json.dumps(failures, indent=1)
+
+
+@pytest.mark.browser
+def test_solution_toggle_opens_on_click(fixture_site, browser):
+    httpd, base = serve(fixture_site)
+    try:
+        problems, page = visit(browser, base + "fixture.html")
+        SHOTS.mkdir(exist_ok=True)
+        answer = page.locator("details.solution").first.locator("pre", has_text="print(1 + 1)")
+        assert not answer.is_visible()
+        page.locator("details.solution > summary").first.click()
+        assert answer.is_visible()
+        page.screenshot(path=str(SHOTS / "fixture-solution-toggle.png"), full_page=True)  # first open, second closed
+        assert not page.locator("details.solution").nth(1).locator("pre", has_text="second_answer").is_visible()
+        page.close()
+    finally:
+        httpd.shutdown()
+    assert not problems, problems
