@@ -20,7 +20,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 # README.md ("Docs site") says what that means for this site.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install bench test lab docs
+.PHONY: install bench test lab docs handout
 
 install: $(STAMP)
 
@@ -48,8 +48,15 @@ endif
 # containers usually run as root: pass --allow-root there, and only there.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# LAB_ARGS: more JupyterLab options, e.g. LAB_ARGS="--ip 0.0.0.0 --no-browser" inside a container.
+LAB_ARGS ?=
+
 lab: | $(VPY)
-	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS) notebooks/
+
+# Learner copies of the notebooks without the `solution` cells, outputs cleared (docs/workshop.md).
+handout: | $(VPY)
+	$(VPY) scripts/handout.py --out handout
 
 # The docs site into site/ (README "Docs site"; mkdocs.yml, docs/hooks.py). Strict: a broken link, a
 # missing figure or anything fetched from the network fails it. It never executes a notebook.
