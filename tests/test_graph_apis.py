@@ -17,9 +17,10 @@ from lfm2vl_lab.tools import graph_apis as ga
 from lfm2vl_lab.tools.cli import main
 from lfm2vl_lab.tools.graph_apis_cli import FORMATTERS, record
 from lfm2vl_lab.tools.results import RESULTS_ROOT, newest
+from lfm2vl_lab.tools.trace_analysis import GRAPH_APIS, PHASE_PREFIX, collapse, phase_calls
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the case is an error only on a machine without CUDA")
-P = ga.PHASE_PREFIX
+P = PHASE_PREFIX
 
 
 def _x(name, ts, dur=1, cat="cuda_runtime", corr=None):
@@ -34,13 +35,16 @@ def synthetic_trace() -> list[dict]:
           _x("cudaLaunchKernel", 30, corr=3),
           _x("cudaDeviceSynchronize", 150),  # between phases: in no window
           _x(P + "capture", 200, 100, "user_annotation"), _x("cudaDeviceSynchronize", 205),
-          _x("cudaStreamBeginCapture", 210), _x("cudaLaunchKernel", 220, corr=4), _x("cudaLaunchKernel", 230, corr=5),
+          _x("cudaLaunchKernel", 207, corr=9),  # torch's set-up before the capture: this kernel runs
+          _x("cudaStreamBeginCapture", 210), _x("INVALID", 215),
+          _x("cudaLaunchKernel", 220, corr=4), _x("cudaLaunchKernel", 230, corr=5),
           _x("cudaStreamEndCapture", 240), _x("cudaGraphInstantiateWithFlags", 250)]
     for i, t in enumerate((400, 500)):
         ev += [_x(f"{P}replay {i + 1}", t, 50, "user_annotation"), _x(P + "replay", t, 50, "gpu_user_annotation"),
                _x("cudaGraphLaunch", t + 10, corr=6 + i)]
-    # kernels run on the GPU: the eager ones, none during capture, three per replay under its launch's id
+    # kernels run on the GPU: the eager ones, the set-up one, none of the captured ones, three per replay
     ev += [_x(f"k{c}", 40 + c, cat="kernel", corr=c) for c in (1, 2, 3)]
+    ev += [_x("void at::native::fill_kernel<float>(float*)", 208, cat="kernel", corr=9)]
     ev += [_x(f"k{j}", t + 20 + j, cat="kernel", corr=6 + i) for i, t in enumerate((400, 500)) for j in range(3)]
     return ev
 
@@ -50,30 +54,36 @@ def synthetic_trace() -> list[dict]:
 
 
 def test_collapse_keeps_order_and_counts_runs():
-    assert ga.collapse(["a", "a", "b", "a"]) == [["a", 2], ["b", 1], ["a", 1]]
-    assert ga.collapse([]) == []
+    assert collapse(["a", "a", "b", "a"]) == [["a", 2], ["b", 1], ["a", 1]]
+    assert collapse([]) == []
 
 
 def test_phase_calls_lists_each_phase_calls_in_order_and_the_kernels_they_started():
-    phases = ga.phase_calls(synthetic_trace())
+    phases = phase_calls(synthetic_trace())
     assert [p["phase"] for p in phases] == ["eager", "capture", "replay 1", "replay 2"]
     eager, capture, r1, r2 = phases
     assert eager["calls"] == [["cudaLaunchKernel", 1], ["cuLaunchKernelEx", 1], ["cudaLaunchKernel", 1]]
     assert eager["counts"] == {"cudaLaunchKernel": 2, "cuLaunchKernelEx": 1} and eager["kernels"] == 3
-    assert [n for n, _ in capture["calls"]] == ["cudaDeviceSynchronize", "cudaStreamBeginCapture", "cudaLaunchKernel",
-                                              "cudaStreamEndCapture", "cudaGraphInstantiateWithFlags"]
-    assert capture["counts"]["cudaLaunchKernel"] == 2 and capture["kernels"] == 0  # recorded, not run
+    assert [n for n, _ in capture["calls"]] == ["cudaDeviceSynchronize", "cudaLaunchKernel", "cudaStreamBeginCapture",
+                                              "cudaLaunchKernel", "cudaStreamEndCapture",
+                                              "cudaGraphInstantiateWithFlags"]
+    assert capture["unnamed"] == 1 and "INVALID" not in capture["counts"]
+    # three launch calls, two of them recorded by the capture; only the set-up kernel ran
+    assert (capture["kernel_launches"], capture["captured_launches"], capture["kernels"]) == (3, 2, 1)
+    assert capture["kernel_names"] == [["void at::native::fill_kernel<float>(float*)", 1]]
     assert r1["calls"] == r2["calls"] == [["cudaGraphLaunch", 1]] and r1["kernels"] == r2["kernels"] == 3
     launches = [(p["kernel_launches"], p["graph_launches"]) for p in phases]
-    assert launches == [(3, 0), (2, 0), (0, 1), (0, 1)]  # the driver's cuLaunchKernelEx counts too
+    assert launches == [(3, 0), (3, 0), (0, 1), (0, 1)]  # the driver's cuLaunchKernelEx counts too
     assert ga.graph_api_sequence(phases) == ["cudaStreamBeginCapture", "cudaStreamEndCapture",
                                              "cudaGraphInstantiateWithFlags", "cudaGraphLaunch", "cudaGraphLaunch"]
 
 
 def test_trace_lines_show_every_phase_and_the_graph_apis_in_order():
-    text = ga.trace_lines({"module": "toy", "phases": ga.phase_calls(synthetic_trace()), "replay_rel_err": 0.0})
-    assert ("  capture   kernels run:   0   launch calls:   2 kernel, 0 graph\n      cudaDeviceSynchronize, "
-            "cudaStreamBeginCapture, cudaLaunchKernel x2,") in text
+    text = ga.trace_lines({"module": "toy", "phases": phase_calls(synthetic_trace()), "replay_rel_err": 0.0})
+    assert ("  capture   kernels run:   1   launch calls:   3 kernel (2 while capturing), 0 graph\n"
+            "      cudaDeviceSynchronize, cudaLaunchKernel, cudaStreamBeginCapture, cudaLaunchKernel x2,") in text
+    assert "      kernels that ran: at::native::fill_kernel\n" in text
+    assert "(1 API calls the profiler could not name are left out)" in text
     assert "  replay 1  kernels run:   3   launch calls:   0 kernel, 1 graph\n      cudaGraphLaunch\n" in text
     assert max(len(line) for line in text.splitlines() if line.startswith(" " * 6)) <= 116  # long lists wrap
     assert ("graph APIs in order: cudaStreamBeginCapture -> cudaStreamEndCapture -> cudaGraphInstantiateWithFlags"
@@ -162,7 +172,7 @@ def test_cli_without_cuda_is_one_error_line(capsys, tmp_path):
 
 def _fake_recorders(fail: str | None = None) -> dict:
     fakes = {
-        "trace": lambda d: {"module": "toy", "replays": 2, "phases": ga.phase_calls(synthetic_trace()),
+        "trace": lambda d: {"module": "toy", "replays": 2, "phases": phase_calls(synthetic_trace()),
                             "replay_rel_err": 0.0},
         "graphed_callables": lambda d: {
             "module": "toy", "captures": 2, "parity": {"forward": 0.0, "input_grad": 0.0, "weight_grad": 0.0},
@@ -237,10 +247,12 @@ def test_capture_trace_on_cuda_shows_capture_instantiate_and_one_launch_per_repl
     assert [p["phase"] for p in t["phases"]] == ["eager", "capture", "replay 1", "replay 2", "replay 3"]
     eager, capture, *replays = t["phases"]
     assert eager["kernels"] > 0 and eager["kernel_launches"] >= eager["kernels"] and eager["graph_launches"] == 0
-    order = [n for n, _ in capture["calls"] if n.startswith(ga.GRAPH_APIS)]
-    assert [next(a for a in ga.GRAPH_APIS if n.startswith(a)) for n in order] == list(ga.GRAPH_APIS[:3])
-    # during capture the host still makes every launch call, but no kernel runs
-    assert capture["kernels"] == 0 and capture["kernel_launches"] >= eager["kernels"]
+    order = [n for n, _ in capture["calls"] if n.startswith(GRAPH_APIS)]
+    assert [next(a for a in GRAPH_APIS if n.startswith(a)) for n in order] == list(GRAPH_APIS[:3])
+    # during capture the host still makes every launch call, but none of those kernels runs: the few
+    # that run in the phase are torch's set-up, launched before cudaStreamBeginCapture
+    assert capture["captured_launches"] >= eager["kernels"]
+    assert capture["kernels"] == capture["kernel_launches"] - capture["captured_launches"] < eager["kernels"]
     for r in replays:
         assert (r["kernel_launches"], r["graph_launches"], r["kernels"]) == (0, 1, eager["kernels"])
     assert t["replay_rel_err"] <= 1e-5

@@ -34,15 +34,10 @@ from ..core.parity import rel_error
 from .modes import counter_diff, dynamo_counters
 from .results import RESULTS_ROOT
 from .timing import time_call, time_calls
-from .trace_analysis import GRAPH_LAUNCH_PREFIXES, classify_events, load_trace
+from .trace_analysis import GRAPH_APIS, PHASE_PREFIX, phase_calls
 
 NAME = "graph-apis"  # result files: data/results/<gpu>/graph-apis-<date>.json
 HOW = "`python -m lfm2vl_lab graph-apis` on a GPU"
-PHASE_PREFIX = "graph_apis/"  # record_function names that mark the phases of a profiled run
-# The calls that make a CUDA graph, in the order they happen (prefixes: torch may call
-# cudaGraphInstantiateWithFlags, CUDA may add _ptsz / _v2 suffixes)
-GRAPH_APIS = ("cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate", "cudaGraphLaunch")
-KERNEL_LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch")  # cudaLaunchKernel, and cuLaunchKernelEx (cuBLAS's GEMMs)
 TOY_BLOCKS, TOY_WIDTH, TOY_BATCH = 4, 256, 8  # the toy: 4 x (Linear(256, 256) + GELU) on 8 rows
 NEW_BATCHES = (16, 4, 1)  # batches a graph captured at TOY_BATCH is fed: more rows, fewer, one
 COMPILE_BATCHES = (8, 16, 32)  # the shapes torch.compile sees, in this order
@@ -63,38 +58,6 @@ def toy_mlp(blocks: int = TOY_BLOCKS, width: int = TOY_WIDTH, device="cuda", see
 def toy_label(blocks: int = TOY_BLOCKS, width: int = TOY_WIDTH, batch: int | None = TOY_BATCH) -> str:
     """How results name the toy: ``"4 x (Linear(256, 256) + GELU), batch 8, float32"``."""
     return f"{blocks} x (Linear({width}, {width}) + GELU)" + (f", batch {batch}" if batch else "") + ", float32"
-
-
-def collapse(names: list[str]) -> list[list]:
-    """Runs of the same name as ``[name, count]``: ``[a, a, b]`` → ``[[a, 2], [b, 1]]``."""
-    out: list[list] = []
-    for name in names:
-        if out and out[-1][0] == name:
-            out[-1][1] += 1
-        else:
-            out.append([name, 1])
-    return out
-
-
-def phase_calls(trace, prefix: str = PHASE_PREFIX) -> list[dict]:
-    """Per ``record_function(prefix + phase)`` window of a Chrome trace, in time order: the CUDA
-    runtime and driver API calls made inside it (``calls``: ``[name, count]`` runs, in order;
-    ``counts``: per name; ``kernel_launches`` and ``graph_launches``: how many launch kernels and
-    graphs) and the GPU kernels those calls started (``kernels``, matched by correlation id: a
-    replay's kernels all carry its one ``cudaGraphLaunch``'s id)."""
-    ev = classify_events(load_trace(trace))
-    windows = sorted((e for e in ev["cpu"] if e.name.startswith(prefix)), key=lambda e: e.start)
-    out = []
-    for w in windows:
-        calls = [e for e in ev["runtime"] if w.start <= e.start <= w.end]
-        ids = {e.corr for e in calls if e.corr is not None}
-        names = [e.name for e in calls]
-        out.append({"phase": w.name[len(prefix):], "calls": collapse(names),
-                    "counts": {n: names.count(n) for n in dict.fromkeys(names)},
-                    "kernel_launches": sum(n.startswith(KERNEL_LAUNCH_PREFIXES) for n in names),
-                    "graph_launches": sum(n.startswith(GRAPH_LAUNCH_PREFIXES) for n in names),
-                    "kernels": sum(k.corr in ids for k in ev["kernel"])})
-    return out
 
 
 def graph_api_sequence(phases: list[dict]) -> list[str]:
@@ -141,16 +104,31 @@ def capture_trace(device="cuda", replays: int = 2, blocks: int = TOY_BLOCKS, wid
             "replay_rel_err": rel_error(static_y, eager)}
 
 
+def short_kernel(name: str) -> str:
+    """A kernel's name without its template and argument lists and ``void``: what a reader scans for."""
+    return name.split("<")[0].split("(")[0].removeprefix("void ").strip()
+
+
 def trace_lines(trace: dict) -> str:
-    """A trace (:func:`capture_trace`) as text: per phase, the kernels that ran and the API calls."""
+    """A trace (:func:`capture_trace`) as text: per phase, the kernels that ran and the API calls;
+    in a phase that captured, also the kernels that did run (torch's set-up before the capture)."""
     lines = [f"{trace['module']}: per phase, the kernels that ran on the GPU, the launch calls on the host, "
              "then every CUDA API call in order (repeats collapsed)"]
+    wrap = {"width": 116, "initial_indent": " " * 6, "subsequent_indent": " " * 6}
     for ph in trace["phases"]:
         calls = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in ph["calls"]) or "(none)"
+        captured = ph.get("captured_launches", 0)
+        during = f" ({captured} while capturing)" if captured else ""
         lines.append(f"  {ph['phase']:<9} kernels run: {ph['kernels']:>3}   launch calls: {ph['kernel_launches']:>3} "
-                     f"kernel, {ph['graph_launches']} graph")
-        lines += textwrap.wrap(calls, width=116, initial_indent=" " * 6, subsequent_indent=" " * 6)
+                     f"kernel{during}, {ph['graph_launches']} graph")
+        lines += textwrap.wrap(calls, **wrap)
+        if captured and ph.get("kernel_names"):
+            ran = ", ".join(f"{short_kernel(n)} x{c}" if c > 1 else short_kernel(n) for n, c in ph["kernel_names"])
+            lines += textwrap.wrap(f"kernels that ran: {ran}", **wrap)
     lines.append("graph APIs in order: " + " -> ".join(graph_api_sequence(trace["phases"])))
+    unnamed = sum(ph.get("unnamed", 0) for ph in trace["phases"])
+    if unnamed:
+        lines.append(f"({unnamed} API calls the profiler could not name are left out)")
     lines.append(f"replay vs eager: rel. error {trace['replay_rel_err']:.1e}")
     return "\n".join(lines)
 
@@ -232,10 +210,14 @@ def graphed_callable_demo(device="cuda", batch: int = TOY_BATCH, new_batches=NEW
     module = toy_mlp(blocks, width, device)
     eager = copy.deepcopy(module)
     sample = (torch.randn(batch, width, device=device, requires_grad=True),)
-    with counting_captures() as seen:
+    with counting_captures() as seen, warnings.catch_warnings():
+        # The warm-up backward make_graphed_callables runs on a side stream leaves AccumulateGrad nodes
+        # that later meet the demo's default-stream backward: torch warns of a possible sync. The
+        # gradients are checked against the eager copy below, which is what matters here.
+        warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
         graphed = torch.cuda.make_graphed_callables(module, sample)
-    parity = _fwd_bwd_parity(graphed, eager, torch.randn(batch, width, device=device))
-    shapes = [_new_shape(graphed, eager, b, width, device) for b in new_batches]
+        parity = _fwd_bwd_parity(graphed, eager, torch.randn(batch, width, device=device))
+        shapes = [_new_shape(graphed, eager, b, width, device) for b in new_batches]
     try:
         shape_checked(graphed, sample)(torch.randn(new_batches[0], width, device=device))
         guard = None

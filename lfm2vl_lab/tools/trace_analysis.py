@@ -46,6 +46,12 @@ GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "cuGraphLaunch")
 # How kineto names GPU copies and sets ("Memcpy HtoD (Pinned -> Device)", "Memset (Device)"). A
 # timeline keeps only names, not categories, so this is how :func:`idle_gaps` tells them from kernels.
 COPY_NAME_PREFIXES = ("Memcpy", "Memset")
+KERNEL_LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch")  # cudaLaunchKernel, and cuLaunchKernelEx (cuBLAS's GEMMs)
+# The calls that make a CUDA graph, in the order they happen (prefixes: torch may call
+# cudaGraphInstantiateWithFlags, CUDA may add _ptsz / _v2 suffixes)
+GRAPH_APIS = ("cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate", "cudaGraphLaunch")
+PHASE_PREFIX = "graph_apis/"  # record_function names that mark the phases of a profiled run (phase_calls)
+UNNAMED = "INVALID"  # kineto's name for an API call it has no name for
 
 
 @dataclass
@@ -340,3 +346,42 @@ def idle_gaps(timeline: dict, kernels_only: bool = True) -> list[Gap]:
         if busy_until is None or start + dur > busy_until:
             busy_until, last = start + dur, name
     return gaps
+
+
+def collapse(names: list[str]) -> list[list]:
+    """Runs of the same name as ``[name, count]``: ``[a, a, b]`` → ``[[a, 2], [b, 1]]``."""
+    out: list[list] = []
+    for name in names:
+        if out and out[-1][0] == name:
+            out[-1][1] += 1
+        else:
+            out.append([name, 1])
+    return out
+
+
+def phase_calls(trace, prefix: str = PHASE_PREFIX) -> list[dict]:
+    """Per ``record_function(prefix + phase)`` window of a Chrome trace, in time order: the CUDA
+    runtime and driver API calls made inside it (``calls``: ``[name, count]`` runs, in order;
+    ``counts``: per name; ``kernel_launches`` and ``graph_launches``: how many launch kernels and
+    graphs; ``captured_launches``: the kernel launches between ``cudaStreamBeginCapture`` and
+    ``cudaStreamEndCapture``) and the GPU kernels those calls started (``kernels``, and
+    ``kernel_names`` in time order, runs collapsed; matched by correlation id: a replay's kernels all
+    carry its one ``cudaGraphLaunch``'s id). Calls kineto could not name ("INVALID") are only
+    counted, in ``unnamed``."""
+    ev = classify_events(load_trace(trace))
+    windows = sorted((e for e in ev["cpu"] if e.name.startswith(prefix)), key=lambda e: e.start)
+    out = []
+    for w in windows:
+        calls = [e for e in ev["runtime"] if w.start <= e.start <= w.end]
+        ids = {e.corr for e in calls if e.corr is not None}
+        names = [e.name for e in calls if e.name != UNNAMED]
+        begin = next((i for i, n in enumerate(names) if n.startswith(GRAPH_APIS[0])), len(names))
+        end = next((i for i, n in enumerate(names) if n.startswith(GRAPH_APIS[1])), len(names))
+        kernels = sorted((k for k in ev["kernel"] if k.corr in ids), key=lambda k: k.start)
+        out.append({"phase": w.name[len(prefix):], "calls": collapse(names),
+                    "counts": {n: names.count(n) for n in dict.fromkeys(names)}, "unnamed": len(calls) - len(names),
+                    "kernel_launches": sum(n.startswith(KERNEL_LAUNCH_PREFIXES) for n in names),
+                    "graph_launches": sum(n.startswith(GRAPH_LAUNCH_PREFIXES) for n in names),
+                    "captured_launches": sum(n.startswith(KERNEL_LAUNCH_PREFIXES) for n in names[begin:end]),
+                    "kernels": len(kernels), "kernel_names": collapse([k.name for k in kernels])})
+    return out
