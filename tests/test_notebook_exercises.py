@@ -5,7 +5,9 @@ working fails the build; this file checks that there is something to run and tha
 The shape: the last ``##`` section of the notebook is ``## Exercises``; it holds one or two
 ``### Exercise N: ...`` markdown cells that ask the learner to **predict** before measuring; each
 exercise has a code cell for the learner's prediction and at least one code cell tagged ``solution``
-(the docs site hides those behind a toggle). Solutions are never skipped by nbval.
+(the docs site hides those behind a toggle). Whatever follows the first solution cell of an exercise
+(the explanation of the answer) is tagged too, so neither the site nor a handout gives the answer
+away next to the question. Solutions are never skipped by nbval.
 """
 
 from __future__ import annotations
@@ -66,3 +68,6 @@ def test_notebook_ends_with_exercises_and_tagged_solutions(path):
         assert code.index(learner[0]) < code.index(solutions[0]), f"{path.name} {title!r}: prediction comes first"
         for cell in solutions:
             assert "NBVAL_SKIP" not in _source(cell), f"{path.name} {title!r}: nbval must run the solution"
+        after = rest[rest.index(solutions[0]):]
+        untagged = [_source(c)[:60] for c in after if SOLUTION_TAG not in c.get("metadata", {}).get("tags", [])]
+        assert not untagged, f"{path.name} {title!r}: cells after the solution give the answer away: {untagged}"
