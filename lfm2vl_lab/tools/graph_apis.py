@@ -33,6 +33,7 @@ from ..core.capture import capture_graph, recover_from_failed_capture
 from ..core.parity import rel_error
 from .modes import counter_diff, dynamo_counters
 from .results import RESULTS_ROOT
+from .table import short_error
 from .timing import time_call, time_calls
 from .trace_analysis import GRAPH_APIS, PHASE_PREFIX, phase_calls
 
@@ -177,7 +178,7 @@ def shape_checked(fn: Callable, sample_args: tuple) -> Callable:
 
 
 def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    return f"{type(exc).__name__}: {short_error(exc)}"
 
 
 def _fwd_bwd_parity(graphed, eager, x: torch.Tensor) -> dict:
