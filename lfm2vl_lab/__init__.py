@@ -40,8 +40,8 @@ __all__ = [
 
 TOOL_MODULES = ("args", "attention_probe", "bench", "bench_cli", "check", "e2e", "floor", "graph_apis",
                 "graph_apis_cli", "image_path", "meter", "modes", "notebook", "plots", "plots_ttft", "profiling",
-                "report", "results", "site", "table", "timing", "trace_analysis", "ttft", "ttft_cli",
-                "ttft_summary", "workloads")
+                "record", "reference", "report", "results", "site", "table", "timing", "trace_analysis", "ttft",
+                "ttft_cli", "ttft_summary", "workloads")
 
 
 def __getattr__(name: str):

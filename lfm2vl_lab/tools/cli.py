@@ -27,6 +27,7 @@ from .bench_cli import add_bench_args, run_bench_cli
 from .check import add_check_args, run_check_cli
 from .e2e import add_e2e_args, run_e2e_cli
 from .graph_apis_cli import add_graph_apis_args, run_graph_apis_cli
+from .record import add_record_args, run_record_cli
 from .report import add_report_args, run_report_cli
 from .ttft_cli import add_ttft_args, run_ttft_cli
 
@@ -39,6 +40,7 @@ SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "attention": (add_attention_args, run_attention_cli),
     "ttft": (add_ttft_args, run_ttft_cli),
     "graph-apis": (add_graph_apis_args, run_graph_apis_cli),
+    "record": (add_record_args, run_record_cli),
 }
 
 

@@ -1,11 +1,14 @@
 """Recorded results: provenance, and where result JSON lives (``data/results/<gpu-slug>/``).
 
 Every GPU figure in the repo comes from a file written here by a real run: the file carries the
-GPU name, library versions, preset, dtype, date, git commit and the exact command.
+GPU name, library versions, preset, dtype, date, the exact command, the git commit (where the machine
+had one) and ``code_hash``, a content hash of the code that any commit of the repo can be checked
+against (:mod:`lfm2vl_lab.tools.reference`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -20,8 +23,12 @@ import torch
 
 from .workloads import default_device
 
-RESULTS_ROOT = Path(__file__).resolve().parents[2] / "data" / "results"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS_ROOT = REPO_ROOT / "data" / "results"
 FIGURES_ROOT = RESULTS_ROOT.parent / "figures"  # where `python -m lfm2vl_lab report` writes the PNGs
+# What makes the numbers: the package's Python files and the model presets. Their content hash is the
+# code version a result names (git's own commit id is no help on a machine that got a copy of the tree).
+CODE_PATHS = (("lfm2vl_lab", ".py"), ("data/presets", ".json"))
 
 
 def gpu_slug(name: str) -> str:
@@ -38,6 +45,36 @@ def _host_cpu() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def blob_sha1(data: bytes) -> str:
+    """git's object id of a file with these bytes (``git hash-object``), computed without git."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def hash_code_entries(entries) -> str:
+    """The code hash of ``(path, blob id)`` pairs: sha256 over the sorted ``"<blob id> <path>"`` lines.
+    Built on blob ids so that ``git ls-tree`` of any commit gives the same value (see
+    :func:`lfm2vl_lab.tools.reference.code_hash_at`)."""
+    lines = "".join(f"{sha} {path}\n" for path, sha in sorted(entries))
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
+def is_code_path(path: str) -> bool:
+    """Whether a repo-relative posix path is part of the hashed code (:data:`CODE_PATHS`)."""
+    return any(path.startswith(folder + "/") and path.endswith(ext) for folder, ext in CODE_PATHS)
+
+
+def code_hash(root: Path = REPO_ROOT) -> str:
+    """The content hash of the code under ``root`` that makes the numbers (:data:`CODE_PATHS`):
+    every ``*.py`` of ``lfm2vl_lab/`` and ``*.json`` of ``data/presets/``, caches left out."""
+    entries = []
+    for folder, ext in CODE_PATHS:
+        for f in (Path(root) / folder).rglob(f"*{ext}"):
+            rel = f.relative_to(root).as_posix()
+            if "__pycache__" not in rel and is_code_path(rel):
+                entries.append((rel, blob_sha1(f.read_bytes())))
+    return hash_code_entries(entries)
 
 
 def _git_commit() -> str | None:
@@ -78,6 +115,7 @@ def provenance(command: str | None = None, device=None, **extra) -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command if command is not None else " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "git_commit": _git_commit(),
+        "code_hash": code_hash(),
     }
     prov.update(extra)
     return prov

@@ -1,0 +1,196 @@
+"""``python -m lfm2vl_lab record``: the reference run, every file the course reads, in one go.
+
+Each :class:`Step` is one of the kit's own commands (``bench``, ``check``, ``ttft``, …) and plays one
+*role* in the reference set. The steps run one after another, each in a fresh process under its own
+time limit (so a hang or a crashed CUDA context costs one step, not the run), and after each the
+manifest ``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.tools.reference`): a run cut
+short keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
+
+The whole run takes about ten minutes on the H200. Where a machine is lent for less at a time, the
+run is resumable: ``--deadline`` leaves the steps that no longer fit for the next call, and a call
+that finds a manifest of the *same code* (same ``code_hash``) under ``--out`` or in the repo's
+``data/results/<gpu>/`` records only the roles it lacks. Calls of one code version make one
+reference run; a manifest of other code is replaced, never mixed with. ``--part`` (``encoder``:
+the encoder's benchmarks, checks and probes; ``engine``: time to first token) picks steps by kind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .results import RESULTS_ROOT, code_hash, gpu_slug
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the reference run: ``python -m lfm2vl_lab <argv> --out <root>`` writes one
+    ``<name>-<date>.json``, which plays ``role``."""
+
+    role: str
+    part: str
+    name: str
+    argv: tuple[str, ...]
+    limit_s: int
+
+    @property
+    def command(self) -> str:
+        return "python -m lfm2vl_lab " + " ".join(self.argv)
+
+
+PRESETS = ("lfm2-vl-450m", "lfm2-vl-1.6b")
+# Every mode on every workload, profiled: the benchmark of each preset.
+_BENCH = ("--mode", "hf-eager,lab-eager,lab-graph,compile", "--workload", "1x512,1x256,1..16x512,tiled,stream",
+          "--stream-n", "24", "--repeats", "30", "--profile", "--no-progress", "--figure", "none")
+_SWEEP = ("--mode", "lab-graph", "--repeats", "30", "--no-progress", "--figure", "none")
+
+
+def _bench(role: str, *argv: str, limit_s: int, part: str = "encoder") -> Step:
+    return Step(role, part, role, ("bench", *argv, "--name", role), limit_s)
+
+
+STEPS: tuple[Step, ...] = (
+    Step("check", "encoder", "check", ("check",), 150),
+    _bench("bench-450m", "--preset", "lfm2-vl-450m", *_BENCH, limit_s=200),
+    _bench("bench-1.6b", "--preset", "lfm2-vl-1.6b", *_BENCH, limit_s=260),
+    # the kernel options one by one, profiled (the kernel classes of one call)
+    _bench("kernels", "--preset", "lfm2-vl-450m", "--mode", "lab-graph", "--workload", "1x512,4x512,16x512,tiled",
+           "--fuse-qkv", "off,on", "--fuse-elementwise", "off,on", "--dense-graphs", "off,on", "--repeats", "30",
+           "--profile", "--no-progress", "--figure", "none", limit_s=150),
+    _bench("sweep-rules", "--preset", "lfm2-vl-450m", "--workload", "1x512,4x512,tiled", "--cu-rule",
+           "safe,repeat_last", "--max-seqlen-mode", "tight,loose", *_SWEEP, limit_s=80),
+    _bench("sweep-budgets", "--preset", "lfm2-vl-450m", "--workload", "1x512,4x512,stream", "--stream-n", "40",
+           "--budgets", "auto", "--budgets", "256,1024", "--budgets", "64,128,256,512,1024,2048,4096", *_SWEEP,
+           limit_s=100),
+    _bench("sweep-attention", "--preset", "lfm2-vl-450m", "--workload", "1x512,tiled", "--attention",
+           "varlen,sdpa_blockmask", "--fuse-qkv", "off,on", *_SWEEP, limit_s=80),
+    Step("attention", "encoder", "attention", ("attention",), 80),
+    Step("graph-apis", "encoder", "graph-apis", ("graph-apis",), 150),
+    Step("ttft", "engine", "ttft", ("ttft", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
+                                    "--requests", "1,2,4,8", "--repeats", "7", "--decode-tokens", "16", "--profile",
+                                    "--image-path", "--no-progress"), 320),
+    Step("e2e", "engine", "e2e", ("e2e", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
+                                  "--requests", "1,4", "--repeats", "3", "--profile", "--no-progress"), 260),
+)
+PARTS = tuple(dict.fromkeys(s.part for s in STEPS))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str) -> dict:
+    """The manifest this run adds to: one of the same code under ``folder`` or the repo, else a new one."""
+    for where in (folder, repo_folder):
+        path = where / "reference.json"
+        if path.is_file():
+            man = json.loads(path.read_text())
+            if man.get("code_hash") == hash_ and man.get("gpu") == gpu:
+                return man
+    return {"gpu": gpu, "code_hash": hash_, "command": "python -m lfm2vl_lab record", "started": _now(),
+            "finished": None, "complete": False, "files": {}}
+
+
+def _run_step(step: Step, folder: Path, out, python: str) -> tuple[dict, list[Path]]:
+    """Run one step in a process of its own, its output into ``logs/<role>.log``; returns the
+    manifest entry and the result files it wrote."""
+    before = set(folder.glob(f"{step.name}-*.json"))
+    t0 = time.perf_counter()
+    with (folder / "logs" / f"{step.role}.log").open("w") as fh:
+        try:
+            rc = subprocess.run([python, "-m", "lfm2vl_lab", *step.argv, "--out", str(out)], stdout=fh,
+                                stderr=subprocess.STDOUT, timeout=step.limit_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    new = sorted(set(folder.glob(f"{step.name}-*.json")) - before)
+    return ({"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
+             "seconds": round(time.perf_counter() - t0, 1), "date": _now()}, new)
+
+
+def run_record(parts=PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
+               say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False) -> dict:
+    """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
+    the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
+
+    * ``gpu``: the device name the files are filed under (default: CUDA device 0's).
+    * A role the manifest of the same code already holds is not run again (``again``: run it anyway),
+      so calling ``record`` once more finishes a run that was cut short.
+    * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
+      next call (never started, so never cut off).
+    * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
+      file it left moves to ``<out>/<gpu>/incomplete/``, and the run goes on with the next step. The
+      manifest is ``complete`` once every role of ``steps`` is recorded and none failed.
+    """
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    t_start = time.perf_counter()
+    folder = Path(out) / gpu_slug(gpu)
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    man = _base_manifest(folder, Path(repo_root) / gpu_slug(gpu), gpu, code_hash())
+    man.setdefault("failed", {})
+    todo = [s for s in steps if s.part in parts and (again or s.role not in man["files"])]
+    for k, step in enumerate(todo, 1):
+        left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
+        if left is not None and step.limit_s > left:
+            say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, {left:.0f} s left)")
+            continue
+        say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s)")
+        entry, new = _run_step(step, folder, out, python)
+        if entry["rc"] == 0 and len(new) == 1:
+            man["files"][step.role] = entry
+            man["failed"].pop(step.role, None)
+            say(f"   {entry['file']} in {entry['seconds']} s")
+        else:
+            (folder / "incomplete").mkdir(exist_ok=True)
+            for f in new:  # what a failed step left is kept, but out of the set
+                f.rename(folder / "incomplete" / f.name)
+            man["files"].pop(step.role, None)
+            man["failed"][step.role] = {**entry, "files": [f.name for f in new]}
+            log = folder / "logs" / f"{step.role}.log"
+            say(f"   FAILED (exit {entry['rc']}, {len(new)} file(s)) after {entry['seconds']} s; the end of {log}:")
+            say("   " + "\n   ".join(log.read_text().splitlines()[-8:]))
+        man["finished"] = _now()
+        man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
+        (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
+    missing = [s.role for s in steps if s.role not in man["files"]]
+    say(f"reference set: {folder / 'reference.json'}: {len(man['files'])} of {len(steps)} roles"
+        + (f", still to record: {', '.join(missing)}" if missing else ", complete")
+        + f" (code {man['code_hash']})")
+    return man
+
+
+def add_record_args(p) -> None:
+    """Options of ``python -m lfm2vl_lab record``."""
+    p.add_argument("--part", action="append", choices=PARTS, default=None,
+                   help=f"only the steps of this part (repeatable; default: all of {', '.join(PARTS)})")
+    p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds for this call: steps whose limit no longer fits are left for the next call")
+    p.add_argument("--again", action="store_true", help="run steps the manifest of this code already holds too")
+    p.add_argument("--dry-run", action="store_true", help="print the steps and their limits, run nothing")
+
+
+def run_record_cli(args) -> int:
+    """Record the reference set on this GPU: every file the notebooks, figures and tables read."""
+    from .args import UsageError
+
+    parts = tuple(args.part or PARTS)
+    if args.dry_run:
+        for s in STEPS:
+            if s.part in parts:
+                print(f"{s.part:>8} {s.role:<16} {s.limit_s:>4} s  {s.command}")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("record needs a CUDA GPU and none is available: the reference set is a GPU run "
+                         "(`--dry-run` lists its steps)")
+    man = run_record(parts, args.out, deadline_s=args.deadline, again=args.again)
+    return 0 if not man["failed"] else 1

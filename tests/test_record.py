@@ -1,0 +1,102 @@
+"""tools/record and tools/reference: the reference run's machinery on the CPU (tiny steps), and the
+code hash that names the code a run came from, recomputed from git's objects."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lfm2vl_lab.tools import record as rec
+from lfm2vl_lab.tools import reference
+from lfm2vl_lab.tools.results import REPO_ROOT, blob_sha1, code_hash, hash_code_entries
+
+TINY = ("bench", "--preset", "tiny", "--mode", "lab-eager", "--workload", "1x256", "--repeats", "1", "--warmup", "0",
+        "--device", "cpu", "--no-progress", "--figure", "none")
+
+
+def _steps(bad: bool):
+    return (rec.Step("t-one", "encoder", "t-one", (*TINY, "--name", "t-one"), 120),
+            rec.Step("t-two", "engine", "t-two", (*TINY, "--name", "t-two") if not bad else
+                     ("bench", "--preset", "no-such-preset", "--name", "t-two"), 120))
+
+
+def test_record_keeps_a_manifest_resumes_and_sets_failures_aside(tmp_path):
+    said = []
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=True), say=said.append, repo_root=tmp_path / "r")
+    folder = tmp_path / "cpu"
+    assert json.loads((folder / "reference.json").read_text()) == man
+    assert list(man["files"]) == ["t-one"] and man["files"]["t-one"]["rc"] == 0
+    assert (folder / man["files"]["t-one"]["file"]).is_file()
+    assert man["failed"]["t-two"]["rc"] == 2 and not man["complete"]
+    assert man["code_hash"] == code_hash()
+    assert "still to record: t-two" in said[-1]
+    assert "no-such-preset" in (folder / "logs" / "t-two.log").read_text()  # the step's own one-line error
+    # the next call records only what is missing, into the same manifest
+    man2 = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path / "r")
+    assert man2["complete"] and man2["failed"] == {} and man2["started"] == man["started"]
+    assert man2["files"]["t-one"] == man["files"]["t-one"]  # not run again
+    assert len(list(folder.glob("t-one-*.json"))) == 1 and len(list(folder.glob("t-two-*.json"))) == 1
+    loaded = reference.load("t-two", gpu="cpu", root=tmp_path)
+    assert loaded["_role"] == "t-two" and loaded["provenance"]["code_hash"] == man2["code_hash"]
+
+
+def test_record_leaves_steps_that_do_not_fit_the_deadline(tmp_path):
+    said = []
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path,
+                         deadline_s=60)  # each step's limit is 120 s: none may start
+    assert man["files"] == {} and not man["complete"]
+    assert sum("left for the next call" in s for s in said) == 2
+
+
+def test_record_replaces_a_manifest_of_other_code(tmp_path):
+    folder = tmp_path / "cpu"
+    folder.mkdir()
+    (folder / "reference.json").write_text(json.dumps({"gpu": "cpu", "code_hash": "sha256:old", "files": {
+        "t-one": {"file": "gone.json"}}}))
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False)[:1], say=lambda s: None,
+                         repo_root=tmp_path)
+    assert man["code_hash"] == code_hash() and man["files"]["t-one"]["file"] != "gone.json"
+
+
+def test_record_cli_says_what_it_needs():
+    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--dry-run"], capture_output=True,
+                          text=True, cwd=REPO_ROOT)
+    assert proc.returncode == 0
+    roles = [line.split()[1] for line in proc.stdout.splitlines()]
+    assert roles == [s.role for s in rec.STEPS]
+    assert len(set(s.name for s in rec.STEPS)) == len(rec.STEPS)  # every step writes a name of its own
+    if not __import__("torch").cuda.is_available():
+        proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record"], capture_output=True, text=True,
+                              cwd=REPO_ROOT)
+        assert proc.returncode == 2 and "record needs a CUDA GPU" in proc.stderr.splitlines()[-1]
+
+
+def test_code_hash_equals_gits_own_for_a_commit(tmp_path):
+    """The hash a run stores is the one git's objects give for the commit of that code."""
+    (tmp_path / "lfm2vl_lab" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "presets").mkdir(parents=True)
+    (tmp_path / "lfm2vl_lab" / "a.py").write_text("x = 1\n")
+    (tmp_path / "lfm2vl_lab" / "sub" / "b.py").write_bytes(b"y = 2\n")
+    (tmp_path / "lfm2vl_lab" / "notes.txt").write_text("not code\n")
+    (tmp_path / "data" / "presets" / "p.json").write_text("{}\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    first = code_hash(tmp_path)
+    assert first == reference.code_hash_at("HEAD", tmp_path)
+    assert blob_sha1(b"x = 1\n") == subprocess.run([*git, "hash-object", "lfm2vl_lab/a.py"], capture_output=True,
+                                                   text=True).stdout.strip()
+    (tmp_path / "lfm2vl_lab" / "a.py").write_text("x = 3\n")  # a change of code changes the hash
+    assert code_hash(tmp_path) != first
+    (tmp_path / "lfm2vl_lab" / "a.py").write_text("x = 1\n")
+    (tmp_path / "lfm2vl_lab" / "notes.txt").write_text("edited\n")  # what is not code does not
+    assert code_hash(tmp_path) == first
+    assert hash_code_entries([("b", "2"), ("a", "1")]) == hash_code_entries([("a", "1"), ("b", "2")])
+
+
+def test_reference_load_names_what_is_missing(tmp_path):
+    with pytest.raises(reference.ReferenceError, match="no 'bench-450m'.*record"):
+        reference.load("bench-450m", root=tmp_path)
+    assert reference.load("bench-450m", root=tmp_path, required=False) is None
