@@ -99,28 +99,41 @@ def test_setup_turns_hub_access_off_unless_the_environment_says_otherwise(monkey
 # load_recorded()
 
 
+def _reference(tmp_path, **roles) -> None:
+    """A reference set under ``tmp_path`` whose roles are the given results."""
+    folder = tmp_path / RECORDED_GPU
+    files = {}
+    for role, res in roles.items():
+        files[role] = {"file": save_result(res, tmp_path, role).name, "rc": 0}
+    (folder / "reference.json").write_text(json.dumps({"gpu": "NVIDIA H200", "code_hash": "sha256:x", "files": files}))
+
+
 def _result(name: str, date: str, **prov) -> dict:
-    return {"name": name, "provenance": {"gpu": "NVIDIA H200", "date": date, **prov}, "rows": []}
+    return {"name": name, "provenance": {"gpu": "NVIDIA H200", "date": date, "torch": "2.11", "transformers": "5.17",
+                                         **prov}, "rows": []}
 
 
-def test_load_recorded_announces_the_newest_matching_file(tmp_path, capsys):
-    save_result(_result("bench", "2026-11-01T10:00:00+00:00", preset="a"), tmp_path)
-    newer = save_result(_result("bench", "2026-11-02T10:00:00+00:00", preset="b"), tmp_path)
-    save_result(_result("check", "2026-11-03T10:00:00+00:00", preset="a"), tmp_path)
-    res = load_recorded("bench", root=tmp_path)
-    assert res["_path"] == str(newer)
+def test_load_recorded_reads_the_reference_set_not_the_newest_file(tmp_path, capsys):
+    _reference(tmp_path, **{"bench-450m": _result("bench", "2026-11-01T10:00:00+00:00", preset="a", dtype="bf16")})
+    save_result(_result("bench-450m", "2026-11-05T10:00:00+00:00", preset="b"), tmp_path)  # newer, not in the set
+    res = load_recorded("bench-450m", root=tmp_path)
+    assert res["provenance"]["preset"] == "a" and res["_role"] == "bench-450m"
     out = capsys.readouterr().out
-    assert out.startswith("recorded on NVIDIA H200 on 2026-11-02") and newer.name in out
-    assert load_recorded("bench", root=tmp_path, preset="a")["provenance"]["date"].startswith("2026-11-01")
+    assert out.startswith("reference set, bench-450m: recorded on NVIDIA H200 on 2026-11-01")
+    assert "(torch 2.11, transformers 5.17, a, bf16; file bench-450m-" in out
+
+
+def test_load_recorded_leaves_out_what_a_file_lacks(tmp_path, capsys):
+    _reference(tmp_path, check=_result("check", "2026-11-01T10:00:00+00:00", dtype="bf16"))  # no one preset
+    load_recorded("check", root=tmp_path)
+    assert "None" not in capsys.readouterr().out
 
 
 def test_load_recorded_says_what_is_missing(tmp_path, capsys):
-    assert load_recorded("e2e", how="`python -m lfm2vl_lab e2e`", root=tmp_path) is None
-    assert capsys.readouterr().out == (f"Not recorded yet: no e2e-*.json in data/results/{RECORDED_GPU}/ "
-                                       "(`python -m lfm2vl_lab e2e` writes one); the cells that read it skip.\n")
-    save_result(_result("e2e", "2026-11-01T10:00:00+00:00", preset="a"), tmp_path)
-    assert load_recorded("e2e", root=tmp_path, preset="b") is None
-    assert "(" not in capsys.readouterr().out  # no command named, none shown
+    assert load_recorded("e2e", root=tmp_path) is None
+    assert capsys.readouterr().out == (f"Not in the reference set: no 'e2e' in data/results/{RECORDED_GPU}/"
+                                       "reference.json (`python -m lfm2vl_lab record` on the H200 records it); "
+                                       "the cells that read it skip.\n")
 
 
 def test_the_recorded_gpu_is_the_one_the_repo_has_results_for():

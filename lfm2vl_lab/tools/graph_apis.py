@@ -38,7 +38,6 @@ from .timing import time_call, time_calls
 from .trace_analysis import GRAPH_APIS, PHASE_PREFIX, phase_calls
 
 NAME = "graph-apis"  # result files: data/results/<gpu>/graph-apis-<date>.json
-HOW = "`python -m lfm2vl_lab graph-apis` on a GPU"
 TOY_BLOCKS, TOY_WIDTH, TOY_BATCH = 4, 256, 8  # the toy: 4 x (Linear(256, 256) + GELU) on 8 rows
 NEW_BATCHES = (16, 4, 1)  # batches a graph captured at TOY_BATCH is fed: more rows, fewer, one
 COMPILE_BATCHES = (8, 16, 32)  # the shapes torch.compile sees, in this order
@@ -369,12 +368,12 @@ RECORDERS: dict[str, Callable[..., dict]] = {
 
 
 def live_or_recorded(part: str, device, root=RESULTS_ROOT) -> dict | None:
-    """``part`` of :data:`RECORDERS` run now on a CUDA ``device``; elsewhere the newest recorded
-    ``graph-apis-*.json``'s ``part``, announced by ``load_recorded`` (None: not recorded yet, or
-    that part failed in the recorded run)."""
+    """``part`` of :data:`RECORDERS` run now on a CUDA ``device``; elsewhere the reference set's
+    ``graph-apis`` file's ``part``, announced by ``load_recorded`` (None: not recorded, or that part
+    failed in the recorded run)."""
     from .notebook import load_recorded
 
     if torch.device(device).type == "cuda":
         return RECORDERS[part](device)
-    rec = load_recorded(NAME, how=HOW, root=root)
+    rec = load_recorded(NAME, root=root)
     return None if rec is None else rec.get(part)

@@ -11,8 +11,9 @@ The first cell of each notebook is::
 
 ``shows`` lists what the notebook shows and where from (:data:`SHOW_KINDS`), so the first cell's
 environment check can say what this machine shows live and what comes from recorded results.
-Cells that show recorded GPU numbers start with :func:`load_recorded`, which prints where the numbers
-come from (or that they are not recorded yet) before any of them is shown.
+Cells that show recorded GPU numbers start with :func:`load_recorded`, which reads one role of the
+reference set (``data/results/nvidia-h200/reference.json``) and prints where the numbers come from
+(or that the set lacks them) before any of them is shown.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import warnings
 import torch
 
 from ..core.attention import cuda_capability, resolve_attention, sm
-from .results import RESULTS_ROOT, gpu_slug, newest, recorded_label
+from . import reference
+from .results import RESULTS_ROOT, gpu_slug, recorded_label
 from .workloads import default_device, device_defaults
 
 RECORDED_GPU = "nvidia-h200"  # the GPU whose recorded results the notebooks read: data/results/nvidia-h200/
@@ -103,16 +105,22 @@ def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, t
     return device, preset, dtype
 
 
-def load_recorded(name: str, how: str | None = None, gpu: str = RECORDED_GPU, root=RESULTS_ROOT,
-                  **provenance) -> dict | None:
-    """The newest recorded ``<name>-*.json`` of ``gpu`` whose provenance has the given values (see
-    :func:`lfm2vl_lab.tools.results.newest`), announced: prints its :func:`recorded_label`, or, when
-    there is none, that the cells reading it skip (``how``: the command that records one).
-    Returns the result, or None."""
-    res = newest(f"{name}-*.json", gpu, root, **provenance)
+def load_recorded(role: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) -> dict | None:
+    """The file that plays ``role`` in ``gpu``'s reference set (:mod:`lfm2vl_lab.tools.reference`),
+    announced: prints its :func:`recorded_label`, or, when the set lacks it, that the cells reading it
+    skip and which command records it. Returns the result, or None."""
+    res = reference.load(role, gpu, root, required=False)
     if res is not None:
         print(recorded_label(res))
         return res
-    writer = f" ({how} writes one)" if how else ""
-    print(f"Not recorded yet: no {name}-*.json in data/results/{gpu_slug(gpu)}/{writer}; the cells that read it skip.")
+    print(f"Not in the reference set: no {role!r} in data/results/{gpu_slug(gpu)}/{reference.MANIFEST} "
+          "(`python -m lfm2vl_lab record` on the H200 records it); the cells that read it skip.")
     return None
+
+
+def load_first_version(name: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) -> dict:
+    """An earlier run's file from the archive (:func:`lfm2vl_lab.tools.reference.load_archived`),
+    announced as what it is: the first version, shown beside today's reference set."""
+    res = reference.load_archived(name, gpu, root)
+    print("the first version (archived, not the reference set): " + recorded_label(res))
+    return res

@@ -200,11 +200,16 @@ def shown_command(command: str | None) -> str | None:
 
 
 def recorded_label(res: dict) -> str:
-    """Where a recorded number comes from: GPU, date, command, versions, file."""
+    """Where a recorded number comes from: its role in the reference set (if any), GPU, date, command,
+    versions, file. Fields the file does not have (a run of several presets has no one preset) are
+    left out, never printed as None."""
     p = res["provenance"]
-    return (f"recorded on {p.get('gpu')} on {p.get('date')} by `{shown_command(p.get('command'))}`\n"
-            f"  (torch {p.get('torch')}, transformers {p.get('transformers')}, {p.get('preset')}, {p.get('dtype')}; "
-            f"file {Path(res['_path']).name})"
+    role = f"reference set, {res['_role']}: " if res.get("_role") else ""
+    what = ", ".join(str(v) for v in (f"torch {p.get('torch')}", f"transformers {p.get('transformers')}",
+                                      p.get("preset"), p.get("dtype")) if v is not None)
+    by = f" by `{shown_command(p['command'])}`" if p.get("command") else ""
+    return (f"{role}recorded on {p.get('gpu')} on {p.get('date')}{by}\n"
+            f"  ({what}; file {Path(res['_path']).name})"
             + ("\n  partial run: it was stopped before every mode finished" if res.get("complete") is False else ""))
 
 
