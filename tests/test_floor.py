@@ -1,14 +1,10 @@
-"""tools/floor: the kernel classes of a profiled call and the issue-#11 targets, judged on rows
-shaped like the bench's (the recorded H200 files are read where they exist)."""
-
-import json
-from pathlib import Path
+"""tools/floor: the kernel classes of a profiled call and the encoder's targets, judged on rows
+shaped like the bench's and on the reference set's 450M bench."""
 
 import pytest
 
+from lfm2vl_lab.tools import reference
 from lfm2vl_lab.tools.floor import TARGETS, judge_targets, kernel_breakdown, kernel_class, targets_table
-
-RESULTS = Path(__file__).resolve().parents[1] / "data" / "results" / "nvidia-h200"
 
 
 @pytest.mark.parametrize("name,cls", [
@@ -58,13 +54,12 @@ def test_targets_met_and_missed_are_both_reported():
     assert "**no**" in table and table.count("\n") == len(judge_targets(_rows(1.2))) + 1
 
 
-def test_targets_of_the_recorded_h200_run():
-    """The recorded files of session 5 give every target a value (or say why not)."""
-    floors = sorted(RESULTS.glob("floor-2*.json"))
-    if not floors:
-        pytest.skip("no recorded floor-*.json")
-    rows = json.loads(floors[-1].read_text())["rows"]
-    judged = judge_targets(rows)
-    assert len([t for t in judged if t["target"].startswith("450M") and "median" in t["target"]]) == \
-        len(TARGETS["latency"])
-    assert all(t["value"] is not None or t["detail"] for t in judged)
+def test_targets_of_the_reference_run():
+    """The reference set's 450M bench gives every target a measured value."""
+    res = reference.load("bench-450m")
+    assert res["provenance"]["preset"] == "lfm2-vl-450m"  # the targets are the 450M preset's
+    judged = judge_targets(res["rows"])
+    latency = [t for t in judged if t["target"].startswith("450M") and "median" in t["target"]]
+    assert len(latency) == len(TARGETS["latency"])
+    missing = [t["target"] for t in judged if not isinstance(t["value"], (int, float, bool))]
+    assert not missing, f"targets without a measured value: {missing}"

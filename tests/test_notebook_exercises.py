@@ -1,17 +1,19 @@
-"""The exercises that end notebooks 01 to 07 (issue #13): their shape, which the docs site and the
+"""The exercises that end notebooks 01 to 07: their shape, which the docs site and the
 workshop rely on. nbval runs every cell, the tagged solutions included, so a solution that stops
 working fails the build; this file checks that there is something to run and that it is findable.
 
 The shape: the last ``##`` section of the notebook is ``## Exercises``; it holds one or two
 ``### Exercise N: ...`` markdown cells that ask the learner to **predict** before measuring; each
 exercise has a code cell for the learner's prediction and at least one code cell tagged ``solution``
-(the docs site hides those behind a toggle). Whatever follows the first solution cell of an exercise
+(the docs site hides those behind a toggle), and every solution cell ``assert``s what it claims, so
+a solution that stops being true fails nbval. Whatever follows the first solution cell of an exercise
 (the explanation of the answer) is tagged too, so neither the site nor a handout gives the answer
 away next to the question. Solutions are never skipped by nbval.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -44,6 +46,18 @@ def _exercises(cells: list[dict]) -> list[list[dict]]:
     return groups
 
 
+def _asserts(source: str) -> int:
+    """The ``assert`` statements in a code cell (IPython's ``%`` and ``!`` lines left out)."""
+    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    return sum(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(code)))
+
+
+def test_asserts_are_counted_in_code_not_in_comments_or_strings():
+    assert _asserts("%matplotlib inline\nx = 1\nassert x == 1, 'one'") == 1
+    assert _asserts("# assert x\nprint('assert')\nif x:\n    assert x > 0\nassert x") == 2
+    assert _asserts("print(x)") == 0
+
+
 def test_there_are_seven_notebooks_with_exercises():
     assert [p.name[:2] for p in WITH_EXERCISES] == ["01", "02", "03", "04", "05", "06", "07"]
 
@@ -68,6 +82,8 @@ def test_notebook_ends_with_exercises_and_tagged_solutions(path):
         assert code.index(learner[0]) < code.index(solutions[0]), f"{path.name} {title!r}: prediction comes first"
         for cell in solutions:
             assert "NBVAL_SKIP" not in _source(cell), f"{path.name} {title!r}: nbval must run the solution"
+            assert _asserts(_source(cell)), \
+                f"{path.name} {title!r}: a solution cell asserts nothing: {_source(cell)[:80]!r}"
         after = rest[rest.index(solutions[0]):]
         untagged = [_source(c)[:60] for c in after if SOLUTION_TAG not in c.get("metadata", {}).get("tags", [])]
         assert not untagged, f"{path.name} {title!r}: cells after the solution give the answer away: {untagged}"

@@ -1,4 +1,4 @@
-"""The kernel floor (issue #11): where one call's GPU time goes, and the targets the graphed path
+"""The kernel floor: where one call's GPU time goes, and the targets the graphed path
 is held to, judged from recorded result files.
 
 * :func:`kernel_breakdown` sorts the kernels of one profiled call (a bench row's ``timeline``) into
@@ -139,9 +139,11 @@ def _fastest_and_busy(by: dict) -> list[dict]:
         ok = best[1] is None or mine["median_ms"] < best[1]["median_ms"]
         out.append(_row(f"fastest mode at {w}", mine["median_ms"], best[1] and best[1]["median_ms"], ok,
                         f"next: {best[0]}"))
+        if w == "stream":  # the bench profiles one call of a fixed workload; a stream has no one call
+            continue
         hf = by.get(("hf-eager", w))
         busy, hf_busy = mine.get("gpu_busy_ms"), hf and hf.get("gpu_busy_ms")
-        if busy is None or hf_busy is None:  # the bench profiles fixed workloads, not the stream
+        if busy is None or hf_busy is None:
             out.append(_row(f"GPU-busy <= transformers' at {w}", busy, hf_busy, False, "not profiled"))
         else:
             out.append(_row(f"GPU-busy <= transformers' at {w}", busy, hf_busy, busy <= hf_busy))
