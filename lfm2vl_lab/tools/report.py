@@ -29,6 +29,7 @@ from .plots import (
 )
 from .plots_ttft import decode_figure, ttft_breakdown_figure, ttft_grid_figure
 from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, load_results
+from .tables import add_table_args, run_tables
 
 SPECIAL_RESULTS = {  # results with figures of their own: name -> {file suffix: (figure, short title)}
     "e2e": {"": (e2e_figure, "Time to first token, transformers' image path vs graphed encoder")},
@@ -183,8 +184,12 @@ def add_report_args(p) -> None:
     p.add_argument("--root", default=str(RESULTS_ROOT), help="results root to read (default: data/results)")
     p.add_argument("--out", default=str(FIGURES_ROOT),
                    help="folder for the PNGs (default: data/figures)")
+    add_table_args(p)  # --tables-only, --check: the generated tables of README.md and docs/*.md
 
 
 def run_report_cli(args) -> int:
-    """Draw every figure the stored benchmark results have data for."""
-    return 0 if report(args.root, args.out) else 1
+    """Draw every figure the stored benchmark results have data for, and rewrite the docs' tables."""
+    tables = run_tables(args)  # from the reference set under --root (tools/tables.py)
+    if args.tables_only or args.check:
+        return tables
+    return (0 if report(args.root, args.out) else 1) or tables

@@ -1,0 +1,225 @@
+"""The tables of README.md and docs/*.md, generated from the reference set so they cannot drift.
+
+A page marks each generated part with a pair of comments::
+
+    <!-- table:encoder-450m -->
+    (whatever is here is replaced)
+    <!-- /table:encoder-450m -->
+
+and ``python -m lfm2vl_lab report`` (or ``report --tables-only``) rewrites what lies between them from
+the reference set (:mod:`lfm2vl_lab.tools.reference`); ``report --check`` only says which pages are
+stale and exits 1 (``tests/test_tables.py`` runs that check on the committed pages). A part is a
+table or a few sentences whose numbers are all computed here: prose outside the markers holds no
+measured number. The parts themselves live by topic: :mod:`~lfm2vl_lab.tools.tables_encoder`,
+:mod:`~lfm2vl_lab.tools.tables_engine` and :mod:`~lfm2vl_lab.tools.tables_goals` (the goals page).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from .reference import REFERENCE_GPU, load, load_archived, load_manifest, manifest_path
+from .results import REPO_ROOT, RESULTS_ROOT
+
+OPEN = re.compile(r"<!-- table:([A-Za-z0-9._-]+) -->")
+CLOSE = "<!-- /table:{} -->"
+CLOSE_ANY = re.compile(r"<!-- /table:([A-Za-z0-9._-]+) -->")
+DASH = "–"
+
+
+class TableError(ValueError):
+    """A page's markers are broken (unclosed, nested, unknown name), or a part cannot be drawn."""
+
+
+class Refs:
+    """The reference set of ``gpu`` under ``root``, each role's file read once."""
+
+    def __init__(self, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT):
+        self.gpu, self.root = gpu, Path(root)
+        self._cache: dict[str, dict] = {}
+
+    @property
+    def manifest(self) -> dict:
+        man = load_manifest(self.gpu, self.root)
+        if man is None:
+            raise TableError(f"no reference set: {manifest_path(self.gpu, self.root)} is missing "
+                             "(`python -m lfm2vl_lab record` on the GPU writes it)")
+        return man
+
+    def __call__(self, role: str) -> dict:
+        if role not in self._cache:
+            self._cache[role] = load(role, self.gpu, self.root)
+        return self._cache[role]
+
+    def archived(self, name: str) -> dict:
+        key = "archive/" + name
+        if key not in self._cache:
+            self._cache[key] = load_archived(name, self.gpu, self.root)
+        return self._cache[key]
+
+    def shown(self, res) -> str:
+        """A result file's path (or the file itself) as a reader finds it: from the repo root where it
+        lies in the repo, else from the results root's parent."""
+        path = Path(res["_path"] if isinstance(res, dict) else res).resolve()
+        try:
+            return path.relative_to(REPO_ROOT).as_posix()
+        except ValueError:
+            return path.relative_to(self.root.resolve().parent).as_posix()
+
+    def source(self, *roles: str) -> str:
+        """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions."""
+        parts = []
+        for role in roles:
+            res = self(role)
+            parts.append(f"`{self.shown(res)}` (role `{role}`)")
+        prov = self(roles[0])["provenance"]
+        return (("Files: " if len(roles) > 1 else "File: ") + ", ".join(parts)
+                + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "
+                f"recorded {str(prov.get('date'))[:10]}.")
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------------------------
+
+def md_table(head: list[str], rows: list[list]) -> str:
+    """A Markdown table; ``None`` cells print as a dash."""
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(DASH if c is None else str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def ms(v, digits: int = 2) -> str | None:
+    return None if v is None else f"{v:.{digits}f}"
+
+
+def times(v, digits: int = 1) -> str | None:
+    return None if v is None else f"{v:.{digits}f}×"
+
+
+def pct(v, digits: int = 1, sign: bool = False) -> str | None:
+    return None if v is None else f"{100 * v:{'+' if sign else ''}.{digits}f}%"
+
+
+def span(values, fmt=ms, unit: str = "") -> str:
+    """``a–b`` (or one value where all are equal) of the formatted min and max."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return (lo if lo == hi else f"{lo}–{hi}") + unit
+
+
+def preset_label(preset: str) -> str:
+    """``lfm2-vl-450m`` → ``LFM2-VL-450M``."""
+    return preset.upper()
+
+
+# --------------------------------------------------------------------------------------------
+# Pages
+# --------------------------------------------------------------------------------------------
+
+def reference_block(refs: Refs) -> str:
+    """The manifest: when and from which code the run was recorded, and each role's file."""
+    man = refs.manifest
+    rows = [[f"`{role}`", f"`{e['file']}`", e.get("part"), e.get("rc"), ms(e.get("seconds"), 0)]
+            for role, e in man["files"].items()]
+    prov = refs(next(iter(man["files"])))["provenance"]
+    failed = ", ".join(man.get("failed") or {}) or "none"
+    return "\n\n".join([
+        f"`{man['command']}` on one {man['gpu']}, {man['started'][:16].replace('T', ' ')} to "
+        f"{str(man['finished'])[:16].replace('T', ' ')} UTC; code `{man['code_hash'][:19]}…`; "
+        f"{'complete' if man['complete'] else 'incomplete'}, failed steps: {failed}. torch {prov.get('torch')}, "
+        f"CUDA {prov.get('cuda')}, transformers {prov.get('transformers')}, Python {prov.get('python')}.",
+        md_table(["role", "file", "part", "exit status", "seconds"], rows),
+        f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
+
+
+BLOCKS = {"reference-set": reference_block}
+
+
+def blocks() -> dict[str, Callable[[Refs], str]]:
+    """Every part a page may mark, by name (imported here: the part modules import this one)."""
+    from . import tables_encoder, tables_engine, tables_goals
+
+    return {**BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS}
+
+
+def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
+    """The marked parts of ``text``: ``(name, start, end)`` of what lies between each pair of markers."""
+    out, pos = [], 0
+    while True:
+        m = OPEN.search(text, pos)
+        stray = CLOSE_ANY.search(text, pos, m.start() if m else len(text))
+        if stray:
+            raise TableError(f"{where}: {stray.group(0)} closes a table that was never opened")
+        if m is None:
+            return out
+        name, close = m.group(1), CLOSE.format(m.group(1))
+        end = text.find(close, m.end())
+        if end < 0:
+            raise TableError(f"{where}: <!-- table:{name} --> is never closed (expected {close})")
+        inner = OPEN.search(text, m.end(), end)
+        if inner is not None:
+            raise TableError(f"{where}: <!-- table:{inner.group(1)} --> opens inside table {name!r}")
+        out.append((name, m.end(), end))
+        pos = end + len(close)
+
+
+def render_text(text: str, refs: Refs, where: str = "page", known: dict | None = None) -> str:
+    """``text`` with every marked part redrawn from ``refs``."""
+    known = blocks() if known is None else known
+    parts, pos = [], 0
+    for name, start, end in marked(text, where):
+        if name not in known:
+            raise TableError(f"{where}: unknown table {name!r} (known: {', '.join(sorted(known))})")
+        parts += [text[pos:start], "\n\n", known[name](refs).strip("\n"), "\n\n"]
+        pos = end
+    return "".join(parts) + text[pos:]
+
+
+def pages(repo: Path = REPO_ROOT) -> list[Path]:
+    """The pages that may hold marked parts: README.md and docs/*.md."""
+    return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+
+
+def write_tables(paths=None, refs: Refs | None = None, check: bool = False, say=print) -> list[Path]:
+    """Redraw the marked parts of ``paths`` (default :func:`pages`). Returns the pages that changed
+    (with ``check``: that would change; nothing is written)."""
+    refs = refs or Refs()
+    known, stale = blocks(), []
+    for path in [Path(p) for p in (paths or pages())]:
+        text = path.read_text(encoding="utf-8")
+        new = render_text(text, refs, str(path), known)
+        if new != text:
+            stale.append(path)
+            if not check:
+                path.write_text(new, encoding="utf-8")
+            say(f"{'stale' if check else 'rewrote'} tables in {path}")
+    return stale
+
+
+def add_table_args(p) -> None:
+    """``report``'s table options."""
+    p.add_argument("--tables-only", action="store_true",
+                   help="only rewrite the generated tables of README.md and docs/*.md, no figures")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing: exit 1 if a generated table of README.md or docs/*.md is stale")
+
+
+def run_tables(args) -> int:
+    """Rewrite (``--check``: compare) the generated tables from the reference set under ``--root``."""
+    from .args import UsageError
+    from .reference import ReferenceError
+
+    only = args.check or getattr(args, "tables_only", False)
+    if not only and load_manifest(REFERENCE_GPU, args.root) is None:
+        print(f"tables: no reference set under {args.root}; the pages' tables are left as they are")
+        return 0
+    try:
+        stale = write_tables(refs=Refs(root=args.root), check=args.check)
+    except (TableError, ReferenceError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.check and stale:
+        print("generated tables are stale: run `python -m lfm2vl_lab report --tables-only`")
+        return 1
+    return 0

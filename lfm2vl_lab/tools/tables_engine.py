@@ -1,0 +1,286 @@
+"""Generated parts about time to first token (:mod:`lfm2vl_lab.tools.tables` draws them into the pages):
+the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; TTFT inside
+``generate`` (``e2e``); and the PR's claim set beside both, like for like."""
+
+from __future__ import annotations
+
+from .e2e import DECODE_DRIFT_WARN
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
+from .tables import Refs, md_table, ms, pct, preset_label, span, times
+from .ttft import mode_name
+from .ttft_summary import PR_CLAIM, claim_verdict, text_graph_cuts
+
+BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
+
+
+def mode_label(mode: str) -> str:
+    """``text-graphed+encoder-eager`` → ``text graphed, encoder eager`` (both graphed in bold)."""
+    if mode == BOTH_GRAPHED:
+        return "**both graphed**"
+    text, enc = mode.removeprefix("text-").split("+encoder-")
+    return f"text {text}, encoder {enc}"
+
+
+def cases(rows: list[dict]) -> list[tuple]:
+    return list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in ttft_rows(rows)))
+
+
+def disturbed(row: dict | None) -> bool:
+    """Decode (which never runs the encoder) moved by more than the warning line between the two encoder
+    modes: the row's cut is not the encoder's alone."""
+    d = (row or {}).get("decode_drift")
+    return d is not None and abs(d) > DECODE_DRIFT_WARN
+
+
+def _cut(row: dict | None) -> str | None:
+    if row is None or row.get("encoder_graph_cut") is None:
+        return None
+    drift = f" (drift {pct(row['decode_drift'], 0, sign=True)})" if disturbed(row) else ""
+    return pct(row["encoder_graph_cut"]) + drift
+
+
+def ttft_modes_block(refs: Refs) -> str:
+    """One 512 px request per preset: TTFT in the four modes, decode per token both eager → both graphed."""
+    res = refs("ttft")
+    rows = []
+    for preset in dict.fromkeys(c[0] for c in cases(res["rows"])):
+        by = ttft_case(res["rows"], preset, "1x512", 1)
+        if not by:
+            continue
+        rows.append([preset_label(preset)] + [(f"**{ms(by[m]['ttft_ms'])}**" if m == BOTH_GRAPHED else
+                                               ms(by[m]["ttft_ms"])) if m in by else None for m in TTFT_MODES]
+                    + [f"{ms(by[BOTH_EAGER]['decode_ms_per_token'])} → {ms(by[BOTH_GRAPHED]['decode_ms_per_token'])}"
+                       if BOTH_EAGER in by and BOTH_GRAPHED in by else None])
+    head = ["preset"] + [mode_label(m) for m in TTFT_MODES] + ["decode ms/token, both eager → both graphed"]
+    parity = [m for p in res.get("parity") or [] for m in p["modes"].values()]
+    note = (f"TTFT ms (median of {res['rows'][0].get('repeats')} paired rounds), processor excluded. Parity: "
+            f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass "
+            "(tokens against `generate`, first-token logits against a float32 copy; docs/results.md lists them).")
+    return "\n\n".join([md_table(head, rows), note, refs.source("ttft")])
+
+
+def ttft_phases_block(refs: Refs) -> str:
+    """The phases of one 512 px request, every mode of every preset."""
+    res = refs("ttft")
+    rows = []
+    for preset in dict.fromkeys(c[0] for c in cases(res["rows"])):
+        for m, r in ttft_case(res["rows"], preset, "1x512", 1).items():
+            rows.append([preset_label(preset), mode_label(m), f"**{ms(r['ttft_ms'])}**"]
+                        + [ms(r["phases_ms"].get(p)) for p in TTFT_PHASES] + [ms(r.get("decode_ms_per_token"))])
+    head = ["preset", "mode", "TTFT"] + list(TTFT_PHASES) + ["decode ms/token"]
+    return "\n\n".join(["Median ms of one 512 px request.", md_table(head, rows), refs.source("ttft")])
+
+
+def ttft_profile_block(refs: Refs) -> str:
+    """One profiled request per preset and mode: kernels, launch calls, graph launches, busy share."""
+    res = refs("ttft")
+    rows = []
+    for p in res.get("profile") or []:
+        for m in TTFT_MODES:
+            r = p.get(m)
+            if r:
+                rows.append([preset_label(p["preset"]), mode_label(m), f"{r['kernels']:.0f}",
+                             f"{r['launch_calls']:.0f}", f"{r['graph_launches']:.0f}", ms(r["gpu_busy_ms"]),
+                             ms(r["wall_ms"]), pct(r.get("busy_share"), 0)])
+    head = ["preset", "mode", "kernels", "launch calls", "graph launches", "GPU-busy ms", "wall ms", "busy"]
+    return "\n\n".join(["One profiled request (512 px, processor excluded), the mean of "
+                        f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", md_table(head, rows),
+                        refs.source("ttft")])
+
+
+def ttft_grid_block(refs: Refs) -> str:
+    """Every case of the grid: TTFT all eager and both graphed, the encoder graphs' paired cut at each
+    text mode (decode drift past the warning line marked), decode per token."""
+    res = refs("ttft")
+    rows = []
+    for c in cases(res["rows"]):
+        by = ttft_case(res["rows"], *c)
+        e, g = by.get(BOTH_EAGER), by.get(BOTH_GRAPHED)
+        rows.append([preset_label(c[0]), c[1], c[2], ms(e and e["ttft_ms"]), ms(g and g["ttft_ms"]),
+                     _cut(by.get(mode_name("eager", "graphed"))), _cut(g),
+                     f"{ms(e['decode_ms_per_token'])} → {ms(g['decode_ms_per_token'])}" if e and g else None])
+    head = ["preset", "image", "requests", "TTFT all eager", "TTFT both graphed", "encoder graphs' cut, text eager",
+            "encoder graphs' cut, text graphed", "decode ms/token, all eager → both graphed"]
+    note = (f"\"drift\" marks a cut where decode, which never runs the encoder, moved by more than "
+            f"{pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes: there the cut is not the encoder's alone.")
+    return "\n\n".join([md_table(head, rows), note, refs.source("ttft")])
+
+
+def decode_ratio_block(refs: Refs) -> str:
+    """Decode per token all eager / both graphed over the grid, with the cases at either end."""
+    rows = refs("ttft")["rows"]
+    ratios = []
+    for c in cases(rows):
+        by = ttft_case(rows, *c)
+        if BOTH_EAGER in by and BOTH_GRAPHED in by:
+            e, g = by[BOTH_EAGER]["decode_ms_per_token"], by[BOTH_GRAPHED]["decode_ms_per_token"]
+            ratios.append((e / g, c, e, g))
+    lo, hi = min(ratios), max(ratios)
+
+    def where(c):
+        return f"{preset_label(c[0])} {c[1]} ×{c[2]}"
+    return (f"Decode per token is {times(lo[0])} ({where(lo[1])}) to {times(hi[0])} ({where(hi[1])}) faster with "
+            f"both graphed than all eager, over {len(ratios)} cases: {span([r[3] for r in ratios])} ms per token "
+            f"graphed against {span([r[2] for r in ratios])} ms eager.")
+
+
+def text_cuts_block(refs: Refs) -> str:
+    """What graphing the text model cuts from TTFT (encoder graphed), by the batch's prompt tokens."""
+    rows = refs("ttft")["rows"]
+    out = []
+    for preset in dict.fromkeys(c[0] for c in cases(rows)):
+        for c in text_graph_cuts(rows, preset):
+            out.append([preset_label(preset), c["image"], c["requests"], c["prompt_tokens"], ms(c["eager_ms"]),
+                        ms(c["graphed_ms"]), pct(c["cut"])])
+    head = ["preset", "image", "requests", "prompt tokens", "TTFT, text eager", "TTFT, text graphed", "cut (paired)"]
+    return "\n\n".join(["The encoder graphed in both columns; sorted by the batch's prompt tokens.",
+                        md_table(head, out), refs.source("ttft")])
+
+
+def engine_setup_block(refs: Refs) -> str:
+    """What the text engine captured per preset, and whether any timed call fell back to eager."""
+    parts = []
+    for s in refs("ttft").get("setup") or []:
+        cap, stats = s["engine_capture"], s.get("engine_stats") or {}
+        parts.append(f"{preset_label(s['preset'])}: {len(cap['captured'])} graphs (prefill, sample and decode shapes) "
+                     f"captured in {ms(cap['capture_s'])} s, a hybrid cache of {cap['cache_mib']:.0f} MiB, "
+                     f"{sum((stats.get('eager') or {}).values())} eager fallbacks in the timed calls")
+    return "The text engine's graphs: " + "; ".join(parts) + " (`setup` in the file)."
+
+
+def e2e_block(refs: Refs) -> str:
+    """TTFT inside ``generate``: transformers' image path against the graphed encoder installed."""
+    res = refs("e2e")
+    rows = []
+    keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in res["rows"]))
+    for k in keys:
+        by = {r["mode"]: r for r in res["rows"] if (r["preset"], r["image"], r["requests"]) == k}
+        hf, g = by.get("hf-eager"), by.get("lab-graph")
+        if not (hf and g):
+            continue
+        drift = pct(g.get("decode_drift"), 0, sign=True) + (" (disturbed)" if disturbed(g) else "")
+        rows.append([preset_label(k[0]), k[1], k[2], ms(hf["ttft_ms"]), ms(g["ttft_ms"]),
+                     pct(-g["ttft_reduction"], sign=True), pct(-g["ttft_reduction_paired"], sign=True),
+                     f"{ms(hf['encoder_ms'])} → {ms(g['encoder_ms'])}", drift])
+    head = ["preset", "image", "requests", "TTFT transformers", "TTFT graphed encoder", "change (medians)",
+            "change (paired)", "encoder ms", "decode drift"]
+    note = (f"Median ms of {res['rows'][0].get('repeats')} rounds, the two modes in alternating turns. \"disturbed\": "
+            f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
+    return "\n\n".join([md_table(head, rows), note, refs.source("e2e")])
+
+
+def e2e_profile_block(refs: Refs) -> str:
+    """One profiled TTFT call inside ``generate``, split into the encoder and the text model."""
+    rows = []
+    for p in refs("e2e").get("ttft_profile") or []:
+        for mode in ("hf-eager", "lab-graph"):
+            for part in ("encoder", "text"):
+                r = (p.get(mode) or {}).get(part)
+                if r:
+                    rows.append([preset_label(p["preset"]), mode, part, f"{r['kernels']:.0f}",
+                                 f"{r['launch_calls']:.0f}", ms(r["gpu_busy_ms"]), ms(r["wall_ms"]),
+                                 pct(r["gpu_busy_ms"] / r["wall_ms"], 0)])
+    head = ["preset", "mode", "part", "kernels", "launch calls", "GPU-busy ms", "wall ms", "busy"]
+    return "\n\n".join([md_table(head, rows), refs.source("e2e")])
+
+
+def _range(cuts: list[tuple]) -> str:
+    return f"{span([c[0] for c in cuts], pct)} over {len(cuts)} cases" if cuts else "no undisturbed case"
+
+
+def _claim_line(what: str, cuts: list[tuple]) -> str:
+    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: …``
+    from ``(cut, (preset, image, requests), disturbed)`` tuples."""
+    lo, hi = PR_CLAIM
+    kept, off = [c for c in cuts if not c[2]], [c for c in cuts if c[2]]
+    line = (f"- {what}: {_range(kept)}, {sum(claim_verdict(c[0]) == 'within' for c in kept)} of them within "
+            f"{pct(lo, 0)}–{pct(hi, 0)}")
+    if off:
+        line += "; left out for decode drift: " + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
+    return line + "."
+
+
+def pr_claim_block(refs: Refs) -> str:
+    """The encoder graphs' TTFT cut beside the PR's claimed range: text graphed (as in vLLM), text eager,
+    and inside ``generate``; cases with decode drift are left out of the ranges and named."""
+    rows = refs("ttft")["rows"]
+    per_text = {t: [] for t in ("graphed", "eager")}
+    for c in cases(rows):
+        by = ttft_case(rows, *c)
+        for t in per_text:
+            g = by.get(mode_name(t, "graphed"))
+            if g and g.get("encoder_graph_cut") is not None:
+                per_text[t].append((g["encoder_graph_cut"], c, disturbed(g)))
+    first = [x for x in per_text["graphed"] if x[1][1:] == ("1x512", 1)]
+    lines = ["- Text model graphed, one 512 px request: " + ", ".join(
+        f"**{pct(x[0])}** on {preset_label(x[1][0])} ({claim_verdict(x[0])} the PR's range)" for x in first) + "."]
+    lines.append(_claim_line("Text model graphed, the other cases", [x for x in per_text["graphed"] if x not in first]))
+    lines.append(_claim_line("Text model eager, every case", per_text["eager"]))
+    e2e = [(r["ttft_reduction_paired"], (r["preset"], r["image"], r["requests"]), disturbed(r))
+           for r in refs("e2e")["rows"] if r["mode"] == "lab-graph"]
+    lines.append(_claim_line("Inside `generate` (paired)", e2e))
+    return "\n".join(lines) + "\n\n" + refs.source("ttft", "e2e")
+
+
+def image_path_block(refs: Refs) -> str:
+    """``encode()`` fed the processor's CPU output against GPU-resident input, and the staging split."""
+    ip = refs("ttft").get("image_path") or []
+    split = {(r.get("preset"), r["workload"]): r for r in ip if r["kind"] == "staging_split"}
+    rows = []
+    for r in (r for r in ip if r["kind"] == "encode_sources"):
+        s = split.get((r.get("preset"), r["workload"]), {})
+        rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
+                     times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
+                     ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3),
+                     None if s.get("upload_gb_s") is None else f"{s['upload_gb_s']:.1f}",
+                     "yes" if r.get("outputs_equal") else "**no**", (r.get("staging") or {}).get("host_waits")])
+    head = ["preset", "workload", "from GPU input ms", "from CPU output ms", "ratio", "ratio, padded float32",
+            "ratio, chunked upload", "host gather ms", "upload ms", "upload GB/s", "outputs equal", "host waits"]
+    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+
+
+def processor_block(refs: Refs) -> str:
+    """The image processor on the CPU against the same on the GPU (``device="cuda"``)."""
+    ip = refs("ttft").get("image_path") or []
+    par = {(r.get("preset"), r["workload"]): r for r in ip if r["kind"] == "processor_parity"}
+    rows = []
+    for r in (r for r in ip if r["kind"] == "processor_time"):
+        p = par.get((r.get("preset"), r["workload"]), {})
+        levels = p.get("max_diff_levels")
+        rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["cpu_ms_median"]),
+                     ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
+    head = ["preset", "workload", "CPU processor ms", "GPU processor ms", "CPU / GPU",
+            "largest difference (uint8 levels)"]
+    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+
+
+def ttft_parity_block(refs: Refs) -> str:
+    """Every mode's tokens against ``generate`` and first-token logits against float32, per parity case."""
+    rows = []
+    for p in refs("ttft").get("parity") or []:
+        margin = min(p.get("fp32_top2_margin") or [float("nan")])
+        for m, r in p["modes"].items():
+            rows.append([preset_label(p["preset"]), f"{p['image']} ×{p['requests']}", f"{margin:.3g}", mode_label(m),
+                         f"{r['rel_err_vs_fp32']:.2e} ({r['hf_rel_err_vs_fp32']:.2e})",
+                         "yes" if r["same_first_token"] else "**no**", "yes" if r["first_token_as_fp32"] else "**no**",
+                         f"{r['matching_tokens']} of {p['new_tokens']}", "yes" if r["ok"] else "**no**"])
+    head = ["preset", "case", "float32 top-2 margin", "mode", "logits vs float32 (transformers' bf16)",
+            "first token as `generate`", "first token as float32", "tokens as `generate`", "passes"]
+    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+
+
+BLOCKS = {
+    "ttft-modes": ttft_modes_block,
+    "ttft-phases": ttft_phases_block,
+    "ttft-profile": ttft_profile_block,
+    "ttft-grid": ttft_grid_block,
+    "ttft-decode": decode_ratio_block,
+    "ttft-text-cuts": text_cuts_block,
+    "ttft-engine": engine_setup_block,
+    "ttft-parity": ttft_parity_block,
+    "image-path": image_path_block,
+    "processor": processor_block,
+    "e2e": e2e_block,
+    "e2e-profile": e2e_profile_block,
+    "pr-claim": pr_claim_block,
+}

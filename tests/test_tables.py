@@ -1,0 +1,235 @@
+"""The generated tables of README.md and docs/*.md: the committed pages are what the generator writes
+from the committed reference set, and the generator's pieces (markers, tables, computed sentences,
+the CLI) do what a reader of those pages relies on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from lfm2vl_lab.tools import tables, tables_encoder, tables_engine, tables_goals
+from lfm2vl_lab.tools.cli import main
+from lfm2vl_lab.tools.tables import Refs, TableError, render_text, write_tables
+
+
+def quiet(*_a, **_k):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# The committed pages
+# --------------------------------------------------------------------------------------------
+
+def test_committed_pages_equal_what_the_reference_set_gives():
+    stale = write_tables(check=True, say=quiet)
+    assert not stale, (f"stale generated tables in {[str(p) for p in stale]}: "
+                       "run `python -m lfm2vl_lab report --tables-only`")
+
+
+def test_every_table_the_docs_promise_is_marked_on_its_page():
+    wanted = {"README.md": {"encoder-450m", "ttft-modes", "pr-claim"},
+              "docs/results.md": {"reference-set", "encoder-1.6b", "ttft-phases", "ttft-grid", "e2e",
+                                  "kernel-classes", "check", "machine-variation", "busy-over-wall", "pr-claim"},
+              "docs/goals.md": {"goals-encoder", "goals-ttft", "misses"}}
+    for page, names in wanted.items():
+        text = (tables.REPO_ROOT / page).read_text(encoding="utf-8")
+        assert names <= {n for n, _, _ in tables.marked(text, page)}, page
+
+
+def test_the_readme_speaks_of_itself_without_issue_numbers_or_verdicts():
+    text = (tables.REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    for word in ("issue #", "Issue #", "target (", "met |", "MISSED", "session"):
+        assert word not in text, word
+
+
+# --------------------------------------------------------------------------------------------
+# Markers
+# --------------------------------------------------------------------------------------------
+
+KNOWN = {"x": lambda refs: "| a |\n|---|\n| 1 |", "y": lambda refs: "second"}
+
+
+def test_render_replaces_only_what_lies_between_the_markers():
+    text = "intro\n<!-- table:x -->\nold\n<!-- /table:x -->\nmiddle\n<!-- table:y -->\n<!-- /table:y -->\nend\n"
+    out = render_text(text, None, known=KNOWN)
+    assert out == ("intro\n<!-- table:x -->\n\n| a |\n|---|\n| 1 |\n\n<!-- /table:x -->\nmiddle\n"
+                   "<!-- table:y -->\n\nsecond\n\n<!-- /table:y -->\nend\n")
+    assert render_text(out, None, known=KNOWN) == out  # drawing again changes nothing
+
+
+@pytest.mark.parametrize("text, says", [
+    ("<!-- table:x -->\nno end", "never closed"),
+    ("<!-- table:x -->\n<!-- table:y -->\n<!-- /table:y -->\n<!-- /table:x -->", "opens inside table 'x'"),
+    ("text\n<!-- /table:x -->\n", "never opened"),
+    ("<!-- table:nope -->\n<!-- /table:nope -->", "unknown table 'nope'"),
+])
+def test_broken_markers_name_the_offending_table(text, says):
+    with pytest.raises(TableError, match=says):
+        render_text(text, None, where="page.md", known=KNOWN)
+
+
+# --------------------------------------------------------------------------------------------
+# Tables from a small made-up reference set
+# --------------------------------------------------------------------------------------------
+
+def bench_row(mode, workload, median, busy=None, **kw):
+    return {"preset": "lfm2-vl-450m", "mode": mode, "workload": workload, "median_ms": median, "gpu_busy_ms": busy,
+            "n_items": 1 if workload != "stream" else 9, "p99_ms": median * 2, "max_ms": median * 3, **kw}
+
+
+PROV = {"gpu": "NVIDIA H200", "torch": "2.x", "transformers": "5.x", "date": "2030-01-02T03:04:05+00:00",
+        "preset": "lfm2-vl-450m", "dtype": "bf16", "repeats": 30, "warmup": 10, "stream_n": 5}
+
+
+def make_set(root, results: dict) -> Refs:
+    """A reference set under ``root``: each role's result written as ``<role>-1.json`` plus the manifest."""
+    folder = root / "nvidia-h200"
+    folder.mkdir(parents=True)
+    files = {}
+    for role, res in results.items():
+        (folder / f"{role}-1.json").write_text(json.dumps({"provenance": PROV, **res}))
+        files[role] = {"file": f"{role}-1.json", "command": f"python -m lfm2vl_lab {role}", "part": "encoder",
+                       "rc": 0, "seconds": 1.0}
+    man = {"gpu": "NVIDIA H200", "code_hash": "sha256:" + "0" * 64, "command": "python -m lfm2vl_lab record",
+           "started": "2030-01-02T03:00:00+00:00", "finished": "2030-01-02T03:10:00+00:00", "complete": True,
+           "files": files, "failed": {}}
+    (folder / "reference.json").write_text(json.dumps(man))
+    return Refs(root=root)
+
+
+BENCH = {"rows": [bench_row("hf-eager", "1x512", 4.0, 1.0), bench_row("compile", "1x512", 2.0, 1.1),
+                  bench_row("lab-eager", "1x512", 3.0, 0.9), bench_row("lab-graph", "1x512", 1.0, 0.8,
+                                                                      capture_s=0.5, graph_total_mb=100.0),
+                  bench_row("hf-eager", "stream", 5.0), bench_row("compile", "stream", 4.5),
+                  bench_row("lab-graph", "stream", 1.25)]}
+
+
+def test_the_encoder_table_is_drawn_from_the_file(tmp_path):
+    refs = make_set(tmp_path, {"bench-450m": BENCH})
+    out = tables_encoder.BLOCKS["encoder-450m"](refs)
+    assert "| one 512 px image | 1 | 4.00 (1.00) | 2.00 (1.10) | 3.00 (0.90) | **1.00** (0.80) | 4.0× |" in out
+    assert "| stream of 5 mixed requests (median) | 9 | 5.00 | 4.50 | – | **1.25** | 4.0× |" in out
+    assert "fastest mode at 2 of 2 workloads" in out and "at 1 of the 1 profiled" in out
+    assert "captured in 0.50 s and hold 100 MiB" in out
+    assert "nvidia-h200/bench-450m-1.json` (role `bench-450m`)" in out and "recorded 2030-01-02" in out
+
+
+def test_a_page_goes_stale_when_its_file_changes_and_is_redrawn(tmp_path):
+    refs = make_set(tmp_path / "res", {"bench-450m": BENCH})
+    page = tmp_path / "page.md"
+    page.write_text("# p\n\n<!-- table:encoder-450m -->\n<!-- /table:encoder-450m -->\n")
+    assert write_tables([page], refs, say=quiet) == [page]
+    assert write_tables([page], refs, check=True, say=quiet) == []
+    path = tmp_path / "res" / "nvidia-h200" / "bench-450m-1.json"
+    res = json.loads(path.read_text())
+    res["rows"][3]["median_ms"] = 0.5  # a new run: lab-graph twice as fast
+    path.write_text(json.dumps(res))
+    before = page.read_text()
+    assert write_tables([page], Refs(root=tmp_path / "res"), check=True, say=quiet) == [page]
+    assert page.read_text() == before, "--check must not write"
+    write_tables([page], Refs(root=tmp_path / "res"), say=quiet)
+    assert "**0.50** (0.80) | 8.0×" in page.read_text()
+
+
+def test_rows_busier_than_their_wall_time_are_listed(tmp_path):
+    rows = BENCH["rows"] + [bench_row("lab-graph", "4x512", 2.0, 2.2)]
+    refs = make_set(tmp_path, {"bench-450m": {"rows": rows}, "bench-1.6b": {"rows": []}, "kernels": {"rows": []}})
+    out = tables_encoder.busy_over_wall_block(refs)
+    assert "`bench-450m` lab-graph 4x512: 2.200 ms busy, 2.000 ms median" in out
+    refs = make_set(tmp_path / "b", {"bench-450m": BENCH, "bench-1.6b": {"rows": []}, "kernels": {"rows": []}})
+    out = tables_encoder.busy_over_wall_block(refs)
+    assert out.startswith("No row") and "the closest is `bench-450m` lab-graph 1x512, busy 80.0% of its median" in out
+
+
+def ttft_row(preset, image, n, text, enc, ttft, decode, cut=None, drift=None):
+    row = {"preset": preset, "image": image, "requests": n, "mode": f"text-{text}+encoder-{enc}", "ttft_ms": ttft,
+           "decode_ms_per_token": decode, "phases_ms": {}, "same_first_tokens": True}
+    if enc == "graphed":
+        row.update(encoder_graph_cut=cut, decode_drift=drift)
+    return row
+
+
+def ttft_case_rows(image, n, eager_decode, graphed_decode, cut_g=0.5, cut_e=0.3, drift_e=0.0):
+    p = "lfm2-vl-450m"
+    return [ttft_row(p, image, n, "eager", "eager", 20.0, eager_decode),
+            ttft_row(p, image, n, "eager", "graphed", 14.0, eager_decode, cut_e, drift_e),
+            ttft_row(p, image, n, "graphed", "eager", 9.0, graphed_decode),
+            ttft_row(p, image, n, "graphed", "graphed", 4.0, graphed_decode, cut_g, 0.0)]
+
+
+def test_the_decode_ratio_is_computed_with_the_cases_at_either_end(tmp_path):
+    rows = ttft_case_rows("1x512", 1, 10.0, 2.0) + ttft_case_rows("tiled", 1, 12.0, 4.0)
+    refs = make_set(tmp_path, {"ttft": {"rows": rows}})
+    assert tables_engine.decode_ratio_block(refs) == (
+        "Decode per token is 3.0× (LFM2-VL-450M tiled ×1) to 5.0× (LFM2-VL-450M 1x512 ×1) faster with both "
+        "graphed than all eager, over 2 cases: 2.00–4.00 ms per token graphed against 10.00–12.00 ms eager.")
+
+
+def test_the_pr_claim_leaves_out_and_names_the_cases_with_decode_drift(tmp_path):
+    rows = (ttft_case_rows("1x512", 1, 10.0, 2.0, cut_g=0.6) + ttft_case_rows("1x512", 2, 10.0, 2.0, cut_g=0.15)
+            + ttft_case_rows("tiled", 1, 10.0, 2.0, cut_e=0.9, drift_e=0.2))
+    e2e = [{"preset": "lfm2-vl-450m", "image": "1x512", "requests": 1, "mode": "lab-graph",
+            "ttft_reduction_paired": 0.12, "decode_drift": 0.01}]
+    out = tables_engine.pr_claim_block(make_set(tmp_path, {"ttft": {"rows": rows}, "e2e": {"rows": e2e}}))
+    assert "**60.0%** on LFM2-VL-450M (above the PR's range)" in out
+    assert "the other cases: 15.0%–50.0% over 2 cases, 1 of them within 10%–20%." in out
+    assert "every case: 30.0% over 2 cases, 0 of them within 10%–20%; left out for decode drift: " \
+           "LFM2-VL-450M tiled ×1." in out
+    assert "Inside `generate` (paired): 12.0% over 1 cases, 1 of them within" in out
+
+
+# --------------------------------------------------------------------------------------------
+# Goals
+# --------------------------------------------------------------------------------------------
+
+def test_goal_values_read_with_their_units_and_direction():
+    aim = tables_goals._aim_and_value
+    assert aim({"target": "450M 1x512 median ms", "value": 0.8, "limit": 0.95}) == ("≤ 0.95 ms", "0.80 ms")
+    assert aim({"target": "encoder graphs' TTFT cut, text graphed", "value": 0.5, "limit": 0.35}) == ("≥ 35%", "50.0%")
+    assert aim({"target": "fastest mode at tiled", "value": 1.0, "limit": 2.0, "detail": "next: compile"}) == \
+        ("< the next mode's 2.00 ms (compile)", "1.00 ms")
+    assert aim({"target": "450M graph MiB", "value": 377.2, "limit": 1024.0}) == ("≤ 1024 MiB", "377 MiB")
+    assert aim({"target": "every mode's first tokens equal eager's", "value": False, "limit": True}) == ("all", "no")
+
+
+def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatch):
+    monkeypatch.setattr(tables_goals, "encoder_goals", lambda refs: [
+        {"target": "450M 1x512 median ms", "value": 0.8, "limit": 0.95, "ok": True, "detail": ""},
+        {"target": "a goal nobody explains ms", "value": 2.0, "limit": 1.0, "ok": False, "detail": ""}])
+    monkeypatch.setattr(tables_goals, "ttft_goals", lambda refs: [])
+    out = tables_goals.misses_block(None)
+    assert "### a goal nobody explains ms: 2.00 ms, aimed for ≤ 1 ms" in out and "No explanation" in out
+    assert "450M 1x512" not in out
+    monkeypatch.setattr(tables_goals, "encoder_goals", lambda refs: [])
+    assert tables_goals.misses_block(None) == "Every goal is reached in this reference set."
+
+
+def test_every_goal_a_judge_can_miss_has_an_explanation_or_is_named():
+    assert tables_goals.explainer("encode() CPU input / GPU input, 4x512") is tables_goals.explain_cpu_input
+    assert tables_goals.explainer("1x512 wall / GPU-busy") is tables_goals.explain_busy_ratio
+    assert tables_goals.explainer("something new") is None
+
+
+def test_idle_gaps_are_the_stretches_between_gpu_entries():
+    row = {"timeline": {"gpu": [[10.0, 2.0, "b"], [0.0, 5.0, "a"], [12.0, 1.0, "c"], [20.0, 1.0, "d"]]}}
+    assert tables_goals.idle_gaps(row) == [(5.0, "a", "b"), (7.0, "c", "d")]
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
+
+def test_check_without_a_reference_set_is_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--check", "--root", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("python -m lfm2vl_lab report: error:") and "reference.json" in err
+
+
+def test_plain_report_leaves_the_pages_alone_without_a_reference_set(tmp_path, capsys):
+    args = argparse.Namespace(root=str(tmp_path), check=False, tables_only=False)
+    assert tables.run_tables(args) == 0
+    assert "no reference set" in capsys.readouterr().out
