@@ -25,6 +25,7 @@ from lfm2vl_lab.tools.ttft_findings import (
     first_tokens_text,
     image_path_text,
     range_text,
+    range_verdict,
     ttft_sentence,
 )
 from lfm2vl_lab.tools.ttft_summary import case_disturbed, drift_fails, text_graph_cuts
@@ -123,6 +124,8 @@ def test_cut_range_leaves_out_the_cases_whose_decode_control_fails():
     assert range_text(cuts[1:2]) == "every case: none of 1 cases passes the decode control; left out, decode " \
                                     "control fails: p 1x512 x4 (drift +50%)"
     assert range_text(cuts, requests=8).startswith("not recorded")
+    assert range_text(cuts, claim=(0.1, 0.2)).startswith("every case: 10.0% to 30.0% over 2 of 3 cases, "
+                                                         "overlapping the PR's 10%-20%; left out")
 
 
 def test_encoder_and_e2e_cuts_read_the_graphed_rows():
@@ -150,6 +153,14 @@ def test_claim_ranges_on_the_reference_set_quote_the_rows(ttft_res, e2e_res):
                and r["requests"] == 1 and not drift_fails(r)]
     assert f"one request: {min(graphed):.1%} to {max(graphed):.1%}" in text.split("text model graphed (as in vLLM)")[1]
     assert "inside generate" not in claim_ranges_text(ttft_res["rows"])
+    ranges = [line for line in text.splitlines() if line.startswith("  ")]
+    assert len(ranges) == 6 and all(re.search(r"cases, (above|below|within|overlapping) the PR's 10%-20%", line)
+                                    for line in ranges)
+
+
+def test_range_verdict():
+    assert [range_verdict(*r) for r in ((0.25, 0.6), (0.02, 0.08), (0.12, 0.18), (0.05, 0.3), (0.15, 0.3))] == \
+        ["above", "below", "within", "overlapping", "overlapping"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -95,8 +95,9 @@ def cut_range(cuts: list[dict], requests: int | None = None) -> dict:
             "unchecked": sum(c["drift"] is None for c in kept)}
 
 
-def range_text(cuts: list[dict], requests: int | None = None) -> str:
-    """:func:`cut_range` in words: the range, over how many cases, and which were left out and why."""
+def range_text(cuts: list[dict], requests: int | None = None, claim: tuple | None = None) -> str:
+    """:func:`cut_range` in words: the range, over how many cases, where it stands against ``claim`` (a
+    ``(lo, hi)`` range such as :data:`PR_CLAIM`; :func:`range_verdict`), and which cases were left out and why."""
     r = cut_range(cuts, requests)
     n = len(r["kept"]) + len(r["left_out"])
     if not n:
@@ -104,6 +105,8 @@ def range_text(cuts: list[dict], requests: int | None = None) -> str:
     what = "one request" if requests == 1 else f"{requests} requests" if requests else "every case"
     line = (f"{what}: {r['lo']:.1%} to {r['hi']:.1%} over {len(r['kept'])} of {n} cases" if r["kept"]
             else f"{what}: none of {n} cases passes the decode control")
+    if r["kept"] and claim is not None:
+        line += f", {range_verdict(r['lo'], r['hi'], claim)} the PR's {claim[0]:.0%}-{claim[1]:.0%}"
     if r["left_out"]:
         line += "; left out, decode control fails: " + ", ".join(
             f"{_case_name(c['case'])} (drift {c['drift']:+.0%})" for c in r["left_out"])
@@ -124,8 +127,17 @@ def claim_ranges_text(ttft_rows: list[dict], e2e_rows: list[dict] | None = None)
     lines = [f"vLLM PR #44930: about {lo:.0%}-{hi:.0%} lower end-to-end latency at low batch size, its text model "
              "graphed. The encoder graphs' paired TTFT cut here:"]
     for name, cuts in settings:
-        lines += [f"{name}:", "  " + range_text(cuts, requests=1), "  " + range_text(cuts)]
+        lines += [f"{name}:"] + ["  " + range_text(cuts, requests=n, claim=PR_CLAIM) for n in (1, None)]
     return "\n".join(lines)
+
+
+def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
+    """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
+    if lo > claim[1]:
+        return "above"
+    if hi < claim[0]:
+        return "below"
+    return "within" if claim[0] <= lo and hi <= claim[1] else "overlapping"
 
 
 def decode_speedups(rows: list[dict]) -> list[dict]:
