@@ -1,14 +1,17 @@
-"""A recorded TTFT result (``ttft-*.json``) as text: the tables notebook 07 prints next to its figures.
+"""A recorded TTFT result (``ttft-*.json``, and ``e2e-*.json``) as text: what notebook 07 prints next to its figures.
 
 Each function takes the whole result (or its rows) and returns a string. A section the file does not
 have (``targets``, ``parity``, ``profile``, or the rows a table needs) gives a line that says it is not
 recorded, never an error, so the same cells read a small first run and the full grid.
 
-* :func:`targets_text` — issue #12's targets as the run judged them
+* :func:`targets_text` — the targets the run judged itself against (``ttft`` records them)
 * :func:`decode_text`  — decode ms per token per mode, and the drift between the encoder modes
 * :func:`parity_text`  — every mode's tokens and first-token logits against transformers
 * :func:`profile_text` — kernels, launch calls and GPU-busy against wall time per mode
 * :func:`claim_text`   — the encoder graphs' TTFT cut, text model graphed and eager, next to the PR's 10-20%
+* :func:`drift_fails`, :func:`case_disturbed` — the decode control of a row and of a case
+
+:mod:`lfm2vl_lab.tools.ttft_findings` says in sentences what the files show (ranges, first tokens, ...).
 
 Two readings of the rows that notebook 07's exercises use:
 
@@ -197,7 +200,8 @@ def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mo
 def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed") -> list[dict]:
     """What graphing the text model cuts from TTFT in each case of ``preset``, at one encoder mode:
     ``{"image", "requests", "prompt_tokens", "eager_ms", "graphed_ms", "cut"}`` sorted by the prompt
-    tokens of the batch (requests × prompt length). ``cut`` is paired (round by round) like
+    tokens of the batch (requests × prompt length), and ``"disturbed"``: whether a mode of that case fails
+    the decode control (:func:`case_disturbed`). ``cut`` is paired (repeat by repeat) like
     ``encoder_graph_cut``; rows without samples fall back to the medians."""
     out = []
     for p, image, n in _cases(rows):
@@ -212,5 +216,29 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
         else:
             cut = 1 - graphed["ttft_ms"] / eager["ttft_ms"]
         out.append({"image": image, "requests": n, "prompt_tokens": n * eager["prompt_len"],
-                    "eager_ms": eager["ttft_ms"], "graphed_ms": graphed["ttft_ms"], "cut": cut})
+                    "eager_ms": eager["ttft_ms"], "graphed_ms": graphed["ttft_ms"], "cut": cut,
+                    "disturbed": case_disturbed(rows, p, image, n)})
     return sorted(out, key=lambda c: c["prompt_tokens"])
+
+
+# ------------------------------------------------------------------------------------------------
+# The decode control (ttft_findings quotes ranges over the cases that pass it)
+
+
+def drift_fails(row: dict | None) -> bool:
+    """Whether a row fails the decode control: its ``decode_drift`` (decode per token with the graphed
+    encoder against the eager one, at one text mode) is beyond ``DECODE_DRIFT_WARN``. Decode never runs
+    the encoder, so such a row was disturbed while one mode was timed. A row without a drift passes."""
+    return drift_beyond((row or {}).get("decode_drift"))
+
+
+def drift_beyond(drift: float | None) -> bool:
+    """Whether a decode drift is beyond ``DECODE_DRIFT_WARN`` (None, no drift recorded, is not)."""
+    return drift is not None and abs(drift) > DECODE_DRIFT_WARN
+
+
+def case_disturbed(rows: list[dict], preset: str, image: str, requests: int) -> bool:
+    """Whether any mode of one TTFT case fails the decode control, so a cut between its modes may not
+    be the graphs' alone."""
+    return any(drift_fails(r) for r in ttft_case(rows, preset, image, requests).values())
+
