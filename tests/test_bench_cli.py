@@ -1,5 +1,6 @@
 """The bench CLI end to end on the tiny preset (CPU), result files, and the report figures."""
 
+import copy
 import json
 import os
 import subprocess
@@ -105,6 +106,21 @@ def test_save_and_load_results(tmp_path):
     assert len(loaded) == 2 and loaded[0]["rows"] == [{"mode": "a"}] and "_path" in loaded[0]
 
 
+def reference_set(root: Path, gpu: str, results: dict[str, dict]) -> dict[str, Path]:
+    """A reference set under ``root`` as ``python -m lfm2vl_lab record`` leaves it: each result saved as
+    ``<role>-<date>.json`` and a manifest naming them. Returns the files by role."""
+    paths = {role: save_result(res, root, name=role) for role, res in results.items()}
+    folder = root / gpu_slug(gpu)
+    (folder / "reference.json").write_text(json.dumps({
+        "gpu": gpu, "code_hash": "sha256:" + "0" * 64, "started": "2026-11-01T00:00:00+00:00",
+        "finished": "2026-11-01T01:00:00+00:00", "files": {role: {"file": p.name} for role, p in paths.items()}}))
+    return paths
+
+
+def fixture_result() -> dict:
+    return json.loads((FIX / "results" / "nvidia-h200" / "fixture-20261101-120000.json").read_text())
+
+
 def test_report_draws_pngs_from_fixture(tmp_path, capsys):
     assert main(["report", "--root", str(FIX / "results"), "--out", str(tmp_path)]) == 0
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
@@ -115,14 +131,52 @@ def test_report_draws_pngs_from_fixture(tmp_path, capsys):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+def test_report_draws_each_figure_from_its_reference_file_only(tmp_path):
+    """Another run of the same preset beside the reference set (newer, other numbers) and one in
+    archive/ change no figure: each is drawn from the file the manifest names for its role."""
+    from lfm2vl_lab.tools.report import figure_jobs, reference_sets, report
+
+    ref = fixture_result()
+    other = copy.deepcopy(ref)
+    other["provenance"]["date"] = "2026-12-24T12:00:00+00:00"
+    for r in other["rows"]:
+        r["median_ms"] *= 3  # a slower run: any of its rows in a figure would show
+    alone = reference_set(tmp_path / "alone", "NVIDIA H200", {"bench-450m": ref})
+    reference_set(tmp_path / "crowded", "NVIDIA H200", {"bench-450m": ref})
+    save_result(other, tmp_path / "crowded", name="bench-450m")
+    save_result(other, tmp_path / "crowded" / "nvidia-h200" / "archive", name="bench-450m")
+    (files,) = reference_sets(tmp_path / "crowded").values()
+    jobs = figure_jobs(files, "nvidia-h200")
+    assert jobs and all([Path(f["_path"]).name for f in used] == [alone["bench-450m"].name] for _, _, used in jobs)
+    latency = next(draw for stem, draw, _ in jobs if stem.endswith("-latency"))()
+    heights = sorted(round(b.get_height(), 6) for b in latency.axes[0].patches if b.get_height() > 0)
+    shown = [r for r in ref["rows"] if r.get("budget_set") in (None, "auto")]  # the default of each bar
+    assert len(shown) == len({(r["mode"], r["workload"]) for r in ref["rows"]})
+    assert heights == sorted(round(r["median_ms"], 6) for r in shown)
+    assert alone["bench-450m"].name in latency.get_suptitle() and "2026-11-01" in latency.get_suptitle()
+    drawn = {name: [p.read_bytes() for p in report(tmp_path / name, tmp_path / f"figs-{name}", verbose=False)]
+             for name in ("alone", "crowded")}
+    assert len(drawn["alone"]) == 6 and drawn["crowded"] == drawn["alone"]
+    # the other run as the reference: other figures (the test can tell them apart)
+    reference_set(tmp_path / "other", "NVIDIA H200", {"bench-450m": other})
+    assert [p.read_bytes() for p in report(tmp_path / "other", tmp_path / "figs-other", verbose=False)] != \
+        drawn["alone"]
+
+
+def test_report_reads_no_file_outside_the_reference_set(tmp_path, capsys):
+    save_result(fixture_result(), tmp_path / "results")  # a result file, but no reference.json
+    assert main(["report", "--root", str(tmp_path / "results"), "--out", str(tmp_path / "figs")]) == 1
+    assert "no reference set under" in capsys.readouterr().out and not list(tmp_path.glob("figs/*.png"))
+
+
 def test_report_skips_figures_without_data(tmp_path, capsys):
     # A CPU result: latency only (no profiler floor, no graphs, one NxS workload).
-    res = json.loads((FIX / "results" / "nvidia-h200" / "fixture-20261101-120000.json").read_text())
+    res = fixture_result()
     res["provenance"]["gpu"] = "cpu"
     res["rows"] = [dict(r, gpu_busy_ms=None, timeline=None, capture_info=None, padding_waste=None)
                    for r in res["rows"]
                    if r["mode"] in ("hf-eager", "lab-eager") and r["workload"] in ("1x512", "tiled")]
-    save_result(res, tmp_path / "results")
+    reference_set(tmp_path / "results", "cpu", {"bench-450m": res})
     assert main(["report", "--root", str(tmp_path / "results"), "--out", str(tmp_path / "figs")]) == 0
     assert [p.name for p in (tmp_path / "figs").glob("*.png")] == ["cpu-lfm2-vl-450m-bfloat16-latency.png"]
     out = capsys.readouterr().out
@@ -137,7 +191,7 @@ def test_subcommand_table_is_extensible():
 
 
 def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
-    from lfm2vl_lab.tools.plots import NoData, attention_figure, e2e_figure
+    from lfm2vl_lab.tools.plots import MixedRuns, NoData, attention_figure, e2e_figure
 
     rows = [
         {"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 30.0, "encoder_ms": 5.0},
@@ -146,14 +200,37 @@ def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
     fig = e2e_figure(rows)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert "27.0\n(-10%)" in texts and "30.0" in texts
+    # each legend swatch has the colour of the bar part it names (the encoder part: a darker shade)
+    legend = fig.axes[0].get_legend()
+    swatches = {t.get_text(): h.get_facecolor() for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    bars = {(round(b.get_x(), 3), round(b.get_height(), 3)): b.get_facecolor() for b in fig.axes[0].patches}
+    assert swatches["lab-graph: its encoder part"] == next(c for (x, h), c in bars.items() if h == 1.5)
+    assert swatches["hf-eager: its encoder part"] == next(c for (x, h), c in bars.items() if h == 5.0)
+    assert swatches["hf-eager: its encoder part"] != swatches["hf-eager: time to first token"]
+    with pytest.raises(MixedRuns, match="more than one run"):
+        e2e_figure(rows + [dict(rows[1], ttft_ms=20.0)])  # two files' rows for one bar
     probe = [{"preset": "p", "layout": [1024], "backend": b, "graph_ms_per_layer": ms}
-             for b, ms in (("varlen", 0.025), ("sdpa_dense", 0.014))]
-    heights = sorted(round(b.get_height(), 3) for b in attention_figure(probe).axes[0].patches)
-    assert heights == [14.0, 25.0]
+             for b, ms in (("varlen", 0.025), ("sdpa_dense", 0.014), ("sdpa_blockmask", 4.5))]
+    probe.append({"preset": "p", "layout": [1024], "backend": "cudnn_ragged", "graph_ms_per_layer": None,
+                  "error": "AcceleratorError"})
+    fig = attention_figure(probe)
+    heights = sorted(round(b.get_height(), 3) for b in fig.axes[0].patches)
+    assert heights == [14.0, 25.0, 4500.0]
+    assert fig.axes[0].get_yscale() == "log"  # one slow backend would flatten the rest on a linear axis
+    assert "cudnn_ragged" in fig.legends[0].get_title().get_text()  # the backend that gave no time is named
+    assert attention_figure(probe, log=False).axes[0].get_yscale() == "linear"
     with pytest.raises(NoData):
         e2e_figure([])
     with pytest.raises(NoData):
         attention_figure([{"preset": "p"}])
+
+
+def test_attention_layouts_are_written_short():
+    from lfm2vl_lab.tools.plots_e2e_attention import layout_label
+
+    assert layout_label([1024]) == "1024" and layout_label([256] * 16) == "16×256"
+    assert layout_label([1024, 1024, 576, 64]) == "2×1024+576+64"
+    assert layout_label([1024, 600, 256, 256, 64]) == "1024+600+2×256+64"
 
 
 def test_run_bench_checkpoints_after_each_mode(tmp_path):
@@ -174,17 +251,67 @@ def test_run_bench_checkpoints_after_each_mode(tmp_path):
 
 
 def test_figures_pick_the_default_config_over_experiments():
-    from lfm2vl_lab.tools.plots import pick_rows
+    from lfm2vl_lab.tools.plots import MixedRuns, latency_figure, pick_rows
 
     base = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
             "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": True, "fuse_elementwise": True,
             "dense_graphs": True}
     rows = [dict(base, median_ms=1.4, gpu_busy_ms=1.1),
-            dict(base, median_ms=1.1, gpu_busy_ms=0.9, dense_graphs=False),  # newer, profiled, faster
+            dict(base, median_ms=1.1, gpu_busy_ms=0.9, dense_graphs=False),  # later, profiled, faster
             dict(base, median_ms=1.2, gpu_busy_ms=1.0, fuse_qkv=False),
             dict(base, median_ms=1.3, gpu_busy_ms=1.0, attention="sdpa_blockmask")]
-    assert [r["median_ms"] for r in pick_rows(rows)] == [1.4]  # the default row, though slower and older
-    assert [r["median_ms"] for r in pick_rows(rows[1:])] == [1.3]  # no default row: the newest profiled one
+    assert [r["median_ms"] for r in pick_rows(rows)] == [1.4]  # the default row, though slower and first
+    # no default row: the default graph settings and attention (a file from before the kernel options)
+    assert [r["median_ms"] for r in pick_rows([rows[3], rows[1]])] == [1.1]
+    old = {k: v for k, v in base.items() if k not in ("fuse_qkv", "fuse_elementwise", "dense_graphs")}
+    assert [r["median_ms"] for r in pick_rows([dict(old, median_ms=2.0, budget_set="256,1024"),
+                                               dict(old, median_ms=2.5)])] == [2.5]
+    with pytest.raises(MixedRuns):  # two of those, and neither the default: which one is the figure's?
+        pick_rows(rows[1:])
+    # the default rows of two files for one bar: refused, never a pick across runs
+    with pytest.raises(MixedRuns, match=r"\('lab-graph', '1x512'\).*more than one run"):
+        latency_figure(rows + [dict(base, median_ms=0.9, gpu_busy_ms=0.8)])
+
+
+def test_busy_exceeds_wall_is_flagged_not_drawn_as_full():
+    from lfm2vl_lab.tools.plots import BUSY_OVER_WALL, busy_exceeds_wall, floor_share_figure
+
+    rows = [{"mode": "hf-eager", "workload": "1x512", "median_ms": 8.0, "gpu_busy_ms": 1.0},
+            {"mode": "lab-graph", "workload": "1x512", "median_ms": 0.84, "gpu_busy_ms": 0.70},
+            {"mode": "lab-graph", "workload": "8x512", "median_ms": 3.70, "gpu_busy_ms": 3.91},
+            {"mode": "lab-eager", "workload": "8x512", "median_ms": 5.0, "gpu_busy_ms": None}]
+    assert busy_exceeds_wall(rows) == [rows[2]] and busy_exceeds_wall(rows[:2]) == []
+    fig = floor_share_figure(rows)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert " 12% busy" in texts and " 83% busy" in texts and not any("100%" in t for t in texts)
+    assert any("busy 3.91 ms > median 3.70 ms" in t for t in texts)
+    assert [p.get_hatch() for p in fig.axes[0].patches].count("////") == 1
+    assert BUSY_OVER_WALL in [t.get_text() for t in fig.legends[0].get_texts()]
+    plain = floor_share_figure(rows[:2])  # nothing to flag: no such legend entry
+    assert BUSY_OVER_WALL not in [t.get_text() for t in plain.legends[0].get_texts()]
+
+
+def test_timeline_figure_says_what_each_colour_is():
+    from lfm2vl_lab.tools.plots import TIMELINE_LABELS, timeline_figure
+
+    tl = {"cpu": [(0, 5, "cudaLaunchKernel"), (6, 2, "cudaStreamSynchronize")], "gpu": [(3, 4, "gemm")]}
+    labels = [t.get_text() for t in timeline_figure({"eager": tl}).legends[0].get_texts()]
+    assert labels == [TIMELINE_LABELS[k] for k in ("launch", "other", "gpu")]
+    only_graph = {"cpu": [(0, 5, "cudaGraphLaunch")], "gpu": [(3, 4, "gemm")]}
+    assert len(timeline_figure({"graph": only_graph}).legends[0].get_texts()) == 2  # no grey: no entry
+
+
+def test_graph_memory_total_is_the_groups_not_the_buffers():
+    from lfm2vl_lab.tools.plots import graph_memory_figure
+
+    info = [{"budget": 2048, "pool_mb": 300.0, "buffers_mb": 20.0, "total_mb": 320.0, "capture_s": 0.4},
+            {"budget": 1024, "pool_mb": 0.0, "buffers_mb": 10.0, "total_mb": 10.0, "capture_s": 0.3}]
+    fig = graph_memory_figure({"auto": info})
+    ax = fig.axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["auto: graph pool (growth)", "auto: buffers", "capture time (right axis)"]
+    assert "auto: all budgets together 330 MiB (graph pool 300 + buffers 30)" in ax.get_title(loc="left")
+    assert not any("MiB" in t for t in legend)
 
 
 def _git_ignored(paths: list[str]) -> set[str]:
@@ -201,12 +328,13 @@ def test_cpu_runs_leave_the_tree_clean(tmp_path):
     the GPU record (the same kinds of files for a GPU) is not."""
     from lfm2vl_lab.tools.report import report
 
-    res = json.loads((FIX / "results" / "nvidia-h200" / "fixture-20261101-120000.json").read_text())
+    res = fixture_result()
     res["provenance"]["gpu"] = "cpu"
     e2e = {"name": "e2e", "provenance": dict(res["provenance"]),
            "rows": [{"preset": "tiny", "image": "1x512", "requests": 1, "mode": m, "ttft_ms": 9.0, "encoder_ms": 5.0}
                     for m in ("hf-eager", "lab-eager")]}
     written = [save_result(r, tmp_path / "results") for r in (res, e2e)]
+    reference_set(tmp_path / "results", "cpu", {"bench-450m": res, "e2e": e2e})
     figures = report(tmp_path / "results", tmp_path / "figures", verbose=False)
     assert len(figures) >= 2  # a latency figure and the e2e one at least
     cpu = [f"data/results/{p.relative_to(tmp_path / 'results')}" for p in written] + \

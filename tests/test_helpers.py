@@ -57,17 +57,29 @@ def test_recorded_label_hides_the_output_folder_of_the_machine_it_ran_on():
     assert "`python -m lfm2vl_lab bench --name bench --repeats 30`" in label and "bench-1.json" in label
 
 
-def test_report_draws_each_preset_from_its_newest_file():
-    from lfm2vl_lab.tools.report import newest_per_preset
+def test_report_draws_each_preset_from_its_own_reference_file():
+    """Each preset's figures come from the file of its role; the padding waste of a preset with a
+    budget sweep from that sweep; no figure from two files."""
+    from lfm2vl_lab.tools.report import figure_jobs
 
-    def res(date, presets, tag):
-        return {"provenance": {"gpu": "NVIDIA H200", "date": date},
-                "rows": [{"preset": p, "mode": m, "tag": tag} for p in presets for m in ("hf-eager", "lab-graph")]}
+    def res(role, preset, date):
+        return {"name": role, "_role": role, "_path": f"x/{role}.json",
+                "provenance": {"gpu": "NVIDIA H200", "date": date, "preset": preset, "dtype": "bfloat16"},
+                "rows": [{"preset": preset, "mode": m, "workload": "1x512", "median_ms": 1.0}
+                         for m in ("hf-eager", "lab-graph")]}
 
-    old = res("2026-11-29", ["450m", "1.6b"], "old")
-    new450, new16 = res("2026-11-30T10", ["450m"], "new"), res("2026-11-30T11", ["1.6b"], "newer")
-    ((slug, (files, rows)),) = newest_per_preset([old, new450, new16]).items()
-    assert slug == "nvidia-h200" and files == [new450, new16]
-    assert {(r["preset"], r["tag"]) for r in rows} == {("450m", "new"), ("1.6b", "newer")} and len(rows) == 4
-    (_, (files, rows)), = newest_per_preset([old, new450]).items()
-    assert files == [old, new450] and {(r["preset"], r["tag"]) for r in rows} == {("450m", "new"), ("1.6b", "old")}
+    files = {"bench-450m": res("bench-450m", "lfm2-vl-450m", "2026-11-29"),
+             "bench-1.6b": res("bench-1.6b", "lfm2-vl-1.6b", "2026-11-30"),
+             "sweep-budgets": res("sweep-budgets", "lfm2-vl-450m", "2026-12-01")}
+    used = {stem: [f["_role"] for f in src] for stem, _draw, src in figure_jobs(files, "nvidia-h200")}
+    kinds = ("latency", "speedup", "floor-share", "timeline", "padding-waste", "graph-memory")
+    assert set(used) == {f"nvidia-h200-{p}-bfloat16-{k}" for p in ("lfm2-vl-450m", "lfm2-vl-1.6b") for k in kinds}
+    for stem, roles in used.items():
+        want = "sweep-budgets" if stem.endswith("450m-bfloat16-padding-waste") else \
+            "bench-450m" if "-450m-" in stem else "bench-1.6b"
+        assert roles == [want], stem
+    # a budget sweep of another preset is not the 1.6B's: its padding waste stays with its bench file
+    files["sweep-budgets"] = res("sweep-budgets", "lfm2-vl-1.6b", "2026-12-01")
+    used = {stem: [f["_role"] for f in src] for stem, _draw, src in figure_jobs(files, "nvidia-h200")}
+    assert used["nvidia-h200-lfm2-vl-450m-bfloat16-padding-waste"] == ["bench-450m"]
+    assert used["nvidia-h200-lfm2-vl-1.6b-bfloat16-padding-waste"] == ["sweep-budgets"]

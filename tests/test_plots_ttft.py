@@ -1,5 +1,5 @@
 """The TTFT grid's figures (tools/plots_ttft.py), its text tables (tools/ttft_summary.py) and the report's
-ttft figures: from the recorded H200 file and from synthetic rows of the full grid's shape, with
+ttft figures: from the reference set's TTFT file and from synthetic rows of the full grid's shape, with
 missing modes, cases and sections."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lfm2vl_lab.tools.plots import NoData
+from lfm2vl_lab.tools import reference
+from lfm2vl_lab.tools.plots import MixedRuns, NoData
 from lfm2vl_lab.tools.plots_ttft import (
     PROCESSOR,
     TTFT_MODES,
@@ -22,7 +23,7 @@ from lfm2vl_lab.tools.plots_ttft import (
     ttft_grid_figure,
     ttft_rows,
 )
-from lfm2vl_lab.tools.results import save_result
+from lfm2vl_lab.tools.results import gpu_slug, save_result
 from lfm2vl_lab.tools.ttft import mode_name
 from lfm2vl_lab.tools.ttft_summary import (
     claim_sentence,
@@ -35,14 +36,18 @@ from lfm2vl_lab.tools.ttft_summary import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDED = ROOT / "data" / "results" / "nvidia-h200" / "ttft-20261201-024123.json"  # 450M, 1x512, 1 and 4 requests
 PHASES = {"processor": 1.6, "h2d": 0.4, "encoder": 1.0, "merge": 0.05, "prefill": 2.0, "sample": 0.1}
 PRESETS, IMAGES, REQUESTS = ("lfm2-vl-450m", "lfm2-vl-1.6b"), ("1x512", "tiled"), (1, 2, 4, 8)
 
 
 @pytest.fixture(scope="module")
 def recorded() -> dict:
-    return json.loads(RECORDED.read_text())
+    """The reference set's TTFT file (both presets, 1x512 and tiled, 1 to 8 requests)."""
+    return reference.load("ttft")
+
+
+def cases_of(res: dict, preset: str = "lfm2-vl-450m") -> list[tuple]:
+    return list(dict.fromkeys((r["image"], r["requests"]) for r in res["rows"] if r["preset"] == preset))
 
 
 def synthetic_rows(presets=PRESETS, images=IMAGES, requests=REQUESTS, modes=TTFT_MODES) -> list[dict]:
@@ -67,7 +72,8 @@ def synthetic_rows(presets=PRESETS, images=IMAGES, requests=REQUESTS, modes=TTFT
 
 def test_breakdown_from_the_recorded_file(recorded):
     fig = ttft_breakdown_figure(recorded["rows"])
-    (ax,) = fig.axes
+    assert [ax.get_title(loc="left") for ax in fig.axes] == ["lfm2-vl-450m, 1x512 x1", "lfm2-vl-1.6b, 1x512 x1"]
+    ax = fig.axes[0]
     # four modes, six phases each (the processor included, hatched)
     assert len(ax.patches) == 4 * 6
     assert sum(1 for p in ax.patches if p.get_hatch()) == 4
@@ -75,14 +81,17 @@ def test_breakdown_from_the_recorded_file(recorded):
     both = ttft_case(recorded["rows"], "lfm2-vl-450m", "1x512", 1)[mode_name("graphed", "graphed")]
     assert any(f"TTFT {both['ttft_ms']:.2f} ms" in t and "ms/token" in t for t in texts)
     assert [t.get_text() for t in ax.get_yticklabels()] == list(TTFT_MODES)
-    assert len(ttft_breakdown_figure(recorded["rows"], requests=4).axes) == 1
+    assert len(ttft_breakdown_figure(recorded["rows"], preset="lfm2-vl-1.6b", requests=4).axes) == 1
 
 
 def test_grid_and_decode_from_the_recorded_file(recorded):
+    panels = list(dict.fromkeys((r["preset"], r["image"]) for r in recorded["rows"]))
     for make in (ttft_grid_figure, decode_figure):
-        (ax,) = make(recorded["rows"]).axes
-        assert len(ax.lines) == 4
-        assert all(list(line.get_xdata()) == [1, 4] for line in ax.lines)
+        fig = make(recorded["rows"])
+        assert [ax.get_title(loc="left") for ax in fig.axes] == [f"{p}, {im}" for p, im in panels]
+        for ax, (p, im) in zip(fig.axes, panels, strict=True):
+            ns = sorted({r["requests"] for r in recorded["rows"] if (r["preset"], r["image"]) == (p, im)})
+            assert len(ax.lines) == 4 and all(list(line.get_xdata()) == ns for line in ax.lines)
 
 
 def test_the_segments_are_the_phases_in_order():
@@ -119,11 +128,12 @@ def test_a_missing_mode_is_said_not_drawn():
 
 
 def test_missing_cases_and_rows_raise_nodata_that_says_what_is_there(recorded):
-    with pytest.raises(NoData, match=r"no rows for any preset tiled x1; recorded: lfm2-vl-450m 1x512 x1, "
-                                     r"lfm2-vl-450m 1x512 x4"):
-        ttft_breakdown_figure(recorded["rows"], image="tiled")
-    with pytest.raises(NoData, match="lfm2-vl-1.6b 1x512 x1"):
-        ttft_breakdown_figure(recorded["rows"], preset="lfm2-vl-1.6b")
+    (im, n), (im2, n2) = cases_of(recorded)[:2]
+    with pytest.raises(NoData, match=rf"no rows for any preset 2x512 x1; recorded: lfm2-vl-450m {im} x{n}, "
+                                     rf"lfm2-vl-450m {im2} x{n2}"):
+        ttft_breakdown_figure(recorded["rows"], image="2x512")
+    with pytest.raises(NoData, match="lfm2-vl-3b 1x512 x1"):
+        ttft_breakdown_figure(recorded["rows"], preset="lfm2-vl-3b")
     e2e_rows = [{"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 3.0}]
     for make in (ttft_breakdown_figure, ttft_grid_figure, decode_figure):
         with pytest.raises(NoData, match="python -m lfm2vl_lab ttft"):
@@ -134,11 +144,14 @@ def test_missing_cases_and_rows_raise_nodata_that_says_what_is_there(recorded):
         ttft_grid_figure(recorded["rows"], presets=["x"])
 
 
-def test_rows_keep_the_last_of_each_case():
+def test_rows_of_two_runs_are_refused():
     rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,))
-    later = dict(rows[0], ttft_ms=99.0)
-    kept = ttft_rows(rows + [later])
-    assert len(kept) == 4 and kept[0]["ttft_ms"] == 99.0
+    assert ttft_rows(rows) == rows
+    later = dict(rows[0], ttft_ms=99.0)  # the same case and mode again: another run's row
+    with pytest.raises(MixedRuns, match="text-eager\\+encoder-eager"):
+        ttft_rows(rows + [later])
+    with pytest.raises(MixedRuns):
+        ttft_grid_figure(rows + [later])
     assert recorded_cases(rows) == "lfm2-vl-450m 1x512 x1" and recorded_cases([]) == "nothing"
 
 
@@ -149,9 +162,12 @@ def test_rows_keep_the_last_of_each_case():
 def test_tables_from_the_recorded_file(recorded):
     t = targets_text(recorded)
     assert all(x["target"] in t for x in recorded["targets"]) and "not recorded" not in t
-    assert decode_text(recorded["rows"]).count("lfm2-vl-450m") == 2
-    assert parity_text(recorded).count("lfm2-vl-450m") == 4
-    assert profile_text(recorded).count("lfm2-vl-450m") == 4
+    assert decode_text(recorded["rows"]).count("lfm2-vl-450m") == len(cases_of(recorded))  # a line per case
+    per_mode = len(TTFT_MODES)  # a line per mode of each checked case
+    assert parity_text(recorded).count("lfm2-vl-450m") == \
+        per_mode * sum(p["preset"] == "lfm2-vl-450m" for p in recorded["parity"])
+    assert profile_text(recorded).count("lfm2-vl-450m") == \
+        per_mode * sum(p["preset"] == "lfm2-vl-450m" for p in recorded["profile"])
     claim = claim_text(recorded["rows"], preset="lfm2-vl-450m", image="1x512")
     for n in (1, 4):
         for text in ("graphed", "eager"):
@@ -167,7 +183,7 @@ def test_missing_sections_say_not_recorded(recorded):
     assert targets_text(bare).startswith("(no targets in this file: judged now from its rows)")
     assert targets_text({"rows": []}).startswith("not recorded")
     assert decode_text([]).startswith("not recorded")
-    assert claim_text(recorded["rows"], preset="lfm2-vl-1.6b").startswith("not recorded")
+    assert claim_text(recorded["rows"], preset="lfm2-vl-3b").startswith("not recorded")
     rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,),
                           modes=[m for m in TTFT_MODES if m != mode_name("eager", "eager")])
     assert "not recorded" in claim_text(rows).splitlines()[-1]
@@ -198,19 +214,25 @@ def test_claim_sentence(recorded):
 # report
 
 
+def _reference_set(root: Path, results: dict[str, dict]) -> None:
+    """A reference set of the H200 under ``root``: the results saved by role, and a manifest naming them."""
+    paths = {role: save_result(res, root, name=role) for role, res in results.items()}
+    manifest = {"gpu": "NVIDIA H200", "code_hash": "sha256:" + "0" * 64,
+                "files": {role: {"file": p.name} for role, p in paths.items()}}
+    (root / gpu_slug("NVIDIA H200") / "reference.json").write_text(json.dumps(manifest))
+
+
 def test_report_draws_the_ttft_figures(recorded, tmp_path, capsys):
     from lfm2vl_lab.tools.report import report
 
-    res = copy.deepcopy(recorded)
-    res.pop("_path", None)
-    save_result(res, tmp_path / "results")
+    res = {k: copy.deepcopy(v) for k, v in recorded.items() if not k.startswith("_")}
+    _reference_set(tmp_path / "results", {"ttft": res})
     written = report(tmp_path / "results", tmp_path / "figures")
     assert sorted(p.name for p in written) == [f"nvidia-h200-ttft-{k}.png" for k in ("breakdown", "decode", "grid")]
     # a file without a 1x512 x1 row: the breakdown is skipped with the reason, the others are drawn
     res["rows"] = [r for r in res["rows"] if r["requests"] != 1]
-    res["provenance"]["date"] = "2027-01-01T00:00:00+00:00"
-    save_result(res, tmp_path / "results")
-    written = report(tmp_path / "results", tmp_path / "figures2")
+    _reference_set(tmp_path / "results2", {"ttft": res})
+    written = report(tmp_path / "results2", tmp_path / "figures2")
     assert sorted(p.name for p in written) == [f"nvidia-h200-ttft-{k}.png" for k in ("decode", "grid")]
     assert "skip nvidia-h200-ttft-breakdown: ttft_breakdown_figure: no rows for any preset 1x512 x1" in \
         capsys.readouterr().out

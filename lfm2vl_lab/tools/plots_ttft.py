@@ -14,12 +14,11 @@ raise :class:`~lfm2vl_lab.tools.plots.NoData`, whose message says what is missin
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 
 from matplotlib.figure import Figure
 
 from ..core.pipeline import MODES
-from .plots import NoData
+from .plots_common import NoData, one_per, set_title
 from .ttft import mode_name
 
 TTFT_MODES = tuple(mode_name(t, e) for t in MODES for e in MODES)  # all eager first, both graphed last
@@ -33,12 +32,11 @@ NO_ROWS = "no TTFT grid rows (python -m lfm2vl_lab ttft on a GPU records them)"
 
 
 def ttft_rows(rows: list[dict]) -> list[dict]:
-    """The TTFT grid's rows among ``rows``: the last one per (preset, image, requests, mode)."""
-    keep: dict = OrderedDict()
-    for r in rows:
-        if r.get("ttft_ms") is not None and r.get("mode") in TTFT_MODES:
-            keep[(r.get("preset"), r.get("image"), r.get("requests"), r["mode"])] = r
-    return list(keep.values())
+    """The TTFT grid's rows among ``rows`` (one run's): one per (preset, image, requests, mode). Two
+    rows of one case and mode are rows of two runs, which a figure or table must not mix: they raise
+    :class:`~lfm2vl_lab.tools.plots.MixedRuns`."""
+    return one_per((r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in TTFT_MODES),
+                   lambda r: (r.get("preset"), r.get("image"), r.get("requests"), r["mode"]), "ttft_rows")
 
 
 def recorded_cases(rows: list[dict]) -> str:
@@ -127,7 +125,7 @@ def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: st
         h, lab = ax.get_legend_handles_labels()
         handles, labels = handles + h, labels + lab
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=7)
-    fig.suptitle(title or "Time to first token, phase by phase, per mode", fontsize=10)
+    set_title(fig, title or "Time to first token, phase by phase, per mode")
     return fig
 
 
@@ -181,7 +179,7 @@ def _per_request_figure(rows: list[dict], metric: str, ylabel: str, title: str, 
         fig.delaxes(ax)
     h, lab = max((ax.get_legend_handles_labels() for ax in fig.axes), key=lambda hl: len(hl[1]))
     fig.legend(h, lab, loc="outside lower center", ncols=min(len(lab), 2 * ncols), fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    set_title(fig, title)
     return fig
 
 

@@ -1,20 +1,27 @@
-"""``python -m lfm2vl_lab report``: every figure the stored results have data for, as PNGs.
+"""``python -m lfm2vl_lab report``: the figures of the reference set, as PNGs.
 
-Benchmark rows are grouped by (GPU, preset, dtype), and each group gets the figures of
-:mod:`lfm2vl_lab.tools.plots` it has data for; end-to-end and attention-probe files get a figure
-of their own per GPU, TTFT files three (:mod:`lfm2vl_lab.tools.plots_ttft`: the phase breakdown at
-one 512 px request, TTFT and decode per token against requests). A figure without data is skipped
-and the reason printed.
+Every figure is drawn from ONE file of the reference set (:mod:`lfm2vl_lab.tools.reference`), named
+with its date in the figure's title, and no rows of other files come in:
+
+* each ``bench-<preset>`` file (roles ``bench-450m``, ``bench-1.6b``): that preset's latency, speedup,
+  floor-share, timeline and graph-memory figures (the graph memory of its ``lab-graph`` rows, the
+  automatic budgets), and its padding-waste figure, which comes from the budget sweep
+  (``sweep-budgets``) where the reference set has one of that preset, else from the bench file;
+* ``e2e``, ``attention``: one figure each; ``ttft``: three (:mod:`lfm2vl_lab.tools.plots_ttft`: the
+  phase breakdown at one 512 px request, TTFT and decode per token against requests).
+
+Figures are named ``<gpu-slug>-<preset>-<dtype>-<figure>.png`` and ``<gpu-slug>-<role>[-<part>].png``.
+A figure without data is skipped and the reason printed.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import json
 from functools import partial
 from pathlib import Path
 
+from . import reference
 from .plots import (
-    DEFAULT_GRAPH_CONFIG,
     NoData,
     attention_figure,
     count_nxs_workloads,
@@ -28,35 +35,24 @@ from .plots import (
     timeline_figure,
 )
 from .plots_ttft import decode_figure, ttft_breakdown_figure, ttft_grid_figure
-from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, load_results
+from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, recorded_tag
 from .tables import add_table_args, run_tables
 
-SPECIAL_RESULTS = {  # results with figures of their own: name -> {file suffix: (figure, short title)}
-    "e2e": {"": (e2e_figure, "Time to first token, transformers' image path vs graphed encoder")},
+BENCH_PREFIX = "bench-"  # roles of the per-preset benchmark runs
+BUDGETS_ROLE = "sweep-budgets"  # the budget sweep: the padding-waste figure of its preset
+SPECIAL_ROLES = {  # roles with figures of their own: role -> {file suffix: (figure, short title)}
+    "e2e": {"": (e2e_figure, "Time to first token, transformers' image path vs the graphed encoder")},
     "attention": {"": (attention_figure, "Attention per layer inside CUDA graphs")},
     "ttft": {"breakdown": (ttft_breakdown_figure, "Time to first token phase by phase, 1x512 x1"),
              "grid": (ttft_grid_figure, "Time to first token against requests"),
              "decode": (decode_figure, "Decode per token against requests")},
 }
-
-
-def _groups(results: list[dict]) -> dict:
-    """Rows of all results grouped by (gpu slug, preset, dtype), later results' rows later; each
-    group is ``(rows, the result files those rows come from)``."""
-    groups: dict = OrderedDict()
-    for res in results:
-        slug = gpu_slug(str(res["provenance"].get("gpu", "unknown")))
-        for r in res["rows"]:
-            prov = res["provenance"]
-            key = (slug, r.get("preset", prov.get("preset")), r.get("dtype", prov.get("dtype")))
-            rows, files = groups.setdefault(key, ([], []))
-            rows.append(r)
-            if not files or files[-1] is not res:
-                files.append(res)
-    return groups
+NO_TIMELINE = "no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)"
 
 
 def _timeline_pair(rows: list[dict]):
+    """The first workload (1x512 first) with an eager and a graphed row that both have a timeline:
+    transformers' eager path against the graphed encoder where the file has them."""
     with_tl = [r for r in pick_rows(rows)
                if r.get("timeline") and (r["timeline"].get("cpu") or r["timeline"].get("gpu"))]
     for w in ["1x512"] + list(dict.fromkeys(r["workload"] for r in with_tl)):
@@ -69,30 +65,14 @@ def _timeline_pair(rows: list[dict]):
     return None, None
 
 
-def _capture_groups(rows: list[dict]) -> dict:
-    out = OrderedDict()
-    for r in rows:
+def capture_groups(rows: list[dict]) -> dict:
+    """``{label: capture_info}`` of one file's graph rows, one per (mode, budget set): the capture of
+    the row :func:`~lfm2vl_lab.tools.plots.pick_rows` chooses first (every workload of a mode reuses
+    one capture). What :func:`~lfm2vl_lab.tools.plots.graph_memory_figure` draws."""
+    out: dict = {}
+    for r in pick_rows(rows):
         if r.get("capture_info"):
-            extra = "" if (r.get("cu_rule"), r.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:] else \
-                f" {r.get('cu_rule')}/{r.get('max_seqlen_mode')}"
-            out[f"{r['mode']} [{r.get('budget_set', '?')}]{extra}"] = r["capture_info"]
-    return out
-
-
-def newest_per_preset(results: list[dict]) -> dict:
-    """Result files (oldest first) → per GPU slug: (the files used, oldest first; their rows), where
-    each preset's rows come from the newest file that has that preset. Sessions record one preset
-    per run, so the newest figure of several presets is drawn from several files."""
-    per_gpu: dict = {}
-    for res in results:  # newer files replace a preset's rows
-        slot = per_gpu.setdefault(gpu_slug(str(res["provenance"].get("gpu"))), {})
-        for preset in dict.fromkeys(row.get("preset") for row in res["rows"]):
-            slot[preset] = (res, [row for row in res["rows"] if row.get("preset") == preset])
-    out = {}
-    for slug, by_preset in per_gpu.items():
-        files = sorted({id(r): r for r, _ in by_preset.values()}.values(),
-                       key=lambda r: str(r["provenance"].get("date")))
-        out[slug] = (files, [row for _, rows in by_preset.values() for row in rows])
+            out.setdefault(f"{r['mode']}, budgets {r.get('budget_set', '?')}", r["capture_info"])
     return out
 
 
@@ -100,19 +80,70 @@ def _missing(reason: str):
     raise NoData(reason)
 
 
-def _figure_plans(rows: list[dict], label: str) -> dict:
-    """Figure kind → a function drawing it for one (GPU, preset, dtype) group of rows."""
+def _titled(short: str, what: str, res: dict) -> str:
+    """A title that names the run: ``short — what`` over ``recorded on <GPU> on <date> (<file>)``."""
+    return f"{short} — {what}\n{recorded_tag(res)}"
+
+
+def _bench_jobs(slug: str, res: dict, budgets: dict) -> list[tuple]:
+    """The figures of one preset's bench file ``res``; ``budgets``: the file of its padding-waste figure."""
+    rows, p = res["rows"], res["provenance"]
+    what = f"{p.get('preset')}, {p.get('dtype')}"
     tl_workload, tls = _timeline_pair(rows)
-    no_timeline = "no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)"
-    return {
-        "latency": lambda: latency_figure(rows, f"Encoder latency per mode — {label} (whisker: p90)"),
-        "speedup": lambda: speedup_figure(rows, title=f"Speedup over hf-eager vs images — {label}"),
-        "floor-share": lambda: floor_share_figure(rows, f"Share of each call at the GPU-busy floor — {label}"),
-        "timeline": lambda: timeline_figure(tls, f"One call ({tl_workload}): CPU launch calls vs GPU kernels — {label}")
-        if tls else _missing(no_timeline),
-        "padding-waste": lambda: padding_waste_figure(rows, f"Padding waste per budget set — {label}"),
-        "graph-memory": lambda: graph_memory_figure(_capture_groups(rows), f"Graph memory per budget — {label}"),
+    waste = "Padding waste per budget set, stream of mixed requests (budget sweep)" if budgets is not res else \
+        "Padding waste per workload (graph rows of the bench file)"
+    plans = {
+        "latency": (lambda: latency_figure(rows, _titled("Encoder latency per mode (whisker: p90)", what, res)), res),
+        "speedup": (lambda: speedup_figure(rows, title=_titled("Speedup over hf-eager vs images per call", what, res))
+                    if count_nxs_workloads(rows) >= 2
+                    else _missing("needs at least two NxS workloads (e.g. --workload 1..16x512)"), res),
+        "floor-share": (lambda: floor_share_figure(rows, _titled("Share of each call at the GPU-busy floor", what,
+                                                                 res)), res),
+        "timeline": (lambda: timeline_figure(tls, _titled(f"One call ({tl_workload}): CPU launch calls vs GPU kernels",
+                                                          what, res)) if tls else _missing(NO_TIMELINE), res),
+        "padding-waste": (lambda: padding_waste_figure(budgets["rows"], _titled(waste, what, budgets)), budgets),
+        "graph-memory": (lambda: graph_memory_figure(capture_groups(rows), _titled(
+            "Graph memory and capture time per budget (lab-graph rows of the bench file)", what, res)), res),
     }
+    return [(f"{slug}-{p.get('preset')}-{p.get('dtype')}-{kind}", draw, [src]) for kind, (draw, src) in plans.items()]
+
+
+def _same_preset(a: dict, b: dict | None) -> bool:
+    return b is not None and a["provenance"].get("preset") is not None and \
+        a["provenance"].get("preset") == b["provenance"].get("preset")
+
+
+def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
+    """Every figure :func:`report` may draw from one reference set (``{role: file}``, as
+    :func:`lfm2vl_lab.tools.reference.load_all` gives it) of the GPU ``slug``, as ``(file stem, a
+    function drawing it, [the one file it is drawn from])``. Drawing raises :class:`NoData` when the
+    file holds nothing for that figure. The docs site's figures page reads the third item."""
+    jobs = []
+    for role, res in files.items():
+        if role.startswith(BENCH_PREFIX) and res.get("rows"):
+            budgets = files.get(BUDGETS_ROLE) if _same_preset(res, files.get(BUDGETS_ROLE)) else res
+            jobs += _bench_jobs(slug, res, budgets)
+        for suffix, (make_fig, short) in SPECIAL_ROLES.get(role, {}).items():
+            stem = f"{slug}-{role}" + (f"-{suffix}" if suffix else "")
+            title = f"{short} — {res['provenance'].get('dtype')}\n{recorded_tag(res)}"
+            jobs.append((stem, partial(make_fig, res.get("rows") or [], title=title), [res]))
+    return jobs
+
+
+def reference_sets(root=RESULTS_ROOT, say=print) -> dict[str, dict[str, dict]]:
+    """Per GPU slug, the reference set under ``root`` (``<root>/<gpu>/reference.json``) as ``{role:
+    file}``; a role whose file cannot be read is left out, and ``say`` names it."""
+    out = {}
+    for man in sorted(Path(root).glob(f"*/{reference.MANIFEST}")):
+        gpu = json.loads(man.read_text()).get("gpu", man.parent.name)
+        files = {}
+        for role in reference.roles(gpu, root):
+            try:
+                files[role] = reference.load(role, gpu, root)
+            except (OSError, ValueError) as exc:
+                say(f"skip role {role} of {man}: {type(exc).__name__}: {exc}")
+        out[gpu_slug(gpu)] = files
+    return out
 
 
 def _save(fig, path: Path, written: list[Path], say) -> None:
@@ -121,74 +152,43 @@ def _save(fig, path: Path, written: list[Path], say) -> None:
     say(f"wrote {path}")
 
 
-def _special_jobs(results: list[dict]) -> list[tuple]:
-    """e2e, attention-probe and TTFT files get figures of their own (``<slug>-<name>[-<suffix>]``):
-    per GPU, each preset's rows from the newest file that has that preset (one run per preset is the
-    usual way to record them)."""
-    jobs = []
-    for name, figures in SPECIAL_RESULTS.items():
-        for slug, (files, rows) in newest_per_preset([r for r in results if r.get("name") == name]).items():
-            p = files[-1]["provenance"]
-            dates = sorted({str(f["provenance"].get("date"))[:10] for f in files})
-            for suffix, (make_fig, short) in figures.items():
-                stem = f"{slug}-{name}" + (f"-{suffix}" if suffix else "")
-                title = f"{short} — {p.get('gpu')}, {', '.join(dates)}, {p.get('dtype')}"
-                jobs.append((stem, partial(make_fig, rows, title=title), files))
-    return jobs
-
-
-def figure_jobs(results: list[dict]) -> list[tuple]:
-    """Every figure :func:`report` may draw from ``results`` (benchmark-shaped, oldest first), as
-    ``(file stem, a function drawing it, the result files whose rows it draws)``. Drawing raises
-    :class:`NoData` when the rows hold nothing for that figure. The docs site's results page reads
-    the third item: which files a committed figure comes from."""
-    jobs = _special_jobs(results)
-    plain = [r for r in results if r.get("name") not in SPECIAL_RESULTS]
-    for (slug, preset, dtype), (rows, files) in _groups(plain).items():
-        prefix = f"{slug}-{preset}-{dtype}"
-        for kind, make in _figure_plans(rows, f"{preset}, {dtype}, {slug}").items():
-            if kind == "speedup" and count_nxs_workloads(rows) < 2:
-                make = partial(_missing, "needs at least two NxS workloads (e.g. --workload 1..16x512)")
-            jobs.append((f"{prefix}-{kind}", make, files))
-    return jobs
-
-
-def report(root="data/results", out="data/figures", verbose: bool = True) -> list[Path]:
-    """Regenerate every figure the results under ``root`` have data for; write PNGs to ``out``.
-
-    Rows are grouped by (GPU, preset, dtype); one set of figures per group, named
-    ``<gpu-slug>-<preset>-<dtype>-<figure>.png``. A figure without data is skipped and the reason
-    printed. Returns the paths written.
-    """
-    results = load_results(root, rows_only=True)
+def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Path]:
+    """Draw every figure of the reference set(s) under ``root`` (one per GPU: ``<root>/<gpu>/
+    reference.json``) into ``out``, each from one file (:func:`figure_jobs`). Files beside the
+    manifests and in ``archive/`` are not read. A figure without data is skipped and the reason
+    printed. Returns the paths written."""
     say = print if verbose else (lambda *a, **k: None)
-    if not results:
-        say(f"report: no result JSON under {root}")
+    sets = reference_sets(root, say)
+    if not sets:
+        say(f"report: no reference set under {root} (no */{reference.MANIFEST}; "
+            "`python -m lfm2vl_lab record` on a GPU records one)")
         return []
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for stem, make, _files in figure_jobs(results):
-        try:
-            fig = make()
-        except NoData as exc:
-            say(f"skip {stem}: {exc}")
-            continue
-        _save(fig, out / f"{stem}.png", written, say)
+    for slug, files in sets.items():
+        for stem, make, _files in figure_jobs(files, slug):
+            try:
+                fig = make()
+            except NoData as exc:
+                say(f"skip {stem}: {exc}")
+                continue
+            _save(fig, out / f"{stem}.png", written, say)
     return written
 
 
 def add_report_args(p) -> None:
     """Options of ``python -m lfm2vl_lab report``. The defaults are the repo's own folders, wherever
     the command runs from (figures of CPU results land in ``data/figures/cpu-*``, which git ignores)."""
-    p.add_argument("--root", default=str(RESULTS_ROOT), help="results root to read (default: data/results)")
+    p.add_argument("--root", default=str(RESULTS_ROOT),
+                   help="results root whose <gpu>/reference.json sets to draw (default: data/results)")
     p.add_argument("--out", default=str(FIGURES_ROOT),
                    help="folder for the PNGs (default: data/figures)")
     add_table_args(p)  # --tables-only, --check: the generated tables of README.md and docs/*.md
 
 
 def run_report_cli(args) -> int:
-    """Draw every figure the stored benchmark results have data for, and rewrite the docs' tables."""
+    """Draw every figure of the reference set, and rewrite the docs' tables from it."""
     tables = run_tables(args)  # from the reference set under --root (tools/tables.py)
     if args.tables_only or args.check:
         return tables

@@ -1,10 +1,11 @@
 """The docs site's figures page (``make docs``): every committed figure of a GPU, with the provenance
-of the result files it is drawn from, written at build time from ``data/results/`` (no number on the
-page is typed by hand).
+of the reference-set file it is drawn from, written at build time from ``data/results/`` (no number on
+the page is typed by hand).
 
-Which files a figure comes from is :func:`lfm2vl_lab.tools.report.figure_jobs`' answer, the same list
-``python -m lfm2vl_lab report`` draws the figures from. A committed figure that no result file explains
-is an error: the page would otherwise show a figure without its source.
+Which file a figure comes from is :func:`lfm2vl_lab.tools.report.figure_jobs`' answer for the GPU's
+reference set (:mod:`lfm2vl_lab.tools.reference`), the same list ``python -m lfm2vl_lab report`` draws
+the figures from: one file per figure. A committed figure that the reference set does not explain is
+an error: the page would otherwise show a figure without its source.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from . import reference
 from .report import figure_jobs
-from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, load_results, shown_command
+from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, shown_command
 
 REPO_ROOT = RESULTS_ROOT.parents[1]
 # (label, provenance key): what the page shows of each source file, besides its name and command.
@@ -27,29 +29,36 @@ class UnexplainedFigure(ValueError):
 
 
 def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_ROOT) -> list[tuple[Path, list[dict]]]:
-    """Each ``<figures>/<gpu-slug>-*.png`` (sorted by name) with the result files it is drawn from
-    (loaded with :func:`~lfm2vl_lab.tools.results.load_results`, oldest first, each with ``_path``).
+    """Each ``<figures>/<gpu-slug>-*.png`` (sorted by name) with the reference-set file it is drawn
+    from (a list of one, loaded by :func:`lfm2vl_lab.tools.reference.load`: with ``_path`` and
+    ``_role``).
 
-    Raises :class:`UnexplainedFigure` naming every figure that no file under ``root`` explains.
+    Raises :class:`UnexplainedFigure` naming every figure that the reference set under ``root`` does
+    not draw (or :class:`~lfm2vl_lab.tools.reference.ReferenceError` where there is no set).
     """
-    sources = {stem: files for stem, _draw, files in figure_jobs(load_results(root, rows_only=True))}
-    pngs = sorted(Path(figures).glob(f"{gpu_slug(gpu)}-*.png"))
+    slug = gpu_slug(gpu)
+    if reference.load_manifest(gpu, root) is None:
+        raise reference.ReferenceError(f"no reference set of {gpu}: no {reference.manifest_path(gpu, root)}")
+    sources = {stem: files for stem, _draw, files in figure_jobs(reference.load_all(gpu, root), slug)}
+    pngs = sorted(Path(figures).glob(f"{slug}-*.png"))
     unexplained = [p.name for p in pngs if p.stem not in sources]
     if unexplained:
-        raise UnexplainedFigure(f"no result file under {root} draws {', '.join(unexplained)} "
-                                f"(`python -m lfm2vl_lab report` redraws the figures the results explain)")
+        raise UnexplainedFigure(f"the reference set under {root} draws none of {', '.join(unexplained)} "
+                                f"(`python -m lfm2vl_lab report` redraws the figures it explains)")
     return [(p, sources[p.stem]) for p in pngs]
 
 
 def provenance_list(files: list[dict], link: Callable[[Path], str]) -> str:
-    """Markdown: one item per file: its name (linked), GPU, versions, preset, dtype and date, then the
-    command that made it (without ``--out``, see :func:`~lfm2vl_lab.tools.results.shown_command`)."""
+    """Markdown: one item per file: its name (linked), its role in the reference set, GPU, versions,
+    preset, dtype and date, then the command that made it (without ``--out``, see
+    :func:`~lfm2vl_lab.tools.results.shown_command`)."""
     items = []
     for res in files:
         p, path = res["provenance"], Path(res["_path"])
         facts = " · ".join(f"{label} {p[key]}" for label, key in PROVENANCE_FIELDS if p.get(key) not in (None, ""))
         command = shown_command(p.get("command"))
-        items.append(f"- [`{path.name}`]({link(path)}): {facts}  \n"
+        role = f" (reference set: `{res['_role']}`)" if res.get("_role") else ""
+        items.append(f"- [`{path.name}`]({link(path)}){role}: {facts}  \n"
                      + (f"  `{command}`" if command else "  no command recorded"))
     return "\n".join(items)
 
@@ -75,13 +84,14 @@ def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200
     for png, files in sources:
         groups.setdefault(tuple(r["_path"] for r in files), (files, []))[1].append(png)
     out = [f"# Figures and their sources ({gpu})", "",
-           f"Every `{gpu_slug(gpu)}-*.png` in `data/figures/`, as `python -m lfm2vl_lab report` drew it, under the "
-           "result files it is drawn from. The tables are generated from those files when the site is built.", ""]
+           f"Every `{gpu_slug(gpu)}-*.png` in `data/figures/`, as `python -m lfm2vl_lab report` drew it from the "
+           "reference set, under the one file it is drawn from. The lists are generated from those files when the "
+           "site is built.", ""]
     for files, pngs in groups.values():
-        out += [f"## {_group_heading(pngs)}", "", f"Drawn from {len(files)} result file(s):", "",
-                provenance_list(files, link), ""]
-        for png in pngs:
-            out += [f"### {png.stem}", "", f"[![{png.stem}]({link(png)})]({link(png)})", ""]
+        out += [f"## {_group_heading(pngs)}", "", "Drawn from:", "", provenance_list(files, link), ""]
+        for png in pngs:  # a section of one figure is headed by its name already
+            out += ([f"### {png.stem}", ""] if len(pngs) > 1 else []) + \
+                [f"[![{png.stem}]({link(png)})]({link(png)})", ""]
     return "\n".join(out)
 
 
