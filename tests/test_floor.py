@@ -8,6 +8,7 @@ from lfm2vl_lab.tools.floor import (
     BUSY_OVER_WALL_REASON,
     TARGETS,
     busy_over_wall,
+    busy_over_wall_note,
     idle_breakdown,
     judge_targets,
     kernel_breakdown,
@@ -110,3 +111,12 @@ def test_busy_over_wall_lists_the_rows_a_share_cannot_describe():
             {"mode": "c", "median_ms": 1.0, "gpu_busy_ms": None}, {"mode": "d", "median_ms": None, "gpu_busy_ms": 1.0}]
     assert [r["mode"] for r in busy_over_wall(rows)] == ["a"]
     assert "profiled call" in BUSY_OVER_WALL_REASON
+
+
+def test_busy_over_wall_note_names_the_rows_and_the_reason():
+    rows = [{"mode": "lab-graph", "workload": "1x512", "median_ms": 1.0, "gpu_busy_ms": 1.25, "fuse_qkv": False},
+            {"mode": "hf-eager", "workload": "1x512", "median_ms": 4.0, "gpu_busy_ms": 1.0}]
+    note = busy_over_wall_note(rows, "x.json")
+    assert note.splitlines()[1] == "  lab-graph 1x512 (fuse_qkv off): busy 1.250 ms > median 1.000 ms"
+    assert BUSY_OVER_WALL_REASON in note and "hf-eager" not in note
+    assert "no row" in busy_over_wall_note(rows[1:], "x.json")

@@ -125,6 +125,22 @@ def busy_over_wall(rows: list[dict]) -> list[dict]:
             and r["gpu_busy_ms"] > r["median_ms"]]
 
 
+def busy_over_wall_note(rows: list[dict], source: str) -> str:
+    """What a table or figure of busy / median shares from ``source`` (a file name) must say about
+    :func:`busy_over_wall`: that no row exceeds its median, or which rows do, and why."""
+    over = busy_over_wall(rows)
+    if not over:
+        return f"{source}: no row's GPU-busy time exceeds its median, so every busy share is at most 100%"
+    lines = [f"{source}: {len(over)} row(s) with GPU-busy above the median, a share over 100% that says nothing "
+             f"about the call ({BUSY_OVER_WALL_REASON}):"]
+    for r in over:
+        opts = ", ".join(f"{o} {'on' if r[o] else 'off'}" for o in ("fuse_qkv", "fuse_elementwise", "dense_graphs")
+                         if r.get(o) is not None)
+        lines.append(f"  {r.get('mode')} {r.get('workload')}{' (' + opts + ')' if opts else ''}: "
+                     f"busy {r['gpu_busy_ms']:.3f} ms > median {r['median_ms']:.3f} ms")
+    return "\n".join(lines)
+
+
 def idle_breakdown(row: dict, before: str = "attention") -> dict:
     """Where a profiled row's median goes beyond its kernels, from the one call its ``timeline`` keeps.
 
