@@ -75,6 +75,7 @@ def breakdown_figure(rows: dict[str, dict], title: str | None = None) -> Figure:
         bottom = [b + v for b, v in zip(bottom, vals)]
     for i, total in enumerate(bottom):
         ax.annotate(f"{total:.0f} µs", (i, total), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.08 * max(bottom, default=1.0))  # room for the totals
     ax.set_xticks(range(len(parts)), list(parts), fontsize=8)
     ax.set_ylabel("kernel µs in one call")
     ax.legend(fontsize=7, ncol=2)
