@@ -1,7 +1,7 @@
-"""The library readings behind the exercises of notebooks 06 and 07: the ceiling of a graph's speedup
-(tools/floor.py), Amdahl's law for the encoder graphs' TTFT cut and the text graphs' cut against the
-prompt's size (tools/ttft_summary.py). Synthetic rows pin the arithmetic; the reference set's files
-(the 450M bench, the TTFT grid) check that the readings agree with what the runs recorded themselves."""
+"""The library readings behind the exercises of notebooks 06 and 07: the ceiling of a
+graph's speedup (tools/floor.py), Amdahl's law for the encoder graphs' TTFT cut and the text graphs'
+cut against the prompt's size (tools/ttft_summary.py). Synthetic rows pin the arithmetic; the
+reference set's H200 files check that the readings agree with what the runs recorded themselves."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from lfm2vl_lab.tools.table import add_derived
 from lfm2vl_lab.tools.ttft import mode_name
 from lfm2vl_lab.tools.ttft_summary import BEFORE_TEXT, amdahl_cut, text_graph_cuts
 
-# the reference set: "bench-450m" (every mode, profiled, 450M: notebook 06), "ttft" (the full grid: 450M
-# and 1.6B, 1x512 and tiled, 1-8 requests: notebook 07)
+FLOOR = "bench-450m"  # the reference set: every mode, profiled, 450M (notebook 06)
+TTFT = "ttft"  # the reference set: the full grid: 450M and 1.6B, 1x512 and tiled, 1-8 requests
 
 
 # ------------------------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ def test_speedup_ceiling_needs_profiled_rows(missing):
 
 def test_speedup_ceiling_on_the_recorded_profile_agrees_with_the_table():
     """The measured speedup is the table's ``speedup_vs_hf``, and no graphed call beat its own floor."""
-    rows = add_derived(reference.load("bench-450m")["rows"])
+    rows = add_derived(reference.load(FLOOR)["rows"])
     by = {(r["mode"], r["workload"]): r for r in rows}
     nxs = [w for m, w in by if m == "lab-graph" and w.endswith("x512")]
     assert nxs == ["1x512", "2x512", "4x512", "8x512", "16x512"]
@@ -80,7 +80,7 @@ def test_amdahl_cut_from_the_phases_before_the_text_model():
 
 
 def test_amdahl_cut_on_the_recorded_grid_reads_the_recorded_cut():
-    rows = reference.load("ttft")["rows"]
+    rows = reference.load(TTFT)["rows"]
     by = {(r["preset"], r["image"], r["requests"], r["mode"]): r for r in rows}
     for t in ("eager", "graphed"):
         a = amdahl_cut(rows, "lfm2-vl-450m", "1x512", 1, t)
@@ -110,7 +110,7 @@ def test_text_graph_cuts_sorted_by_prompt_tokens_and_paired():
 
 
 def test_text_graph_cuts_on_the_recorded_grid_cover_every_case():
-    rows = reference.load("ttft")["rows"]
+    rows = reference.load(TTFT)["rows"]
     for preset in ("lfm2-vl-450m", "lfm2-vl-1.6b"):
         cuts = text_graph_cuts(rows, preset)
         assert len(cuts) == 8  # 1x512 and tiled, 1/2/4/8 requests

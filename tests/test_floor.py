@@ -4,7 +4,17 @@ shaped like the bench's and on the reference set's 450M bench."""
 import pytest
 
 from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.floor import TARGETS, judge_targets, kernel_breakdown, kernel_class, targets_table
+from lfm2vl_lab.tools.floor import (
+    BUSY_OVER_WALL_REASON,
+    TARGETS,
+    busy_over_wall,
+    busy_over_wall_note,
+    idle_breakdown,
+    judge_targets,
+    kernel_breakdown,
+    kernel_class,
+    targets_table,
+)
 
 
 @pytest.mark.parametrize("name,cls", [
@@ -63,3 +73,50 @@ def test_targets_of_the_reference_run():
     assert len(latency) == len(TARGETS["latency"])
     missing = [t["target"] for t in judged if not isinstance(t["value"], (int, float, bool))]
     assert not missing, f"targets without a measured value: {missing}"
+
+
+def _profiled(gpu, median_ms, **kw):
+    return {"mode": "lab-graph", "workload": "1x512", "median_ms": median_ms, "timeline": {"gpu": gpu}, **kw}
+
+
+def test_idle_breakdown_splits_the_time_beyond_the_kernels():
+    # gemm [0, 10], memset [10, 11] (idle time, as in gpu_busy_ms), FA2 [13, 20], gemm [20.5, 30]
+    fa2 = "void pytorch_flash::flash_fwd_kernel"
+    row = _profiled([[0, 10.0, "nvjet_a"], [10, 1.0, "Memset (Device)"], [13, 7.0, fa2], [20.5, 9.5, "nvjet_b"]],
+                    median_ms=0.040)
+    b = idle_breakdown(row)
+    assert (b["span_us"], b["busy_us"], b["n_gaps"]) == (30.0, 26.5, 2)
+    assert b["gaps_us"] == pytest.approx(3.5) and b["busy_us"] + b["gaps_us"] == b["span_us"]
+    assert (b["n_before"], b["before_us"], b["other_median_us"]) == (1, 3.0, 0.5)  # the gap before the attention
+    assert b["outside_us"] == pytest.approx(10.0)  # 40 µs median, 30 µs of kernels' span
+    assert idle_breakdown(row, before="GEMM")["before_us"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"lab-graph/1x512 .*--profile"):
+        idle_breakdown(_profiled([], 0.04))
+
+
+def test_idle_breakdown_of_the_reference_replay():
+    """One graphed 1x512 call of the reference set: its kernels' span is its GPU-busy time plus the
+    gaps, one gap before each of the 12 layers' attention kernels, and the replay's median is longer
+    than that span (the host side around it)."""
+    rows = reference.load("bench-450m")["rows"]
+    row = next(r for r in rows if (r["mode"], r["workload"]) == ("lab-graph", "1x512"))
+    b = idle_breakdown(row)
+    assert b["busy_us"] == pytest.approx(1000 * row["gpu_busy_ms"], rel=0.01)
+    assert b["n_before"] == 12 and b["before_us"] > b["other_median_us"] * 12
+    assert 0 < b["outside_us"] < b["span_us"]
+
+
+def test_busy_over_wall_lists_the_rows_a_share_cannot_describe():
+    rows = [{"mode": "a", "median_ms": 1.0, "gpu_busy_ms": 1.2}, {"mode": "b", "median_ms": 1.0, "gpu_busy_ms": 0.8},
+            {"mode": "c", "median_ms": 1.0, "gpu_busy_ms": None}, {"mode": "d", "median_ms": None, "gpu_busy_ms": 1.0}]
+    assert [r["mode"] for r in busy_over_wall(rows)] == ["a"]
+    assert "profiled call" in BUSY_OVER_WALL_REASON
+
+
+def test_busy_over_wall_note_names_the_rows_and_the_reason():
+    rows = [{"mode": "lab-graph", "workload": "1x512", "median_ms": 1.0, "gpu_busy_ms": 1.25, "fuse_qkv": False},
+            {"mode": "hf-eager", "workload": "1x512", "median_ms": 4.0, "gpu_busy_ms": 1.0}]
+    note = busy_over_wall_note(rows, "x.json")
+    assert note.splitlines()[1] == "  lab-graph 1x512 (fuse_qkv off): busy 1.250 ms > median 1.000 ms"
+    assert BUSY_OVER_WALL_REASON in note and "hf-eager" not in note
+    assert "no row" in busy_over_wall_note(rows[1:], "x.json")

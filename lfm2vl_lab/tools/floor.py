@@ -6,6 +6,10 @@ is held to, judged from recorded result files.
   draws several rows side by side, e.g. the kernel options off and on.
 * :func:`speedup_ceiling` splits what a graph can save at one workload into the host side it removes
   and the kernels it runs instead, from two profiled rows.
+* :func:`idle_breakdown` splits one profiled call's wall time beyond its kernels into the idle gaps
+  between them (those before a class of kernel apart) and the time outside the kernels' span;
+  :func:`busy_over_wall` lists the rows whose GPU-busy time exceeds their median
+  (:data:`BUSY_OVER_WALL_REASON` says how a row gets there).
 * :data:`TARGETS` states each target once; :func:`judge_targets` reads them off a bench of every
   mode (``python -m lfm2vl_lab bench --mode hf-eager,lab-eager,lab-graph,compile --workload
   1x512,1x256,1..16x512,tiled,stream --profile``) and, for the 1.6B targets, a bench of that preset.
@@ -14,7 +18,11 @@ is held to, judged from recorded result files.
 
 from __future__ import annotations
 
+import statistics
+
 from matplotlib.figure import Figure
+
+from .trace_analysis import COPY_NAME_PREFIXES, idle_gaps
 
 # (class, substrings of kernel names), first match wins; the names are what the H200 profiles show
 KERNEL_CLASSES = (
@@ -67,6 +75,7 @@ def breakdown_figure(rows: dict[str, dict], title: str | None = None) -> Figure:
         bottom = [b + v for b, v in zip(bottom, vals)]
     for i, total in enumerate(bottom):
         ax.annotate(f"{total:.0f} µs", (i, total), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.08 * max(bottom, default=1.0))  # room for the totals
     ax.set_xticks(range(len(parts)), list(parts), fontsize=8)
     ax.set_ylabel("kernel µs in one call")
     ax.legend(fontsize=7, ncol=2)
@@ -100,6 +109,65 @@ def speedup_ceiling(eager: dict, graphed: dict) -> dict:
     speedup = eager["median_ms"] / graphed["median_ms"]
     return {"host_factor": host, "kernel_factor": kernel, "ceiling": host * kernel, "speedup": speedup,
             "reached": speedup / (host * kernel)}
+
+
+BUSY_OVER_WALL_REASON = (
+    "GPU-busy comes from one profiled call made after the timed ones, the median from the timed calls; "
+    "a single call under the profiler can run slower than their median, so its busy time can exceed it")
+
+
+def busy_over_wall(rows: list[dict]) -> list[dict]:
+    """The rows whose GPU-busy time exceeds their median wall time. Their busy / median share is above
+    100 %, which no call can be: :data:`BUSY_OVER_WALL_REASON` says how the two numbers part."""
+    def num(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    return [r for r in rows if num(r.get("gpu_busy_ms")) and num(r.get("median_ms"))
+            and r["gpu_busy_ms"] > r["median_ms"]]
+
+
+def busy_over_wall_note(rows: list[dict], source: str) -> str:
+    """What a table or figure of busy / median shares from ``source`` (a file name) must say about
+    :func:`busy_over_wall`: that no row exceeds its median, or which rows do, and why."""
+    over = busy_over_wall(rows)
+    if not over:
+        return f"{source}: no row's GPU-busy time exceeds its median, so every busy share is at most 100%"
+    lines = [f"{source}: {len(over)} row(s) with GPU-busy above the median, a share over 100% that says nothing "
+             f"about the call ({BUSY_OVER_WALL_REASON}):"]
+    for r in over:
+        opts = ", ".join(f"{o} {'on' if r[o] else 'off'}" for o in ("fuse_qkv", "fuse_elementwise", "dense_graphs")
+                         if r.get(o) is not None)
+        lines.append(f"  {r.get('mode')} {r.get('workload')}{' (' + opts + ')' if opts else ''}: "
+                     f"busy {r['gpu_busy_ms']:.3f} ms > median {r['median_ms']:.3f} ms")
+    return "\n".join(lines)
+
+
+def idle_breakdown(row: dict, before: str = "attention") -> dict:
+    """Where a profiled row's median goes beyond its kernels, from the one call its ``timeline`` keeps.
+
+    Kernels only, as ``gpu_busy_ms`` and the ``gap_*`` fields count them (copies and memsets are idle
+    time here). Returns, in µs: ``span_us`` (first kernel's start to last kernel's end), ``busy_us``,
+    ``gaps_us`` and ``n_gaps`` (the idle gaps between kernels: span = busy + gaps), ``before_us`` and
+    ``n_before`` (the gaps just before a kernel of class ``before``, see :func:`kernel_class`),
+    ``other_median_us`` (the median of the other gaps), ``median_us`` (the row's median) and
+    ``outside_us`` = median - span: the call's time outside its kernels' span (host work, input and
+    output copies, the launch). The median comes from the timed calls and the timeline from a separate
+    profiled one, so ``outside_us`` means something only where that call ran like the timed ones (a
+    graph replay); a host-bound call under the profiler runs slower and makes it negative."""
+    lane = (row.get("timeline") or {}).get("gpu") or []
+    events = sorted(tuple(e) for e in lane if not e[2].startswith(COPY_NAME_PREFIXES))
+    if not events or not row.get("median_ms"):
+        raise ValueError(f"row {row.get('mode')}/{row.get('workload')} has no profiled timeline or median "
+                         "(run bench with --profile on a GPU)")
+    span = max(s + d for s, d, _ in events) - events[0][0]
+    gaps = idle_gaps({"gpu": events})
+    at = [g.dur_us for g in gaps if kernel_class(g.after) == before]
+    rest = [g.dur_us for g in gaps if kernel_class(g.after) != before]
+    gaps_us = sum(g.dur_us for g in gaps)
+    median_us = 1000 * row["median_ms"]
+    return {"span_us": span, "busy_us": span - gaps_us, "gaps_us": gaps_us, "n_gaps": len(gaps),
+            "before_us": sum(at), "n_before": len(at), "other_median_us": statistics.median(rest) if rest else 0.0,
+            "median_us": median_us, "outside_us": median_us - span}
 
 
 # --------------------------------------------------------------------------------------------

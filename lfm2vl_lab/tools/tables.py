@@ -212,6 +212,10 @@ def run_tables(args) -> int:
     from .reference import ReferenceError
 
     only = args.check or getattr(args, "tables_only", False)
+    if not only and Path(args.root).resolve() != RESULTS_ROOT.resolve():
+        # the pages describe the repo's own reference set: a report of other results draws figures only
+        print(f"tables: {args.root} is not the repo's data/results; the pages' tables are left as they are")
+        return 0
     if not only and load_manifest(REFERENCE_GPU, args.root) is None:
         print(f"tables: no reference set under {args.root}; the pages' tables are left as they are")
         return 0
