@@ -1,4 +1,4 @@
-"""Library helpers the exercises of notebooks 01, 03, 04 and 05 call (issue #13): idle_gaps, the
+"""Library helpers the exercises of notebooks 01, 03, 04 and 05 call: idle_gaps, the
 gaps of a profiled timeline, checked against hand-written traces with known answers and against
 analyze_trace's own gap statistics."""
 

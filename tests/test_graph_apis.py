@@ -1,9 +1,9 @@
 """tools/graph_apis.py and ``python -m lfm2vl_lab graph-apis``: the graph APIs of notebook 02, section 5.
 
 On a CPU: the trace reading on a synthetic Chrome trace, the shape guard, the capture counter, the
-compile-vs-capture table on the committed H200 files, the CLI's error without CUDA, and the result
-file of a faked run (its shape is what the notebook reads). On a GPU (``gpu`` marker): the real
-recorders and the real command.
+compile-vs-capture table on the reference set's H200 benchmark files, the CLI's error without CUDA, and
+the result file of a faked run, read back through a reference set (its shape is what the notebook
+reads). On a GPU (``gpu`` marker): the real recorders and the real command.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from lfm2vl_lab.tools import graph_apis as ga
+from lfm2vl_lab.tools import reference
 from lfm2vl_lab.tools.cli import main
 from lfm2vl_lab.tools.graph_apis_cli import FORMATTERS, record
-from lfm2vl_lab.tools.results import RESULTS_ROOT, newest
+from lfm2vl_lab.tools.results import RESULTS_ROOT
 from lfm2vl_lab.tools.trace_analysis import GRAPH_APIS, PHASE_PREFIX, collapse, phase_calls
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the case is an error only on a machine without CUDA")
@@ -119,11 +120,11 @@ def test_counting_captures_counts_every_capture_begin_and_puts_the_method_back(m
 
 
 # ------------------------------------------------------------------------------------------------
-# compile vs capture, from the committed H200 files
+# compile vs capture, from the reference set's H200 benchmark files
 
 
-def test_compile_vs_capture_on_the_recorded_450m_run():
-    res = newest("floor-*.json", preset="lfm2-vl-450m", profile=True)
+def test_compile_vs_capture_on_the_reference_450m_run():
+    res = reference.load("bench-450m")
     rows = ga.compile_vs_capture(res)
     compiled = [r for r in res["rows"] if r["mode"] == "compile"]
     graphed = {r["workload"]: r for r in res["rows"] if r["mode"] == "lab-graph"}
@@ -145,15 +146,46 @@ def test_compile_vs_capture_on_the_recorded_450m_run():
     assert all(any(line.startswith(r["workload"] + " ") for line in text.splitlines()) for r in rows)
 
 
+@pytest.mark.parametrize("role", ["bench-450m", "bench-1.6b"])
+def test_what_notebook_02_says_of_the_first_calls_holds_in_both_runs(role):
+    """Seconds for the shapes that made new graphs, tens of ms or more for the later ones (which made
+    none, and come after them), and lab-graph's first call within about a millisecond of its median."""
+    rows = ga.compile_vs_capture(reference.load(role))
+    s = ga.compile_vs_capture_summary(rows)
+    timed = [r["workload"] for r in rows if r["compile_first_ms"]]
+    assert s["new_graph_workloads"] and timed[:len(s["new_graph_workloads"])] == s["new_graph_workloads"]
+    assert s["new_graph_first_min_ms"] > 1000 and s["later_workloads"] and s["later_first_two_ms"][0] > 10
+    assert 0 < s["graph_excess_ms"] < 1.5
+    text = ga.compile_vs_capture_lines(rows)
+    assert f"took {s['new_graph_first_min_ms'] / 1e3:.1f} s or more" in text
+    assert f"at most {s['graph_excess_ms']:.2f} ms above its median ({s['graph_excess_workload']})" in text
+
+
+def test_compile_vs_capture_summary_on_synthetic_rows():
+    def row(w, first, new, g_first, g_med):
+        return {"workload": w, "compile_first_ms": first, "new_graphs": new, "graph_first_ms": g_first,
+                "graph_median_ms": g_med}
+    rows = [row("a", [3000.0, 40.0, 2.0], 2, 1.5, 1.0), row("b", [60.0, 30.0, 2.0], 0, 1.1, 1.0),
+            row("stream", None, 0, None, 1.0)]
+    s = ga.compile_vs_capture_summary(rows)
+    assert s["new_graph_workloads"] == ["a"] and s["new_graph_first_min_ms"] == 3000.0
+    assert s["later_workloads"] == ["b"] and s["later_first_two_ms"] == (30.0, 60.0)
+    assert s["graph_excess_ms"] == pytest.approx(0.5) and s["graph_excess_workload"] == "a"
+    empty = ga.compile_vs_capture_summary([])
+    assert empty["later_first_two_ms"] is None and empty["graph_excess_ms"] is None
+
+
 def test_compile_vs_capture_joins_another_files_lab_graph_rows():
-    comp = newest("bench-compile-*.json", preset="lfm2-vl-1.6b")
-    cap = newest("floor-*.json", preset="lfm2-vl-1.6b", profile=True)
+    comp = reference.load("bench-1.6b")
+    cap = {**comp, "rows": [r for r in comp["rows"] if r["workload"] != "2x512"]}  # a file without one workload
     rows = {r["workload"]: r for r in ga.compile_vs_capture(comp, cap)}
     graphed = {r["workload"]: r for r in cap["rows"] if r["mode"] == "lab-graph"}
     assert set(rows) == {r["workload"] for r in comp["rows"] if r["mode"] == "compile"}
     for w, row in rows.items():
         assert row["graph_median_ms"] == (graphed[w]["median_ms"] if w in graphed else None)
-    assert "-" in ga.compile_vs_capture_lines(list(rows.values()))  # a workload the capture file lacks
+    assert rows["2x512"]["graph_median_ms"] is None
+    line = next(x for x in ga.compile_vs_capture_lines(list(rows.values())).splitlines() if x.startswith("2x512 "))
+    assert line.split("|")[1].split() == ["-", "-", "-"]  # the workload the capture file lacks
 
 
 # ------------------------------------------------------------------------------------------------
@@ -209,9 +241,12 @@ def test_a_run_writes_every_part_with_provenance_and_the_notebook_reads_it_back(
     assert "RuntimeError: no luck" in saved["errors"][0]["traceback"] and saved["errors"][0]["recovery"]
     assert set(saved["seconds"]) == set(ga.RECORDERS)  # the parts after a failure still ran
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # the notebook reads the file through the reference set: a manifest naming it as the graph-apis role
+    (tmp_path / "nvidia-h200" / reference.MANIFEST).write_text(json.dumps(
+        {"gpu": "NVIDIA H200", "code_hash": "sha256:0", "files": {ga.NAME: {"file": path.name}}}))
     errs = ga.live_or_recorded("capture_errors", "cpu", root=tmp_path)
     assert errs == {".item()": {"captured": False, "error": "AcceleratorError: x"}}
-    assert capsys.readouterr().out.startswith("recorded on NVIDIA H200 on ")
+    assert capsys.readouterr().out.startswith("reference set, graph-apis: recorded on NVIDIA H200 on ")
     assert ga.live_or_recorded("trace", "cpu", root=tmp_path) is None  # that part failed
 
 
@@ -228,9 +263,9 @@ def test_the_command_prints_each_part_and_saves_the_file(monkeypatch, tmp_path, 
     assert out.rstrip().splitlines()[-1].startswith("results: ")
 
 
-def test_without_a_recorded_file_the_notebook_says_so(tmp_path, capsys):
+def test_without_a_reference_set_the_notebook_says_so(tmp_path, capsys):
     assert ga.live_or_recorded("trace", "cpu", root=tmp_path) is None
-    assert capsys.readouterr().out.startswith("Not recorded yet: no graph-apis-*.json")
+    assert capsys.readouterr().out.startswith("Not in the reference set: no 'graph-apis' in data/results/nvidia-h200/")
 
 
 def test_the_default_results_root_is_the_repos():
@@ -279,11 +314,14 @@ def test_reduce_overhead_demo_on_cuda_records_a_graph_per_new_shape():
 
 
 @pytest.mark.gpu
-def test_capture_errors_on_cuda_and_the_gpu_works_afterwards():
+def test_capture_errors_on_cuda_and_the_gpu_works_afterwards(recwarn):
     errs = ga.capture_errors("cuda")
     assert not errs[".item()"]["captured"] and errs[".item()"]["error"]
     assert errs["v * 2 (no host read)"]["captured"]
     assert torch.randn(2, device="cuda").shape == (2,)
+    # the copy fails before its first kernel: an empty graph, said in the result, its warning kept in
+    assert errs["pageable CPU->GPU copy"]["empty_graph"] and not errs[".tolist()"]["empty_graph"]
+    assert not [w for w in recwarn if "CUDA Graph is empty" in str(w.message)]
 
 
 @pytest.mark.gpu

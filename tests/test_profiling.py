@@ -131,3 +131,15 @@ def test_hta_optional():
             hta_launch_stats(FIX)
     else:
         pytest.skip("HTA is installed here; the ImportError path cannot be checked")
+
+
+def test_compute_ops_counts_the_operators_that_compute_on_a_cpu_profile():
+    from lfm2vl_lab.tools.profiling import VIEW_OPS, compute_ops
+
+    x = torch.ones(4, 6)
+    rep = profile_callable(lambda: (x.view(-1) + 1).reshape(6, 4).t().relu(), warmup=0, iters=1, device="cpu")
+    ops = compute_ops(rep)
+    assert ops == {"aten::add": 1, "aten::relu": 1}, ops   # view, reshape and t left out
+    assert {"aten::view", "aten::reshape", "aten::t"} <= VIEW_OPS
+    with pytest.raises(ValueError, match="cpu_lane 'runtime'"):
+        compute_ops(ProfileReport(cpu_lane="runtime"))

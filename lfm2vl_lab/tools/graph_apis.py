@@ -12,8 +12,12 @@ Three ways to get CUDA graphs in PyTorch, and what each does on the host (notebo
   the first calls of each new shape and counts the graph captures (:func:`counting_captures`);
   :func:`compile_vs_capture` sets the benchmark's recorded ``compile`` rows next to ``lab-graph``'s.
 
+What breaks a capture (:func:`capture_errors`, :func:`capture_outcome`) lives in :mod:`.capture_breaks`,
+with a check for host reads that runs on any machine; both names are importable from here too.
+
 The demos need CUDA. ``python -m lfm2vl_lab graph-apis`` (:mod:`.graph_apis_cli`) records them into
-``graph-apis-<date>.json``; on a machine without CUDA :func:`live_or_recorded` reads that file.
+``graph-apis-<date>.json``; on a machine without CUDA :func:`live_or_recorded` reads the reference set's
+``graph-apis`` file.
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ from contextlib import contextmanager
 
 import torch
 
-from ..core.capture import capture_graph, recover_from_failed_capture
+from ..core.capture import capture_graph
 from ..core.parity import rel_error
+from .capture_breaks import capture_errors, capture_outcome, first_line  # noqa: F401 (capture_outcome: re-exported)
 from .modes import counter_diff, dynamo_counters
 from .results import RESULTS_ROOT
-from .table import short_error
 from .timing import time_call, time_calls
 from .trace_analysis import GRAPH_APIS, PHASE_PREFIX, phase_calls
 
@@ -176,10 +180,6 @@ def shape_checked(fn: Callable, sample_args: tuple) -> Callable:
     return checked
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {short_error(exc)}"
-
-
 def _fwd_bwd_parity(graphed, eager, x: torch.Tensor) -> dict:
     """Forward output, input gradient and first weight gradient: graphed vs eager, same input."""
     xg, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -197,7 +197,7 @@ def _new_shape(graphed, eager, batch: int, width: int, device) -> dict:
     try:
         y = graphed(x)
     except RuntimeError as exc:
-        return {"batch": batch, "outcome": "error", "error": _first_line(exc)}
+        return {"batch": batch, "outcome": "error", "error": first_line(exc)}
     right = tuple(y.shape) == (batch, width) and rel_error(y, eager(x)) < 1e-4
     return {"batch": batch, "outcome": "ok" if right else "wrong", "out_shape": list(y.shape)}
 
@@ -222,7 +222,7 @@ def graphed_callable_demo(device="cuda", batch: int = TOY_BATCH, new_batches=NEW
         shape_checked(graphed, sample)(torch.randn(new_batches[0], width, device=device))
         guard = None
     except ValueError as exc:
-        guard = _first_line(exc)
+        guard = first_line(exc)
     return {"module": toy_label(blocks, width, batch), "captures": seen["captures"], "parity": parity,
             "new_shapes": shapes, "guard": guard}
 
@@ -289,32 +289,6 @@ def reduce_overhead_lines(demo: dict) -> str:
     return "\n".join(lines)
 
 
-# --- What breaks capture, through the kit's recipe -----------------------------------------------------------------
-
-
-def capture_outcome(fn: Callable[[], object]) -> dict:
-    """Capture ``fn`` with the kit's recipe (:func:`~lfm2vl_lab.core.capture.capture_graph`):
-    ``{"captured": True}``, or ``False`` and the first error (a failed capture's ``capture_end``
-    may raise a second one; its ``__context__`` is the cause), after which
-    :func:`~lfm2vl_lab.core.capture.recover_from_failed_capture` puts torch's stream and RNG back."""
-    try:
-        capture_graph(fn, warmup=1)
-    except Exception as exc:  # whatever capture raises is the answer
-        cause = exc.__context__ if exc.__context__ is not None else exc
-        recover_from_failed_capture()
-        torch.cuda.synchronize()
-        return {"captured": False, "error": _first_line(cause)}
-    return {"captured": True, "error": None}
-
-
-def capture_errors(device="cuda") -> dict:
-    """The constructs of notebook 02's "What breaks capture", each tried with :func:`capture_outcome`."""
-    v = torch.randn(4, device=device)
-    cases = {".item()": lambda: (v * 2).sum().item(), ".tolist()": lambda: (v * 2).tolist(),
-             "pageable CPU->GPU copy": lambda: v + torch.ones(4).to(device), "v * 2 (no host read)": lambda: v * 2}
-    return {name: capture_outcome(fn) for name, fn in cases.items()}
-
-
 # --- The recorded benchmark: compile vs the kit's capture ----------------------------------------------------------
 
 
@@ -357,7 +331,35 @@ def compile_vs_capture_lines(rows: list[dict]) -> str:
     firsts = sum(r["compile_first_ms"][0] for r in rows if r["compile_first_ms"]) / 1e3
     lines.append(f"one-off: compile's first calls add up to {firsts:.1f} s; the kit captured every budget once, "
                  f"before the first request, in {_ms(cap, '.2f')} s")
+    s = compile_vs_capture_summary(rows)
+    if s["new_graph_workloads"]:
+        lines.append(f"compile's first call took {s['new_graph_first_min_ms'] / 1e3:.1f} s or more on the workloads "
+                     f"that made new graphs ({', '.join(s['new_graph_workloads'])})")
+    if s["later_workloads"]:
+        lines.append(f"on the {len(s['later_workloads'])} that compiled nothing new, its first two calls took "
+                     f"{s['later_first_two_ms'][0]:.1f} to {s['later_first_two_ms'][1]:.1f} ms each")
+    if s["graph_excess_ms"] is not None:
+        lines.append(f"lab-graph's first call was at most {s['graph_excess_ms']:.2f} ms above its median "
+                     f"({s['graph_excess_workload']})")
     return "\n".join(lines)
+
+
+def compile_vs_capture_summary(rows: list[dict]) -> dict:
+    """What :func:`compile_vs_capture` rows say about first calls: the workloads whose compile made new
+    graphs and the least their first call took; for the workloads after them that made none, the range
+    of their first two calls; and how far lab-graph's first call ran above its median at most (and where)."""
+    timed = [r for r in rows if r["compile_first_ms"]]
+    new = [r for r in timed if r["new_graphs"]]
+    later = [r for r in timed if not r["new_graphs"]]
+    two = [ms for r in later for ms in r["compile_first_ms"][:2]]
+    excess = [(r["graph_first_ms"] - r["graph_median_ms"], r["workload"]) for r in rows
+              if r["graph_first_ms"] is not None and r["graph_median_ms"] is not None]
+    worst = max(excess, default=(None, None))
+    return {"new_graph_workloads": [r["workload"] for r in new],
+            "new_graph_first_min_ms": min((r["compile_first_ms"][0] for r in new), default=None),
+            "later_workloads": [r["workload"] for r in later],
+            "later_first_two_ms": (min(two), max(two)) if two else None,
+            "graph_excess_ms": worst[0], "graph_excess_workload": worst[1]}
 
 
 # --- Live on a GPU, recorded elsewhere -----------------------------------------------------------------------------

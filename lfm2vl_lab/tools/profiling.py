@@ -44,8 +44,17 @@ from .trace_analysis import (
 __all__ = [
     "CALL_PREFIX", "COPY_NAME_PREFIXES", "GRAPH_LAUNCH_PREFIXES", "LAUNCH_PREFIXES", "Gap", "ProfileReport",
     "analyze_trace", "build_timeline", "classify_events", "hta_launch_stats", "idle_gaps", "load_trace",
-    "merge_intervals", "percentile", "profile_callable", "top_level",
+    "merge_intervals", "percentile", "profile_callable", "top_level", "VIEW_OPS", "compute_ops",
 ]
+
+# Top-level CPU operators that only make a new view of a tensor (shape, strides, offset): no arithmetic,
+# so on a GPU they launch no kernel. ``aten::reshape`` copies only when a view is impossible.
+VIEW_OPS = frozenset({
+    "aten::view", "aten::reshape", "aten::transpose", "aten::permute", "aten::select", "aten::slice",
+    "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::alias", "aten::unbind", "aten::t",
+    "aten::as_strided", "aten::flatten", "aten::unflatten", "aten::narrow", "aten::split", "aten::chunk",
+    "aten::detach", "aten::view_as", "aten::expand_as",
+})
 
 # --------------------------------------------------------------------------------------------
 # Profiling a callable
@@ -106,6 +115,21 @@ def profile_callable(fn, warmup: int = 3, iters: int = 5, trace_path=None, devic
         return analyze_trace(tmp, iters=iters, timeline_call=timeline_call)
     finally:
         os.unlink(tmp)
+
+
+def compute_ops(report: ProfileReport) -> dict[str, int]:
+    """The top-level CPU operators of a CPU-only profile's timeline call that do arithmetic (not
+    :data:`VIEW_OPS`), counted by name: on a machine without a GPU, what stands in for the kernels
+    (each of them, ``aten::linear`` or ``aten::layer_norm``, is what a GPU would launch a kernel for).
+    Raises ``ValueError`` on a profile whose CPU lane holds CUDA API calls instead of operators."""
+    if report.cpu_lane != "ops":
+        raise ValueError(f"compute_ops needs a CPU-only profile (cpu_lane 'ops'), got cpu_lane {report.cpu_lane!r}: "
+                         "on a GPU count report.kernels instead")
+    counts: dict[str, int] = {}
+    for _, _, name in report.timeline.get("cpu", []):
+        if name not in VIEW_OPS:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 # --------------------------------------------------------------------------------------------
