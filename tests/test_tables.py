@@ -229,7 +229,8 @@ def test_check_without_a_reference_set_is_a_one_line_error(tmp_path, capsys):
     assert err.startswith("python -m lfm2vl_lab report: error:") and "reference.json" in err
 
 
-def test_plain_report_leaves_the_pages_alone_without_a_reference_set(tmp_path, capsys):
+def test_plain_report_of_other_results_leaves_the_pages_alone(tmp_path, capsys):
+    """The pages describe the repo's reference set: a report of other results draws figures only."""
     args = argparse.Namespace(root=str(tmp_path), check=False, tables_only=False)
     assert tables.run_tables(args) == 0
-    assert "no reference set" in capsys.readouterr().out
+    assert "not the repo's data/results; the pages' tables are left as they are" in capsys.readouterr().out
