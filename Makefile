@@ -35,13 +35,14 @@ $(VPY):
 bench: | $(VPY)
 	$(VPY) -m lfm2vl_lab bench
 
-# ruff first (seconds; its settings are in pyproject.toml), then the CPU tests, then every notebook.
+# ruff first (seconds; its settings are in pyproject.toml), then the CPU tests, then every notebook;
+# -rs lists why each skipped test skipped (most need a CUDA GPU: docs/gpu.md).
 test: | $(VPY)
 	$(VENV)/bin/ruff check .
 ifneq ($(NOTEBOOKS),)
-	$(VPY) -m pytest -q tests --nbval-lax --nbval-current-env notebooks/
+	$(VPY) -m pytest -q -rs tests --nbval-lax --nbval-current-env notebooks/
 else
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q -rs
 endif
 
 # JupyterLab refuses to start as root ("Running as root is not recommended. Use --allow-root"), and

@@ -4,7 +4,9 @@
   paths, so links written for GitHub and JupyterLab resolve unchanged, and expands nav globs;
 * generates ``figures.md`` from ``data/results/`` (:mod:`lfm2vl_lab.tools.site` writes it);
 * in notebook pages: checks every relative link and image, points ``.ipynb``/``.md`` links at their
-  pages, wraps cells tagged ``solution`` in a closed ``<details>`` (plain HTML: no script needed);
+  pages, wraps cells tagged ``solution`` in a closed ``<details>`` (plain HTML: no script needed),
+  drops the nbval markers (``# NBVAL_CHECK_OUTPUT``, a test's business) from the code cells and builds
+  the table of contents from the page's headings (mkdocs-jupyter's drops their inline code);
 * keeps the site offline: nbconvert's CDN loaders are dropped, and any page that would still fetch
   a script, stylesheet, font or image from the network is reported.
 
@@ -13,6 +15,7 @@ Problems are logged as warnings: ``mkdocs build --strict`` (``make docs``) fails
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import logging
 import posixpath
@@ -22,6 +25,7 @@ from pathlib import Path
 from bs4 import BeautifulSoup
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
+from mkdocs.structure.toc import get_toc
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION_TAG = "solution"
@@ -39,6 +43,10 @@ REMOTE_FETCH = re.compile(r"<(?:script|img|iframe|source|video|audio)\b[^>]*\ssr
                           r"|url\(\s*[\"']?(?:https?:)?//|@import\s+[\"'](?:https?:)?//", re.I)
 # Sphinx roles in docstrings (:func:`x`): mkdocstrings renders them as text before the code span.
 SPHINX_ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|exc|obj):(<code>)~?")
+# nbval's marker, the first line of a code cell: in the highlighted input and in the copy button's text.
+NBVAL_MARKER = re.compile(r"(<pre><span></span>)<span class=\"c1\">#\s*NBVAL_[A-Z_]+</span>\n"
+                          r"|(<div class=\"clipboard-copy-txt\"[^>]*>)#\s*NBVAL_[A-Z_]+\n")
+NBVAL_LEFT = re.compile(r"<span class=\"c1\">#\s*NBVAL_[A-Z_]+")
 LOCAL_REF = re.compile(r"\s(src|href)=\"(?![a-z][a-z0-9+.-]*:|//|#)([^\"]+)\"", re.I)
 
 
@@ -95,8 +103,27 @@ def on_files(files, config):
         sources = figure_sources(gpu)
         for path in linked_files(sources):
             _add(files, path.resolve().relative_to(ROOT).as_posix(), config)
-        files.append(File.generated(config, "figures.md", content=figures_page(sources, gpu)))
+        page = _one_heading_per_figure(figures_page(sources, gpu))
+        files.append(File.generated(config, "figures.md", content=page))
     return files
+
+
+def _one_heading_per_figure(markdown: str) -> str:
+    """The figures page without a figure's ``###`` heading where its section's ``##`` heading is
+    already that figure's name (a section of one figure): each name is one heading."""
+    out, section, skip_blank = [], None, False
+    for line in markdown.split("\n"):
+        if skip_blank and not line.strip():
+            skip_blank = False
+            continue
+        skip_blank = False
+        if line.startswith("## "):
+            section = line[3:].strip()
+        elif line.startswith("### ") and line[4:].strip() == section:
+            skip_blank = True  # the heading and the blank line under it
+            continue
+        out.append(line)
+    return "\n".join(out)
 
 
 def _notebook_refs(html: str, page, files) -> str:
@@ -152,6 +179,34 @@ def _notebook_title(path: str) -> str | None:
     return None
 
 
+def _strip_nbval_markers(html: str, page) -> str:
+    """The code cells without their first-line nbval marker (the notebooks keep theirs)."""
+    html = NBVAL_MARKER.sub(lambda m: m.group(1) or m.group(2), html)
+    if NBVAL_LEFT.search(html):
+        log.warning(f"{page.file.src_uri}: an nbval marker is left in a code cell (docs/hooks.py NBVAL_MARKER)")
+    return html
+
+
+def _headings_toc(html: str) -> list[dict]:
+    """The markdown cells' headings (h1-h6 with an id) as mkdocs TOC tokens, nested by level. Their
+    text keeps inline code, and each anchor is the heading's own id. (mkdocs-jupyter builds its TOC
+    from a Markdown copy of the notebook with every code span cut out, so "5.2 `torch.cuda.graph`"
+    read "5.2" and linked to an anchor the page does not have.)"""
+    soup = BeautifulSoup(html, "html.parser")
+    root: dict = {"level": 0, "children": []}
+    stack = [root]
+    for h in soup.select(", ".join(f".jp-MarkdownCell h{n}[id]" for n in range(1, 7))):
+        for anchor in h.select("a.anchor-link"):
+            anchor.decompose()
+        text = " ".join(h.get_text().split())
+        token = {"level": int(h.name[1]), "id": h["id"], "name": html_lib.escape(text, quote=False), "children": []}
+        while stack[-1]["level"] >= token["level"]:
+            stack.pop()
+        stack[-1]["children"].append(token)
+        stack.append(token)
+    return root["children"]
+
+
 def on_page_content(html, page, config, files):
     if not page.file.src_uri.endswith(".ipynb"):
         return SPHINX_ROLE.sub(r"\1", html)
@@ -163,6 +218,8 @@ def on_page_content(html, page, config, files):
     if '<div class="jp-Mermaid">' in html:
         log.warning(f"{page.file.src_uri}: has a mermaid diagram, and the site vendors no mermaid.js")
     html = MERMAID_BLOCK.sub("", html)
+    page.toc = get_toc(_headings_toc(html))
+    html = _strip_nbval_markers(html, page)
     return _hide_solutions(_notebook_refs(html, page, files))
 
 

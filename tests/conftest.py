@@ -1,10 +1,12 @@
-"""Shared test setup: offline hub, the `gpu` marker's auto-skip, and the expensive fixtures.
+"""Shared test setup: offline hub, the `gpu` marker's auto-skip, one "no CUDA device" notice per
+run, and the expensive fixtures.
 
 Everything here runs at import, before any test module imports transformers, so no test can
 reach a model hub.
 """
 
 import os
+import warnings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -13,6 +15,25 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 GPU_SKIP_REASON = "needs a CUDA GPU; run on the device (see docs/gpu.md)"
+
+
+# GraphedEncoder's notice, said once per encoder; on a CPU most tests build their own encoder.
+NO_CUDA_NOTICE = "GraphedEncoder: no CUDA device"
+_notice_seen = False
+
+
+def pytest_warning_recorded(warning_message, when, nodeid, location):
+    global _notice_seen
+    _notice_seen = _notice_seen or str(warning_message.message).startswith(NO_CUDA_NOTICE)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Once the warnings summary holds the notice, later tests leave it out (the filter lives in
+    pytest's per-test warning capture and ends with the test). pytest.warns and
+    catch_warnings(record=True) with simplefilter("always") still see every one."""
+    if _notice_seen:
+        warnings.filterwarnings("ignore", message=NO_CUDA_NOTICE, category=UserWarning)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,6 @@
 """The docs site (``make docs``): strict builds fail on broken links and missing images, ``solution``
-cells sit behind a toggle, and every page of the real site loads clean in headless Chromium.
+cells sit behind a toggle, the table of contents reads headings with their code, code cells show no
+nbval markers, and every page of the real site loads clean in headless Chromium.
 
 Every build here runs the command ``make docs`` runs (``mkdocs build --strict``). Small sites are
 temporary projects that inherit mkdocs.yml (theme, plugins, validation, hooks) with pages of their
@@ -75,13 +76,14 @@ def small_project(tmp: Path, pages: dict[str, str], notebook=None, assets: bool 
 
 
 def solution_notebook(image: str = "img/ok.png", prose: str = "Add two numbers."):
-    """Cells: a markdown cell with ``prose`` and ``image``, a plain cell, two ``solution`` cells in a
-    row, a plain cell, a lone ``solution`` cell."""
+    """Cells: a markdown cell with ``prose`` and ``image``, a heading with inline code, a plain cell
+    with an nbval marker, two ``solution`` cells in a row, a plain cell, a lone ``solution`` cell."""
     v4 = nbformat.v4
     tagged = {"tags": ["solution"]}
     return v4.new_notebook(cells=[
         v4.new_markdown_cell(f"# Fixture: exercises\n\n{prose} ![a red box]({image})"),
-        v4.new_code_cell("x = 1", outputs=[]),
+        v4.new_markdown_cell("## 2.1 `torch.cuda.graph` and `x`\n\nA heading with code in it."),
+        v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nx = 1", outputs=[]),
         v4.new_markdown_cell("The first answer uses `+`.", metadata=tagged),
         v4.new_code_cell("print(1 + 1)", metadata=tagged,
                          outputs=[v4.new_output("stream", name="stdout", text="2\n")]),
@@ -129,6 +131,30 @@ def test_solution_cells_sit_behind_a_closed_toggle(fixture_site):
     plain = [c for c in soup.select(".jp-Cell") if c.find_parent("details") is None]
     assert any("visible between solutions" in c.get_text() for c in plain)
     assert not any("print(1 + 1)" in c.get_text() for c in plain)
+
+
+def test_toc_keeps_inline_code_and_code_cells_lose_nbval_markers(fixture_site):
+    """The table of contents reads a heading as the page shows it (code included) and links to its
+    anchor; a code cell shows its code, not the marker nbval reads."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup((fixture_site / "fixture.html").read_text(), "html.parser")
+    toc = {" ".join(a.get_text().split()): a["href"] for a in soup.select("nav.md-nav--secondary a.md-nav__link")}
+    assert "2.1 torch.cuda.graph and x" in toc, toc
+    heading = soup.find(id=toc["2.1 torch.cuda.graph and x"].lstrip("#"))
+    assert heading is not None and heading.name == "h2" and heading.code.get_text() == "torch.cuda.graph"
+    code = [c.get_text() for c in soup.select(".jp-CodeCell")]
+    assert any("x = 1" in c for c in code) and not any("NBVAL" in c for c in code)
+
+
+@pytest.mark.slow
+def test_figures_page_names_each_figure_once(real_site):
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup((real_site / "figures.html").read_text(), "html.parser")
+    headings = [" ".join(h.get_text().replace("¶", "").split()) for h in soup.select("article h2, article h3")]
+    for png in sorted((ROOT / "data" / "figures").glob("nvidia-h200-*.png")):
+        assert headings.count(png.stem) == 1, (png.stem, headings)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -259,3 +285,29 @@ def test_solution_toggle_opens_on_click(fixture_site, browser):
     finally:
         httpd.shutdown()
     assert not problems, problems
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_notebook_pages_read_as_written_in_chromium(real_site, browser):
+    """In the browser: notebook 02's table of contents shows "5.2 `torch.cuda.make_graphed_callables`"
+    with its code and jumps to that heading; no notebook page shows an nbval marker in a code cell."""
+    httpd, base = serve(real_site)
+    markers = {}
+    try:
+        for html in sorted((real_site / "notebooks").glob("*.html")):
+            problems, page = visit(browser, f"{base}notebooks/{html.name}")
+            assert not problems, problems
+            code = page.locator(".jp-CodeCell .jp-InputArea").all_inner_texts()
+            assert code, f"{html.name}: no code cell found"
+            markers[html.name] = [c.splitlines()[0] for c in code if "NBVAL_" in c]
+            if html.name.startswith("02_"):
+                link = page.locator(".md-sidebar--secondary a.md-nav__link", has_text="5.2")
+                assert link.is_visible()
+                assert " ".join(link.inner_text().split()) == "5.2 torch.cuda.make_graphed_callables"
+                target = page.locator(f"[id='{link.get_attribute('href').lstrip('#')}']")
+                assert target.count() == 1 and "make_graphed_callables" in target.inner_text()
+            page.close()
+    finally:
+        httpd.shutdown()
+    assert not any(markers.values()), markers

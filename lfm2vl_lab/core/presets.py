@@ -119,6 +119,19 @@ def build_config(preset: str | Preset, text_layers: int | str | None = None):
     return cfg
 
 
+def check_device(device, where: str = "build_model", hint: str = "") -> torch.device:
+    """``device`` as a ``torch.device``. A CUDA device this machine lacks is a one-line ``ValueError``
+    naming the call, the value and what to use instead (``hint`` adds to it), not torch's "Found no
+    NVIDIA driver on your system" from deep inside the build."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{where}(device={str(device)!r}): this machine has no CUDA GPU; use device=\"cpu\"{hint}")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{where}(device={str(device)!r}): this machine has {torch.cuda.device_count()} "
+                         "CUDA device(s); use device=\"cuda\"")
+    return dev
+
+
 def build_model(
     preset: str | Preset = "tiny",
     dtype: torch.dtype = torch.float32,
@@ -130,10 +143,12 @@ def build_model(
     """A transformers LFM2-VL model with seeded random weights and the preset's shapes.
 
     Random weights are fine for timing and for parity checks: every kernel sees the real shapes.
+    A CUDA ``device`` on a machine without one is a ``ValueError`` (:func:`check_device`).
     """
     from transformers import Lfm2VlForConditionalGeneration
 
     cfg = build_config(preset, text_layers)
+    check_device(device, hint=" and the \"tiny\" preset there (it builds in seconds)")
     cfg._attn_implementation = attn_implementation
     cfg.vision_config._attn_implementation = attn_implementation
     cfg.text_config._attn_implementation = attn_implementation
@@ -204,6 +219,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, dev
     """
     from transformers import AutoConfig, Lfm2VlForConditionalGeneration
 
+    check_device(device, "load_model")
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"checkpoint folder {str(folder)!r} does not exist (load_model never downloads)")

@@ -69,7 +69,7 @@ def add_bench_args(p) -> None:
              f"(default: {on_off(DENSE_GRAPHS)})")
     add("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
     add("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
-    add("--seed", type=int, default=0)
+    add("--seed", type=int, default=0, help="seed of the random weights and the synthetic images (default: 0)")
     add("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
     add("--name", default="bench", help="result file name prefix (default: bench)")
     add("--no-progress", action="store_true", help="no progress bars")

@@ -273,11 +273,12 @@ def add_e2e_args(p) -> None:
                    help="requests per generate call, comma list")
     p.add_argument("--new-tokens", type=list_arg(positive_int), default="16,64",
                    help="new tokens for the total-latency columns, comma list")
-    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed rounds per row, the two modes in turns (default: 5)")
     p.add_argument("--dtype", type=dtype_arg, default=None,
                    help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--out", default=None, help="results root (default: data/results)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--profile", action="store_true",
                    help="also profile one TTFT call per mode (1x512, one request): encoder vs text model, "
                         "GPU-busy vs wall")
@@ -295,6 +296,12 @@ def print_row(row: dict) -> None:
     if drift is not None and abs(drift) > DECODE_DRIFT_WARN:
         print(f"  warning: decode (which never runs the encoder) differs by {100 * drift:+.0f}% between the modes; "
               "this row's TTFT difference is not the encoder alone", flush=True)
+
+
+def parity_line(p: dict) -> str:
+    """A :func:`logits_parity` record (with its preset) as one line."""
+    return (f"parity {p['preset']}: logits rel err {p['rel_err']:.1e} vs transformers' image path, "
+            f"same first token {p['same_first_token']}, finite {p['finite']}")
 
 
 def print_profile(name: str, prof: dict, modes) -> None:
@@ -360,7 +367,7 @@ def run_e2e_cli(args) -> int:
         else:
             print(f"note: {lab_mode(genc)} rows: {NO_GRAPHS_NOTE} (no CUDA)", flush=True)
         result["parity"].append({"preset": name, **logits_parity(model, genc)})
-        print("parity:", result["parity"][-1], flush=True)
+        print(parity_line(result["parity"][-1]), flush=True)
         if args.profile:
             prof = {"preset": name, **profile_ttft(model, genc)}
             result.setdefault("ttft_profile", []).append(prof)
@@ -370,6 +377,7 @@ def run_e2e_cli(args) -> int:
         del model, genc
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    print("parity:", result["parity"])
-    print("results:", saved.get("path"))
+    for p in result["parity"]:
+        print(parity_line(p))
+    print("results:", saved.get("path"), "(every sample and the parity records)")
     return 0

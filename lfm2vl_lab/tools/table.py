@@ -62,7 +62,7 @@ def short_error(error) -> str:
 
 
 def _notes(res: dict, rows: list[dict]) -> list[str]:
-    out = [f"skipped {s['mode']}: {s['reason']}" for s in res.get("skipped", [])]
+    out = [f"skipped {s['mode']} (not run, no row): {s['reason']}" for s in res.get("skipped", [])]
     out += [f"ERROR {e.get('mode')} {e.get('workload', '')} ({e.get('stage')}): {short_error(e.get('error'))}"
             for e in res.get("errors", [])]
     seen = set()
@@ -89,7 +89,8 @@ def format_table(result_or_rows) -> str:
     rows = res.get("rows", [])
     sweep = any(r.get("mode") in GRAPH_MODES for r in rows)
     head = ["mode", "workload", "items"] + (["graphs"] if sweep else []) + HEAD
-    lines = _aligned(head, [_cells(r, sweep) for r in rows], 3 + sweep)
+    lines = _aligned(head, [_cells(r, sweep) for r in rows], 3 + sweep) if rows else \
+        ["no rows: nothing was measured" + (" (every mode asked for was skipped)" if res.get("skipped") else "")]
     return "\n".join(lines + _notes(res, rows))
 
 

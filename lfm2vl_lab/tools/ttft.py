@@ -196,12 +196,31 @@ def run_ttft(model, genc, engine, images=("1x512", "tiled"), requests=(1, 2, 4, 
                      lambda im, n: _rows_for(model, pipes, im, n, repeats, decode_tokens), progress, on_row)
 
 
+def ran_eagerly(row: dict) -> tuple[str, ...]:
+    """The graphed sides of a row that ran without graphs ("encoder", "text model"), from its ``note``."""
+    note = row.get("note", "")
+    return tuple(side for side in ("encoder", "text model") if side in note)
+
+
+def shown_mode(mode: str, eager_sides=()) -> str:
+    """``mode`` as the terminal shows it: a graphed side in ``eager_sides`` (nothing captured: no
+    CUDA) reads ``lab-eager``, the kit's code run without graphs, as ``e2e`` and ``bench`` call it.
+    Result files keep the mode's own name, with a ``note``."""
+    text, enc = mode.removeprefix("text-").split("+encoder-")
+    text = "lab-eager" if text == "graphed" and "text model" in eager_sides else text
+    enc = "lab-eager" if enc == "graphed" and "encoder" in eager_sides else enc
+    return mode_name(text, enc)
+
+
 def print_row(row: dict) -> None:
+    """One grid row as two lines, named by what ran (:func:`shown_mode`)."""
     ph = "  ".join(f"{k} {v:.2f}" for k, v in row["phases_ms"].items())
-    cut = f"  encoder-graph cut {100 * row['encoder_graph_cut']:.1f}%" if "encoder_graph_cut" in row else ""
-    print(f"{row['preset']:>14} {row['image']:>6} x{row['requests']} {row['mode']:>28}  TTFT {row['ttft_ms']:7.2f} ms"
-          f"{cut}  decode {row['decode_ms_per_token']:.2f} ms/token  same first tokens {row['same_first_tokens']}"
-          f"\n    phases: {ph}", flush=True)
+    graphless = "encoder" in ran_eagerly(row)
+    cut = "cut vs encoder-eager" if graphless else "encoder-graph cut"
+    cut = f"  {cut} {100 * row['encoder_graph_cut']:.1f}%" if "encoder_graph_cut" in row else ""
+    print(f"{row['preset']:>14} {row['image']:>6} x{row['requests']} {shown_mode(row['mode'], ran_eagerly(row)):>28}"
+          f"  TTFT {row['ttft_ms']:7.2f} ms{cut}  decode {row['decode_ms_per_token']:.2f} ms/token"
+          f"\n    phases: {ph}  same first tokens {row['same_first_tokens']}", flush=True)
     drift = row.get("decode_drift")
     if drift is not None and abs(drift) > DECODE_DRIFT_WARN:
         print(f"  warning: decode differs by {100 * drift:+.0f}% between the encoder modes; this row's TTFT cut "

@@ -24,8 +24,15 @@ from .ttft import (
     profile_modes,
     prompt_len,
     run_ttft,
+    shown_mode,
     ttft_parity,
 )
+
+# What ttft prints where no graph can be captured (the rows and the result file say it too).
+NO_GRAPHS_NOTE = ("note: no CUDA, so no CUDA graphs: every mode runs eagerly, and the lines below name each by what\n"
+                  "      ran (lab-eager: the kit's packed encoder or text engine, without graphs; the result file\n"
+                  "      keeps the modes' names, with a note on each row)")
+JUDGED_ON = "lfm2-vl-450m, 1x512, one request"  # judge_ttft's rows
 
 
 def add_ttft_args(p) -> None:
@@ -36,13 +43,14 @@ def add_ttft_args(p) -> None:
     p.add_argument("--image", type=list_arg(choice_arg("image", tuple(IMAGES))), default="1x512,tiled",
                    help="images, comma list of: " + ", ".join(IMAGES))
     p.add_argument("--requests", type=list_arg(positive_int), default="1,2,4,8", help="requests per call, comma list")
-    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed rounds per row, the modes in turns (default: 5)")
     p.add_argument("--decode-tokens", type=positive_int, default=DECODE_TOKENS,
                    help="tokens after the first in the decode calls (decode ms per token)")
     p.add_argument("--dtype", type=dtype_arg, default=None,
                    help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--out", default=None, help="results root (default: data/results)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--profile", action="store_true", help="also profile one 1x512 request per mode (GPU-busy vs wall)")
     p.add_argument("--image-path", action="store_true",
                    help="also time encode() from the CPU processor output vs GPU-resident input, and the "
@@ -66,9 +74,11 @@ def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
         setup["encoder_capture"] = measured_capture(genc, progress=progress)
         setup["engine_capture"] = capture_engine(engine, model, args.image, args.requests, progress)
     pipes = build_pipelines(model, genc, engine)
+    eager_sides = tuple(side for side, graphless in (("encoder", not genc.captured), ("text model", not engine.graphs))
+                        if graphless)
     for case in ttft_parity(model, pipes):
         result["parity"].append({"preset": name, **case})
-        print(f"parity {case['image']} x{case['requests']}:", case["modes"], flush=True)
+        print_parity(case, eager_sides)
     save()
     if args.profile:
         result["profile"].append({"preset": name, **profile_modes(model, pipes)})
@@ -89,6 +99,29 @@ def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
     setup["engine_stats"] = {"replays": engine.stats.replays, "eager": engine.stats.eager}
 
 
+def print_parity(case: dict, eager_sides=()) -> None:
+    """One parity case as a line per mode (the whole record is the result file's ``parity``)."""
+    print(f"parity {case['image']} x{case['requests']}: tokens vs generate's {case['new_tokens']}, first-token logits' "
+          "rel err vs float32 (transformers')", flush=True)
+    for mode, r in case["modes"].items():
+        print(f"  {shown_mode(mode, eager_sides):>32}  {'ok' if r['ok'] else 'FAILED':<6}  first token "
+              f"{'same' if r['same_first_token'] else 'DIFFERS'}  {r['matching_tokens']}/{case['new_tokens']} "
+              f"tokens  rel err {r['rel_err_vs_fp32']:.1e} ({r['hf_rel_err_vs_fp32']:.1e})", flush=True)
+
+
+def target_line(t: dict, cuda: bool) -> str:
+    """One target of :func:`~.ttft.judge_ttft` as the terminal shows it. A timing target judged
+    without CUDA graphs (no CUDA) or without its rows reads "not measured here", never a miss;
+    the result file's ``targets`` keep the values as judged."""
+    timed = not isinstance(t["limit"], bool)
+    if t["value"] is None or (timed and not cuda):
+        why = "no CUDA GPU: no graphs ran" if not cuda else f"judged on {JUDGED_ON}: no such row in this run"
+        return f"target {t['target']} (limit {t['limit']}): not measured here ({why})"
+    value = f"{t['value']:.3g}" if isinstance(t["value"], float) else t["value"]
+    detail = f": {t['detail'][:100]}" if t.get("detail") and not t["ok"] else ""
+    return f"target {t['target']}: {value} (limit {t['limit']}) {'ok' if t['ok'] else 'MISSED'}{detail}"
+
+
 def run_ttft_cli(args) -> int:
     """TTFT like an engine: text eager/graphed x encoder eager/graphed, phases, decode, parity."""
     from .results import RESULTS_ROOT, save_result
@@ -102,6 +135,8 @@ def run_ttft_cli(args) -> int:
         saved["path"] = save_result(result, args.out or RESULTS_ROOT, "ttft", saved.get("path"))
 
     status = 0
+    if dev.type != "cuda":
+        print(NO_GRAPHS_NOTE, flush=True)
     for name in presets:
         try:
             _one_preset(name, args, dt, dev, result, save)
@@ -113,6 +148,6 @@ def run_ttft_cli(args) -> int:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     for t in result["targets"]:
-        print(f"target {t['target']}: {t['value']} (limit {t['limit']}) {'ok' if t['ok'] else 'MISSED'}", flush=True)
-    print("results:", saved.get("path"))
+        print(target_line(t, dev.type == "cuda"), flush=True)
+    print("results:", saved.get("path"), "(every sample, phase and parity record)")
     return status
