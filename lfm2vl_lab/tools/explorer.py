@@ -142,12 +142,12 @@ def _memory_note(res: dict) -> str:
     if not src.get("label"):
         return "graph memory: not recorded (the reference set has no bench-450m lab-graph capture)"
     run = f" + run budget {src['run_budget']}" if src.get("run_budget") else ""
+    note = (f"graph memory: {src['label']}\n  captured as budgets {src['budgets']}{run} with max items "
+            f"{src.get('max_items')}, largest first into one shared pool: {src['total_mb']:.0f} MiB in all")
     same = (src["budgets"] == res["budgets"] and src.get("run_budget") == res["run_budget"]
             and src.get("max_items") == res["max_items"])
-    return (f"graph memory: {src['label']}\n  captured as budgets {src['budgets']}{run}, max items "
-            f"{src.get('max_items')}, largest first into one shared pool"
-            + (f": {src['total_mb']:.0f} MiB in all" if same else
-               "; in another set a budget's share of the pool would differ"))
+    return note if same else note + ("\n  (a different configuration: its item slots, and each budget's share "
+                                     "of the pool, would differ)")
 
 
 def explore_text(res: dict) -> str:
@@ -178,8 +178,11 @@ class BudgetExplorer:
 
     def __init__(self, stream=None, budgets=DEFAULT_BUDGETS, max_items: int = DEFAULT_MAX_ITEMS,
                  per_call: int = DEFAULT_PER_CALL, memory: dict | None = None):
-        import ipywidgets as w
-
+        try:
+            import ipywidgets as w
+        except ImportError as exc:
+            raise ImportError("budget_explorer needs ipywidgets (pip install ipywidgets); explore() and "
+                              "explore_text() work without it") from exc
         self.stream = stream_tokens() if stream is None else stream
         self.memory = recorded_memory() if memory is None else memory
         budgets = check_budgets(budgets)
