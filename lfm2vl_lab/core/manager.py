@@ -115,9 +115,12 @@ def plan_batches(tokens: list[int], max_budget: int, max_items: int, run_tokens:
 
 
 def plan_config(tokens: list[int], config) -> tuple[list[list[int]], list[int]]:
-    """:func:`plan_batches` with a config's limits (``run_tokens``/``max_run_items`` where it has them)."""
-    return plan_batches(tokens, max(config.budgets), config.max_items, getattr(config, "run_tokens", None),
-                        getattr(config, "max_run_items", 0))
+    """:func:`plan_batches` with a config's limits (``run_tokens``/``max_run_items`` where it has them).
+
+    Runs only where the config has a run budget to hold them: without one (the largest budget already
+    holds a full run), a run would only grow past ``max_items``, which no graph has the slots for."""
+    run_items = getattr(config, "max_run_items", 0) if getattr(config, "run_budget", None) is not None else 0
+    return plan_batches(tokens, max(config.budgets), config.max_items, getattr(config, "run_tokens", None), run_items)
 
 
 def plan_stats(calls: list[list[int]], config, dense_runs: bool = True) -> dict:
