@@ -14,6 +14,8 @@ The names below are the public API; the instrument's modules are also reachable 
 """
 
 import importlib
+import pkgutil
+from pathlib import Path
 
 from .core.capture import recover_from_failed_capture
 from .core.config import EncoderGraphConfig, auto_budgets
@@ -38,10 +40,8 @@ __all__ = [
     "synthetic_image", "synthetic_workload", "TextEngine", "to_rgb", "VlmPipeline",
 ]
 
-TOOL_MODULES = ("args", "attention_probe", "bench", "bench_cli", "check", "e2e", "floor", "graph_apis",
-                "graph_apis_cli", "image_path", "meter", "modes", "notebook", "plots", "plots_ttft", "profiling",
-                "record", "reference", "report", "results", "site", "table", "timing", "trace_analysis", "ttft",
-                "ttft_cli", "ttft_summary", "workloads")
+# every module of lfm2vl_lab/tools/, read off the folder (importing none of them)
+TOOL_MODULES = tuple(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent / "tools")]))
 
 
 def __getattr__(name: str):
