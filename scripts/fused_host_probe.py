@@ -56,7 +56,7 @@ def _measure(genc, inputs) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(RESULTS_ROOT))
-    p.add_argument("--after-compile-mode", action="store_true", help="run the compile mode first, as session 1 did")
+    p.add_argument("--after-compile-mode", action="store_true", help="run the compile mode first, as the first run did")
     args = p.parse_args()
     model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda")
     inputs = to_device(random_processor_output([(32, 32)], "lfm2-vl-450m", seed=0), "cuda", torch.bfloat16)

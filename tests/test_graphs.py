@@ -912,4 +912,4 @@ def test_graph_memory_is_non_negative_and_adds_up(dense):
     top = max(genc.graphs)
     expected = sum(t.numel() * t.element_size() for t in genc.graphs[top].buffers.values()) / 2**20
     assert info[0]["budget"] == top and info[0]["buffers_mb"] == pytest.approx(expected)
-    assert mem["total_mb"] <= 1024, "all graphs together must hold at most 1 GiB (issue #11)"
+    assert mem["total_mb"] <= 1024, "all graphs together must hold at most 1 GiB"

@@ -1,4 +1,4 @@
-"""The image path (issue #12, part 3): staging the real rows through pinned memory, the processor on
+"""The image path: staging the real rows through pinned memory, the processor on
 the GPU, and the instrument that compares and times both. CPU tests use the tiny preset; the
 ``gpu`` ones check what only CUDA has (pinned buffers, async copies, the CUDA processor)."""
 

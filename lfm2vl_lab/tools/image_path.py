@@ -1,5 +1,5 @@
 """The image path before the encoder: the processor on the CPU or the GPU, and what feeding
-``encode()`` from the host costs against input already on the device (issue #12, part 3).
+``encode()`` from the host costs against input already on the device.
 
 Why measure it: on the H200, transformers' processor took 0.75-12.6 ms per image on the CPU, and
 ``GraphedEncoder.encode`` fed its padded float32 output took 18-30% longer than from device-resident
@@ -116,7 +116,7 @@ def time_encode_sources(genc, inputs: dict, repeats: int = 20, warmup: int = 3, 
                         chunk_rows: int | None = None) -> dict:
     """``genc.encode`` fed the CPU processor's output against the same inputs already on the GPU,
     in alternating turns (:func:`~.timing.time_paired`): medians, samples and ``ratio`` = host-fed
-    ms / device-fed ms (issue #12's target: at most 1.05 at 1x512 and 4x512). ``padded``: a third
+    ms / device-fed ms (the goal: at most 1.05 at 1x512 and 4x512, docs/goals.md). ``padded``: a third
     alternative, ``cpu_padded``, feeds the host input the way it went before staging (the whole
     padded float32 tensor, ``stage_rows=False``), so one row holds the before and the after.
 

@@ -34,7 +34,7 @@ from .workloads import synthetic_image
 DECODE_TOKENS = 16
 PARITY_CASES = (("1x512", 2), ("tiled", 1))  # (image, requests): two requests in one batch, and tiles
 CPU_INPUT_WORKLOADS = ("1x512", "4x512")  # where the CPU-input encode() target is judged
-# Issue #12's targets, stated once (450M, bf16, one 512 px request, paired timing).
+# The TTFT targets, stated once (450M, bf16, one 512 px request, paired timing).
 TARGETS = {
     "encoder_graph_cut_text_graphed": 0.35,  # TTFT cut by encoder graphs with the text model graphed
     "both_graphed_ttft_ms": 6.0,  # encoder + merge + prefill + first token, processor excluded
@@ -320,7 +320,7 @@ def _mismatch(row: dict, parity: list[dict]) -> str:
 
 def judge_ttft(rows: list[dict], image_path: list[dict] | None = None, parity: list[dict] | None = None,
                preset: str = "lfm2-vl-450m") -> list[dict]:
-    """Issue #12's :data:`TARGETS` from a grid's rows (and the image-path and parity records, if any)."""
+    """The TTFT :data:`TARGETS` judged from a grid's rows (and the image-path and parity records, if any)."""
     by = {r["mode"]: r for r in rows if r["preset"] == preset and r["image"] == "1x512" and r["requests"] == 1}
     out = []
     both, tg = by.get(mode_name("graphed", "graphed")), by.get(mode_name("eager", "graphed"))
