@@ -47,6 +47,8 @@ SPHINX_ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|exc|obj):(<code>)~?
 NBVAL_MARKER = re.compile(r"(<pre><span></span>)<span class=\"c1\">#\s*NBVAL_[A-Z_]+</span>\n"
                           r"|(<div class=\"clipboard-copy-txt\"[^>]*>)#\s*NBVAL_[A-Z_]+\n")
 NBVAL_LEFT = re.compile(r"<span class=\"c1\">#\s*NBVAL_[A-Z_]+")
+# What a page's scripts would fetch later: a widget manager or other module from a public CDN.
+REMOTE_LOADER = re.compile(r"https?://(?:unpkg\.com|cdn\.jsdelivr\.net|cdnjs\.cloudflare\.com)/[^\"'\s]*", re.I)
 LOCAL_REF = re.compile(r"\s(src|href)=\"(?![a-z][a-z0-9+.-]*:|//|#)([^\"]+)\"", re.I)
 
 
@@ -226,6 +228,8 @@ def on_page_content(html, page, config, files):
 def on_post_page(output, page, config):
     for m in REMOTE_FETCH.finditer(output):
         log.warning(f"{page.file.src_uri}: would fetch from the network: {output[m.start():m.start() + 120]!r}")
+    for m in REMOTE_LOADER.finditer(output):
+        log.warning(f"{page.file.src_uri}: a script would load {m.group(0)!r} from a CDN")
     return output
 
 

@@ -85,14 +85,19 @@ def _sanitize_output(out, repo_root) -> bool:
 
 
 def sanitize_notebook(nb, repo_root: Path | str = REPO_ROOT) -> int:
-    """Sanitise the code cells' outputs in place (see ``sanitize_text``) and drop tqdm's
-    "IProgress not found" warning from stderr streams. Returns how many cells changed.
+    """Sanitise the code cells' outputs in place (see ``sanitize_text``), drop tqdm's
+    "IProgress not found" warning from stderr streams and the notebook's saved widget state. Returns
+    how many cells (and metadata entries) changed.
 
     Cells marked ``# NBVAL_CHECK_OUTPUT`` are left alone: nbval compares their committed output
     with a fresh run on another machine, so it cannot hold that machine's paths, and any path in
     it comes from data (e.g. a result file's recorded command) that a rewrite would falsify.
     """
     changed = 0
+    # ipywidgets' saved state: it means nothing outside a live kernel, and nbconvert answers it with a
+    # widget manager fetched from a CDN on the docs site (which must load offline)
+    if nb.metadata.pop("widgets", None) is not None:
+        changed += 1
     for cell in nb.cells:
         if cell.cell_type != "code" or NBVAL_CHECK in cell.source:
             continue

@@ -105,14 +105,18 @@ def fixture_site(tmp_path_factory) -> Path:
 def test_broken_links_and_missing_images_fail_the_build(tmp_path, fixture_site):
     """The same small site as ``fixture_site`` (which builds), plus one fault of each kind: broken
     links and images in Markdown and in a notebook, a missing stylesheet, math (no MathJax offline)
-    and a script from the network."""
+    a script from the network, and a notebook's widget state (its manager would load from a CDN)."""
     index = ("# Fixture\n\n[gone](no-such-page.md), [no anchor](#nowhere) and ![missing](img/missing.png)\n\n"
              '<script src="https://cdn.example.org/lib.js"></script>\n')
     notebook = solution_notebook("img/missing-in-notebook.png", prose="Add $a$ and $b$.")
+    # saved ipywidgets state: nbconvert answers it with a widget manager loaded from a CDN
+    notebook.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {
+        "state": {}, "version_major": 2, "version_minor": 0}}
     proc = build_site(small_project(tmp_path, {"index.md": index}, notebook, assets=False), tmp_path / "site")
     assert proc.returncode != 0
     faults = ("no-such-page.md", "#nowhere", "img/missing.png", "img/missing-in-notebook.png", "assets/site.css",
-              "fixture.ipynb: has math", "would fetch from the network: '<script src=\"https://cdn.example.org")
+              "fixture.ipynb: has math", "would fetch from the network: '<script src=\"https://cdn.example.org",
+              "fixture.ipynb: a script would load 'https://unpkg.com/@jupyter-widgets/html-manager")
     for fault in faults:
         assert fault in proc.stderr, f"the build did not report {fault}:\n{proc.stderr}"
     assert "strict mode" in proc.stdout  # "Aborted with 4 warnings in strict mode!"
