@@ -63,7 +63,7 @@ lab: | $(VPY)
 	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS) $(LAB_DIR)/
 
 lab-fresh:
-	$(MAKE) lab LAB_FRESH=1
+	@$(MAKE) --no-print-directory lab LAB_FRESH=1
 
 # Learner copies of the notebooks without the `solution` cells, outputs cleared (docs/workshop.md).
 handout: | $(VPY)

@@ -35,8 +35,12 @@ MANIFEST = ".sources.json"
 
 def digest(path: Path) -> str:
     """sha256 of a notebook's JSON with sorted keys: the same for a copy JupyterLab saved unchanged."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    raw = path.read_bytes()
+    try:
+        raw = json.dumps(json.loads(raw), sort_keys=True).encode()
+    except ValueError:  # not JSON (any more): its bytes, so it counts as changed and is kept
+        pass
+    return hashlib.sha256(raw).hexdigest()
 
 
 def _aside(dest: Path) -> Path:
@@ -54,8 +58,9 @@ def prepare(source: Path = SOURCE, dest: Path = DEST, fresh: bool = False, say=p
     """Bring ``dest`` up to date with ``source``'s notebooks; returns {notebook name: what happened}.
 
     What happened is one of ``copied``, ``updated`` (an unchanged copy followed its source),
-    ``kept`` (the copy is the learner's or already current), ``kept, source changed`` and, with
-    ``fresh``, ``moved aside to <folder>`` for a changed copy before the new one is taken."""
+    ``kept`` (the copy is its source), ``yours`` (the learner changed the copy: kept as it is),
+    ``yours, source changed`` (kept too, though its source is newer) and, with ``fresh``,
+    ``moved aside to <folder>`` for a changed copy before the new one is taken."""
     notebooks = sorted(source.glob("*.ipynb"))
     if not notebooks:
         raise SystemExit(f"lab_copies: no notebooks in {source}")
@@ -63,7 +68,10 @@ def prepare(source: Path = SOURCE, dest: Path = DEST, fresh: bool = False, say=p
         raise SystemExit(f"lab_copies: the working copies cannot live in {source} itself")
     dest.mkdir(parents=True, exist_ok=True)
     manifest_path = dest / MANIFEST
-    made_from = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    try:
+        made_from = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    except ValueError:  # a damaged record: every existing copy counts as the learner's
+        made_from = {}
     done, aside = {}, None
     for src in notebooks:
         copy, new = dest / src.name, digest(src)
@@ -76,7 +84,7 @@ def prepare(source: Path = SOURCE, dest: Path = DEST, fresh: bool = False, say=p
                 continue
             if not untouched and not fresh:
                 changed = made_from.get(src.name) not in (None, new)  # None: a copy this script did not make
-                done[src.name] = "kept, source changed" if changed else "kept"
+                done[src.name] = "yours, source changed" if changed else "yours"
                 continue
             if not untouched:
                 aside = aside or _aside(dest)
@@ -94,14 +102,17 @@ def prepare(source: Path = SOURCE, dest: Path = DEST, fresh: bool = False, say=p
 
 
 def _report(done: dict[str, str], source: Path, dest: Path, say) -> None:
-    shown = {name: what for name, what in done.items() if what != "kept"}
-    for name, what in shown.items():
-        say(f"  {name}: {what}")
+    for name, what in done.items():
+        if what not in ("kept", "yours"):
+            say(f"  {name}: {what}")
     say(f"lab: working copies in {_rel(dest)}/ (git ignores them); the recorded H200 outputs stay in "
         f"{_rel(source)}/ (git checkout {_rel(source)}/ restores them)")
-    if any(what == "kept, source changed" for what in done.values()):
-        say(f"lab: the notebooks marked 'source changed' are newer in {_rel(source)}/ than your edited copies; "
-            "`make lab-fresh` takes new copies and moves yours aside")
+    yours = [name for name, what in done.items() if what.startswith("yours")]
+    newer = [name for name in yours if done[name] == "yours, source changed"]
+    if yours:
+        also = f" ({', '.join(newer)}: newer in {_rel(source)}/)" if newer else ""
+        say(f"lab: {len(yours)} of the copies hold your own runs or edits{also}; `make lab-fresh` takes new "
+            "copies and moves yours aside")
 
 
 def _rel(path: Path) -> str:
