@@ -186,6 +186,9 @@ def run_in_lab(lab: Lab, browser, name: str, shot: Path | None, then=None) -> di
     is idle, save it, screenshot its top; ``then(page)`` may look further. Returns every code cell
     (prompt, stderr boxes, output text), the seconds it took and what ``then`` returned."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    elsewhere, page_errors = [], []  # requests to any other host than the server; uncaught exceptions
+    page.on("request", lambda r: None if r.url.startswith((lab.base, "data:", "blob:")) else elsewhere.append(r.url))
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
     t0 = time.monotonic()
     try:
         page.goto(f"{lab.base}/lab/tree/{name}?reset&token={lab.token}", wait_until="load")
@@ -210,7 +213,7 @@ def run_in_lab(lab: Lab, browser, name: str, shot: Path | None, then=None) -> di
                 page.wait_for_timeout(1000)
                 page.screenshot(path=str(shot.with_name(f"{shot.stem}-first-stderr.png")))
         lab.api(f"sessions/{session['id']}", method="DELETE")  # the next notebook gets the CPU
-        return {"cells": cells, "seconds": seconds, "extra": extra}
+        return {"cells": cells, "seconds": seconds, "extra": extra, "elsewhere": elsewhere, "page_errors": page_errors}
     finally:
         page.close()
 
@@ -269,6 +272,8 @@ def test_notebook_runs_clean_in_jupyterlab(lab, browser, name):
     assert not boxes, f"{name}: stderr or error outputs in code cells (0-based) " + json.dumps(boxes, indent=1)
     prompts = [c["prompt"] for c in cells]
     assert prompts == [f"[{i}]:" for i in range(1, len(cells) + 1)], f"{name}: not every cell ran in order: {prompts}"
+    assert not result["elsewhere"], f"{name}: JupyterLab fetched from elsewhere: {result['elsewhere']}"
+    assert not result["page_errors"], f"{name}: errors in the page: {result['page_errors']}"
     assert "DEVICE=" in cells[0]["text"], f"{name}: the first cell printed no environment check: {cells[0]['text']!r}"
 
 
