@@ -218,9 +218,10 @@ def run_in_lab(lab: Lab, browser, name: str, shot: Path | None, then=None) -> di
         page.close()
 
 
-def exercise_slider(page, timeout_s: float = 30) -> dict:
-    """Move the ``max items`` slider far from its default (End, then Home) and wait for the cell's
-    ``padding waste NN%`` numbers to change. Returns what it saw; ``found`` False without a slider."""
+def exercise_slider(page, shot: Path | None = None, timeout_s: float = 30) -> dict:
+    """Move the ``max items`` slider far from its default (End, then Home) and wait for the
+    ``padding waste NN%`` numbers of its cell's output (of the whole notebook if that has none) to
+    change; screenshot that to ``shot``. Returns what it saw; ``found`` False without a slider."""
     label = page.locator(".widget-label", has_text=re.compile(r"^\s*max items\s*$"))
     slider = page.locator(".widget-slider").filter(has=label)
     if slider.count() == 0:
@@ -228,6 +229,8 @@ def exercise_slider(page, timeout_s: float = 30) -> dict:
     slider = slider.first
     slider.scroll_into_view_if_needed()
     output = page.locator(".jp-Notebook .jp-CodeCell").filter(has=slider).first.locator(".jp-OutputArea").first
+    if not WASTE.search(output.inner_text()):
+        output = page.locator(".jp-Notebook").first
     before = WASTE.findall(output.inner_text())
     seen = {"found": True, "before": before, "after": before}
     if not before:
@@ -239,7 +242,8 @@ def exercise_slider(page, timeout_s: float = 30) -> dict:
         while time.monotonic() < deadline:
             seen["after"] = WASTE.findall(output.inner_text())
             if seen["after"] and seen["after"] != before:
-                page.screenshot(path=str(SHOTS / "03-budget-explorer.png"))
+                if shot is not None:
+                    page.screenshot(path=str(shot))
                 return {**seen, "value": slider.locator(".widget-readout").inner_text()}
             time.sleep(0.5)
     return {**seen, "error": "the padding waste did not change when the slider moved to its ends"}
@@ -248,9 +252,11 @@ def exercise_slider(page, timeout_s: float = 30) -> dict:
 def ran(lab: Lab, browser, name: str) -> dict:
     """``run_in_lab`` once per notebook and module (the git status test needs them all)."""
     if name not in lab.results:
-        slider = exercise_slider if name.startswith("03_") else None
+        stem = Path(name).stem
+        explorer = SHOTS / f"{stem}-budget-explorer.png"
+        slider = (lambda page: exercise_slider(page, explorer)) if name.startswith("03_") else None
         t0 = time.monotonic()
-        lab.results[name] = run_in_lab(lab, browser, name, SHOTS / f"{Path(name).stem}.png", then=slider)
+        lab.results[name] = run_in_lab(lab, browser, name, SHOTS / f"{stem}.png", then=slider)
         print(f"\n{name}: Run All took {lab.results[name]['seconds']:.1f} s, {time.monotonic() - t0:.1f} s in all")
     return lab.results[name]
 
@@ -314,7 +320,7 @@ def explorer_notebook(folder: Path, name: str, value: str) -> str:
 @pytest.mark.browser
 def test_the_slider_check_sees_whether_the_numbers_move(lab, browser):
     moving = run_in_lab(lab, browser, explorer_notebook(lab.folder, "zz-explorer.ipynb", "items.value"), None,
-                        then=exercise_slider)["extra"]
+                        then=lambda page: exercise_slider(page, SHOTS / "zz-explorer.png"))["extra"]
     assert "error" not in moving and moving["before"] == ["20.0"] and moving["after"] in (["3.0"], ["50.0"]), moving
     stuck = run_in_lab(lab, browser, explorer_notebook(lab.folder, "zz-stuck.ipynb", "4"), None,
                        then=lambda page: exercise_slider(page, timeout_s=3))["extra"]
