@@ -1,4 +1,5 @@
-# lfm2vl-lab: two commands for newcomers (`make bench`, `make test`), plus `make lab` (`make lab-fresh`) and `make docs`.
+# lfm2vl-lab: two commands for newcomers (`make bench`, `make test`), plus `make lab` (and
+# `make lab-fresh`) and `make docs`.
 #
 # `make install` builds .venv once (a stamp file inside it marks it done). torch and torchvision
 # are pinned to the pair that lies on local disk on the CPU machines (docs/install.md says
