@@ -1,4 +1,5 @@
-# lfm2vl-lab: two commands for newcomers (`make bench`, `make test`), plus `make lab` and `make docs`.
+# lfm2vl-lab: two commands for newcomers (`make bench`, `make test`), plus `make lab` (and
+# `make lab-fresh`) and `make docs`.
 #
 # `make install` builds .venv once (a stamp file inside it marks it done). torch and torchvision
 # are pinned to the pair that lies on local disk on the CPU machines (docs/install.md says
@@ -20,7 +21,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 # README.md ("Docs site") says what that means for this site.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install bench test lab docs handout
+.PHONY: install bench test lab lab-fresh docs handout
 
 install: $(STAMP)
 
@@ -52,8 +53,19 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 # LAB_ARGS: more JupyterLab options, e.g. LAB_ARGS="--ip 0.0.0.0 --no-browser" inside a container.
 LAB_ARGS ?=
 
+# The notebooks open as working copies in $(LAB_DIR) (git-ignored; scripts/lab_copies.py): running
+# them changes the copies, never the committed H200 outputs in notebooks/. A missing copy is made, a
+# copy the learner changed is kept. `make lab-fresh` (or LAB_FRESH=1) takes new copies of every
+# notebook and moves the changed ones aside into $(LAB_DIR)/previous-<date-time>/.
+LAB_DIR ?= lab-notebooks
+LAB_FRESH ?=
+
 lab: | $(VPY)
-	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS) notebooks/
+	$(VPY) scripts/lab_copies.py --dest $(LAB_DIR) $(if $(LAB_FRESH),--fresh)
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS) $(LAB_DIR)/
+
+lab-fresh:
+	@$(MAKE) --no-print-directory lab LAB_FRESH=1
 
 # Learner copies of the notebooks without the `solution` cells, outputs cleared (docs/workshop.md).
 handout: | $(VPY)

@@ -1,0 +1,356 @@
+"""The notebooks in real JupyterLab, opened the way ``make lab`` opens them.
+
+``make lab`` copies ``notebooks/`` into a git-ignored folder of working copies
+(``scripts/lab_copies.py``, whose rules tests/test_lab_copies.py checks) and starts JupyterLab there.
+These tests run ``make lab`` itself (the copies in a temporary folder, JupyterLab
+headless on a free port with a random token), open every notebook in Debian's Chromium through
+Playwright (never a browser Playwright downloads), click Run > Run All Cells and wait until every cell
+ran. A notebook passes when every code cell ran in order, no output is an error or a stderr box, and
+the first cell printed its environment check. One screenshot per notebook lands in
+``lab-screenshots/`` (git-ignored). Then: notebook 03's budget explorer answers its slider, tqdm's
+progress bar renders as a widget, and ``git status`` of the repository is what it was before, although
+every notebook ran and was saved. Without Chromium or Playwright they skip, saying so; under
+``LAB_REQUIRE_SITE_TESTS=1`` (.ci/run) they fail instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+CHROMIUM = Path(os.environ.get("LAB_CHROMIUM", "/usr/bin/chromium"))
+SHOTS = ROOT / "lab-screenshots"
+# As in tests/test_site.py: no sandbox as root, no GPU, nothing fetched behind the page's back.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+NOTEBOOK_TIMEOUT_S = 240  # one notebook, Run All to idle; about 15-30 s each on 2 cores
+STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'  # stderr and tracebacks
+WASTE = re.compile(r"padding waste[^%\n]{0,80}?(\d+(?:\.\d+)?)\s*%")  # the first percentage after it
+
+spec = importlib.util.spec_from_file_location("lab_copies", ROOT / "scripts" / "lab_copies.py")
+lab_copies = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lab_copies)
+
+
+def missing(reason: str):
+    """Skip, saying why; under ``LAB_REQUIRE_SITE_TESTS=1`` (.ci/run) fail instead: CI must run these."""
+    if os.environ.get("LAB_REQUIRE_SITE_TESTS") == "1":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+# ------------------------------------------------------------------------------------------------
+# JupyterLab, started by `make lab`, and the browser
+# ------------------------------------------------------------------------------------------------
+
+
+def git_status() -> str | None:
+    """``git status --porcelain`` of the repository, untracked files listed one by one; None outside git."""
+    proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, text=True,
+                          capture_output=True)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    """A JupyterLab server that ``make lab`` started on working copies in ``folder``."""
+
+    def __init__(self, tmp: Path):
+        self.folder, self.token, port = tmp / "lab-notebooks", secrets.token_hex(16), _free_port()
+        self.base, self.log = f"http://127.0.0.1:{port}", tmp / "jupyterlab.log"
+        self.results: dict[str, dict] = {}  # notebook name -> what running it found
+        settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)  # no news and update checks: nothing from the network, no toast over cells
+        (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+        env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+                   JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+        venv = Path(sys.executable).parent.parent  # the venv running the tests, wherever it is
+        args = f"--no-browser --port {port} --IdentityProvider.token={self.token}"
+        self.proc = subprocess.Popen(["make", "lab", f"VENV={venv}", f"LAB_DIR={self.folder}", f"LAB_ARGS={args}"],
+                                     cwd=ROOT, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def api(self, path: str, method: str = "GET"):
+        req = urllib.request.Request(f"{self.base}/api/{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def wait_until_up(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"make lab exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
+            try:
+                self.api("status")
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"JupyterLab did not answer in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        for session in self.api("sessions"):
+            self.api(f"sessions/{session['id']}", method="DELETE")
+        os.killpg(self.proc.pid, signal.SIGTERM)  # make and the jupyter it started: one process group
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian Chromium driven by Playwright (never a browser Playwright downloads)."""
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing("playwright is not installed: pip install -e '.[docs]'")
+    if not CHROMIUM.is_file():
+        missing(f"no Chromium at {CHROMIUM}: run scripts/install_chromium.sh (Debian's chromium)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def status_before() -> str:
+    return git_status()
+
+
+@pytest.fixture(scope="module")
+def lab(browser, status_before, tmp_path_factory):
+    server = Lab(tmp_path_factory.mktemp("make-lab"))
+    try:
+        server.wait_until_up()
+        yield server
+    finally:
+        server.stop()
+
+
+
+# ------------------------------------------------------------------------------------------------
+# One notebook in the browser: open, Run All Cells, wait, save, look
+# ------------------------------------------------------------------------------------------------
+
+# a queued or running cell shows [*]: in its prompt
+QUEUED = "[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].some(e => e.textContent.includes('*'))"
+ANY_RUNNING_JS, NONE_RUNNING_JS = f"() => {QUEUED}", f"() => !{QUEUED}"
+TO_TOP_JS = "() => document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => { e.scrollTop = 0; })"
+CELLS_JS = """sel => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')].map(c => ({
+  prompt: (c.querySelector('.jp-InputPrompt') || {textContent: ''}).textContent.trim(),
+  stderr: [...c.querySelectorAll(sel)].map(e => e.textContent.slice(0, 800)),
+  text: (c.querySelector('.jp-OutputArea') || {textContent: ''}).textContent.slice(0, 2000)}))"""
+
+
+def wait_for_idle_kernel(lab: Lab, name: str, timeout_s: float) -> dict:
+    """The notebook's session, once its kernel is idle (the page can say idle before the kernel is there)."""
+    deadline, sessions = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        sessions = [s for s in lab.api("sessions") if s["path"].endswith(name)]
+        if sessions and sessions[0]["kernel"]["execution_state"] == "idle":
+            return sessions[0]
+        time.sleep(0.5)
+    raise AssertionError(f"{name}: no idle kernel after {timeout_s} s (sessions: {sessions})")
+
+
+def menu(page, top: str, item: str) -> None:
+    page.click(f".lm-MenuBar-itemLabel:text-is('{top}')")
+    page.click(f".lm-Menu-itemLabel:text-is('{item}')")
+
+
+def run_in_lab(lab: Lab, browser, name: str, shot: Path | None, then=None) -> dict:
+    """Open ``name`` in JupyterLab, Run > Run All Cells, wait until no cell is queued and the kernel
+    is idle, save it, screenshot its top; ``then(page)`` may look further. Returns every code cell
+    (prompt, stderr boxes, output text), the seconds it took and what ``then`` returned."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    elsewhere, page_errors = [], []  # requests to any other host than the server; uncaught exceptions
+    page.on("request", lambda r: None if r.url.startswith((lab.base, "data:", "blob:")) else elsewhere.append(r.url))
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    t0 = time.monotonic()
+    try:
+        page.goto(f"{lab.base}/lab/tree/{name}?reset&token={lab.token}", wait_until="load")
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
+        session = wait_for_idle_kernel(lab, name, 90)
+        menu(page, "Run", "Run All Cells")
+        page.wait_for_function(ANY_RUNNING_JS, timeout=30_000)
+        page.wait_for_function(NONE_RUNNING_JS, timeout=NOTEBOOK_TIMEOUT_S * 1000, polling=500)
+        wait_for_idle_kernel(lab, name, 60)
+        seconds = time.monotonic() - t0
+        menu(page, "File", "Save Notebook")  # what autosave does a little later
+        page.wait_for_selector(".lm-TabBar-tab.jp-mod-current:not(.jp-mod-dirty)", timeout=30_000)
+        cells = page.evaluate(CELLS_JS, STDERR)
+        extra = then(page) if then is not None else None
+        if shot is not None:
+            page.evaluate(TO_TOP_JS)
+            page.wait_for_timeout(1000)  # off-screen cells are painted only once in view (content-visibility)
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shot))
+            if any(c["stderr"] for c in cells):  # and where it went wrong
+                page.locator(STDERR).first.scroll_into_view_if_needed()
+                page.wait_for_timeout(1000)
+                page.screenshot(path=str(shot.with_name(f"{shot.stem}-first-stderr.png")))
+        lab.api(f"sessions/{session['id']}", method="DELETE")  # the next notebook gets the CPU
+        return {"cells": cells, "seconds": seconds, "extra": extra, "elsewhere": elsewhere, "page_errors": page_errors}
+    finally:
+        page.close()
+
+
+def exercise_slider(page, shot: Path | None = None, timeout_s: float = 30) -> dict:
+    """Move the ``max items`` slider far from its default (End, then Home) and wait for the
+    ``padding waste NN%`` numbers of its cell's output (of the whole notebook if that has none) to
+    change; screenshot that to ``shot``. Returns what it saw; ``found`` False without a slider."""
+    label = page.locator(".widget-label", has_text=re.compile(r"^\s*max items\s*$"))
+    slider = page.locator(".widget-slider").filter(has=label)
+    if slider.count() == 0:
+        return {"found": False}
+    slider = slider.first
+    slider.scroll_into_view_if_needed()
+    output = page.locator(".jp-Notebook .jp-CodeCell").filter(has=slider).first.locator(".jp-OutputArea").first
+    if not WASTE.search(output.inner_text()):
+        output = page.locator(".jp-Notebook").first
+    before = WASTE.findall(output.inner_text())
+    seen = {"found": True, "before": before, "after": before}
+    if not before:
+        return {**seen, "error": "the explorer's output shows no 'padding waste NN%'"}
+    for key in ("End", "Home"):
+        slider.locator(".noUi-handle").focus()
+        page.keyboard.press(key)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            seen["after"] = WASTE.findall(output.inner_text())
+            if seen["after"] and seen["after"] != before:
+                if shot is not None:
+                    page.screenshot(path=str(shot))
+                return {**seen, "value": slider.locator(".widget-readout").inner_text()}
+            time.sleep(0.5)
+    return {**seen, "error": "the padding waste did not change when the slider moved to its ends"}
+
+
+def ran(lab: Lab, browser, name: str) -> dict:
+    """``run_in_lab`` once per notebook and module (the git status test needs them all)."""
+    if name not in lab.results:
+        stem = Path(name).stem
+        explorer = SHOTS / f"{stem}-budget-explorer.png"
+        slider = (lambda page: exercise_slider(page, explorer)) if name.startswith("03_") else None
+        t0 = time.monotonic()
+        lab.results[name] = run_in_lab(lab, browser, name, SHOTS / f"{stem}.png", then=slider)
+        print(f"\n{name}: Run All took {lab.results[name]['seconds']:.1f} s, {time.monotonic() - t0:.1f} s in all")
+    return lab.results[name]
+
+
+# ------------------------------------------------------------------------------------------------
+# The tests
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_clean_in_jupyterlab(lab, browser, name):
+    result = ran(lab, browser, name)
+    cells = result["cells"]
+    code = [c for c in nbformat.read(ROOT / "notebooks" / name, as_version=4).cells if c.cell_type == "code"]
+    assert len(cells) == len(code), f"{name}: JupyterLab shows {len(cells)} code cells, the notebook has {len(code)}"
+    boxes = {i: c["stderr"] for i, c in enumerate(cells) if c["stderr"]}
+    assert not boxes, f"{name}: stderr or error outputs in code cells (0-based) " + json.dumps(boxes, indent=1)
+    prompts = [c["prompt"] for c in cells]
+    assert prompts == [f"[{i}]:" for i in range(1, len(cells) + 1)], f"{name}: not every cell ran in order: {prompts}"
+    assert not result["elsewhere"], f"{name}: JupyterLab fetched from elsewhere: {result['elsewhere']}"
+    assert not result["page_errors"], f"{name}: errors in the page: {result['page_errors']}"
+    assert "DEVICE=" in cells[0]["text"], f"{name}: the first cell printed no environment check: {cells[0]['text']!r}"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_budget_explorer_answers_its_slider(lab, browser):
+    name = next((n for n in NOTEBOOKS if n.startswith("03_")), None)
+    assert name, "no notebook 03 in notebooks/"
+    has_explorer = "budget_explorer" in (ROOT / "notebooks" / name).read_text(encoding="utf-8")
+    slider = ran(lab, browser, name)["extra"]
+    if not slider["found"]:
+        assert not has_explorer, f"{name} has a budget explorer, but JupyterLab shows no 'max items' slider"
+        pytest.skip(f"{name} has no budget explorer yet (no 'budget_explorer' in it, no 'max items' slider)")
+    assert "error" not in slider, f"{name}: {slider}"
+
+
+EXPLORER = """import ipywidgets as w
+from IPython.display import display
+items, out = w.IntSlider(value=4, min=1, max=32, description="max items"), w.Output()
+def show(change=None):
+    out.clear_output(wait=True)
+    with out:
+        print(f"padding waste {100 / ({value} + 1):.1f}%")
+items.observe(show, names="value")
+show()
+display(w.VBox([items, out]))"""
+
+
+def explorer_notebook(folder: Path, name: str, value: str) -> str:
+    """A notebook with a stand-in for notebook 03's explorer (the contract: an IntSlider described as
+    ``max items`` and ``padding waste NN%`` in its output) whose number is ``value`` (Python)."""
+    meta = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    cells = [nbformat.v4.new_code_cell(EXPLORER.replace("{value}", value))]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=meta), folder / name)
+    return name
+
+
+@pytest.mark.browser
+def test_the_slider_check_sees_whether_the_numbers_move(lab, browser):
+    moving = run_in_lab(lab, browser, explorer_notebook(lab.folder, "zz-explorer.ipynb", "items.value"), None,
+                        then=lambda page: exercise_slider(page, SHOTS / "zz-explorer.png"))["extra"]
+    assert "error" not in moving and moving["before"] == ["20.0"] and moving["after"] in (["3.0"], ["50.0"]), moving
+    stuck = run_in_lab(lab, browser, explorer_notebook(lab.folder, "zz-stuck.ipynb", "4"), None,
+                       then=lambda page: exercise_slider(page, timeout_s=3))["extra"]
+    assert stuck["error"].startswith("the padding waste did not change"), stuck
+
+
+@pytest.mark.browser
+def test_progress_bars_render_as_widgets(lab, browser):
+    """tqdm.auto in JupyterLab draws an ipywidgets bar, not the "IProgress not found" warning."""
+    cell = nbformat.v4.new_code_cell("from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='steps'):\n    pass")
+    meta = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell], metadata=meta), lab.folder / "zz-progress-bar.ipynb")
+    bars = []
+    result = run_in_lab(lab, browser, "zz-progress-bar.ipynb", SHOTS / "zz-progress-bar.png",
+                        then=lambda page: bars.append(page.locator(".jp-OutputArea .widget-hprogress").count()))
+    assert not result["cells"][0]["stderr"], result["cells"][0]["stderr"]
+    assert bars == [1] and "3/3" in result["cells"][0]["text"], (bars, result["cells"][0]["text"])
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_running_every_notebook_leaves_git_status_as_it_was(lab, browser, status_before):
+    if status_before is None:
+        pytest.skip(f"{ROOT} is not a git checkout")
+    for name in NOTEBOOKS:
+        ran(lab, browser, name)
+    after = git_status()
+    changed = sorted(set(after.splitlines()) ^ set(status_before.splitlines()))
+    assert after == status_before, f"running the notebooks through `make lab` changed the repository: {changed}"
+    # the runs were saved into the working copies, and `make lab` keeps them from now on
+    source = ROOT / "notebooks"
+    assert [n for n in NOTEBOOKS if lab_copies.digest(lab.folder / n) == lab_copies.digest(source / n)] == []
+    assert set(lab_copies.prepare(source, lab.folder, say=lambda _: None).values()) == {"yours"}
