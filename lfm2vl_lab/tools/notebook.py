@@ -31,6 +31,10 @@ from .results import RESULTS_ROOT, gpu_slug, recorded_label
 from .workloads import default_device, device_defaults
 
 RECORDED_GPU = "nvidia-h200"  # the GPU whose recorded results the notebooks read: data/results/nvidia-h200/
+# GraphedEncoder's one warning without CUDA (core/graphs.py), and what a notebook's first cell says instead
+CPU_FALLBACK_WARNING = "GraphedEncoder: no CUDA device"
+CPU_FALLBACK_NOTE = ("note: no CUDA device, so GraphedEncoder.encode() runs the packed eager encoder here (no graphs); "
+                     "its stats count those calls as eager_calls")
 
 
 # What a notebook part needs: "any" runs live everywhere (the tiny preset on a CPU), "gpu" runs live
@@ -89,6 +93,8 @@ def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, t
     the preset and dtype come from :func:`lfm2vl_lab.tools.workloads.device_defaults`. Prints the
     line every notebook's output starts with, then the environment check (:func:`environment_lines`;
     ``shows``: what the notebook shows and where from), and returns ``(device, preset, dtype)``.
+    Without CUDA it also says, once, that ``GraphedEncoder`` runs eagerly there, and silences the
+    warning that would otherwise say so in the first cell that encodes.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if "huggingface_hub" in sys.modules and os.environ["HF_HUB_OFFLINE"] == "1":
@@ -102,6 +108,10 @@ def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, t
     print(f"DEVICE={device}  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}")
     if shows is not None:
         print("\n".join(environment_lines(environment(device), shows)))
+    if torch.device(device).type != "cuda":
+        # said once here instead of as a warning box in whichever cell first encodes
+        warnings.filterwarnings("ignore", message=CPU_FALLBACK_WARNING)
+        print(CPU_FALLBACK_NOTE)
     return device, preset, dtype
 
 
