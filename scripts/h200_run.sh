@@ -7,15 +7,16 @@
 #   bash scripts/h200_run.sh record      the reference set (python -m lfm2vl_lab record); call it
 #                                        again until it says "complete": each call records what the
 #                                        last one left, from the same code
-#   bash scripts/h200_run.sh notebooks   every notebook executed against the reference set, then the
-#                                        GPU test suite (carry the Jupyter wheels: `carry: [".whl"]`)
+#   bash scripts/h200_run.sh notebooks   every notebook executed against the reference set (NOTEBOOKS:
+#                                        some of them), then the GPU test suite (GPU_TESTS: a subset);
+#                                        carry the Jupyter wheels: `carry: [".whl"]`
 #   bash scripts/h200_run.sh gpu-tests   the GPU test suite alone
 #
 # The Jupyter wheels (the H200 image has no Jupyter), made once here; then delete the packaging,
 # typing_extensions, pytest, pluggy and iniconfig wheels, which the image already has:
 #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl \
-#     nbval nbclient nbformat ipykernel
+#     nbval nbclient nbformat ipykernel ipywidgets
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=$(realpath -m "${OUT:-out}"); W=$OUT/w/x; R=$W/res; mkdir -p "$R"
@@ -37,8 +38,9 @@ record)
   LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) ;;
 notebooks)
   jupyter_wheels
-  LOG=nb     TAILN=12 step 300 python3 scripts/run_notebooks.py notebooks/*.ipynb --out "$W/nb"
-  LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests ;;
+  LOG=nb     TAILN=12 step 380 python3 scripts/run_notebooks.py ${NOTEBOOKS:-notebooks/*.ipynb} --out "$W/nb"
+  # GPU_TESTS: a subset of the suite where the call has less time left than the whole suite needs
+  LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
 gpu-tests)
   LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests ;;
 *) echo "unknown part $PART (record, notebooks, gpu-tests)"; exit 2 ;;

@@ -30,10 +30,20 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # setup()
 
 
-def test_setup_on_cpu_prints_the_first_line_and_returns_the_device_defaults(capsys):
-    device, preset, dtype = setup("cpu")
+def test_setup_on_cpu_prints_the_first_line_and_returns_the_device_defaults(capsys, tiny_model):
+    import warnings
+
+    from lfm2vl_lab.tools.notebook import CPU_FALLBACK_NOTE
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        device, preset, dtype = setup("cpu")
+        lfm2vl_lab.GraphedEncoder(tiny_model).encode(lfm2vl_lab.random_processor_output([(8, 8)], "tiny"))
     assert (device, (preset, dtype)) == ("cpu", device_defaults("cpu"))
-    assert capsys.readouterr().out == f"DEVICE=cpu  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}\n"
+    assert capsys.readouterr().out == (f"DEVICE=cpu  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}\n"
+                                       f"{CPU_FALLBACK_NOTE}\n")
+    # said once in the first cell, not again as a warning box where the first encode runs
+    assert not [w for w in seen if "no CUDA device" in str(w.message)]
 
 
 def test_setup_names_the_cuda_choice_without_touching_a_gpu(capsys):
