@@ -42,6 +42,7 @@ notebooks)
   # GPU_TESTS: a subset of the suite where the call has less time left than the whole suite needs
   LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
 gpu-tests)
+  jupyter_wheels  # nbformat, nbclient: some test modules import them
   LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests ;;
 *) echo "unknown part $PART (record, notebooks, gpu-tests)"; exit 2 ;;
 esac
