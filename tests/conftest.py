@@ -62,3 +62,11 @@ def model_450m():
     from lfm2vl_lab import build_model
 
     return build_model("lfm2-vl-450m")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Debian Chromium driven by Playwright, one for every browser test (tests/chromium.py)."""
+    from chromium import launch_browser
+
+    yield from launch_browser()

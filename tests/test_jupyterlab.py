@@ -33,11 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
-CHROMIUM = Path(os.environ.get("LAB_CHROMIUM", "/usr/bin/chromium"))
 SHOTS = ROOT / "lab-screenshots"
-# As in tests/test_site.py: no sandbox as root, no GPU, nothing fetched behind the page's back.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 NOTEBOOK_TIMEOUT_S = 240  # one notebook, Run All to idle; about 15-30 s each on 2 cores
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'  # stderr and tracebacks
 WASTE = re.compile(r"padding waste[^%\n]{0,80}?(\d+(?:\.\d+)?)\s*%")  # the first percentage after it
@@ -45,13 +41,6 @@ WASTE = re.compile(r"padding waste[^%\n]{0,80}?(\d+(?:\.\d+)?)\s*%")  # the firs
 spec = importlib.util.spec_from_file_location("lab_copies", ROOT / "scripts" / "lab_copies.py")
 lab_copies = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lab_copies)
-
-
-def missing(reason: str):
-    """Skip, saying why; under ``LAB_REQUIRE_SITE_TESTS=1`` (.ci/run) fail instead: CI must run these."""
-    if os.environ.get("LAB_REQUIRE_SITE_TESTS") == "1":
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -118,21 +107,6 @@ class Lab:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Debian Chromium driven by Playwright (never a browser Playwright downloads)."""
-    try:
-        from playwright import sync_api
-    except ImportError:
-        missing("playwright is not installed: pip install -e '.[docs]'")
-    if not CHROMIUM.is_file():
-        missing(f"no Chromium at {CHROMIUM}: run scripts/install_chromium.sh (Debian's chromium)")
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

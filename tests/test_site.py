@@ -24,20 +24,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from chromium import missing
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path(os.environ.get("LAB_CHROMIUM", "/usr/bin/chromium"))
 SHOTS = ROOT / "site-screenshots"
-# What Chromium may do here: no sandbox as root, no GPU, nothing fetched behind the page's back.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-
-
-def missing(reason: str):
-    """Skip, saying why; under ``LAB_REQUIRE_SITE_TESTS=1`` (.ci/run) fail instead: CI must run these."""
-    if os.environ.get("LAB_REQUIRE_SITE_TESTS") == "1":
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
 
 
 # the docs extra: mkdocs, Material, mkdocs-jupyter, mkdocstrings, bs4 (playwright: see `browser`)
@@ -197,21 +187,6 @@ def test_doctest_examples_become_code_blocks():
     spec.loader.exec_module(mod)
     text = "Doubles.\n\n>>> f(1)\n2\n>>> f(2)\n4\n\nMore prose.\n"
     assert mod.fence_doctests(text) == "Doubles.\n\n```pycon\n>>> f(1)\n2\n>>> f(2)\n4\n```\n\nMore prose.\n"
-
-
-@pytest.fixture(scope="session")
-def browser():
-    """Headless Debian Chromium driven by Playwright (never a browser Playwright downloads)."""
-    try:
-        from playwright import sync_api
-    except ImportError:
-        missing("playwright is not installed: pip install -e '.[docs]'")
-    if not CHROMIUM.is_file():
-        missing(f"no Chromium at {CHROMIUM}: run scripts/install_chromium.sh (Debian's chromium)")
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
 from ..core.graphs import DENSE_GRAPHS
+from .floor import busy_over_wall as busy_exceeds_wall  # noqa: F401  (the one rule, under the plots' name)
 from .workloads import NXS
 
 MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused")
@@ -97,15 +98,6 @@ def pick_rows(rows: list[dict]) -> list[dict]:
     default rows of two files: a figure draws one run, never a pick across runs."""
     return one_per((r for r in rows if r.get("median_ms") is not None), lambda r: (r.get("mode"), r.get("workload")),
                    "pick_rows", rank=_pick_rank)
-
-
-def busy_exceeds_wall(rows: list[dict]) -> list[dict]:
-    """The rows whose GPU-busy time (``gpu_busy_ms``, from the one profiled call) is larger than their
-    median wall time (``median_ms``, of the timed calls): the profiled call ran slower than the timed
-    median, so "busy / median" would read above 100%. :func:`~lfm2vl_lab.tools.plots.floor_share_figure`
-    marks them; a table can list them with this."""
-    return [r for r in rows if r.get("gpu_busy_ms") is not None and r.get("median_ms") is not None
-            and r["gpu_busy_ms"] > r["median_ms"]]
 
 
 def count_nxs_workloads(rows: list[dict]) -> int:
