@@ -5,10 +5,13 @@ the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; 
 from __future__ import annotations
 
 from .e2e import DECODE_DRIFT_WARN
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case
 from .tables import Refs, md_table, ms, pct, preset_label, span, times
 from .ttft import mode_name
-from .ttft_summary import PR_CLAIM, claim_verdict, text_graph_cuts
+from .ttft_findings import e2e_cuts, encoder_cuts
+from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, text_graph_cuts
+from .ttft_summary import drift_fails as disturbed  # the decode control, stated once
+from .ttft_summary import ttft_cases as cases
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 
@@ -19,17 +22,6 @@ def mode_label(mode: str) -> str:
         return "**both graphed**"
     text, enc = mode.removeprefix("text-").split("+encoder-")
     return f"text {text}, encoder {enc}"
-
-
-def cases(rows: list[dict]) -> list[tuple]:
-    return list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in ttft_rows(rows)))
-
-
-def disturbed(row: dict | None) -> bool:
-    """Decode (which never runs the encoder) moved by more than the warning line between the two encoder
-    modes: the row's cut is not the encoder's alone."""
-    d = (row or {}).get("decode_drift")
-    return d is not None and abs(d) > DECODE_DRIFT_WARN
 
 
 def _cut(row: dict | None) -> str | None:
@@ -203,22 +195,17 @@ def _claim_line(what: str, cuts: list[tuple]) -> str:
 def pr_claim_block(refs: Refs) -> str:
     """The encoder graphs' TTFT cut beside the PR's claimed range: text graphed (as in vLLM), text eager,
     and inside ``generate``; cases with decode drift are left out of the ranges and named."""
+    def marked(cuts: list[dict]) -> list[tuple]:  # (cut, case, whether its decode control fails)
+        return [(c["cut"], c["case"], drift_beyond(c["drift"])) for c in cuts]
+
     rows = refs("ttft")["rows"]
-    per_text = {t: [] for t in ("graphed", "eager")}
-    for c in cases(rows):
-        by = ttft_case(rows, *c)
-        for t in per_text:
-            g = by.get(mode_name(t, "graphed"))
-            if g and g.get("encoder_graph_cut") is not None:
-                per_text[t].append((g["encoder_graph_cut"], c, disturbed(g)))
+    per_text = {t: marked(encoder_cuts(rows, t)) for t in ("graphed", "eager")}
     first = [x for x in per_text["graphed"] if x[1][1:] == ("1x512", 1)]
     lines = ["- Text model graphed, one 512 px request: " + ", ".join(
         f"**{pct(x[0])}** on {preset_label(x[1][0])} ({claim_verdict(x[0])} the PR's range)" for x in first) + "."]
     lines.append(_claim_line("Text model graphed, the other cases", [x for x in per_text["graphed"] if x not in first]))
     lines.append(_claim_line("Text model eager, every case", per_text["eager"]))
-    e2e = [(r["ttft_reduction_paired"], (r["preset"], r["image"], r["requests"]), disturbed(r))
-           for r in refs("e2e")["rows"] if r["mode"] == "lab-graph"]
-    lines.append(_claim_line("Inside `generate` (paired)", e2e))
+    lines.append(_claim_line("Inside `generate` (paired)", marked(e2e_cuts(refs("e2e")["rows"]))))
     return "\n".join(lines) + "\n\n" + refs.source("ttft", "e2e")
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .plots_ttft import ttft_case
 from .ttft import mode_name
-from .ttft_summary import PR_CLAIM, _cases, _not_recorded, case_disturbed, drift_beyond
+from .ttft_summary import PR_CLAIM, _not_recorded, case_disturbed, drift_beyond, ttft_cases
 
 
 def _case_name(case: tuple) -> str:
@@ -65,7 +65,7 @@ def encoder_cuts(rows: list[dict], text_mode: str = "graphed") -> list[dict]:
     """The encoder graphs' paired TTFT cut per case of a TTFT grid at one text mode:
     ``{"case", "cut", "drift"}`` (drift: the graphed-encoder row's ``decode_drift``, or None)."""
     out = []
-    for case in _cases(rows):
+    for case in ttft_cases(rows):
         row = ttft_case(rows, *case).get(mode_name(text_mode, "graphed"))
         if row is not None and row.get("encoder_graph_cut") is not None:
             out.append({"case": case, "cut": row["encoder_graph_cut"], "drift": row.get("decode_drift")})
@@ -144,7 +144,7 @@ def decode_speedups(rows: list[dict]) -> list[dict]:
     """Decode ms per token with the text model eager over graphed, per TTFT case, at the eager encoder
     (decode never runs the encoder): ``{"case", "eager_ms", "graphed_ms", "ratio", "disturbed"}``."""
     out = []
-    for case in _cases(rows):
+    for case in ttft_cases(rows):
         by = ttft_case(rows, *case)
         e, g = (by.get(mode_name(t, "eager"), {}).get("decode_ms_per_token") for t in ("eager", "graphed"))
         if e and g:
@@ -200,7 +200,7 @@ def first_tokens_text(result: dict) -> str:
     """Whether every mode's first tokens equal the all-eager mode's, case by case; for a case that
     differs and has a parity record, which modes chose float32's first token and float32's top-2
     logit margin (a small margin is a near tie that bf16 rounding can tip either way)."""
-    rows, cases = result.get("rows") or [], _cases(result.get("rows") or [])
+    rows, cases = result.get("rows") or [], ttft_cases(result.get("rows") or [])
     if not cases:
         return _not_recorded("TTFT rows")
     bad = {c: [m for m, r in ttft_case(rows, *c).items() if not r.get("same_first_tokens", True)] for c in cases}

@@ -31,7 +31,8 @@ PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low ba
 BEFORE_TEXT = TTFT_PHASES[:TTFT_PHASES.index("prefill")]
 
 
-def _cases(rows: list[dict]) -> list[tuple]:
+def ttft_cases(rows: list[dict]) -> list[tuple]:
+    """The ``(preset, image, requests)`` cases of a TTFT grid's rows, in the order they were recorded."""
     return list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in ttft_rows(rows)))
 
 
@@ -73,7 +74,7 @@ def _short(mode: str) -> str:
 def decode_text(rows: list[dict]) -> str:
     """Decode ms per token per mode and case, and at each text mode the drift between the two encoder
     modes (decode never runs the encoder, so a large drift means that row's timing was disturbed)."""
-    cases = _cases(rows)
+    cases = ttft_cases(rows)
     if not any(r.get("decode_ms_per_token") is not None for r in ttft_rows(rows)):
         return _not_recorded("TTFT rows with decode_ms_per_token")
     head = f"{'preset':<14}{'image':>7}{'req':>4} | " + " ".join(f"{_short(m):>19}" for m in TTFT_MODES)
@@ -135,7 +136,7 @@ def claim_text(rows: list[dict], preset: str | None = None, image: str | None = 
     """The encoder graphs' paired TTFT cut per case (``encoder_graph_cut`` of the graphed-encoder row),
     with the text model graphed (an engine like vLLM) and eager (``generate``), each placed against
     the PR's 10-20%; ``preset``/``image`` restrict the cases."""
-    cases = [c for c in _cases(rows) if (preset is None or c[0] == preset) and (image is None or c[1] == image)]
+    cases = [c for c in ttft_cases(rows) if (preset is None or c[0] == preset) and (image is None or c[1] == image)]
     if not cases:
         return _not_recorded(f"TTFT rows for {preset or 'any preset'}, {image or 'any image'}")
     lo, hi = PR_CLAIM
@@ -204,7 +205,7 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
     the decode control (:func:`case_disturbed`). ``cut`` is paired (repeat by repeat) like
     ``encoder_graph_cut``; rows without samples fall back to the medians."""
     out = []
-    for p, image, n in _cases(rows):
+    for p, image, n in ttft_cases(rows):
         if p != preset:
             continue
         by = ttft_case(rows, p, image, n)
