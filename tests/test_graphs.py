@@ -334,8 +334,8 @@ def test_stats_fields():
     assert s.hit_rate == 0.75
     assert s.padding_waste == pytest.approx(0.28)
     d = s.as_dict()
-    assert set(d) == {"hits", "misses", "overflow", "eager_calls", "replays", "variant_replays", "real_tokens",
-                      "padded_tokens", "padding_waste", "hit_rate"}
+    assert set(d) == {"hits", "misses", "overflow", "eager_calls", "recaptures", "replays", "variant_replays",
+                      "real_tokens", "padded_tokens", "padding_waste", "hit_rate"}
     assert list(d["replays"]) == [64, 512] and d["variant_replays"] == {"dense1": 2, "varlen": 1}
     assert d["hit_rate"] == 0.75
 

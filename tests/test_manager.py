@@ -85,6 +85,9 @@ class ToyEncoder:
     def counters(self):
         return {}
 
+    def weights(self):
+        return {}  # plain tensors, no modules: nothing for the stamp to watch
+
 
 def _items(lengths, seed=0):
     gen = torch.Generator().manual_seed(seed)

@@ -87,8 +87,9 @@ def fused_qkv(sa: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     encoder, returns the same tensors while the parameters still view them. Re-fusing would drop
     the storage that graphs captured earlier read (on the H200 a second encoder on the same model
     did exactly that: garbage and NaN from the first one's replays, then an illegal memory access).
-    For the same reason the separate tensors the parameters held before are kept alive with it: a
-    graph captured without fused QKV still reads them (this costs one copy of the q/k/v weights).
+    The separate tensors the parameters held before are not kept: re-pointing the parameters
+    fires the registration hooks of :mod:`~.guard`, so a graph captured earlier without fused QKV
+    is captured again before it replays, and reads the views.
     After ``model.to(...)`` the views are broken and the next call fuses again.
     """
     projs = (sa.q_proj, sa.k_proj, sa.v_proj)
@@ -100,14 +101,12 @@ def fused_qkv(sa: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
                for i, p in enumerate(projs)):
             return kept
     with torch.no_grad():
-        unfused = [(p.weight, p.bias) for p in projs]
         w, b = torch.cat([p.weight for p in projs]), torch.cat([p.bias for p in projs])
         c = w.shape[0] // 3
         for i, p in enumerate(projs):
             p.weight = nn.Parameter(w[i * c : (i + 1) * c], requires_grad=p.weight.requires_grad)
             p.bias = nn.Parameter(b[i * c : (i + 1) * c], requires_grad=p.bias.requires_grad)
     sa._lab_fused_qkv = (w, b)
-    sa._lab_unfused_qkv = unfused
     return w, b
 
 

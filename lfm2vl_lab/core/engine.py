@@ -21,16 +21,23 @@ Three graphs per batch size: ``prefill`` (per length bucket), ``sample`` (final 
 argmax at each request's last position) and ``decode`` (one token for every request, sampled
 greedily, fed back through ``ids``/``pos`` so replays chain with no host round trip). A shape that
 was not captured runs the same body eagerly and is counted in ``stats.eager``.
+
+The graphs read the text model's weights where they were at capture (:mod:`~.guard`): when they
+move or change dtype, the next ``prompt``/``prefill``/``sample``/``decode`` moves the engine's own
+buffers (their contents too, so a request in flight goes on) and captures the same graphs again,
+warning once and counting it in ``stats.recaptures``; on a CPU it keeps no graphs.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from .capture import capture_graph
+from .guard import WeightStamp, change_summary
 
 LEN_BUCKET = 64  # a prefill pads to a multiple of this: at most 63 wasted positions per request
 BATCH_BUCKETS = (1, 2, 4, 8)  # vLLM's smallest decode capture sizes
@@ -81,11 +88,18 @@ class HybridCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for d in (self.k, self.v, self.conv) for t in d.values())
 
+    def to(self, device, dtype: torch.dtype) -> None:
+        """Move the cache, keeping what it holds."""
+        for d in (self.k, self.v, self.conv):
+            for i, t in d.items():
+                d[i] = t.to(device, dtype)
+
 
 @dataclass
 class EngineStats:
     replays: dict = field(default_factory=dict)  # "prefill B x T" / "sample B" / "decode B" -> count
     eager: dict = field(default_factory=dict)  # the same keys: calls that found no graph (counted fallback)
+    recaptures: int = 0  # times the text model's weights moved under the graphs and they were captured again
 
     def count(self, key: str, graphed: bool) -> None:
         d = self.replays if graphed else self.eager
@@ -124,6 +138,41 @@ class TextEngine:
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.stats = EngineStats()
+        self.stamp: WeightStamp | None = None  # the text model's weights as the graphs read them
+        self.captured: list[tuple[list, bool]] = []  # every capture() call's (shapes, decode), for a recapture
+        self.warned_change = False
+
+    # -- the model under the graphs -------------------------------------------------------------------
+    FLOAT_BUFFERS = ("embeds", "hidden", "logits")
+    INDEX_BUFFERS = ("last", "ids", "pos", "positions", "conv_offsets")
+
+    def follow_model(self) -> None:
+        """Before every call: when the text model's weights moved since capture, move the engine's
+        buffers after them and capture the same graphs again (graphs never replay old addresses)."""
+        if self.stamp is None or self.stamp.current():
+            return
+        changes = self.stamp.changes()
+        if not changes:
+            self.stamp.rearm()
+            return
+        w = self.lm_head.weight
+        self.device, self.dtype = w.device, w.dtype
+        for name in self.FLOAT_BUFFERS:
+            setattr(self, name, getattr(self, name).to(self.device, self.dtype))
+        for name in self.INDEX_BUFFERS:
+            setattr(self, name, getattr(self, name).to(self.device))
+        self.cache.to(self.device, self.dtype)
+        self.graphs, self.pool, self.stamp = {}, None, None
+        on_gpu = self.device.type == "cuda"
+        if not self.warned_change or not on_gpu:
+            self.warned_change = True
+            then = "capturing the graphs again" if on_gpu else "no graphs on a CPU: every call runs eagerly"
+            warnings.warn(f"TextEngine: the text model's weights changed since capture "
+                          f"({change_summary(changes)}); {then}", stacklevel=4)
+        if on_gpu:
+            for shapes, decode in self.captured:
+                self.capture(shapes, decode)
+            self.stats.recaptures += 1
 
     # -- the bodies (what a graph captures) ----------------------------------------------------------
     def _attn(self, attn, h, cos, sin, i: int, B: int, T: int | None):
@@ -228,6 +277,9 @@ class TextEngine:
                 t.copy_(s)
         self.graphs.update(new)
         self.pool = pool
+        if (list(shapes), decode) not in self.captured:
+            self.captured.append((list(shapes), decode))
+        self.stamp = WeightStamp({"language_model": self.lm, "lm_head": self.lm_head})
         return {"captured": sorted(new), "cache_mib": self.cache.nbytes() / 2**20}
 
     def _shape(self, n: int, lengths) -> tuple[int, int]:
@@ -239,6 +291,7 @@ class TextEngine:
 
     def prompt(self, n: int, length: int) -> torch.Tensor:
         """Where ``n`` prompts of up to ``length`` positions are written before :meth:`prefill`."""
+        self.follow_model()
         self._shape(n, [length])
         return self.embeds[:n, :length]
 
@@ -247,6 +300,7 @@ class TextEngine:
         """Run the prompts in ``embeds[:n]`` (request ``i`` holds ``lengths[i]`` positions) and fill the
         cache; ``embeds``, when not the view :meth:`prompt` gave, is copied in first. The logits come
         from :meth:`sample`."""
+        self.follow_model()
         lengths = [int(n) for n in lengths]
         B, T = self._shape(len(lengths), lengths)
         if embeds is not None and embeds.data_ptr() != self.embeds.data_ptr():
@@ -259,6 +313,7 @@ class TextEngine:
     @torch.no_grad()
     def sample(self) -> torch.Tensor:
         """The first token of every request (greedy), on the device; the logits stay in ``logits``."""
+        self.follow_model()
         B = bucket_batch(self.n)
         self._run(f"sample {B}", lambda: self._sample_body(B))
         return self.ids[: self.n].clone()
@@ -266,6 +321,7 @@ class TextEngine:
     @torch.no_grad()
     def decode(self, steps: int) -> torch.Tensor:
         """``steps`` more tokens per request after :meth:`sample`: ``[n, steps]`` on the device."""
+        self.follow_model()
         B, n = bucket_batch(self.n), self.n
         if max(self.lengths) + steps > self.max_len:
             raise ValueError(f"{steps} decode steps after prompts of {self.lengths} positions pass the cache's "

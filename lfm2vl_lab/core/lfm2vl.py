@@ -131,6 +131,11 @@ class Lfm2VlGraphModel:
         staging = {f"staging_{k}": v for k, v in self.stager.info().items()} if self.stager is not None else {}
         return {**{f"pos_cache_{k}": v for k, v in self.encoder.pos_cache.info().items()}, **staging}
 
+    def weights(self) -> dict:
+        """What the graphs read but do not own: the vision tower (the fused q/k/v weights the graphs
+        read are views its q/k/v parameters hold, so moving those moves these) and the projector."""
+        return {"vision_tower": self.encoder.vision, "projector": self.encoder.projector.inner}
+
     # -- inputs ------------------------------------------------------------------------------------
     def _stager(self) -> RowStager | None:
         """The stager for host pixel values, or None when they are uploaded padded, as they are."""
@@ -226,7 +231,7 @@ class Lfm2VlGraphModel:
         k, rest = parse_variant(variant)
         if k == 0:
             return None
-        key = f"{variant}@{self.config.dense_rows(budget)}"
+        key = (variant, self.config.dense_rows(budget), self.device, self.encoder.dtype)  # a recapture may change both
         if key not in self._attn:
             self._attn[key] = dense_attention(k, self.config.dense_rows(budget),
                                               self.encoder.attention_fn() if rest else None)

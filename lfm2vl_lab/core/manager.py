@@ -16,10 +16,20 @@ item limit), pick the smallest budget that fits each batch, let the model check 
 buffers, replay, then clone the batch's rows out of ``"out"`` (the next replay overwrites it) and
 hand them back in the caller's order. Items too large for any graph, and batches the model's guard
 refuses, run eagerly and are counted.
+
+The model under the graphs (every call): the graphs read the model's weights at the addresses they
+had at capture. The manager stamps them (:class:`~.guard.WeightStamp`: pointer, dtype and device of
+every tensor of ``model.weights()``) and checks the stamp before each ``encode``: a flag and one
+pointer per part, which hooks on ``Module._apply`` and on parameter registration keep up to date.
+When the weights moved (``model.half()``, ``.cpu().cuda()``, ``load_state_dict(..., assign=True)``)
+the manager never replays: it warns once, says what moved, and captures again where the model now
+is, counted in ``stats.recaptures``; a model no longer on the GPU gets no graphs and runs eagerly.
+Loading weights in place keeps every address, so nothing is recaptured.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,6 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from .capture import capture_graph, recover_from_failed_capture
+from .guard import WeightStamp, change_summary
 
 
 class EncoderGraphModel(Protocol):
@@ -78,6 +89,10 @@ class EncoderGraphModel(Protocol):
 
     def counters(self) -> dict:
         """The model's own counters, reported with the manager's stats (may be empty)."""
+
+    def weights(self) -> dict[str, torch.nn.Module]:
+        """The modules whose parameters and buffers the graphs read but do not own, by name: the
+        manager stamps them at capture (:class:`~.guard.WeightStamp`) and recaptures when one moved."""
 
 
 def plan_batches(tokens: list[int], max_budget: int, max_items: int, run_tokens: int | None = None,
@@ -148,6 +163,7 @@ class GraphStats:
     hits: int = 0  # items served by a graph replay
     misses: int = 0  # items run eagerly: larger than the largest budget, or refused by the guard
     overflow: int = 0  # batches refused by the guard (never reached a kernel)
+    recaptures: int = 0  # times the model's weights moved under the graphs and encode() captured again
     eager_calls: int = 0  # encode() calls served eagerly because nothing was captured
     replays: dict[int, int] = field(default_factory=dict)  # per budget, all variants together
     variant_replays: dict[str, int] = field(default_factory=dict)  # replays per graph variant
@@ -167,6 +183,7 @@ class GraphStats:
     def as_dict(self) -> dict:
         return {
             "hits": self.hits, "misses": self.misses, "overflow": self.overflow, "eager_calls": self.eager_calls,
+            "recaptures": self.recaptures,
             "replays": dict(sorted(self.replays.items())),
             "variant_replays": dict(sorted(self.variant_replays.items())),
             "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
@@ -202,6 +219,10 @@ class EncoderGraphManager:
         self.graphs: dict[int, BudgetGraph] = {}
         self.pool = None
         self.capture_extra: dict[int, dict] = {}
+        self.stamp: WeightStamp | None = None  # what the graphs read, as it was at capture
+        self.capture_args: tuple = (None, 2)  # capture()'s (hook, warmup_iters), for a recapture
+        self.last_change: str | None = None  # what moved, the last time the stamp said so
+        self.warned_change = False
         self.reset_stats()
 
     @property
@@ -228,6 +249,7 @@ class EncoderGraphManager:
         the pool's memory through it; the manager itself measures nothing.
         """
         real = self.record is capture_graph
+        self.capture_args, self.stamp = (hook, warmup_iters), None
         if real and (self.adapter.device.type != "cuda" or not torch.cuda.is_available()):
             raise RuntimeError(f"capture() needs the model on a CUDA device (it is on {self.adapter.device}); "
                                "encode() works without capture and runs the packed eager path")
@@ -245,7 +267,32 @@ class EncoderGraphManager:
                     recover_from_failed_capture(caller_stream)
                 raise RuntimeError(_capture_failure(budget, exc)) from exc
             self.graphs[budget], self.capture_extra[budget] = g, dict(extra or {})
+        self.stamp = WeightStamp(self.adapter.weights())  # after the warm-ups, which may re-derive weights
         return self.capture_info()
+
+    def follow_model(self) -> None:
+        """Called before a replay when the stamp says the weights may have moved: if they did, drop
+        every graph (they read the old addresses) and capture again where the model is now; warn the
+        first time. A model that left the GPU keeps no graphs (``encode`` then runs eagerly)."""
+        changes = self.stamp.changes()
+        if not changes:
+            self.stamp.rearm()  # e.g. .to() to where the model already was: nothing to do
+            return
+        self.last_change = change_summary(changes)
+        self.graphs, self.stamp, self.pool = {}, None, None
+        on_gpu = self.adapter.device.type == "cuda" or self.record is not capture_graph
+        if not self.warned_change or not on_gpu:
+            self.warned_change = True
+            then = "capturing the graphs again" if on_gpu else "no graphs on a CPU: encode() runs eagerly"
+            warnings.warn(f"encoder graphs: the model's weights changed since capture ({self.last_change}); "
+                          f"{then}", stacklevel=4)
+        if on_gpu:
+            try:
+                self.capture(*self.capture_args)
+            except RuntimeError as exc:  # e.g. no memory for the new dtype's graphs: this call runs eagerly
+                warnings.warn(str(exc), stacklevel=4)
+                return
+            self.stats.recaptures += 1
 
     def _record(self, g: BudgetGraph, warmup_iters: int) -> None:
         self.adapter.fill_dummy(g.buffers, g.budget)
@@ -277,6 +324,8 @@ class EncoderGraphManager:
     @torch.no_grad()
     def encode(self, inputs) -> list[torch.Tensor]:
         """Inputs → one output tensor per item, in input order: replays where a graph fits, eager elsewhere."""
+        if self.stamp is not None and not self.stamp.current():
+            self.follow_model()  # before reading the inputs: they are staged for where the model is now
         items, tokens = self.adapter.read_items(inputs)
         if not self.graphs:
             self.stats.eager_calls += 1

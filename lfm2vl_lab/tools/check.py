@@ -3,8 +3,9 @@
 For each preset: transformers eager vs our packed eager (parity, no NaN), the packed forward under
 ``torch.cuda.set_sync_debug_mode("error")`` (no host sync), graph capture for both cu_seqlens
 rules and both max_seqlen modes, replay vs eager on fresh random inputs sized for *every* budget,
-aliasing (earlier results unchanged after later replays), the oversize fallback, and capture
-time/memory per budget. Writes one JSON file with provenance.
+aliasing (earlier results unchanged after later replays), the oversize fallback, capture
+time/memory per budget, and graphs after the model changed under them (recaptured, right, and what
+the stamp check costs per call). Writes one JSON file with provenance.
 """
 
 from __future__ import annotations
@@ -113,6 +114,78 @@ def check_sync_free(enc: PackedVisionEncoder, inp) -> dict:
     return {"check": "no_host_sync", "pass": ok, "error": msg}
 
 
+def per_call_us(fn, calls: int = 20000, rounds: int = 5) -> float:
+    """The median over ``rounds`` of ``fn``'s mean host time per call, in µs."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return sorted(times)[len(times) // 2]
+
+
+def fused_qkv_memory(name: str, dtype) -> dict:
+    """GPU memory that fusing q/k/v costs on a fresh model, measured two ways: as the kit fuses
+    (the separate tensors are freed) and with the separate tensors kept alive, as the kit did before
+    its graphs noticed re-pointed weights (the copy a graph captured without fused QKV needed)."""
+    from ..core.encoder import lfm2vl_parts
+
+    out = {}
+    for how in ("freed", "kept"):
+        model = build_model(name, dtype=dtype, device="cuda")
+        layers = lfm2vl_parts(model)[0].encoder.layers
+        kept = [(p.weight, p.bias) for la in layers for p in (la.self_attn.q_proj, la.self_attn.k_proj,
+                                                              la.self_attn.v_proj)] if how == "kept" else []
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        PackedVisionEncoder(model)  # fuses the model's q/k/v
+        torch.cuda.synchronize()
+        out[f"{how}_mib"] = (torch.cuda.memory_allocated() - before) / 2**20
+        out["qkv_mib"] = sum(w.numel() * w.element_size() + b.numel() * b.element_size()
+                             for la in layers for w, b in [la.self_attn._lab_fused_qkv]) / 2**20
+        del model, layers, kept
+    return out
+
+
+def check_model_changes(name: str, dtype, seed: int = 0) -> dict:
+    """Graphs after the model changed under them (core/guard.py): each change a notebook user might
+    make after ``capture()`` must end in right output, recaptured where the weights moved; and the
+    cost of the stamp check every ``encode`` (and every text-engine call) makes."""
+    from ..core.engine import TextEngine
+    from ..core.parity import lowp_parity
+
+    changes = {"to(float16)": lambda m: m.to(torch.float16), "cpu().cuda()": lambda m: m.cpu().cuda(),
+               "load_state_dict(assign=True)": lambda m: m.load_state_dict(
+                   build_model(name, dtype=dtype, device="cuda", seed=seed + 1).state_dict(), assign=True),
+               "load_state_dict (in place)": lambda m: m.load_state_dict(
+                   build_model(name, dtype=dtype, device="cuda", seed=seed + 1).state_dict())}
+    inputs = random_processor_output([(32, 32), (24, 20), (8, 8)], name, seed=seed)
+    rows = []
+    for change, apply in changes.items():
+        model = build_model(name, dtype=dtype, device="cuda", seed=seed)
+        genc = GraphedEncoder(model, budgets=[256, 1024])
+        genc.capture()
+        genc.encode(inputs)
+        apply(model)
+        out = genc.encode(inputs)
+        ref32 = float32_reference(model)
+        judged = lowp_parity(out, hf_image_features(model, inputs), hf_image_features(ref32, inputs),
+                             TOLERANCE[next(model.parameters()).dtype])
+        rows.append({"change": change, "recaptures": genc.stats.recaptures, "dtype_after": str(out[0].dtype),
+                     **judged})
+        del model, genc, ref32
+    model = build_model(name, dtype=dtype, device="cuda", seed=seed)
+    genc = GraphedEncoder(model)
+    genc.capture()
+    eng = TextEngine(model, max_batch=1, max_len=128)
+    eng.capture([(1, 64)], decode=False)
+    return {"changes": rows, "encode_stamp_us": per_call_us(genc.stamp.current),
+            "engine_stamp_us": per_call_us(eng.follow_model), "stamped_tensors": len(genc.stamp.recorded),
+            "fused_qkv": fused_qkv_memory(name, dtype),
+            "pass": all(r["pass"] and r["recaptures"] == int("in place" not in r["change"]) for r in rows)}
+
+
 def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
     from .args import parse_dtype
 
@@ -134,11 +207,14 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
         judged = lowp_parity(enc.encode(inp), hf_image_features(model, inp), hf_image_features(ref_model, inp), tol)
         parity.append({"case": case, **judged})
     sync = check_sync_free(enc, random_processor_output([(32, 32), (16, 24)], p, seed=seed))
+    enc_backend = enc.attention_backend
     graphs = check_graphs(model, dtype, seed, ref_model=ref_model if dtype != torch.float32 else None)
-    del ref_model
-    return {"preset": name, "dtype": dtype_name, "attention": enc.attention_backend, "parity": parity,
-            "sync": sync, "graphs": graphs, "seconds": time.perf_counter() - t0,
-            "pass": all(r["pass"] for r in parity) and sync["pass"] and all(r["pass"] for r in graphs)}
+    del ref_model, model, enc
+    moved = check_model_changes(name, dtype, seed)
+    return {"preset": name, "dtype": dtype_name, "attention": enc_backend, "parity": parity,
+            "sync": sync, "graphs": graphs, "model_changes": moved, "seconds": time.perf_counter() - t0,
+            "pass": all(r["pass"] for r in parity) and sync["pass"] and all(r["pass"] for r in graphs)
+            and moved["pass"]}
 
 
 def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=None, command: str = "") -> dict:
@@ -156,6 +232,12 @@ def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=
         print(f"{r['preset']:>16} {r['dtype']} attention={r['attention']} parity="
               f"{max(p['rel_err'] for p in r['parity']):.2e} graphs worst={worst:.2e} sync={r['sync']['pass']} "
               f"pass={r['pass']} ({r['seconds']:.1f}s)")
+        moved = r["model_changes"]
+        print(f"{'':>16} model changes: " + ", ".join(f"{c['change']} -> {c['recaptures']} recapture(s) "
+                                                      f"pass={c['pass']}" for c in moved["changes"]))
+        print(f"{'':>16} stamp check per encode {moved['encode_stamp_us']:.2f} us, per engine call "
+              f"{moved['engine_stamp_us']:.2f} us; fused QKV extra memory {moved['fused_qkv']['freed_mib']:.1f} MiB "
+              f"(kept copy: {moved['fused_qkv']['kept_mib']:.1f} MiB)")
     print("wrote", path)
     return result
 

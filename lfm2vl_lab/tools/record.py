@@ -55,7 +55,7 @@ def _bench(role: str, *argv: str, limit_s: int, part: str = "encoder") -> Step:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("check", "encoder", "check", ("check",), 150),
+    Step("check", "encoder", "check", ("check",), 300),
     _bench("bench-450m", "--preset", "lfm2-vl-450m", *_BENCH, limit_s=200),
     _bench("bench-1.6b", "--preset", "lfm2-vl-1.6b", *_BENCH, limit_s=260),
     # the kernel options one by one, profiled (the kernel classes of one call)

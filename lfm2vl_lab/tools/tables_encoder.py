@@ -278,7 +278,32 @@ def check_block(refs: Refs) -> str:
     return "\n\n".join([md_table(head, rows), refs.source("check")])
 
 
+def model_changes_block(refs: Refs) -> str:
+    """Per preset: graphs after the model changed under them (recaptured, judged against float32),
+    the stamp check's cost per call, and the memory fused QKV costs with and without the old copy."""
+    res = refs("check")
+    rows, notes = [], []
+    for p in res["presets"]:
+        moved = p.get("model_changes")
+        if moved is None:
+            continue
+        for c in moved["changes"]:
+            rows.append([preset_label(p["preset"]), f"`{c['change']}`", c["recaptures"],
+                         f"{c['rel_err']:.2e} ({c['hf_rel_err']:.2e})", "pass" if c["pass"] else "**fail**"])
+        q = moved["fused_qkv"]
+        notes.append(f"- {preset_label(p['preset'])}: the stamp check costs {moved['encode_stamp_us']:.2f} µs per "
+                     f"`encode` and {moved['engine_stamp_us']:.2f} µs per text-engine call "
+                     f"({moved['stamped_tensors']} encoder tensors stamped). Fusing q/k/v adds "
+                     f"{q['freed_mib']:.1f} MiB; keeping the separate tensors alive, as an unstamped kit must, "
+                     f"adds {q['kept_mib']:.1f} MiB (the q/k/v weights are {q['qkv_mib']:.1f} MiB).")
+    if not rows:
+        return f"The reference set's check file has no model-change rows. {refs.source('check')}"
+    head = ["preset", "change after capture", "recaptures", "rel. error vs float32 (transformers' own)", "verdict"]
+    return "\n\n".join([md_table(head, rows), "\n".join(notes), refs.source("check")])
+
+
 BLOCKS = {
+    "model-changes": model_changes_block,
     "encoder-450m": encoder_block("bench-450m"),
     "encoder-1.6b": encoder_block("bench-1.6b"),
     "kernel-classes": kernel_classes_block,
