@@ -268,7 +268,8 @@ def test_inputs_on_another_device_are_moved(tiny_model):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     cuda_model = copy.deepcopy(tiny_model).cuda()
     for got in (GraphedEncoder(cuda_model).encode(x), PackedVisionEncoder(cuda_model).encode(x)):
-        assert all(g.device.type == "cuda" and torch.allclose(g.cpu(), w, atol=1e-2) for g, w in zip(got, want))
+        for g, w in zip(got, want):  # fp32 on the GPU against fp32 on the CPU
+            assert g.device.type == "cuda" and ((g.cpu() - w).norm() / w.norm()).item() < 1e-3
     eng = TextEngine(tiny_model, max_batch=1, max_len=64)
     e = torch.randn(1, 8, eng.embeds.shape[-1])
     eng.prefill([8], e)
