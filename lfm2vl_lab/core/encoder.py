@@ -231,14 +231,11 @@ class PackedVisionEncoder(nn.Module):
 
     # -- eager convenience ------------------------------------------------------------------------
     def pack(self, inputs: dict) -> PackedBatch:
-        """Processor output → packed batch on this encoder's device, with position embeddings."""
-        pv = inputs.get("pixel_values")
-        if pv is not None and pv.dim() == 3 and pv.shape[-1] != self.patch_dim:
-            raise ValueError(f"pixel_values rows have {pv.shape[-1]} values, "
-                             f"the patch embedding takes {self.patch_dim}")
+        """Processor output → packed batch on this encoder's device, with position embeddings (the
+        inputs are checked first: :func:`~.packing.lfm2vl_read_inputs`)."""
         return pack_inputs(
             inputs, max_num_patches=self.max_num_patches, factor=self.factor, pos_cache=self.pos_cache,
-            device=self.device,
+            device=self.device, patch_dim=self.patch_dim,
         )
 
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:

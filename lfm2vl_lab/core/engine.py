@@ -30,6 +30,7 @@ warning once and counting it in ``stats.recaptures``; on a CPU it keeps no graph
 
 from __future__ import annotations
 
+import operator
 import warnings
 from dataclasses import dataclass, field
 
@@ -67,6 +68,47 @@ def bucket_batch(n: int, buckets=BATCH_BUCKETS) -> int:
         if b >= n:
             return b
     raise ValueError(f"{n} requests: more than the largest batch bucket {max(buckets)}")
+
+
+def read_count(name: str, value, minimum: int = 0) -> int:
+    """An integer argument (a Python or numpy int, a 0-d integer tensor) of at least ``minimum``."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+    if n < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {n}")
+    return n
+
+
+def read_lengths(lengths) -> list[int]:
+    """Prompt lengths, one per request, each >= 1, as ints (``TypeError``/``ValueError`` naming the bad one)."""
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise TypeError(f"lengths must be a list of prompt lengths (one per request), got {type(lengths).__name__}")
+    out = [read_count(f"lengths[{i}]", n, 1) for i, n in enumerate(lengths)]
+    if not out:
+        raise ValueError("lengths is empty: a prefill needs at least one request")
+    return out
+
+
+def check_embeds(embeds, lengths: list[int], hidden: int, max_len: int | None = None) -> torch.Tensor:
+    """Prompt embeddings ``[len(lengths), >= max(lengths), hidden]`` of a float dtype (cast on copy)
+    and on any device with data (copied to the engine's); host-side checks only."""
+    if not isinstance(embeds, torch.Tensor):
+        raise TypeError(f"embeds must be a torch.Tensor [requests, length, {hidden}], got {type(embeds).__name__}")
+    if embeds.device.type == "meta":
+        raise ValueError(f"embeds of shape {tuple(embeds.shape)} is on the meta device: it has no data")
+    if not embeds.dtype.is_floating_point:
+        raise TypeError(f"embeds must be float embeddings, got dtype {embeds.dtype} (token ids? embed them first)")
+    n, longest = len(lengths), max(lengths)
+    if embeds.dim() != 3 or embeds.shape[0] != n or embeds.shape[2] != hidden:
+        raise ValueError(f"embeds of shape {tuple(embeds.shape)} do not fit {n} request(s) of hidden size {hidden}: "
+                         f"expected [{n}, >= {longest}, {hidden}]")
+    if embeds.shape[1] < longest:
+        raise ValueError(f"embeds hold {embeds.shape[1]} positions but lengths {lengths} ask for {longest}")
+    if max_len is not None and embeds.shape[1] > max_len:
+        raise ValueError(f"embeds hold {embeds.shape[1]} positions, more than the engine's {max_len} (max_len)")
+    return embeds
 
 
 class HybridCache:
@@ -289,9 +331,14 @@ class TextEngine:
                              f"requests of 1..{self.max_len} positions (max_batch, max_len)")
         return bucket_batch(n), bucket_len(longest, self.len_bucket)
 
+    def _prefilled(self, what: str) -> None:
+        if getattr(self, "n", None) is None:
+            raise RuntimeError(f"TextEngine.{what}() before prefill(): there is no prompt to continue")
+
     def prompt(self, n: int, length: int) -> torch.Tensor:
         """Where ``n`` prompts of up to ``length`` positions are written before :meth:`prefill`."""
         self.follow_model()
+        n, length = read_count("n", n), read_count("length", length)
         self._shape(n, [length])
         return self.embeds[:n, :length]
 
@@ -299,10 +346,13 @@ class TextEngine:
     def prefill(self, lengths, embeds: torch.Tensor | None = None) -> None:
         """Run the prompts in ``embeds[:n]`` (request ``i`` holds ``lengths[i]`` positions) and fill the
         cache; ``embeds``, when not the view :meth:`prompt` gave, is copied in first. The logits come
-        from :meth:`sample`."""
+        from :meth:`sample`. ``embeds`` may have any float dtype and live on any device (it is cast
+        and copied); a shape, dtype or length that does not fit is a ``ValueError``/``TypeError``."""
         self.follow_model()
-        lengths = [int(n) for n in lengths]
+        lengths = read_lengths(lengths)
         B, T = self._shape(len(lengths), lengths)
+        if embeds is not None:
+            check_embeds(embeds, lengths, self.embeds.shape[-1], self.max_len)
         if embeds is not None and embeds.data_ptr() != self.embeds.data_ptr():
             self.embeds[: embeds.shape[0], : embeds.shape[1]].copy_(embeds)
         last = torch.tensor(lengths + [lengths[0]] * (B - len(lengths))) - 1  # bucket rows repeat request 0
@@ -314,6 +364,7 @@ class TextEngine:
     def sample(self) -> torch.Tensor:
         """The first token of every request (greedy), on the device; the logits stay in ``logits``."""
         self.follow_model()
+        self._prefilled("sample")
         B = bucket_batch(self.n)
         self._run(f"sample {B}", lambda: self._sample_body(B))
         return self.ids[: self.n].clone()
@@ -322,6 +373,8 @@ class TextEngine:
     def decode(self, steps: int) -> torch.Tensor:
         """``steps`` more tokens per request after :meth:`sample`: ``[n, steps]`` on the device."""
         self.follow_model()
+        steps = read_count("steps", steps)
+        self._prefilled("decode")
         B, n = bucket_batch(self.n), self.n
         if max(self.lengths) + steps > self.max_len:
             raise ValueError(f"{steps} decode steps after prompts of {self.lengths} positions pass the cache's "

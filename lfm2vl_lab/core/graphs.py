@@ -9,6 +9,7 @@ things a transformers user wants: encoding images directly, and plugging the gra
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
 from .capture import capture_graph
 from .config import DEFAULT_MAX_BUDGET, EncoderGraphConfig
@@ -93,7 +94,7 @@ class GraphedEncoder(EncoderGraphManager):
 
     def encode(self, inputs) -> list:
         """Processor output (or a list of images) → per-item embeddings in input order."""
-        if not isinstance(inputs, dict):
+        if not isinstance(inputs, Mapping):  # a dict, or transformers' BatchFeature (the processor's own return)
             return self.encode_images(inputs)
         if not self.captured and self.device.type != "cuda" and not self.warned:
             self.warned = True  # once per encoder: a notebook loop should not print it every call

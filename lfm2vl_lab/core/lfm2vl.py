@@ -29,6 +29,7 @@ config can route a batch to are captured (:meth:`Lfm2VlGraphModel.graph_variants
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import torch
 
@@ -41,6 +42,7 @@ from .packing import (
     lfm2vl_cu_seqlens,
     lfm2vl_gather_idx,
     lfm2vl_read_inputs,
+    move_to,
     packed_batch,
     tokens_for,
 )
@@ -62,6 +64,18 @@ def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
     if bad:
         raise ValueError(f"pixel_values of item(s) {bad} hold NaN or Inf (patch grids {[shapes[i] for i in bad]}); "
                          "encode() refused them (check_finite=True)")
+
+
+def check_staged(staged, patch_dim: int):
+    """What ``inputs[STAGED]`` must be: the pair ``GraphedEncoder.stage`` made (items, tokens per item)
+    for a model with ``patch_dim`` values per patch row; ``TypeError``/``ValueError`` otherwise."""
+    if not (isinstance(staged, tuple) and len(staged) == 2 and isinstance(staged[0], PixelItems)):
+        raise TypeError(f"inputs[{STAGED!r}] must be what GraphedEncoder.stage() returned, got {type(staged).__name__}")
+    items, tokens = staged
+    if len(tokens) != len(items.shapes) or items.pixel_values.shape[-1] != patch_dim:
+        raise ValueError(f"inputs[{STAGED!r}] holds {len(items.shapes)} items of {items.pixel_values.shape[-1]} values "
+                         f"per row and {len(tokens)} token counts; this encoder takes rows of {patch_dim}")
+    return staged
 
 
 def parse_variant(name: str) -> tuple[int, bool]:
@@ -147,9 +161,12 @@ class Lfm2VlGraphModel:
         return self.stager
 
     def read_items(self, inputs: dict):
-        if STAGED in inputs:  # already read and uploaded (GraphedEncoder.stage)
-            return inputs[STAGED]
-        pv, shapes, _ = lfm2vl_read_inputs(inputs)
+        """Checked inputs (:func:`~.packing.lfm2vl_read_inputs`) as a :class:`~.staging.PixelItems`
+        on the model's device. Pixel values on the host are staged; on any other device they are
+        copied to the model's (from a GPU to a CPU model that copy waits for the GPU)."""
+        if isinstance(inputs, Mapping) and STAGED in inputs:  # already read and uploaded (GraphedEncoder.stage)
+            return check_staged(inputs[STAGED], self.encoder.patch_dim)
+        pv, shapes, _ = lfm2vl_read_inputs(inputs, self.encoder.patch_dim)
         lfm2vl_check_shapes(shapes, self.encoder.max_num_patches, self.config.factor)
         if self.check_finite:  # on the values as given: host input then costs no device sync
             check_finite_items(pv, shapes)
@@ -157,7 +174,7 @@ class Lfm2VlGraphModel:
         if stager is not None:
             items = PixelItems(stager.stage(pv, shapes, self.encoder.dtype), shapes, row_offsets(shapes))
         else:  # device-resident input stays as it is (views); the dtype is cast while filling the buffers
-            items = PixelItems(pv.to(self.device, non_blocking=True), shapes)
+            items = PixelItems(move_to(pv, self.device), shapes)
         return items, [tokens_for(s, self.config.factor) for s in shapes]
 
     def forward_eager(self, items: PixelItems, batch: list[int]) -> torch.Tensor:

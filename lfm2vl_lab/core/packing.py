@@ -17,6 +17,7 @@ embeddings — is cached per shape, so a repeated shape costs no interpolation a
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -86,30 +87,69 @@ def lfm2vl_check_shapes(shapes: list[Shape], max_num_patches: int, factor: int =
             raise ValueError(f"item {i}: patch grid {h}x{w} = {h * w} rows exceeds max_num_patches={max_num_patches}")
 
 
-def lfm2vl_read_inputs(inputs: dict) -> tuple[torch.Tensor, list[Shape], torch.Tensor | None]:
-    """Check the processor-output dict and return (pixel_values, shapes, mask).
+def check_tensor(name: str, t) -> torch.Tensor:
+    """``t`` if it is a tensor with data (``TypeError`` naming its type, ``ValueError`` on the meta device)."""
+    if not isinstance(t, torch.Tensor):
+        hint = " (a numpy array? torch.from_numpy(a); the processor gives tensors with return_tensors='pt')" \
+            if type(t).__module__ == "numpy" else ""
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}{hint}")
+    if t.device.type == "meta":
+        raise ValueError(f"{name} of shape {tuple(t.shape)} is on the meta device: it has no data")
+    return t
 
-    ``spatial_shapes`` is read on the host: keep it on the CPU (the processor does) to avoid a sync.
-    """
-    for key in ("pixel_values", "spatial_shapes"):
-        if key not in inputs:
-            raise ValueError(f"inputs lack {key!r}; expected the LFM2-VL processor's output")
-    pv, ss = inputs["pixel_values"], inputs["spatial_shapes"]
-    mask = inputs.get("pixel_attention_mask")
+
+def move_to(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on ``device``. Onto a GPU the copy is queued (``non_blocking``); off a GPU it waits for
+    the data, because the host would read a ``non_blocking`` device-to-host copy before it lands."""
+    device = torch.device(device)
+    return t.to(device, non_blocking=device.type == "cuda")
+
+
+def check_pixel_values(pv, patch_dim: int | None = None) -> torch.Tensor:
+    """The processor's ``pixel_values``: a float ``(items, patches, 3·p·p)`` tensor with items, and
+    rows of ``patch_dim`` values when given. Any float dtype is taken (the encoder casts to its own)
+    and any device (they are copied to the model's); integer or bool values are refused, not
+    converted: they are pixels that never went through the processor's rescale and normalisation."""
+    pv = check_tensor("pixel_values", pv)
+    if not pv.dtype.is_floating_point:
+        raw = " (0..255 pixels? those are not normalised: run process_images or the model's image processor)" \
+            if pv.dtype in (torch.uint8, torch.int16, torch.int32, torch.int64) else ""
+        raise TypeError(f"pixel_values has dtype {pv.dtype}; the encoder takes the processor's normalised "
+                        f"float pixel values{raw}")
     if pv.dim() != 3:
         raise ValueError(f"pixel_values must be (items, patches, 3*p*p), got shape {tuple(pv.shape)}")
+    if pv.shape[0] == 0:
+        raise ValueError(f"empty batch: pixel_values of shape {tuple(pv.shape)} holds no encoder items")
+    if patch_dim is not None and pv.shape[-1] != patch_dim:
+        raise ValueError(f"pixel_values rows have {pv.shape[-1]} values, the patch embedding takes {patch_dim} "
+                         f"(pixel_values of shape {tuple(pv.shape)}: processor and model disagree on the patch size)")
+    return pv
+
+
+def read_spatial_shapes(ss, items: int) -> list[Shape]:
+    """``spatial_shapes`` (integer ``(items, 2)``, one (h, w) patch grid per item) as host ints. Read
+    on the host: keep it on the CPU (the processor does); on a device the read costs a sync."""
+    ss = check_tensor("spatial_shapes", ss)
+    if ss.dtype.is_floating_point or ss.dtype.is_complex or ss.dtype == torch.bool:
+        raise TypeError(f"spatial_shapes must hold integer patch counts, got dtype {ss.dtype}")
     if ss.dim() != 2 or ss.shape[-1] != 2:
         raise ValueError(f"spatial_shapes must be (items, 2), got shape {tuple(ss.shape)}")
-    if ss.shape[0] != pv.shape[0]:
-        raise ValueError(f"pixel_values has {pv.shape[0]} items but spatial_shapes has {ss.shape[0]}")
-    if mask is not None and tuple(mask.shape) != tuple(pv.shape[:2]):
-        raise ValueError(f"pixel_attention_mask shape {tuple(mask.shape)} != pixel_values' {tuple(pv.shape[:2])}")
+    if ss.shape[0] != items:
+        raise ValueError(f"pixel_values has {items} items but spatial_shapes has {ss.shape[0]}")
     shapes = [(int(h), int(w)) for h, w in ss.tolist()]
     for i, (h, w) in enumerate(shapes):
-        if h * w > pv.shape[1]:
-            raise ValueError(f"item {i}: patch grid {h}x{w} = {h * w} rows "
-                             f"but pixel_values holds {pv.shape[1]} per item")
-    if mask is not None and mask.device.type == "cpu":
+        if h <= 0 or w <= 0:
+            raise ValueError(f"item {i}: patch grid {h}x{w} has a non-positive side")
+    return shapes
+
+
+def check_attention_mask(mask, pv: torch.Tensor, shapes: list[Shape]) -> torch.Tensor:
+    """``pixel_attention_mask``: ``(items, patches)`` like ``pixel_values``; on the host, each item's
+    count of real rows must be its ``h·w`` (a host reduction over the mask; a device mask is not read)."""
+    mask = check_tensor("pixel_attention_mask", mask)
+    if tuple(mask.shape) != tuple(pv.shape[:2]):
+        raise ValueError(f"pixel_attention_mask shape {tuple(mask.shape)} != pixel_values' {tuple(pv.shape[:2])}")
+    if mask.device.type == "cpu":
         # The processor marks exactly the first h*w rows real; anything else means the tensors
         # were mixed up, and packing by spatial_shapes would silently read the wrong rows.
         counts = mask.sum(dim=1).tolist()
@@ -117,6 +157,32 @@ def lfm2vl_read_inputs(inputs: dict) -> tuple[torch.Tensor, list[Shape], torch.T
             if int(c) != h * w:
                 raise ValueError(f"item {i}: pixel_attention_mask marks {int(c)} rows real "
                                  f"but spatial_shapes says {h}x{w} = {h * w}")
+    return mask
+
+
+def lfm2vl_read_inputs(inputs, patch_dim: int | None = None) -> tuple[torch.Tensor, list[Shape], torch.Tensor | None]:
+    """Check the processor-output mapping and return (pixel_values, shapes, mask).
+
+    Every problem is a one-line ``TypeError`` (a type or dtype) or ``ValueError`` (a shape or value)
+    naming it: :func:`check_pixel_values`, :func:`read_spatial_shapes` (patch grids; each must fit the
+    padded rows), :func:`check_attention_mask` (optional). Host-side checks only: no device sync,
+    except reading ``spatial_shapes`` when a caller put it on a device.
+    """
+    if not isinstance(inputs, Mapping):
+        raise TypeError("inputs must be the LFM2-VL processor's output (a dict with pixel_values, spatial_shapes "
+                        f"and pixel_attention_mask), got {type(inputs).__name__}")
+    for key in ("pixel_values", "spatial_shapes"):
+        if key not in inputs:
+            raise ValueError(f"inputs lack {key!r}; expected the LFM2-VL processor's output")
+    pv = check_pixel_values(inputs["pixel_values"], patch_dim)
+    shapes = read_spatial_shapes(inputs["spatial_shapes"], pv.shape[0])
+    for i, (h, w) in enumerate(shapes):
+        if h * w > pv.shape[1]:
+            raise ValueError(f"item {i}: patch grid {h}x{w} = {h * w} rows "
+                             f"but pixel_values holds {pv.shape[1]} per item")
+    mask = inputs.get("pixel_attention_mask")
+    if mask is not None:
+        check_attention_mask(mask, pv, shapes)
     return pv, shapes, mask
 
 
@@ -282,7 +348,7 @@ def packed_batch(rows: torch.Tensor, chosen: list[Shape], *, factor: int = 2,
     device = torch.device(device) if device is not None else rows.device
     return PackedBatch(
         shapes=chosen,
-        pixel_values=rows.to(device, non_blocking=True),
+        pixel_values=move_to(rows, device),  # may come from another device (a GPU input, a CPU model)
         cu_seqlens=lfm2vl_cu_seqlens(chosen).to(device, non_blocking=True),
         max_seqlen=max(h * w for h, w in chosen),
         gather_idx=lfm2vl_gather_idx(chosen, factor).to(device, non_blocking=True),
@@ -299,8 +365,10 @@ def pack_inputs(
     factor: int = 2,
     pos_cache: PositionEmbeddingCache | None = None,
     device: torch.device | str | None = None,
+    patch_dim: int | None = None,
 ) -> PackedBatch:
-    """Processor output → :class:`PackedBatch` on ``device`` (default: where pixel_values live)."""
-    pv, shapes, _ = lfm2vl_read_inputs(inputs)
+    """Processor output → :class:`PackedBatch` on ``device`` (default: where pixel_values live).
+    ``patch_dim``: the values per patch row the model takes (checked when given)."""
+    pv, shapes, _ = lfm2vl_read_inputs(inputs, patch_dim)
     lfm2vl_check_shapes(shapes, max_num_patches, factor)
     return pack_items(pv, shapes, factor=factor, pos_cache=pos_cache, device=device)

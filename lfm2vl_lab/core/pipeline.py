@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from .engine import TextEngine, lfm2_text_parts, upload
+from .encoder import lfm2vl_parts
+from .engine import TextEngine, check_embeds, lfm2_text_parts, read_count, read_lengths, upload
 from .hf import hf_image_features
+from .inputs import image_limits
+from .packing import lfm2vl_check_shapes, lfm2vl_read_inputs
 
 MODES = ("eager", "graphed")
 PHASES = ("h2d", "encoder", "merge", "prefill", "sample", "decode")
@@ -48,8 +51,11 @@ class HfText:
 
     @torch.no_grad()
     def prefill(self, lengths, embeds: torch.Tensor) -> None:
+        lengths = read_lengths(lengths)
         if len(set(lengths)) != 1:
             raise ValueError(f"HfText runs requests of one length; got lengths {list(lengths)}")
+        check_embeds(embeds, lengths, self.lm.config.hidden_size)
+        embeds = embeds[:, : lengths[0]].to(self.device, self.dtype)
         out = self.lm(inputs_embeds=embeds, use_cache=True)
         self.cache, self.hidden = out.past_key_values, out.last_hidden_state[:, -1]
 
@@ -69,6 +75,30 @@ class HfText:
             self.ids = self.logits.argmax(-1)
             out.append(self.ids)
         return torch.stack(out, 1) if out else torch.empty(len(self.ids), 0, dtype=torch.long, device=self.device)
+
+
+def read_input_ids(input_ids, vocab_size: int) -> torch.Tensor:
+    """Prompt token ids ``[length]`` (one request) or ``[requests, length]`` of an integer dtype, as
+    a 2-D long tensor. On the host (where the pipeline takes them) every id is checked to lie in
+    ``0..vocab_size-1``: on a GPU an id past the embedding table is a device-side assert that kills
+    the CUDA context. On a device they are not read (that would sync)."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor [requests, length], got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() not in (1, 2):
+        raise ValueError(f"input_ids must be [length] or [requests, length], got shape {tuple(input_ids.shape)}")
+    ids = input_ids if input_ids.dim() == 2 else input_ids[None]
+    if ids.numel() == 0:
+        raise ValueError(f"input_ids of shape {tuple(input_ids.shape)} hold no tokens")
+    if ids.device.type == "meta":
+        raise ValueError(f"input_ids of shape {tuple(input_ids.shape)} is on the meta device: it has no data")
+    if ids.device.type == "cpu":
+        lo, hi = (int(v) for v in torch.aminmax(ids))
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"input_ids hold token id {bad}, outside the vocabulary 0..{vocab_size - 1}")
+    return ids.long()
 
 
 def image_positions(input_ids: torch.Tensor, image_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +130,8 @@ class VlmPipeline:
         self.text = engine if text_mode == "graphed" else HfText(model)
         self.embed = lfm2_text_parts(model)[0].embed_tokens
         self.image_token_id = model.config.image_token_id
+        self.patch_dim = lfm2vl_parts(model)[0].embeddings.patch_embedding.in_features
+        self.limits = image_limits(model)  # what the eager encoder mode checks processor output against
 
     @property
     def name(self) -> str:
@@ -110,7 +142,11 @@ class VlmPipeline:
         the graphed encoder reads (``GraphedEncoder.stage``: the real rows, in the model's dtype)."""
         dev = self.text.device
         if self.encoder_mode == "graphed":
-            return self.genc.stage(inputs)
+            return self.genc.stage(inputs)  # checks them (lfm2vl_read_inputs)
+        _, shapes, mask = lfm2vl_read_inputs(inputs, self.patch_dim)
+        lfm2vl_check_shapes(shapes, self.limits.max_num_patches, self.limits.downsample_factor)
+        if mask is None:
+            raise ValueError("inputs lack 'pixel_attention_mask', which transformers' eager image path needs")
         return {"pixel_values": inputs["pixel_values"].to(dev, self.text.dtype),
                 "pixel_attention_mask": inputs["pixel_attention_mask"].to(dev),
                 "spatial_shapes": inputs["spatial_shapes"]}
@@ -125,6 +161,7 @@ class VlmPipeline:
     def merge(self, input_ids: torch.Tensor, feats: list[torch.Tensor]) -> tuple[list[int], torch.Tensor]:
         """Phase ``merge``: the prompt's embeddings, image features at the image tokens, written where
         the text model reads them. Returns the lengths and the embeddings."""
+        input_ids = read_input_ids(input_ids, self.embed.num_embeddings)
         n, length = input_ids.shape
         b, t = image_positions(input_ids, self.image_token_id)
         rows = sum(f.shape[0] for f in feats)
@@ -139,9 +176,11 @@ class VlmPipeline:
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, inputs: dict, new_tokens: int = 1, mark=None) -> torch.Tensor:
         """Greedy tokens ``[requests, new_tokens]`` (on the device) for prompts ``input_ids`` (host,
-        ``[requests, length]``) and their images' processor output ``inputs``."""
-        if new_tokens < 1:
-            raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+        ``[requests, length]``, or ``[length]`` for one request) and their images' processor output
+        ``inputs``. Every input is checked before the first phase runs, except the image-token count,
+        which ``merge`` checks against the features."""
+        new_tokens = read_count("new_tokens", new_tokens, 1)
+        input_ids = read_input_ids(input_ids, self.embed.num_embeddings)
         mark = mark or (lambda phase: None)
         dev_inputs = self.to_device(inputs)
         mark("h2d")
