@@ -149,24 +149,25 @@ def build_prompt(proc, images: list, prompt: str) -> tuple[torch.Tensor, dict]:
     return out["input_ids"], inputs
 
 
-def chat_graphs(model, length: int) -> tuple[GraphedEncoder, TextEngine, float]:
+def chat_graphs(model, prompt_len: int, new_tokens: int) -> tuple[GraphedEncoder, TextEngine, float]:
     """The graphed encoder and text engine chat runs ``model`` with, built once and kept on the model
-    (an engine of :data:`CHAT_MAX_LEN` positions, larger when ``length`` needs it). On CUDA they are
-    captured here: the encoder's budgets once, the text model for this prompt's length bucket.
-    Returns them and the ms that capture took."""
+    (an engine of :data:`CHAT_MAX_LEN` positions, more when the prompt and its answer need them). On
+    CUDA they are captured here: the encoder's budgets once, the text model for this prompt's length
+    bucket (sample and decode once). Returns them and the ms that capture took (0 when nothing new)."""
     cache = model.__dict__.setdefault(_GRAPH_CACHE, {})
     cuda = model.device.type == "cuda"
-    t0 = time.perf_counter()
+    t0, captured = time.perf_counter(), False
     if cache.get("genc") is None:
         cache["genc"] = GraphedEncoder(model)
         if cuda:
             cache["genc"].capture()
-    if cache.get("engine") is None or cache["engine"].max_len < length:
-        cache["engine"] = TextEngine(model, max_batch=1, max_len=max(CHAT_MAX_LEN, length))
+            captured = True
+    if cache.get("engine") is None or cache["engine"].max_len < prompt_len + new_tokens:
+        cache["engine"] = TextEngine(model, max_batch=1, max_len=max(CHAT_MAX_LEN, prompt_len + new_tokens))
     if cuda:
-        cache["engine"].capture([(1, length)])
+        captured |= bool(cache["engine"].capture([(1, prompt_len)])["captured"])
         torch.cuda.synchronize()
-    return cache["genc"], cache["engine"], (time.perf_counter() - t0) * 1e3
+    return cache["genc"], cache["engine"], (time.perf_counter() - t0) * 1e3 if captured else 0.0
 
 
 class _Clock:
@@ -212,7 +213,7 @@ def chat(model, images, prompt: str, max_new_tokens: int = 64, graphs: bool = Tr
     clock.mark("process")
     setup_ms, notes = 0.0, []
     if graphs and (genc is None or engine is None):
-        g, e, setup_ms = chat_graphs(model, ids.shape[1] + max_new_tokens)
+        g, e, setup_ms = chat_graphs(model, ids.shape[1], max_new_tokens)
         genc, engine = genc or g, engine or e
     if not graphs:
         genc = engine = None
