@@ -18,6 +18,7 @@ import pkgutil
 from pathlib import Path
 
 from .core.capture import recover_from_failed_capture
+from .core.chat import ChatReply, chat
 from .core.config import EncoderGraphConfig, auto_budgets
 from .core.encoder import PackedVisionEncoder, SplitProjector
 from .core.engine import TextEngine
@@ -27,17 +28,26 @@ from .core.inputs import image_limits, item_image, process_images, processor_for
 from .core.packing import PackedBatch, pack_inputs
 from .core.parity import max_rel_error, rel_error
 from .core.pipeline import VlmPipeline
-from .core.presets import Preset, available_presets, build_model, count_params, load_model
+from .core.presets import (
+    Preset,
+    available_presets,
+    build_model,
+    checkpoint_from_env,
+    count_params,
+    load_model,
+    model_for,
+)
 from .tools.workloads import load_sample_images, random_processor_output, synthetic_image, synthetic_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "EncoderGraphConfig", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder", "Preset", "SplitProjector",
-    "auto_budgets", "available_presets", "build_model", "count_params", "hf_image_features", "image_limits",
-    "item_image", "load_model", "load_sample_images", "max_rel_error", "pack_inputs", "plan_batches", "plan_stats",
-    "process_images", "processor_for", "random_processor_output", "recover_from_failed_capture", "rel_error",
-    "synthetic_image", "synthetic_workload", "TextEngine", "to_rgb", "VlmPipeline",
+    "ChatReply", "EncoderGraphConfig", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder", "Preset",
+    "SplitProjector", "auto_budgets", "available_presets", "build_model", "chat", "checkpoint_from_env",
+    "count_params", "hf_image_features", "image_limits", "item_image", "load_model", "load_sample_images",
+    "max_rel_error", "model_for", "pack_inputs", "plan_batches", "plan_stats", "process_images", "processor_for",
+    "random_processor_output", "recover_from_failed_capture", "rel_error", "synthetic_image", "synthetic_workload",
+    "TextEngine", "to_rgb", "VlmPipeline",
 ]
 
 # every module of lfm2vl_lab/tools/, read off the folder (importing none of them)

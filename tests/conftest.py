@@ -1,5 +1,5 @@
-"""Shared test setup: offline hub, the `gpu` marker's auto-skip, one "no CUDA device" notice per
-run, and the expensive fixtures.
+"""Shared test setup: offline hub, no user checkpoint, the `gpu` marker's auto-skip, one "no CUDA
+device" notice per run, and the expensive fixtures.
 
 Everything here runs at import, before any test module imports transformers, so no test can
 reach a model hub.
@@ -10,6 +10,10 @@ import warnings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# The suite and the notebooks it runs (nbval's kernels inherit this environment) check the presets'
+# committed outputs: a user's own checkpoint (README, "Real weights") must not change them. The
+# tests that need a checkpoint make one (the tiny_checkpoint fixture) and set the variable themselves.
+os.environ.pop("LFM2VL_CHECKPOINT", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -70,3 +74,13 @@ def browser():
     from chromium import launch_browser
 
     yield from launch_browser()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A checkpoint folder in a real one's layout, made here: the tiny preset's shapes with random
+    weights (full text depth), a toy word-level tokenizer with LFM2's special tokens and an LFM2-VL
+    chat template (lfm2vl_lab.core.toy_processor). No file of it comes from a hub."""
+    from lfm2vl_lab.core.toy_processor import save_toy_checkpoint
+
+    return save_toy_checkpoint(tmp_path_factory.mktemp("checkpoint") / "LFM2-VL-tiny")

@@ -56,7 +56,7 @@ def test_api_tour_runs_on_cpu(capsys):
     assert "[247, 247, 238]" in printed, printed
 
 
-@pytest.mark.parametrize("heading", ["## A short API tour", "### On a GPU"])
+@pytest.mark.parametrize("heading", ["## A short API tour", "### On a GPU", "## Real weights"])
 def test_readme_snippets_define_every_name_they_use(heading):
     code = python_block(heading)
     assert not free_names(code), f"README {heading!r} uses undefined names: {sorted(free_names(code))}"
@@ -79,3 +79,23 @@ def test_gpu_snippet_runs_on_a_gpu():
     prompt_len = scope["prompt"]["input_ids"].shape[1]
     assert torch.equal(scope["tokens"][:, :1].cpu(), scope["out"][:, prompt_len:prompt_len + 1].cpu())
     assert not scope["engine"].stats.eager and scope["genc"].stats.hits > 0
+
+
+FETCHED = "~/models/LFM2-VL-450M"  # where the README's "Real weights" section fetches the checkpoint to
+
+
+def test_real_weights_example_runs_on_a_checkpoint_folder(tiny_checkpoint, capsys):
+    """The "Real weights" block as written, on a tiny checkpoint folder (tests/conftest.py) instead of
+    the fetched one and on the CPU: load_model, chat, and the reply printed with its timings."""
+    from importlib.metadata import entry_points
+
+    text = README.read_text(encoding="utf-8")
+    assert f"hf download LiquidAI/LFM2-VL-450M --local-dir {FETCHED}" in text
+    assert "hf" in {e.name for e in entry_points(group="console_scripts")}  # the fetch command exists
+    code = python_block("## Real weights")
+    assert f'"{FETCHED}"' in code and 'device="cuda"' in code
+    code = code.replace(f'"{FETCHED}"', repr(str(tiny_checkpoint))).replace('device="cuda"', 'device="cpu"')
+    exec(compile(code, "README.md: Real weights", "exec"), {"__name__": "readme_real_weights"})
+    printed = capsys.readouterr().out
+    assert "-- ms: process" in printed and "graphs: encoder" in printed, printed
+    assert "means nothing" in printed  # the tiny folder's weights are random, and the reply says so

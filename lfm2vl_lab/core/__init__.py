@@ -12,4 +12,7 @@ already needs); never :mod:`lfm2vl_lab.tools`. Read it top to bottom in this ord
 * :mod:`.graphs`   — planning, the protocol a model implements, the generic manager, ``GraphedEncoder``
 * :mod:`.hf`       — transformers' own image path, and the plug that swaps ours in
 * :mod:`.parity`   — error measures and the float32 judge
+* :mod:`.engine`, :mod:`.pipeline` — the text model on static buffers; a request in phases
+* :mod:`.chat`     — text in, text out: one chat turn through the pipeline (:mod:`.toy_processor`:
+  a stand-in tokenizer for random-weight models)
 """

@@ -76,7 +76,7 @@ def named_tensors(parts: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
     return out
 
 
-def describe(rec: Record) -> str:
+def where(rec: Record) -> str:
     return f"{rec[2]} {str(rec[1]).removeprefix('torch.')}"
 
 
@@ -122,10 +122,10 @@ class WeightStamp:
             if cur is None:
                 out.append(f"{name} was removed")
             elif cur[1:] != rec[1:]:
-                out.append(f"{name} moved from {describe(rec)} to {describe(cur)}")
+                out.append(f"{name} moved from {where(rec)} to {where(cur)}")
             elif cur[0] != rec[0]:
-                out.append(f"{name} was replaced by new storage ({describe(cur)})")
-        out += [f"{name} was added ({describe(now[name])})" for name in now.keys() - self.recorded.keys()]
+                out.append(f"{name} was replaced by new storage ({where(cur)})")
+        out += [f"{name} was added ({where(now[name])})" for name in now.keys() - self.recorded.keys()]
         return out
 
     def rearm(self) -> None:

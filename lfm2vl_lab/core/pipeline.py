@@ -174,11 +174,17 @@ class VlmPipeline:
         return [length] * n, dst
 
     @torch.no_grad()
-    def run(self, input_ids: torch.Tensor, inputs: dict, new_tokens: int = 1, mark=None) -> torch.Tensor:
+    def run(self, input_ids: torch.Tensor, inputs: dict, new_tokens: int = 1, mark=None, stop_ids=None,
+            check_every: int = 8) -> torch.Tensor:
         """Greedy tokens ``[requests, new_tokens]`` (on the device) for prompts ``input_ids`` (host,
         ``[requests, length]``, or ``[length]`` for one request) and their images' processor output
         ``inputs``. Every input is checked before the first phase runs, except the image-token count,
-        which ``merge`` checks against the features."""
+        which ``merge`` checks against the features.
+
+        ``stop_ids`` (token ids, e.g. the end of turn): decode in chunks of ``check_every`` steps and
+        stop after the chunk in which every request has produced one of them, so the result may be
+        shorter than ``new_tokens`` and hold tokens after a stop token (cut them where you read it).
+        Each check reads the tokens on the host: one sync per chunk."""
         new_tokens = read_count("new_tokens", new_tokens, 1)
         input_ids = read_input_ids(input_ids, self.embed.num_embeddings)
         mark = mark or (lambda phase: None)
@@ -194,6 +200,22 @@ class VlmPipeline:
         mark("sample")
         if new_tokens == 1:
             return first[:, None]
-        rest = self.text.decode(new_tokens - 1)
+        if stop_ids is None:
+            rest = self.text.decode(new_tokens - 1)
+        else:
+            rest = self._decode_until(first, new_tokens - 1, stop_ids, check_every)
         mark("decode")
         return torch.cat([first[:, None], rest], 1)
+
+    def _decode_until(self, first: torch.Tensor, steps: int, stop_ids, check_every: int) -> torch.Tensor:
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        stop = torch.tensor(sorted(set(stop_ids)), device=first.device)
+        done = torch.isin(first, stop)
+        chunks = [first.new_empty(len(first), 0)]
+        while steps > 0 and not bool(done.all()):
+            k = min(check_every, steps)
+            chunks.append(self.text.decode(k))
+            done |= torch.isin(chunks[-1], stop).any(1)
+            steps -= k
+        return torch.cat(chunks, 1)

@@ -207,8 +207,38 @@ def _folder_processor(folder: Path, cfg):
     return proc
 
 
+# A folder holds a tokenizer when it ships either file (transformers reads both).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+CHECKPOINT_ENV = "LFM2VL_CHECKPOINT"  # the folder of a real checkpoint, set by the user: checkpoint_from_env
+
+
+def checkpoint_info(folder: Path) -> dict:
+    """How a result names a checkpoint: the folder's name and the sha256 of its config.json (never
+    the path, which says nothing about the weights and names the user's machine)."""
+    import hashlib
+
+    return {"name": folder.name, "config_sha256": hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()}
+
+
+def _folder_chat_processor(folder: Path, image_processor):
+    """The folder's ``Lfm2VlProcessor`` (tokenizer, chat template, image processor), or None when it
+    ships no tokenizer. Without an image processor file, ``image_processor`` (a preset's) stands in."""
+    from transformers import AutoTokenizer, Lfm2VlProcessor
+
+    if not any((folder / f).exists() for f in TOKENIZER_FILES):
+        return None
+    try:
+        if any((folder / f).exists() for f in PROCESSOR_FILES):
+            return Lfm2VlProcessor.from_pretrained(folder, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return Lfm2VlProcessor(image_processor=image_processor, tokenizer=tok, chat_template=tok.chat_template)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{str(folder)!r}: its tokenizer files do not load ({first})") from exc
+
+
 def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, device="cpu"):
-    """Load a real LFM2-VL checkpoint from a local folder (never from a hub).
+    """Load a real LFM2-VL checkpoint from a local folder (never from a hub; ``~`` is expanded).
 
     The model knows its image processor, so ``process_images(images, model)``,
     ``GraphedEncoder(model).encode_images`` and the graph budgets use the checkpoint's own settings:
@@ -216,11 +246,15 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, dev
     when it ships one. ``model.lab_preset`` is set when a shipped preset has the model's shapes; with
     no processor file, that preset's processor is used (with a warning). With neither, a warning says
     images cannot be processed for this model.
+
+    ``model.lab_chat_processor`` is the folder's ``Lfm2VlProcessor`` (tokenizer and chat template,
+    for :func:`~.chat.chat`), None when the folder has no tokenizer; ``model.lab_checkpoint`` names
+    the folder for result files (:func:`checkpoint_info`).
     """
     from transformers import AutoConfig, Lfm2VlForConditionalGeneration
 
     check_device(device, "load_model")
-    folder = Path(path)
+    folder = Path(path).expanduser()
     if not folder.is_dir():
         raise ValueError(f"checkpoint folder {str(folder)!r} does not exist (load_model never downloads)")
     if not (folder / "config.json").exists():
@@ -238,13 +272,44 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, dev
             warnings.warn(f"{str(folder)!r} has no preprocessor_config.json and no preset matches its shapes: "
                           "process_images cannot prepare images for this model; set model.lab_processor to "
                           "its Lfm2VlImageProcessor", stacklevel=2)
+    if processor is None and preset is not None:
+        from .inputs import make_processor
+
+        chat_processor = _folder_chat_processor(folder, make_processor(preset))
+    else:
+        chat_processor = _folder_chat_processor(folder, processor)
     model = Lfm2VlForConditionalGeneration.from_pretrained(
         folder, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
     )
     model.lab_processor = processor
+    model.lab_chat_processor = chat_processor
+    model.lab_checkpoint = checkpoint_info(folder)
     if preset is not None:
         model.lab_preset = preset
     return model.to(device).eval()
+
+
+def checkpoint_from_env() -> Path | None:
+    """The checkpoint folder ``LFM2VL_CHECKPOINT`` names (``~`` expanded), or None when it is unset or
+    empty. A value that is no folder is a one-line ``ValueError``."""
+    value = os.environ.get(CHECKPOINT_ENV, "").strip()
+    if not value:
+        return None
+    folder = Path(value).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"{CHECKPOINT_ENV}={value!r} is not a folder; set it to the folder you fetched "
+                         "the checkpoint into, or unset it to use the random-weight presets")
+    return folder
+
+
+def model_for(preset: str | Preset, dtype: torch.dtype = torch.float32, device="cpu", **build_kw):
+    """The model the notebooks and the benchmark run: the checkpoint ``LFM2VL_CHECKPOINT`` names when
+    it is set (:func:`load_model`: real weights, full depth), else ``build_model(preset, ...)`` with
+    ``build_kw`` (seed, text_layers, ...)."""
+    folder = checkpoint_from_env()
+    if folder is not None:
+        return load_model(folder, dtype=dtype, device=device)
+    return build_model(preset, dtype=dtype, device=device, **build_kw)
 
 
 def count_params(model) -> dict[str, int]:

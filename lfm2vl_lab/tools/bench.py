@@ -16,6 +16,10 @@ Derived: ``speedup_vs_hf`` (hf-eager median / median) and, with profiling, ``pct
 = 100 · median / GPU-busy time (100 % = the kernels never wait). The ``stream`` workload times
 each request once: p50/p99 over requests, graph hit rate, one-off costs.
 
+With ``LFM2VL_CHECKPOINT`` set, the model is that checkpoint (:func:`~lfm2vl_lab.core.presets.model_for`):
+its weights, its image processor, and transformers on those weights as the parity judge; the
+provenance then names it (``checkpoint``: folder name and config hash).
+
 Results are JSON: ``{"provenance": {...}, "rows": [...], "skipped": [...], "errors": [...]}``
 saved under ``data/results/<gpu-slug>/<name>-<timestamp>.json``. An error entry keeps the
 exception (``error``) and its full ``traceback``; the table shows the first line.
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import gc
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -312,7 +316,7 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     """
     from tqdm.auto import tqdm
 
-    from ..core.presets import as_preset, build_model
+    from ..core.presets import as_preset, model_for
 
     dev = parse_device(device) if device is not None else default_device()
     default_preset, default_dtype = device_defaults(dev)
@@ -327,17 +331,21 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     if "stream" in workloads and stream_n < 1:
         raise ValueError(f"the stream workload needs stream_n >= 1, got {stream_n}")
     budget_sets = [parse_budgets(b) for b in budget_sets] or [None]
+    # LFM2VL_CHECKPOINT set: the checkpoint's weights and image processor instead of the preset's
+    model = model_for(preset, dtype=dt, device=dev, seed=seed)
+    ck = getattr(model, "lab_checkpoint", None)
+    if ck is not None:
+        preset = getattr(model, "lab_preset", None) or replace(preset, name=ck["name"])
     result = {"name": name, "provenance": provenance(command, device=dev, dtype=dtype_name(dt), preset=preset.name,
                                                      repeats=repeats, warmup=warmup, stream_n=stream_n, seed=seed,
-                                                     profile=profile),
+                                                     profile=profile, **({"checkpoint": ck} if ck else {})),
               "rows": [], "skipped": [], "errors": [], "complete": False}
     runnable = [m for m in dict.fromkeys(modes) if dev.type == "cuda" or m not in CUDA_ONLY]
     result["skipped"] = [{"mode": m, "reason": f"{CUDA_ONLY[m]} (device is {dev.type})"}
                          for m in dict.fromkeys(modes) if m not in runnable]
     specs = expand_specs(runnable, budget_sets, cu_rules, max_seqlen_modes, attentions, fuse_qkvs,
                          fuse_elementwises, dense_graphs, fused_compile_mode)
-    model = build_model(preset, dtype=dt, device=dev, seed=seed)
-    fixed, stream = _prepare_inputs(workloads, preset, dev, dt, stream_n, seed, progress)
+    fixed, stream = _prepare_inputs(workloads, model if ck else preset, dev, dt, stream_n, seed, progress)
     session = _Session(model, preset, dev, dt, repeats, warmup, profile, progress, trace_dir, fixed, stream, {})
     bar = tqdm(total=len(specs) * len(workloads), desc="bench", disable=not progress, unit="run")
     for spec in specs:

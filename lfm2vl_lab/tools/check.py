@@ -18,7 +18,7 @@ from ..core.encoder import PackedVisionEncoder
 from ..core.graphs import GraphedEncoder
 from ..core.hf import hf_image_features
 from ..core.parity import float32_reference, judge_replay, lowp_parity
-from ..core.presets import as_preset, build_model
+from ..core.presets import build_model, checkpoint_from_env, checkpoint_info, model_for
 from .meter import measured_capture
 from .workloads import random_processor_output
 
@@ -58,7 +58,7 @@ def check_graphs(model, dtype, seed: int, budgets=None, ref_model=None) -> list[
     """
     rows = []
     tol = TOLERANCE[dtype]
-    preset = model.lab_preset
+    preset = model  # random inputs in the model's processor geometry (a preset's or a checkpoint's)
     for rule in ("safe", "repeat_last"):
         for mode in ("tight", "loose"):
             genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule, max_seqlen_mode=mode)
@@ -192,9 +192,10 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
     dtype = parse_dtype(dtype_name)
     tol = TOLERANCE[dtype]
     t0 = time.perf_counter()
-    model = build_model(name, dtype=dtype, device="cuda", seed=seed)
+    model = model_for(name, dtype=dtype, device="cuda", seed=seed)  # LFM2VL_CHECKPOINT: its weights instead
+    ck = getattr(model, "lab_checkpoint", None)
     enc = PackedVisionEncoder(model)
-    p = as_preset(name)
+    p = model  # random inputs in the model's own processor geometry
     parity = []
     cases = {
         "1x512": [(32, 32)], "1x256": [(16, 16)], "4x512": [(32, 32)] * 4,
@@ -210,20 +211,26 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
     enc_backend = enc.attention_backend
     graphs = check_graphs(model, dtype, seed, ref_model=ref_model if dtype != torch.float32 else None)
     del ref_model, model, enc
-    moved = check_model_changes(name, dtype, seed)
-    return {"preset": name, "dtype": dtype_name, "attention": enc_backend, "parity": parity,
-            "sync": sync, "graphs": graphs, "model_changes": moved, "seconds": time.perf_counter() - t0,
+    moved = check_model_changes(name, dtype, seed)  # the graph machinery itself: on the preset's random weights
+    return {"preset": ck["name"] if ck else name, "dtype": dtype_name, "attention": enc_backend,
+            "parity": parity, "sync": sync, "graphs": graphs, "model_changes": moved,
+            "seconds": time.perf_counter() - t0,
             "pass": all(r["pass"] for r in parity) and sync["pass"] and all(r["pass"] for r in graphs)
             and moved["pass"]}
 
 
 def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=None, command: str = "") -> dict:
-    """Run every check on the GPU and write ``check-<date>.json`` with provenance."""
+    """Run every check on the GPU and write ``check-<date>.json`` with provenance. With
+    ``LFM2VL_CHECKPOINT`` set, the checks run once, on that checkpoint's weights (transformers on the
+    same weights is the judge), and the provenance names it (folder name and config hash)."""
     from .results import RESULTS_ROOT, provenance, save_result
 
     if not torch.cuda.is_available():
         raise RuntimeError("the check run needs a CUDA GPU; on a CPU run the test-suite instead")
-    result = {"provenance": provenance(command or "python -m lfm2vl_lab check", dtype=dtype),
+    folder = checkpoint_from_env()  # LFM2VL_CHECKPOINT: check that checkpoint instead of the presets
+    extra = {"checkpoint": checkpoint_info(folder)} if folder is not None else {}
+    presets = presets[:1] if folder is not None else presets
+    result = {"provenance": provenance(command or "python -m lfm2vl_lab check", dtype=dtype, **extra),
               "presets": [check_preset(p, dtype) for p in presets]}
     result["pass"] = all(r["pass"] for r in result["presets"])
     path = save_result(result, root=out_dir if out_dir is not None else RESULTS_ROOT, name="check")

@@ -26,6 +26,7 @@ import warnings
 import torch
 
 from ..core.attention import cuda_capability, resolve_attention, sm
+from ..core.presets import CHECKPOINT_ENV, checkpoint_from_env
 from . import reference
 from .results import RESULTS_ROOT, gpu_slug, recorded_label
 from .workloads import default_device, device_defaults
@@ -44,7 +45,8 @@ SHOW_KINDS = ("any", "gpu", "recorded")
 
 def environment(device) -> dict:
     """What a notebook runs on: the device (name, compute capability, free and total memory), the
-    torch / transformers / Python versions, and the encoder attention ``"auto"`` resolves to there."""
+    torch / transformers / Python versions, the encoder attention ``"auto"`` resolves to there, and
+    the checkpoint ``LFM2VL_CHECKPOINT`` names (its folder name; ``lab.model_for`` loads it)."""
     import transformers
 
     preset, dtype = device_defaults(device)
@@ -52,6 +54,11 @@ def environment(device) -> dict:
            "torch": torch.__version__, "transformers": transformers.__version__,
            "python": platform.python_version(), "preset": preset, "dtype": str(dtype).removeprefix("torch."),
            "attention": resolve_attention("auto", device, dtype)[0]}
+    try:
+        folder = checkpoint_from_env()
+        env["checkpoint"] = folder.name if folder is not None else None
+    except ValueError as exc:  # a value that names no folder: said in the check, not raised from the first cell
+        env["checkpoint"], env["checkpoint_problem"] = None, str(exc)
     cap = cuda_capability(device)
     if cap is not None:
         free, total = torch.cuda.mem_get_info(torch.device(device))
@@ -69,10 +76,16 @@ def environment_lines(env: dict, shows: dict[str, str]) -> list[str]:
     if env["gpu"]:
         where = f"{env['gpu']} ({env['capability']}), {env['free_gib']} of {env['total_gib']} GiB free"
     else:
-        where = "no CUDA GPU: the tiny preset runs on the CPU"
+        where = "no CUDA GPU: " + ("the checkpoint runs on the CPU (slowly)" if env.get("checkpoint")
+                                   else "the tiny preset runs on the CPU")
+    model = env["preset"]
+    if env.get("checkpoint"):
+        model = f"the checkpoint {env['checkpoint']} (from {CHECKPOINT_ENV})"
     lines = [f"environment: {where}; torch {env['torch']}, transformers {env['transformers']}, "
              f"Python {env['python']}",
-             f"  model: {env['preset']} in {env['dtype']}; encoder attention (auto): {env['attention']}"]
+             f"  model: {model} in {env['dtype']}; encoder attention (auto): {env['attention']}"]
+    if env.get("checkpoint_problem"):
+        lines.append(f"  checkpoint: none: {env['checkpoint_problem']}")
     on_gpu = env["gpu"] is not None
     live = [p for p, k in shows.items() if k == "any" or (k == "gpu" and on_gpu)]
     recorded = [p + (" (needs a GPU)" if k == "gpu" else "") for p, k in shows.items()
