@@ -56,16 +56,19 @@ sanitize)
   "$SAN" --version | tail -n 1
   SAN_ARGS=(--print-limit 50 --report-api-errors no)
   LOG=sanitize-native    TAILN=2 step 90  python3 scripts/sanitize_replay.py
+  LOG=sanitize-probe     TAILN=8 step 90  "$SAN" --tool initcheck "${SAN_ARGS[@]}" python3 scripts/sanitize_replay.py --probe
   LOG=sanitize-memcheck  TAILN=3 step 240 "$SAN" --tool memcheck --error-exitcode 1 "${SAN_ARGS[@]}" \
                                             python3 scripts/sanitize_replay.py
   LOG=sanitize-initcheck TAILN=3 step "$(left)" "$SAN" --tool initcheck "${SAN_ARGS[@]}" \
                                             python3 scripts/sanitize_replay.py
-  # where initcheck's reports came from: per phase of the script (the "== [...]" line before them),
-  # and per kernel
-  awk '/^== \[/{p=$0} /^========= [A-Z]/ && !/SUMMARY|COMPUTE-SANITIZER/{n[p]++} END{for(k in n) print n[k], k}' \
-    "$W/sanitize-initcheck.log" | sort -rn | head -n 20
-  grep -A1 '^========= Uninitialized' "$W/sanitize-initcheck.log" | grep '^=========     at ' \
-    | sed 's/+0x[0-9a-f]*$//' | sort | uniq -c | sort -rn | head -n 12 | cut -c1-220 ;;
+  # where initcheck's reports came from: per phase (the "== [...]" line printed before them), per kernel
+  for f in sanitize-probe sanitize-initcheck; do
+    echo "== $f: reports per phase, then per kernel"
+    awk '/^== \[/{p=$0} /^========= [A-Z]/ && !/SUMMARY|COMPUTE-SANITIZER/{n[p]++} END{for(k in n) print n[k], k}' \
+      "$W/$f.log" | sort -rn | head -n 20
+    grep -A1 '^========= Uninitialized' "$W/$f.log" | grep '^=========     at ' \
+      | sed 's/+0x[0-9a-f]*$//' | sort | uniq -c | sort -rn | head -n 12 | cut -c1-220
+  done ;;
 *) echo "unknown part $PART (record, notebooks, gpu-tests, sanitize)"; exit 2 ;;
 esac
 ls -la "$OUT"

@@ -13,6 +13,7 @@ run, and the exit status is 1 when a graph was not replayed or an output is off.
     python scripts/sanitize_replay.py                                     # natively: seconds
     compute-sanitizer --tool memcheck python scripts/sanitize_replay.py   # scripts/h200_run.sh sanitize
     python scripts/sanitize_replay.py --cpu   # the same routing on a CPU, with eager stand-ins for graphs
+    compute-sanitizer --tool initcheck python scripts/sanitize_replay.py --probe   # see probe()
 """
 
 from __future__ import annotations
@@ -110,11 +111,38 @@ def text_part(model, record, problems: list[str]) -> dict:
     return {"graphs": len(keys)}
 
 
+def probe() -> int:
+    """initcheck's question about ``embed`` in three cases: a GEMM's output read by an add, each on
+    memory fresh from the driver. Hopper GEMMs store their tiles through TMA bulk copies; if initcheck
+    does not see those writes, it flags the add's reads of a fresh output (case 1) but not of one a
+    memset wrote first (case 2), although the add reads the values the GEMM wrote (checked). Case 2
+    runs first: initcheck prints only its first reports (--print-limit)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for case, dtype, zeroed in (("2", torch.bfloat16, True), ("1", torch.bfloat16, False), ("3", torch.float32, False)):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # every case on new segments: nothing earlier wrote them
+        x, w, b = (torch.randn(*s, device="cuda", dtype=dtype, generator=gen) for s in ((2048, 768), (64, 768), (64,)))
+        y = (torch.zeros if zeroed else torch.empty)(2048, 64, device="cuda", dtype=dtype)
+        say(f"== [probe {case}] linear into a {'zeroed' if zeroed else 'fresh'} {str(dtype)[6:]} output, then an add")
+        torch.addmm(b, x, w.t(), out=y)
+        z = y + 1.0
+        say(f"== [probe {case}] check")
+        err = max_rel_error([z.double() - 1.0], [torch.addmm(b.double(), x.double(), w.t().double())])
+        say(f"== [probe {case}] done: the add read the GEMM's values (rel error vs float64 {err:.1e})")
+        del x, w, b, y, z
+        if not err < 2e-2:
+            return 1
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="fp32 on the CPU with eager stand-ins (checks the routing)")
+    ap.add_argument("--probe", action="store_true", help="only the GEMM-then-add probe for initcheck (CUDA)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.probe:
+        return probe() if torch.cuda.is_available() else 2
     if args.cpu:
         device, dtype, record = "cpu", torch.float32, eager_stand_in
     elif torch.cuda.is_available():
