@@ -205,6 +205,7 @@ def test_capture_under_memory_pressure_fails_clearly_and_eager_still_works():
     model = _cuda_tiny()
     genc = GraphedEncoder(model, budgets=[64, 8192], dense_graphs=False)
     inputs = random_processor_output(INPUTS[:1], "tiny", seed=2)
+    torch.cuda.empty_cache()  # earlier tests' cached blocks must not count as room
     genc.encode(inputs)  # its working set is now in the allocator's cache, inside the limit below
     torch.cuda.synchronize()
     stream = torch.cuda.current_stream()
@@ -273,8 +274,18 @@ def test_text_engine_keyboard_interrupt_inside_a_capture():
     assert torch.isfinite(torch.randn(16, device="cuda")).all()
     del eng._sample_body
     emb = torch.randn(1, 40, model.config.text_config.hidden_size, device="cuda", dtype=torch.bfloat16)
-    eager = _tokens(eng, emb, [40])
+
+    def first_logits():
+        eng.prompt(1, 40).copy_(emb)
+        eng.prefill([40])
+        eng.sample()
+        logits = eng.logits[:1].clone()
+        eng.decode(3)
+        return logits
+
+    eager = first_logits()
     eng.capture([(1, 40)])
     assert sorted(eng.graphs) == ["decode 1", "prefill 1x64", "sample 1"]
-    assert torch.equal(_tokens(eng, emb, [40]), eager)
+    graphed = first_logits()
     assert eng.stats.replays == {"prefill 1x64": 1, "sample 1": 1, "decode 1": 3}
+    assert torch.isfinite(graphed).all() and rel_error(graphed, eager) <= 1e-2
