@@ -11,6 +11,9 @@
 #                                        some of them), then the GPU test suite (GPU_TESTS: a subset);
 #                                        carry the Jupyter wheels: `carry: [".whl"]`
 #   bash scripts/h200_run.sh gpu-tests   the GPU test suite alone
+#   bash scripts/h200_run.sh sanitize    scripts/sanitize_replay.py natively, then under compute-sanitizer's
+#                                        memcheck (must end "ERROR SUMMARY: 0 errors") and initcheck
+#                                        (reports explained in docs/design.md); logs sanitize-*.log
 #
 # The Jupyter wheels (the H200 image has no Jupyter), made once here; then delete the packaging,
 # typing_extensions, pytest, pluggy and iniconfig wheels, which the image already has:
@@ -44,6 +47,28 @@ notebooks)
 gpu-tests)
   jupyter_wheels  # nbformat, nbclient: some test modules import them
   LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests ;;
-*) echo "unknown part $PART (record, notebooks, gpu-tests)"; exit 2 ;;
+sanitize)
+  # The allocator's cache cannot be bypassed (PYTORCH_NO_CUDA_MEMORY_CACHING breaks graph capture), so
+  # memcheck sees the allocator's segments, not each tensor; API return codes (cudaErrorNotReady from
+  # event queries) are left out: the subject is device memory accesses.
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+  [ -n "$SAN" ] || { echo "no compute-sanitizer on this image"; exit 2; }
+  "$SAN" --version | tail -n 1
+  SAN_ARGS=(--print-limit 50 --report-api-errors no)
+  LOG=sanitize-native    TAILN=2 step 90  python3 scripts/sanitize_replay.py
+  LOG=sanitize-probe     TAILN=8 step 90  "$SAN" --tool initcheck "${SAN_ARGS[@]}" python3 scripts/sanitize_replay.py --probe
+  LOG=sanitize-memcheck  TAILN=3 step 240 "$SAN" --tool memcheck --error-exitcode 1 "${SAN_ARGS[@]}" \
+                                            python3 scripts/sanitize_replay.py
+  LOG=sanitize-initcheck TAILN=3 step "$(left)" "$SAN" --tool initcheck "${SAN_ARGS[@]}" \
+                                            python3 scripts/sanitize_replay.py
+  # where initcheck's reports came from: per phase (the "== [...]" line printed before them), per kernel
+  for f in sanitize-probe sanitize-initcheck; do
+    echo "== $f: reports per phase, then per kernel"
+    awk '/^== \[/{p=$0} /^========= [A-Z]/ && !/SUMMARY|COMPUTE-SANITIZER/{n[p]++} END{for(k in n) print n[k], k}' \
+      "$W/$f.log" | sort -rn | head -n 20
+    grep -A1 '^========= Uninitialized' "$W/$f.log" | grep '^=========     at ' \
+      | sed 's/+0x[0-9a-f]*$//' | sort | uniq -c | sort -rn | head -n 12 | cut -c1-220
+  done ;;
+*) echo "unknown part $PART (record, notebooks, gpu-tests, sanitize)"; exit 2 ;;
 esac
 ls -la "$OUT"

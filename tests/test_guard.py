@@ -154,8 +154,7 @@ def test_text_engine_follows_a_moved_model_and_keeps_its_state():
     eng = TextEngine(model, max_batch=1, max_len=128)
     ref = TextEngine(model, max_batch=1, max_len=128)
     emb = torch.randn(1, 20, model.config.text_config.hidden_size)
-    # a CPU engine captures nothing: stamp it by hand, as capture() does on a GPU
-    eng.stamp = WeightStamp({"language_model": eng.lm, "lm_head": eng.lm_head})
+    eng.capture([(1, 20)], record=eager_stand_in)  # a CPU: the graphs are stand-ins, the stamp is real
     eng.prefill([20], emb)
     model.to(torch.float64)
     with pytest.warns(UserWarning, match="TextEngine: the text model's weights changed"):
@@ -165,4 +164,5 @@ def test_text_engine_follows_a_moved_model_and_keeps_its_state():
     ref.prefill([20], emb.double())
     assert torch.equal(first, ref.sample())
     assert torch.equal(eng.decode(4), ref.decode(4))
-    assert eng.stamp is None and not eng.graphs  # no graphs on a CPU
+    assert eng.stats.recaptures == 1 and set(eng.graphs) == {"prefill 1x64", "sample 1", "decode 1"}
+    assert eng.stats.replays["decode 1"] == 4 and not eng.stats.eager  # the recaptured stand-ins ran

@@ -5,10 +5,16 @@ loading, cuBLAS handles and autotuning must happen *before* capture, because cap
 and cannot allocate handles — then capture one call into a ``torch.cuda.CUDAGraph`` with a memory
 pool (graphs that share a pool reuse each other's blocks, so many budgets cost little more than the
 largest).
+
+When a capture fails — a body that needs the host, a user's KeyboardInterrupt, memory running out —
+``capture_failed`` puts the process back (stream, random generator, the failed capture's memory) and
+says what happened in one line.
 """
 
 from __future__ import annotations
 
+import re
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -74,3 +80,75 @@ def recover_from_failed_capture(stream: torch.cuda.Stream | None = None) -> dict
     torch.cuda.synchronize()
     torch.randn(1, device=target.device)  # raises here, not later in the user's code, if still broken
     return {"cuda": True, "stream_restored": was != target, "rng_ok": True}
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, then the exception it was raised while handling, and so on (at most 8)."""
+    out: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in out) and len(out) < 8:
+        out.append(exc)
+        exc = exc.__context__
+    return out
+
+
+def _frames(exc: BaseException) -> set:
+    tb, out = exc.__traceback__, set()
+    while tb is not None:
+        out.add(tb.tb_frame)
+        tb = tb.tb_next
+    return out
+
+
+def release_frames(exc: BaseException) -> None:
+    """Drop the locals of the finished frames a failed capture raised through.
+
+    A notebook keeps the last traceback (``sys.last_traceback``), and a traceback keeps every frame's
+    locals: the half-captured graphs, their buffers and the activations of the body, so the graph
+    pool would stay reserved and the memory never come back. The exceptions ``exc`` was raised while
+    handling are cleared too, as long as they were raised inside the same capture (they share a frame)."""
+    seen = _frames(exc)
+    for e in _chain(exc):
+        mine = _frames(e)
+        if e is not exc and not mine & seen:
+            break  # raised before the capture began: the caller's own, not ours
+        seen |= mine
+        traceback.clear_frames(e.__traceback__)
+
+
+_SIZE = r"([\d.]+ (?:bytes|[KMGT]iB))"
+_OOM_NUMBERS = (("tried to allocate {}", rf"Tried to allocate {_SIZE}"),
+                ("{} free on the device", rf"of which {_SIZE} is free"),
+                ("{} allowed to this process", rf"{_SIZE} allowed"))
+
+
+def oom_message(what: str, oom: BaseException, advice: str) -> str:
+    """One line for a capture that ran out of memory: what, the numbers torch's message gives
+    (asked, free, the process's limit), and what to do."""
+    text = str(oom)
+    found = [label.format(m.group(1)) for label, rx in _OOM_NUMBERS if (m := re.search(rx, text))]
+    numbers = "; ".join(found) or (text.strip().splitlines() or ["no details"])[0][:160]
+    return (f"capturing {what} ran out of GPU memory ({numbers}). No graph of this capture is kept and its "
+            f"memory pool is released; the eager path still works. {advice}")
+
+
+def capture_failed(exc: BaseException, what: str, stream=None, cuda: bool = True, message=None,
+                   advice: str = "Free GPU memory first.") -> BaseException:
+    """After a capture of ``what`` raised ``exc``: put the process back and return what to raise.
+
+    The frames' locals go (:func:`release_frames`), then, with ``cuda``, the cached blocks go back
+    to the device and :func:`recover_from_failed_capture` restores ``stream`` and the random
+    generator. Returned: ``exc`` itself when it is no ``Exception`` (a ``KeyboardInterrupt`` stays
+    a stop); a ``torch.OutOfMemoryError`` with :func:`oom_message` when memory ran out anywhere in the
+    chain (``capture_end`` may raise its own error after the body's); else ``message(exc)`` as a
+    ``RuntimeError`` when ``message`` is given, or ``exc``. Raise it ``from exc`` when it is not ``exc``.
+    """
+    release_frames(exc)
+    if cuda and torch.cuda.is_available():
+        torch.cuda.empty_cache()  # first: the repair below allocates, and memory may be what ran out
+        recover_from_failed_capture(stream)
+    if not isinstance(exc, Exception):
+        return exc
+    oom = next((e for e in _chain(exc) if isinstance(e, torch.OutOfMemoryError)), None)
+    if oom is not None:
+        return torch.OutOfMemoryError(oom_message(what, oom, advice))
+    return RuntimeError(message(exc)) if message is not None else exc

@@ -37,11 +37,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .capture import capture_graph
+from .capture import capture_failed, capture_graph
 from .guard import WeightStamp, change_summary
 
 LEN_BUCKET = 64  # a prefill pads to a multiple of this: at most 63 wasted positions per request
 BATCH_BUCKETS = (1, 2, 4, 8)  # vLLM's smallest decode capture sizes
+# What a capture that ran out of memory tells the user to do.
+OOM_ADVICE = ("Capture fewer shapes, a smaller max_batch or max_len (the cache is allocated up front), "
+              "or free GPU memory first (del what you no longer need, then torch.cuda.empty_cache()).")
 
 
 def lfm2_text_parts(model):
@@ -181,7 +184,7 @@ class TextEngine:
         self.pool = None
         self.stats = EngineStats()
         self.stamp: WeightStamp | None = None  # the text model's weights as the graphs read them
-        self.captured: list[tuple[list, bool]] = []  # every capture() call's (shapes, decode), for a recapture
+        self.captured: list[tuple] = []  # every capture() call's (shapes, decode, record), for a recapture
         self.warned_change = False
 
     # -- the model under the graphs -------------------------------------------------------------------
@@ -205,15 +208,15 @@ class TextEngine:
             setattr(self, name, getattr(self, name).to(self.device))
         self.cache.to(self.device, self.dtype)
         self.graphs, self.pool, self.stamp = {}, None, None
-        on_gpu = self.device.type == "cuda"
+        on_gpu = self.device.type == "cuda" or any(rec is not capture_graph for *_, rec in self.captured)
         if not self.warned_change or not on_gpu:
             self.warned_change = True
             then = "capturing the graphs again" if on_gpu else "no graphs on a CPU: every call runs eagerly"
             warnings.warn(f"TextEngine: the text model's weights changed since capture "
                           f"({change_summary(changes)}); {then}", stacklevel=4)
         if on_gpu:
-            for shapes, decode in self.captured:
-                self.capture(shapes, decode)
+            for shapes, decode, record in self.captured:
+                self.capture(shapes, decode, record)
             self.stats.recaptures += 1
 
     # -- the bodies (what a graph captures) ----------------------------------------------------------
@@ -295,11 +298,15 @@ class TextEngine:
 
     # -- the API ------------------------------------------------------------------------------------
     @torch.no_grad()
-    def capture(self, shapes, decode: bool = True) -> dict:
+    def capture(self, shapes, decode: bool = True, record=capture_graph) -> dict:
         """Capture the graphs for ``shapes``, a list of ``(requests, prompt_len)``: prefill for each
         shape's buckets, then sample and (with ``decode``) decode per batch bucket. All or nothing:
-        if one capture fails, none is kept and the error is raised. Returns the keys captured."""
-        if self.device.type != "cuda":
+        if one capture fails, none of this call's graphs is kept (earlier calls' stay), the stream and
+        the random generator are put back, and the error is raised (a ``KeyboardInterrupt`` as it is;
+        memory running out as a ``torch.OutOfMemoryError`` naming the graph and what to do). Returns
+        the keys captured. ``record``: :func:`~.capture.eager_stand_in` runs the same path on a CPU."""
+        real = record is capture_graph
+        if real and self.device.type != "cuda":
             raise RuntimeError("TextEngine.capture needs a CUDA device; without one every call runs eagerly")
         todo = {}
         for n, length in shapes:
@@ -308,19 +315,26 @@ class TextEngine:
             todo[f"sample {B}"] = (self._sample_body, B)
             if decode:
                 todo[f"decode {B}"] = (self._decode_body, B)
-        new, pool = {}, self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
+        pool = self.pool if self.pool is not None or not real else torch.cuda.graph_pool_handle()
+        new, key, caller = {}, None, torch.cuda.current_stream() if real else None
         saved = [t.clone() for t in (self.last, self.ids, self.pos)]  # warm-up runs write the buffers
         try:
             for key, (body, *args) in todo.items():
                 if key not in self.graphs:
-                    new[key] = capture_graph(lambda body=body, args=args: body(*args), pool=pool)
-        finally:
+                    new[key] = record(lambda body=body, args=args: body(*args), pool=pool)
+        except BaseException as exc:  # KeyboardInterrupt too: a stopped cell keeps no graph of the call
+            new = {}
+            err = capture_failed(exc, f"the text engine's {key!r} graph", caller, cuda=real, advice=OOM_ADVICE)
+            if err is exc:
+                raise
+            raise err from exc
+        finally:  # after the repair above, so the copies run on the caller's stream
             for t, s in zip((self.last, self.ids, self.pos), saved):
                 t.copy_(s)
         self.graphs.update(new)
         self.pool = pool
-        if (list(shapes), decode) not in self.captured:
-            self.captured.append((list(shapes), decode))
+        if (list(shapes), decode, record) not in self.captured:
+            self.captured.append((list(shapes), decode, record))
         self.stamp = WeightStamp({"language_model": self.lm, "lm_head": self.lm_head})
         return {"captured": sorted(new), "cache_mib": self.cache.nbytes() / 2**20}
 

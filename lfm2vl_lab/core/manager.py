@@ -36,8 +36,12 @@ from typing import Any, Protocol
 
 import torch
 
-from .capture import capture_graph, recover_from_failed_capture
+from .capture import capture_failed, capture_graph
 from .guard import WeightStamp, change_summary
+
+# What a capture that ran out of memory tells the user to do.
+OOM_ADVICE = ("Capture fewer or smaller budgets (budgets=, max_budget=), fewer run items (max_run_items=), "
+              "or free GPU memory first (del what you no longer need, then torch.cuda.empty_cache()).")
 
 
 class EncoderGraphModel(Protocol):
@@ -243,6 +247,11 @@ class EncoderGraphManager:
     def capture(self, hook=None, warmup_iters: int = 2) -> list[dict]:
         """Capture every budget, largest first (smaller graphs reuse its pool blocks); all or nothing.
 
+        A failure keeps no graph and releases the pool: a ``KeyboardInterrupt`` is raised again as
+        it is, memory running out raises ``torch.OutOfMemoryError`` naming the budget and what to do,
+        anything else a ``RuntimeError`` naming the budget. The stream and the random generator are
+        put back first (:func:`~.capture.capture_failed`), so eager ``encode`` works at once.
+
         ``hook(budget, pool, run) -> dict | None``, if given, wraps each budget's capture: it must
         call ``run()`` once and may return measurements, which join that budget's ``capture_info``
         row. The instrument's ``lfm2vl_lab.tools.meter.CaptureMeter`` times each capture and reads
@@ -256,16 +265,20 @@ class EncoderGraphManager:
         self.graphs, self.capture_extra = {}, {}
         self.pool = torch.cuda.graph_pool_handle() if real else None
         for budget in sorted(getattr(self.config, "graph_budgets", self.config.budgets), reverse=True):
-            caller_stream = torch.cuda.current_stream() if real else None
+            caller_stream, g = torch.cuda.current_stream() if real else None, BudgetGraph(budget, {})
             try:
-                g = BudgetGraph(budget, self.adapter.allocate(budget))
+                g.buffers.update(self.adapter.allocate(budget))
                 extra = hook(budget, self.pool, lambda g=g: self._record(g, warmup_iters)) if hook is not None \
                     else self._record(g, warmup_iters)
-            except Exception as exc:
-                self.graphs = {}  # a half-captured manager would replay some budgets and not others
-                if real:
-                    recover_from_failed_capture(caller_stream)
-                raise RuntimeError(_capture_failure(budget, exc)) from exc
+            except BaseException as exc:  # KeyboardInterrupt too: a stopped cell leaves no half capture
+                # all or nothing: a half-captured manager would replay some budgets and not others
+                self.graphs, self.capture_extra, self.pool = {}, {}, None
+                g.graphs.clear(), g.buffers.clear()  # the failed body, kept by the traceback, still reaches g
+                err = capture_failed(exc, f"the {budget}-token encoder graph", caller_stream, cuda=real,
+                                     message=lambda e, b=budget: _capture_failure(b, e), advice=OOM_ADVICE)
+                if err is exc:
+                    raise
+                raise err from exc
             self.graphs[budget], self.capture_extra[budget] = g, dict(extra or {})
         self.stamp = WeightStamp(self.adapter.weights())  # after the warm-ups, which may re-derive weights
         return self.capture_info()
@@ -296,11 +309,10 @@ class EncoderGraphManager:
 
     def _record(self, g: BudgetGraph, warmup_iters: int) -> None:
         self.adapter.fill_dummy(g.buffers, g.budget)
-        out = g.buffers["out"]
         for variant in self.adapter.graph_variants(g.budget):
             def body(v=variant):  # the output is copied into the persistent buffer inside the graph
                 res = self.adapter.forward_on_buffers(g.buffers, g.budget, v)
-                out[: res.shape[0]].copy_(res)
+                g.buffers["out"][: res.shape[0]].copy_(res)  # through g only: see capture's except
 
             g.graphs[variant] = self.record(body, self.pool, warmup_iters)
 

@@ -1,0 +1,170 @@
+"""Capture and replay every graph the kit records, small enough to run under compute-sanitizer.
+
+The tiny preset in bf16 on CUDA. For each ``cu_seqlens`` rule (``safe``, ``repeat_last``): a
+``GraphedEncoder`` with dense graphs and a small run budget (budgets 64 and 512, runs of up to 3
+tiles), which captures ``varlen`` and ``dense1`` at 64; ``varlen``, ``dense1``, ``dense2`` and
+``dense1+varlen`` at 512; and ``dense3`` in the 768-token run budget. Then one ``encode`` per
+captured (budget, variant) with patch grids that route to it, checked against the packed eager
+encoder. Then a ``TextEngine`` capture (prefill, sample, decode for 1 and 2 requests) and its
+replays, checked against the same engine's eager bodies. Each phase prints a line before it runs,
+so a sanitizer report in the same log sits under the phase that made it; a summary line ends the
+run, and the exit status is 1 when a graph was not replayed or an output is off.
+
+    python scripts/sanitize_replay.py                                     # natively: seconds
+    compute-sanitizer --tool memcheck python scripts/sanitize_replay.py   # scripts/h200_run.sh sanitize
+    python scripts/sanitize_replay.py --cpu   # the same routing on a CPU, with eager stand-ins for graphs
+    compute-sanitizer --tool initcheck python scripts/sanitize_replay.py --probe   # see probe()
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from lfm2vl_lab import GraphedEncoder, build_model, random_processor_output
+from lfm2vl_lab.core.capture import capture_graph, eager_stand_in
+from lfm2vl_lab.core.engine import TextEngine
+from lfm2vl_lab.core.parity import max_rel_error
+
+BUDGETS, MAX_RUN_ITEMS, WARMUP = [64, 512], 3, 1
+RULES = ("safe", "repeat_last")
+# One batch per captured graph: its patch grids, and the (budget, variant) it must replay.
+CASES = [
+    ([(12, 16)], (64, "varlen")),  # 48 tokens, not a full-length item
+    ([(16, 16)], (64, "dense1")),  # the 64-token budget's full-length item
+    ([(8, 16), (24, 32)], (512, "varlen")),
+    ([(32, 32)], (512, "dense1")),
+    ([(32, 32), (32, 32)], (512, "dense2")),
+    ([(32, 32), (16, 24)], (512, "dense1+varlen")),
+    ([(32, 32)] * 3, (768, "dense3")),  # a run of three 256-token tiles: the run budget
+]
+TOL = 5e-2  # replay vs eager, both bf16: catches garbage and wrong rows, not rounding
+TEXT_SHAPES, TEXT_REQUESTS, DECODE_STEPS = [(1, 40), (2, 100)], ([40], [100, 60]), 4
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def replayed(genc, before: dict) -> list[tuple[int, str]]:
+    """The (budget, variant) pairs one encode replayed, from the stats' change."""
+    s = genc.stats
+    budgets = [b for b, n in s.replays.items() if n != before["replays"].get(b, 0)]
+    variants = [v for v, n in s.variant_replays.items() if n != before["variants"].get(v, 0)]
+    return [(b, v) for b in budgets for v in variants]
+
+
+def encoder_part(model, rule: str, record, problems: list[str]) -> dict:
+    genc = GraphedEncoder(model, budgets=BUDGETS, max_run_items=MAX_RUN_ITEMS, cu_seqlens_rule=rule, record=record)
+    say(f"== [{rule}] capture: budgets {genc.config.graph_budgets}, variants {list(genc.adapter.variants)}")
+    t0 = time.perf_counter()
+    genc.capture(warmup_iters=WARMUP)
+    captured = {(b, v) for b, g in genc.graphs.items() for v in g.graphs}
+    say(f"== [{rule}] captured {len(captured)} graphs in {time.perf_counter() - t0:.1f} s")
+    if captured != {want for _, want in CASES}:
+        problems.append(f"[{rule}] captured {sorted(captured)}, the cases cover {sorted(w for _, w in CASES)}")
+    for i, (shapes, want) in enumerate(CASES):
+        inputs = random_processor_output(shapes, model, seed=100 + i)
+        before = {"replays": dict(genc.stats.replays), "variants": dict(genc.stats.variant_replays)}
+        say(f"== [{rule}] replay {want[0]} {want[1]}: patch grids {shapes}")
+        outs = genc.encode(inputs)
+        got = replayed(genc, before)
+        say(f"== [{rule}] eager {want[0]} {want[1]}")
+        err = max_rel_error(outs, genc.encoder.encode(inputs))
+        if got != [want] or not err <= TOL:
+            problems.append(f"[{rule}] {shapes}: replayed {got} (want {want}), rel error vs eager {err:.3g}")
+    missing = sorted(set(genc.adapter.variants) - set(genc.stats.variant_replays))
+    if missing:
+        problems.append(f"[{rule}] variants never replayed: {missing}")
+    say(f"== [{rule}] variant_replays {dict(sorted(genc.stats.variant_replays.items()))}, "
+        f"replays per budget {dict(sorted(genc.stats.replays.items()))}")
+    return {"graphs": len(captured), "variants": list(genc.adapter.variants)}
+
+
+def text_tokens(eng, lengths: list[int], hidden: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    emb = torch.randn(len(lengths), max(lengths), hidden, generator=gen).to(eng.device, eng.dtype)
+    eng.prompt(*emb.shape[:2]).copy_(emb)
+    eng.prefill(lengths)
+    return torch.cat([eng.sample()[:, None], eng.decode(DECODE_STEPS)], 1)
+
+
+def text_part(model, record, problems: list[str]) -> dict:
+    hidden = model.config.text_config.hidden_size
+    graphed, eager = TextEngine(model, max_batch=2, max_len=128), TextEngine(model, max_batch=2, max_len=128)
+    say(f"== [text] capture {TEXT_SHAPES}")
+    kw = {} if record is capture_graph else {"record": record}
+    keys = graphed.capture(TEXT_SHAPES, **kw)["captured"]
+    for i, lengths in enumerate(TEXT_REQUESTS):
+        say(f"== [text] replay prefill/sample/decode for prompts of {lengths}")
+        got = text_tokens(graphed, lengths, hidden, seed=i)
+        say(f"== [text] eager for prompts of {lengths}")
+        if not torch.equal(got, text_tokens(eager, lengths, hidden, seed=i)):
+            problems.append(f"[text] prompts of {lengths}: graphed tokens differ from the eager bodies'")
+    s = graphed.stats
+    if graphed.stats.eager or sorted(s.replays) != keys:
+        problems.append(f"[text] replays {s.replays}, eager {s.eager}, captured {keys}")
+    say(f"== [text] replays {dict(sorted(s.replays.items()))}")
+    return {"graphs": len(keys)}
+
+
+def probe() -> int:
+    """initcheck's question about ``embed`` in three cases: a GEMM's output read by an add, each on
+    memory fresh from the driver. Hopper GEMMs store their tiles through TMA bulk copies; if initcheck
+    does not see those writes, it flags the add's reads of a fresh output (case 1) but not of one a
+    memset wrote first (case 2), although the add reads the values the GEMM wrote (checked). Case 2
+    runs first: initcheck prints only its first reports (--print-limit)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for case, dtype, zeroed in (("2", torch.bfloat16, True), ("1", torch.bfloat16, False), ("3", torch.float32, False)):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # every case on new segments: nothing earlier wrote them
+        x, w, b = (torch.randn(*s, device="cuda", dtype=dtype, generator=gen) for s in ((2048, 768), (64, 768), (64,)))
+        y = (torch.zeros if zeroed else torch.empty)(2048, 64, device="cuda", dtype=dtype)
+        say(f"== [probe {case}] linear into a {'zeroed' if zeroed else 'fresh'} {str(dtype)[6:]} output, then an add")
+        torch.addmm(b, x, w.t(), out=y)
+        z = y + 1.0
+        say(f"== [probe {case}] check")
+        err = max_rel_error([z.double() - 1.0], [torch.addmm(b.double(), x.double(), w.t().double())])
+        say(f"== [probe {case}] done: the add read the GEMM's values (rel error vs float64 {err:.1e})")
+        del x, w, b, y, z
+        if not err < 2e-2:
+            return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", help="fp32 on the CPU with eager stand-ins (checks the routing)")
+    ap.add_argument("--probe", action="store_true", help="only the GEMM-then-add probe for initcheck (CUDA)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    if args.probe:
+        return probe() if torch.cuda.is_available() else 2
+    if args.cpu:
+        device, dtype, record = "cpu", torch.float32, eager_stand_in
+    elif torch.cuda.is_available():
+        device, dtype, record = "cuda", torch.bfloat16, capture_graph
+    else:
+        say("sanitize_replay: no CUDA device (run with --cpu to check the routing here)")
+        return 2
+    model = build_model("tiny", dtype=dtype, device=device, text_layers="full")
+    problems: list[str] = []
+    enc = {rule: encoder_part(model, rule, record, problems) for rule in RULES}
+    text = text_part(model, record, problems)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    where = f"{device} {str(dtype).removeprefix('torch.')}, {time.perf_counter() - t0:.1f} s"
+    if problems:
+        say(f"sanitize_replay: FAILED ({len(problems)}): {' | '.join(problems)}; {where}")
+        return 1
+    graphs = ", ".join(f"{rule}: {e['graphs']} encoder graphs" for rule, e in enc.items())
+    say(f"sanitize_replay: ok; {graphs}, every variant replayed ({', '.join(enc[RULES[0]]['variants'])}); "
+        f"text engine: {text['graphs']} graphs replayed; {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

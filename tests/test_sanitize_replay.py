@@ -1,0 +1,37 @@
+"""scripts/sanitize_replay.py: its batches reach every graph its encoder captures, one graph each,
+under both ``cu_seqlens`` rules (host-only: the config and the planner, no capture). The run itself is
+on the H200 (``bash scripts/h200_run.sh sanitize``); ``--cpu`` runs it here with eager stand-ins."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from lfm2vl_lab import GraphedEncoder
+from lfm2vl_lab.core.capture import eager_stand_in
+from lfm2vl_lab.core.manager import plan_config
+from lfm2vl_lab.core.packing import tokens_for
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("sanitize_replay", ROOT / "scripts" / "sanitize_replay.py")
+san = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(san)
+
+
+@pytest.mark.parametrize("rule", san.RULES)
+def test_every_captured_graph_gets_exactly_one_case(tiny_model, rule):
+    genc = GraphedEncoder(tiny_model, budgets=san.BUDGETS, max_run_items=san.MAX_RUN_ITEMS, cu_seqlens_rule=rule,
+                          record=eager_stand_in)
+    cfg, adapter = genc.config, genc.adapter
+    captured = {(b, v) for b in cfg.graph_budgets for v in adapter.graph_variants(b)}
+    wanted = [want for _, want in san.CASES]
+    assert sorted(wanted) == sorted(captured) and len(set(wanted)) == len(wanted)
+    assert {"varlen", "dense1", "dense1+varlen"} <= set(adapter.variants) and cfg.run_budget in cfg.graph_budgets
+    for shapes, (budget, variant) in san.CASES:
+        tokens = [tokens_for(s) for s in shapes]
+        batches, eager = plan_config(tokens, cfg)
+        assert eager == [] and len(batches) == 1, f"{shapes}: {batches} batches, {eager} eager"
+        batch = batches[0]
+        got = cfg.budget_for(sum(tokens), len(batch))
+        assert got == budget, f"{shapes}: budget {got}, want {budget}"
+        assert adapter.variant_for(got, [shapes[i] for i in batch]) == variant
