@@ -10,7 +10,8 @@
 #   bash scripts/h200_run.sh notebooks   every notebook executed against the reference set (NOTEBOOKS:
 #                                        some of them), then the GPU test suite (GPU_TESTS: a subset);
 #                                        carry the Jupyter wheels: `carry: [".whl"]`
-#   bash scripts/h200_run.sh gpu-tests   the GPU test suite alone
+#   bash scripts/h200_run.sh gpu-tests   the GPU test suite alone (GPU_TESTS: a subset)
+#   bash scripts/h200_run.sh verify      the GPU test suite (GPU_LIMIT seconds), then the sanitize part
 #   bash scripts/h200_run.sh sanitize    scripts/sanitize_replay.py natively, then under compute-sanitizer's
 #                                        memcheck (must end "ERROR SUMMARY: 0 errors") and initcheck
 #                                        (reports explained in docs/design.md); logs sanitize-*.log
@@ -33,21 +34,7 @@ step() { local t=$1; shift; local l; l=$(left); [ "$t" -gt "$l" ] && t=$l
          tar czf "$OUT/res.tgz" -C "$W" . 2>/dev/null; }
 jupyter_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; }
-PART=${1:-record}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-case "$PART" in
-record)
-  # record stops starting steps 15 s before this step's end, so none is ever cut off
-  LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) ;;
-notebooks)
-  jupyter_wheels
-  LOG=nb     TAILN=12 step 380 python3 scripts/run_notebooks.py ${NOTEBOOKS:-notebooks/*.ipynb} --out "$W/nb"
-  # GPU_TESTS: a subset of the suite where the call has less time left than the whole suite needs
-  LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
-gpu-tests)
-  jupyter_wheels  # nbformat, nbclient: some test modules import them
-  LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests ;;
-sanitize)
+sanitize_steps() {
   # The allocator's cache cannot be bypassed (PYTORCH_NO_CUDA_MEMORY_CACHING breaks graph capture), so
   # memcheck sees the allocator's segments, not each tensor; API return codes (cudaErrorNotReady from
   # event queries) are left out: the subject is device memory accesses.
@@ -68,7 +55,28 @@ sanitize)
       "$W/$f.log" | sort -rn | head -n 20
     grep -A1 '^========= Uninitialized' "$W/$f.log" | grep '^=========     at ' \
       | sed 's/+0x[0-9a-f]*$//' | sort | uniq -c | sort -rn | head -n 12 | cut -c1-220
-  done ;;
-*) echo "unknown part $PART (record, notebooks, gpu-tests, sanitize)"; exit 2 ;;
+  done
+}
+PART=${1:-record}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+case "$PART" in
+record)
+  # record stops starting steps 15 s before this step's end, so none is ever cut off
+  LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) ;;
+notebooks)
+  jupyter_wheels
+  LOG=nb     TAILN=12 step 380 python3 scripts/run_notebooks.py ${NOTEBOOKS:-notebooks/*.ipynb} --out "$W/nb"
+  # GPU_TESTS: a subset of the suite where the call has less time left than the whole suite needs
+  LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
+gpu-tests)
+  jupyter_wheels  # nbformat, nbclient: some test modules import them
+  LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
+sanitize) sanitize_steps ;;
+verify)
+  # the GPU suite, then the sanitizer runs, in one call (one machine start)
+  jupyter_wheels
+  LOG=pytest TAILN=8  step "${GPU_LIMIT:-240}" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests}
+  sanitize_steps ;;
+*) echo "unknown part $PART (record, notebooks, gpu-tests, sanitize, verify)"; exit 2 ;;
 esac
 ls -la "$OUT"
