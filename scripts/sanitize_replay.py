@@ -118,12 +118,16 @@ def probe() -> int:
     memset wrote first (case 2), although the add reads the values the GEMM wrote (checked). Case 2
     runs first: initcheck prints only its first reports (--print-limit)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for case, dtype, zeroed in (("2", torch.bfloat16, True), ("1", torch.bfloat16, False), ("3", torch.float32, False)):
+    # case 4: the shape of the tiny preset's patch embedding in its first capture (the 768-token run
+    # budget: 3072 rows of 768 pixel values onto 64 channels), the add initcheck flagged there
+    for case, dtype, zeroed, rows in (("2", torch.bfloat16, True, 2048), ("1", torch.bfloat16, False, 2048),
+                                      ("3", torch.float32, False, 2048), ("4", torch.bfloat16, False, 3072)):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # every case on new segments: nothing earlier wrote them
-        x, w, b = (torch.randn(*s, device="cuda", dtype=dtype, generator=gen) for s in ((2048, 768), (64, 768), (64,)))
-        y = (torch.zeros if zeroed else torch.empty)(2048, 64, device="cuda", dtype=dtype)
-        say(f"== [probe {case}] linear into a {'zeroed' if zeroed else 'fresh'} {str(dtype)[6:]} output, then an add")
+        x, w, b = (torch.randn(*s, device="cuda", dtype=dtype, generator=gen) for s in ((rows, 768), (64, 768), (64,)))
+        y = (torch.zeros if zeroed else torch.empty)(rows, 64, device="cuda", dtype=dtype)
+        say(f"== [probe {case}] linear of {rows} rows into a {'zeroed' if zeroed else 'fresh'} {str(dtype)[6:]} "
+            "output, then an add")
         torch.addmm(b, x, w.t(), out=y)
         z = y + 1.0
         say(f"== [probe {case}] check")
