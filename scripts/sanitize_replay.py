@@ -119,16 +119,24 @@ def probe() -> int:
     runs first: initcheck prints only its first reports (--print-limit)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     # case 4: the shape of the tiny preset's patch embedding in its first capture (the 768-token run
-    # budget: 3072 rows of 768 pixel values onto 64 channels), the add initcheck flagged there
+    # budget: 3072 rows of 768 pixel values onto 64 channels), the add initcheck flagged there.
+    # Cases 1-4 write through addmm(out=), which first copies the bias into the output (a plain
+    # kernel, which initcheck sees); case 5 is nn.Linear's own path, F.linear, whose bias rides in
+    # the GEMM's epilogue, so only the GEMM writes the output, as in the encoder's embed.
     for case, dtype, zeroed, rows in (("2", torch.bfloat16, True, 2048), ("1", torch.bfloat16, False, 2048),
-                                      ("3", torch.float32, False, 2048), ("4", torch.bfloat16, False, 3072)):
+                                      ("3", torch.float32, False, 2048), ("4", torch.bfloat16, False, 3072),
+                                      ("5", torch.bfloat16, False, 3072)):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # every case on new segments: nothing earlier wrote them
         x, w, b = (torch.randn(*s, device="cuda", dtype=dtype, generator=gen) for s in ((rows, 768), (64, 768), (64,)))
         y = (torch.zeros if zeroed else torch.empty)(rows, 64, device="cuda", dtype=dtype)
         say(f"== [probe {case}] linear of {rows} rows into a {'zeroed' if zeroed else 'fresh'} {str(dtype)[6:]} "
             "output, then an add")
-        torch.addmm(b, x, w.t(), out=y)
+        if case == "5":
+            say(f"== [probe {case}] (F.linear: a fresh output only the GEMM writes)")
+            y = torch.nn.functional.linear(x, w, b)
+        else:
+            torch.addmm(b, x, w.t(), out=y)
         z = y + 1.0
         say(f"== [probe {case}] check")
         err = max_rel_error([z.double() - 1.0], [torch.addmm(b.double(), x.double(), w.t().double())])

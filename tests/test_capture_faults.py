@@ -240,6 +240,30 @@ def test_capture_under_memory_pressure_fails_clearly_and_eager_still_works():
 
 
 @pytest.mark.gpu
+def test_out_of_memory_inside_the_captured_region_leaves_the_process_usable():
+    """Memory running out *inside* ``torch.cuda.graph`` (where the allocator's retry invalidates the
+    capture): one clear error naming the budget, no graph kept, eager right, and nothing that aborts
+    the process later, at a garbage collection or at exit."""
+    model = _cuda_tiny()
+    enc = PackedVisionEncoder(model)
+
+    def body(pixel_values, *args, **kwargs):
+        out = enc(pixel_values, *args, **kwargs)
+        if torch.cuda.is_current_stream_capturing():
+            torch.empty(1 << 40, dtype=torch.uint8, device="cuda")  # 1 TiB, inside the captured region
+        return out
+
+    genc = GraphedEncoder(model, budgets=[64, 128], body=body)
+    with pytest.raises(RuntimeError, match="128-token encoder graph"):
+        genc.capture()
+    assert not torch.cuda.is_current_stream_capturing() and not genc.captured and genc.pool is None
+    assert torch.isfinite(torch.randn(16, device="cuda")).all()
+    inputs = random_processor_output(INPUTS, "tiny", seed=4)
+    _parity(genc.encode(inputs), model, inputs)
+    _collect_survives()
+
+
+@pytest.mark.gpu
 def test_keyboard_interrupt_inside_a_capture_leaves_the_process_usable():
     model = _cuda_tiny()
     enc = PackedVisionEncoder(model)

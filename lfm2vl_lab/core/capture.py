@@ -32,10 +32,43 @@ def capture_graph(fn: Callable[[], object], pool=None, warmup: int = 2) -> torch
         for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(side)
+    scratch(torch.cuda.current_device())  # before the capture: a repair after a failed one must not allocate
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        fn()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            fn()
+    except BaseException as exc:
+        if any(isinstance(e, torch.OutOfMemoryError) for e in _chain(exc)):
+            keep_failed_graph(graph)
+        raise
     return graph
+
+
+# Graphs whose capture ran out of memory inside the captured region. There the allocator frees
+# cached blocks, which invalidates the capture (pytorch/pytorch#159594), and on the H200 (torch 2.11)
+# destroying such a graph later aborted the process, at the next garbage collection or at exit ("The
+# graph should be registered to the state", thrown from its destructor). So they are never destroyed:
+# each is referenced once more than Python knows. (A body that raises, or a KeyboardInterrupt, ends
+# its capture normally, and its graph is freed as usual.)
+FAILED_GRAPHS: list = []
+
+
+def keep_failed_graph(graph) -> None:
+    import ctypes
+
+    FAILED_GRAPHS.append(graph)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(graph))  # outlives even the interpreter's own teardown
+
+
+_SCRATCH: dict[int, torch.Tensor] = {}
+
+
+def scratch(device: int) -> torch.Tensor:
+    """Two floats on ``device``, allocated once, before any capture: what the repair after a failed
+    capture writes, so that it allocates nothing even when memory is what ran out."""
+    if device not in _SCRATCH:
+        _SCRATCH[device] = torch.zeros(2, device=torch.device("cuda", device))
+    return _SCRATCH[device]
 
 
 class EagerStandIn:
@@ -72,13 +105,13 @@ def recover_from_failed_capture(stream: torch.cuda.Stream | None = None) -> dict
     was = torch.cuda.current_stream()
     target = stream if stream is not None else torch.cuda.default_stream()
     torch.cuda.set_stream(target)
-    scratch = torch.zeros(1, device=target.device)
+    buf = scratch(target.device.index if target.device.index is not None else torch.cuda.current_device())
     reset = torch.cuda.CUDAGraph()
     with torch.cuda.graph(reset):
-        scratch.add_(1)
+        buf.add_(1)  # in place: the repair allocates nothing (memory may be what ran out)
     del reset
     torch.cuda.synchronize()
-    torch.randn(1, device=target.device)  # raises here, not later in the user's code, if still broken
+    buf.normal_()  # a random op, in place: raises here, not later in the user's code, if still broken
     return {"cuda": True, "stream_restored": was != target, "rng_ok": True}
 
 
