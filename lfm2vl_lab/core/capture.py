@@ -32,7 +32,7 @@ def capture_graph(fn: Callable[[], object], pool=None, warmup: int = 2) -> torch
         for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(side)
-    scratch(torch.cuda.current_device())  # before the capture: a repair after a failed one must not allocate
+    prepare_capture(torch.cuda.current_device())  # usually done already, when the manager was made
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph, pool=pool):
@@ -63,11 +63,19 @@ def keep_failed_graph(graph) -> None:
 _SCRATCH: dict[int, torch.Tensor] = {}
 
 
-def scratch(device: int) -> torch.Tensor:
-    """Two floats on ``device``, allocated once, before any capture: what the repair after a failed
-    capture writes, so that it allocates nothing even when memory is what ran out."""
+def prepare_capture(device: int) -> torch.Tensor:
+    """Once per device, before memory can run short: two floats that the repair after a failed
+    capture writes (so it allocates nothing), and one trivial graph captured, which makes torch
+    allocate the random generator's per-graph state. Under memory pressure that first allocation
+    failed *inside* ``capture_begin`` on the H200 and left a half-registered graph whose destructor
+    aborted the process. The managers call this when they are made."""
     if device not in _SCRATCH:
-        _SCRATCH[device] = torch.zeros(2, device=torch.device("cuda", device))
+        buf = torch.zeros(2, device=torch.device("cuda", device))
+        first = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(first):
+            buf.add_(0)
+        del first
+        _SCRATCH[device] = buf
     return _SCRATCH[device]
 
 
@@ -105,10 +113,17 @@ def recover_from_failed_capture(stream: torch.cuda.Stream | None = None) -> dict
     was = torch.cuda.current_stream()
     target = stream if stream is not None else torch.cuda.default_stream()
     torch.cuda.set_stream(target)
-    buf = scratch(target.device.index if target.device.index is not None else torch.cuda.current_device())
+    device = target.device.index if target.device.index is not None else torch.cuda.current_device()
+    buf = _SCRATCH.get(device)
+    if buf is None:  # never prepared: the repair has to allocate (and may itself run out of memory)
+        buf = torch.zeros(2, device=torch.device("cuda", device))
     reset = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(reset):
-        buf.add_(1)  # in place: the repair allocates nothing (memory may be what ran out)
+    try:
+        with torch.cuda.graph(reset):
+            buf.add_(1)  # in place: the repair allocates nothing (memory may be what ran out)
+    except torch.OutOfMemoryError:
+        keep_failed_graph(reset)  # half registered: destroying it would abort the process
+        raise
     del reset
     torch.cuda.synchronize()
     buf.normal_()  # a random op, in place: raises here, not later in the user's code, if still broken
@@ -160,24 +175,25 @@ def oom_message(what: str, oom: BaseException, advice: str) -> str:
     text = str(oom)
     found = [label.format(m.group(1)) for label, rx in _OOM_NUMBERS if (m := re.search(rx, text))]
     numbers = "; ".join(found) or (text.strip().splitlines() or ["no details"])[0][:160]
-    return (f"capturing {what} ran out of GPU memory ({numbers}). No graph of this capture is kept and its "
-            f"memory pool is released; the eager path still works. {advice}")
+    return (f"capturing {what} ran out of GPU memory ({numbers}). No graph of this capture is used; "
+            f"the eager path still works. {advice}")
 
 
 def capture_failed(exc: BaseException, what: str, stream=None, cuda: bool = True, message=None,
                    advice: str = "Free GPU memory first.") -> BaseException:
     """After a capture of ``what`` raised ``exc``: put the process back and return what to raise.
 
-    The frames' locals go (:func:`release_frames`), then, with ``cuda``, the cached blocks go back
-    to the device and :func:`recover_from_failed_capture` restores ``stream`` and the random
-    generator. Returned: ``exc`` itself when it is no ``Exception`` (a ``KeyboardInterrupt`` stays
-    a stop); a ``torch.OutOfMemoryError`` with :func:`oom_message` when memory ran out anywhere in the
-    chain (``capture_end`` may raise its own error after the body's); else ``message(exc)`` as a
+    The frames' locals go (:func:`release_frames`), then, with ``cuda``,
+    :func:`recover_from_failed_capture` restores ``stream`` and the random generator. Returned:
+    ``exc`` itself when it is no ``Exception`` (a ``KeyboardInterrupt`` stays a stop); a
+    ``torch.OutOfMemoryError`` with :func:`oom_message` when memory ran out anywhere in the chain
+    (``capture_end`` may raise its own error after the body's); else ``message(exc)`` as a
     ``RuntimeError`` when ``message`` is given, or ``exc``. Raise it ``from exc`` when it is not ``exc``.
     """
     release_frames(exc)
     if cuda and torch.cuda.is_available():
-        torch.cuda.empty_cache()  # first: the repair below allocates, and memory may be what ran out
+        # no empty_cache() here: the repair allocates nothing, and the failed capture's cached blocks
+        # are what the eager path reuses next (the allocator frees cached blocks itself when it must)
         recover_from_failed_capture(stream)
     if not isinstance(exc, Exception):
         return exc

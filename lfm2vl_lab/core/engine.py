@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .capture import capture_failed, capture_graph
+from .capture import capture_failed, capture_graph, prepare_capture
 from .guard import WeightStamp, change_summary
 
 LEN_BUCKET = 64  # a prefill pads to a multiple of this: at most 63 wasted positions per request
@@ -186,6 +186,8 @@ class TextEngine:
         self.stamp: WeightStamp | None = None  # the text model's weights as the graphs read them
         self.captured: list[tuple] = []  # every capture() call's (shapes, decode, record), for a recapture
         self.warned_change = False
+        if self.device.type == "cuda":
+            prepare_capture(self.device.index if self.device.index is not None else torch.cuda.current_device())
 
     # -- the model under the graphs -------------------------------------------------------------------
     FLOAT_BUFFERS = ("embeds", "hidden", "logits")

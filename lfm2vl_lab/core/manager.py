@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .capture import capture_failed, capture_graph
+from .capture import capture_failed, capture_graph, prepare_capture
 from .guard import WeightStamp, change_summary
 
 # What a capture that ran out of memory tells the user to do.
@@ -228,6 +228,8 @@ class EncoderGraphManager:
         self.last_change: str | None = None  # what moved, the last time the stamp said so
         self.warned_change = False
         self.reset_stats()
+        if record is capture_graph and model.device.type == "cuda" and torch.cuda.is_available():
+            prepare_capture(model.device.index if model.device.index is not None else torch.cuda.current_device())
 
     @property
     def captured(self) -> bool:
