@@ -117,13 +117,19 @@ def recover_from_failed_capture(stream: torch.cuda.Stream | None = None) -> dict
     buf = _SCRATCH.get(device)
     if buf is None:  # never prepared: the repair has to allocate (and may itself run out of memory)
         buf = torch.zeros(2, device=torch.device("cuda", device))
+    # Captured by hand, not through torch.cuda.graph, whose __enter__ empties the allocator's cache:
+    # under memory pressure the cached blocks are what capture_begin's own small tensors fit into.
     reset = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(reset):
+    with torch.cuda.stream(torch.cuda.Stream(device)):
+        try:
+            reset.capture_begin()
+        except torch.OutOfMemoryError:
+            keep_failed_graph(reset)  # half registered: destroying it would abort the process
+            raise
+        try:
             buf.add_(1)  # in place: the repair allocates nothing (memory may be what ran out)
-    except torch.OutOfMemoryError:
-        keep_failed_graph(reset)  # half registered: destroying it would abort the process
-        raise
+        finally:
+            reset.capture_end()
     del reset
     torch.cuda.synchronize()
     buf.normal_()  # a random op, in place: raises here, not later in the user's code, if still broken
@@ -191,13 +197,19 @@ def capture_failed(exc: BaseException, what: str, stream=None, cuda: bool = True
     ``RuntimeError`` when ``message`` is given, or ``exc``. Raise it ``from exc`` when it is not ``exc``.
     """
     release_frames(exc)
+    repair = ""
     if cuda and torch.cuda.is_available():
         # no empty_cache() here: the repair allocates nothing, and the failed capture's cached blocks
         # are what the eager path reuses next (the allocator frees cached blocks itself when it must)
-        recover_from_failed_capture(stream)
+        try:
+            recover_from_failed_capture(stream)
+        except torch.OutOfMemoryError as again:
+            repair = (" The repair after it ran out of memory too: free memory, then call "
+                      "lab.recover_from_failed_capture() before the next random op on the GPU.")
+            exc = exc if isinstance(exc, torch.OutOfMemoryError) or not isinstance(exc, Exception) else again
     if not isinstance(exc, Exception):
         return exc
     oom = next((e for e in _chain(exc) if isinstance(e, torch.OutOfMemoryError)), None)
     if oom is not None:
-        return torch.OutOfMemoryError(oom_message(what, oom, advice))
+        return torch.OutOfMemoryError(oom_message(what, oom, advice) + repair)
     return RuntimeError(message(exc)) if message is not None else exc
