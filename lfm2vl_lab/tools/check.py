@@ -10,6 +10,7 @@ the stamp check costs per call). Writes one JSON file with provenance.
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -137,6 +138,7 @@ def fused_qkv_memory(name: str, dtype) -> dict:
         layers = lfm2vl_parts(model)[0].encoder.layers
         kept = [(p.weight, p.bias) for la in layers for p in (la.self_attn.q_proj, la.self_attn.k_proj,
                                                               la.self_attn.v_proj)] if how == "kept" else []
+        gc.collect()  # the run's earlier models: their memory must not be freed inside the interval
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         PackedVisionEncoder(model)  # fuses the model's q/k/v
