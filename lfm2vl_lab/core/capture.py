@@ -63,12 +63,14 @@ def keep_failed_graph(graph) -> None:
 _SCRATCH: dict[int, torch.Tensor] = {}
 
 
-def prepare_capture(device: int) -> torch.Tensor:
+def prepare_capture(device: int | torch.device) -> torch.Tensor:
     """Once per device, before memory can run short: two floats that the repair after a failed
     capture writes (so it allocates nothing), and one trivial graph captured, which makes torch
     allocate the random generator's per-graph state. Under memory pressure that first allocation
     failed *inside* ``capture_begin`` on the H200 and left a half-registered graph whose destructor
     aborted the process. The managers call this when they are made."""
+    if isinstance(device, torch.device):
+        device = device.index if device.index is not None else torch.cuda.current_device()
     if device not in _SCRATCH:
         buf = torch.zeros(2, device=torch.device("cuda", device))
         first = torch.cuda.CUDAGraph()

@@ -187,11 +187,10 @@ class TextEngine:
         self.captured: list[tuple] = []  # every capture() call's (shapes, decode, record), for a recapture
         self.warned_change = False
         if self.device.type == "cuda":
-            prepare_capture(self.device.index if self.device.index is not None else torch.cuda.current_device())
+            prepare_capture(self.device)
 
     # -- the model under the graphs -------------------------------------------------------------------
-    FLOAT_BUFFERS = ("embeds", "hidden", "logits")
-    INDEX_BUFFERS = ("last", "ids", "pos", "positions", "conv_offsets")
+    FLOAT_BUFFERS, INDEX_BUFFERS = ("embeds", "hidden", "logits"), ("last", "ids", "pos", "positions", "conv_offsets")
 
     def follow_model(self) -> None:
         """Before every call: when the text model's weights moved since capture, move the engine's
@@ -202,8 +201,7 @@ class TextEngine:
         if not changes:
             self.stamp.rearm()
             return
-        w = self.lm_head.weight
-        self.device, self.dtype = w.device, w.dtype
+        self.device, self.dtype = self.lm_head.weight.device, self.lm_head.weight.dtype
         for name in self.FLOAT_BUFFERS:
             setattr(self, name, getattr(self, name).to(self.device, self.dtype))
         for name in self.INDEX_BUFFERS:

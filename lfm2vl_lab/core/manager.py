@@ -229,7 +229,7 @@ class EncoderGraphManager:
         self.warned_change = False
         self.reset_stats()
         if record is capture_graph and model.device.type == "cuda" and torch.cuda.is_available():
-            prepare_capture(model.device.index if model.device.index is not None else torch.cuda.current_device())
+            prepare_capture(model.device)
 
     @property
     def captured(self) -> bool:
