@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .capture import capture_failed, capture_graph, prepare_capture
-from .guard import WeightStamp, change_summary
+from .guard import WeightStamp, change_warning
 
 LEN_BUCKET = 64  # a prefill pads to a multiple of this: at most 63 wasted positions per request
 BATCH_BUCKETS = (1, 2, 4, 8)  # vLLM's smallest decode capture sizes
@@ -209,11 +209,9 @@ class TextEngine:
         self.cache.to(self.device, self.dtype)
         self.graphs, self.pool, self.stamp = {}, None, None
         on_gpu = self.device.type == "cuda" or any(rec is not capture_graph for *_, rec in self.captured)
-        if not self.warned_change or not on_gpu:
-            self.warned_change = True
-            then = "capturing the graphs again" if on_gpu else "no graphs on a CPU: every call runs eagerly"
-            warnings.warn(f"TextEngine: the text model's weights changed since capture "
-                          f"({change_summary(changes)}); {then}", stacklevel=4)
+        said = change_warning(self, "TextEngine: the text model's", changes, on_gpu, "every call runs eagerly")
+        if said:
+            warnings.warn(said, stacklevel=4)
         if on_gpu:
             for shapes, decode, record in self.captured:
                 self.capture(shapes, decode, record)

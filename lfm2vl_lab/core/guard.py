@@ -133,9 +133,14 @@ class WeightStamp:
         self.dirty = False
         self._sentinels = self._first_tensors()
 
-    @property
-    def devices(self) -> set[torch.device]:
-        return {rec[2] for rec in self._read().values()}
+def change_warning(owner, whose: str, changes: list[str], on_gpu: bool, off_gpu: str) -> str | None:
+    """What ``owner`` (a manager with a ``warned_change`` flag) says when the weights under its graphs
+    changed: the first time, and whenever they left the GPU; None otherwise."""
+    if owner.warned_change and on_gpu:
+        return None
+    owner.warned_change = True
+    then = "capturing the graphs again" if on_gpu else f"no graphs on a CPU: {off_gpu}"
+    return f"{whose} weights changed since capture ({change_summary(changes)}); {then}"
 
 
 def change_summary(changes: list[str], limit: int = 2) -> str:

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from .capture import capture_failed, capture_graph, prepare_capture
-from .guard import WeightStamp, change_summary
+from .guard import WeightStamp, change_summary, change_warning
 
 # What a capture that ran out of memory tells the user to do.
 OOM_ADVICE = ("Capture fewer or smaller budgets (budgets=, max_budget=), fewer run items (max_run_items=), "
@@ -296,11 +296,9 @@ class EncoderGraphManager:
         self.last_change = change_summary(changes)
         self.graphs, self.stamp, self.pool = {}, None, None
         on_gpu = self.adapter.device.type == "cuda" or self.record is not capture_graph
-        if not self.warned_change or not on_gpu:
-            self.warned_change = True
-            then = "capturing the graphs again" if on_gpu else "no graphs on a CPU: encode() runs eagerly"
-            warnings.warn(f"encoder graphs: the model's weights changed since capture ({self.last_change}); "
-                          f"{then}", stacklevel=4)
+        said = change_warning(self, "encoder graphs: the model's", changes, on_gpu, "encode() runs eagerly")
+        if said:
+            warnings.warn(said, stacklevel=4)
         if on_gpu:
             try:
                 self.capture(*self.capture_args)
