@@ -18,17 +18,15 @@ import pkgutil
 from pathlib import Path
 
 from .core.capture import recover_from_failed_capture
-from .core.chat import ChatReply, chat
 from .core.config import EncoderGraphConfig, auto_budgets
 from .core.encoder import PackedVisionEncoder, SplitProjector
-from .core.engine import TextEngine
-from .core.graphs import GraphedEncoder, plan_batches, plan_stats
-from .core.hf import hf_image_features
-from .core.inputs import image_limits, item_image, process_images, processor_for, to_rgb
+from .core.graphed_encoder import GraphedEncoder
+from .core.manager import plan_batches, plan_stats
 from .core.packing import PackedBatch, pack_inputs
-from .core.parity import max_rel_error, rel_error
-from .core.pipeline import VlmPipeline
-from .core.presets import (
+from .model.hf import hf_image_features
+from .model.inputs import image_limits, item_image, process_images, processor_for, to_rgb
+from .model.parity import max_rel_error, rel_error
+from .model.presets import (
     Preset,
     available_presets,
     build_model,
@@ -37,6 +35,9 @@ from .core.presets import (
     load_model,
     model_for,
 )
+from .serving.chat import ChatReply, chat
+from .serving.engine import TextEngine
+from .serving.pipeline import VlmPipeline
 from .tools.workloads import load_sample_images, random_processor_output, synthetic_image, synthetic_workload
 
 __version__ = "0.1.0"

@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from lfm2vl_lab.core.graphs import GraphedEncoder
-from lfm2vl_lab.core.presets import build_model
+from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
+from lfm2vl_lab.model.presets import build_model
 from lfm2vl_lab.tools.modes import make_compile, make_fused
 from lfm2vl_lab.tools.results import RESULTS_ROOT, provenance, save_result
 from lfm2vl_lab.tools.workloads import random_processor_output, to_device

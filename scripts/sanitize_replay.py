@@ -26,8 +26,8 @@ import torch
 
 from lfm2vl_lab import GraphedEncoder, build_model, random_processor_output
 from lfm2vl_lab.core.capture import capture_graph, eager_stand_in
-from lfm2vl_lab.core.engine import TextEngine
-from lfm2vl_lab.core.parity import max_rel_error
+from lfm2vl_lab.model.parity import max_rel_error
+from lfm2vl_lab.serving.engine import TextEngine
 
 BUDGETS, MAX_RUN_ITEMS, WARMUP = [64, 512], 3, 1
 RULES = ("safe", "repeat_last")

@@ -4,7 +4,7 @@ mask over all packed rows, including buffer padding rows and zero-length tail se
 import pytest
 import torch
 
-from lfm2vl_lab.core.attention import attention_blockmask_dense, attention_per_item, attention_sdpa_blockmask
+from lfm2vl_lab.kernels.attention import attention_blockmask_dense, attention_per_item, attention_sdpa_blockmask
 
 H, D = 3, 8
 

@@ -6,8 +6,7 @@ import json
 import pytest
 import torch
 
-from lfm2vl_lab.core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
-from lfm2vl_lab.core.graphs import DENSE_GRAPHS
+from lfm2vl_lab.core.config import GraphOptions
 from lfm2vl_lab.tools.bench import RunSpec, expand_specs, measure_fixed, run_bench
 from lfm2vl_lab.tools.modes import DEFAULT_CU_RULE, DEFAULT_MAX_SEQLEN_MODE, Runner, is_trace_failure
 from lfm2vl_lab.tools.results import UnreadableResultWarning, load_results, save_result
@@ -18,8 +17,8 @@ from lfm2vl_lab.tools.workloads import NXS, TILED_SIZE, parse_nxs, workload_imag
 def test_run_spec_defaults_are_explicit():
     s = RunSpec("lab-graph")
     assert (s.budgets, s.cu_rule, s.max_seqlen_mode, s.attention, s.fuse_qkv, s.fuse_elementwise,
-            s.dense_graphs) == (None, DEFAULT_CU_RULE, DEFAULT_MAX_SEQLEN_MODE, "auto", FUSE_QKV, FUSE_ELEMENTWISE,
-                                DENSE_GRAPHS)
+            s.dense_graphs) == (None, DEFAULT_CU_RULE, DEFAULT_MAX_SEQLEN_MODE, "auto", GraphOptions.fuse_qkv,
+                                GraphOptions.fuse_elementwise, GraphOptions.dense_graphs)
     assert s.labels() == {"mode": "lab-graph", "budget_set": "auto", "cu_rule": DEFAULT_CU_RULE,
                           "max_seqlen_mode": DEFAULT_MAX_SEQLEN_MODE}
     assert RunSpec("lab-graph", budgets=(64, 256)).labels()["budget_set"] == "64,256"

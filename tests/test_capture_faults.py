@@ -18,7 +18,7 @@ import torch
 from lfm2vl_lab import GraphedEncoder, build_model, hf_image_features, random_processor_output, rel_error
 from lfm2vl_lab.core.capture import eager_stand_in
 from lfm2vl_lab.core.encoder import PackedVisionEncoder
-from lfm2vl_lab.core.engine import TextEngine
+from lfm2vl_lab.serving.engine import TextEngine
 
 # What torch's caching allocator says when it runs out (the numbers the error must carry over).
 TORCH_OOM = ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 139.72 GiB of which "

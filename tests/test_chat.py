@@ -14,9 +14,9 @@ import torch
 
 import lfm2vl_lab as lab
 from lfm2vl_lab.core.capture import eager_stand_in
-from lfm2vl_lab.core.chat import NO_CUDA_NOTE, build_prompt, end_ids, random_weights
-from lfm2vl_lab.core.pipeline import PHASES
-from lfm2vl_lab.core.presets import CHECKPOINT_ENV, Preset
+from lfm2vl_lab.model.presets import CHECKPOINT_ENV, Preset
+from lfm2vl_lab.serving.chat import NO_CUDA_NOTE, build_prompt, end_ids, random_weights
+from lfm2vl_lab.serving.pipeline import PHASES
 
 PROMPT = "Describe this image."
 

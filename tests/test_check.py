@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lfm2vl_lab import GraphedEncoder, build_model, hf_image_features, random_processor_output
-from lfm2vl_lab.core.parity import float32_reference, judge_replay
+from lfm2vl_lab.model.parity import float32_reference, judge_replay
 from lfm2vl_lab.tools.check import budget_cases, shapes_for_tokens
 
 

@@ -95,7 +95,7 @@ def test_check_on_cpu_is_one_error_line_and_prints_nothing_else(tmp_path, capsys
 
 def test_build_model_on_cuda_without_cuda_names_the_cpu_way():
     from lfm2vl_lab import build_model
-    from lfm2vl_lab.core.presets import load_model
+    from lfm2vl_lab.model.presets import load_model
 
     with pytest.raises(ValueError) as exc:
         build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda", text_layers="full")

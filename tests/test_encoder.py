@@ -15,9 +15,9 @@ from lfm2vl_lab import (
     rel_error,
     synthetic_image,
 )
-from lfm2vl_lab.core.attention import attention_one_sequence, attention_sdpa_blockmask, resolve_attention
 from lfm2vl_lab.core.packing import lfm2vl_gather_idx
-from lfm2vl_lab.core.parity import float32_reference, lowp_parity
+from lfm2vl_lab.kernels.attention import attention_one_sequence, attention_sdpa_blockmask, resolve_attention
+from lfm2vl_lab.model.parity import float32_reference, lowp_parity
 
 FP32_TOL = 1e-4
 BF16_TOL = 1e-2

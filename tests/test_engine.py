@@ -6,8 +6,8 @@ bodies."""
 import pytest
 import torch
 
-from lfm2vl_lab.core.engine import TextEngine, bucket_batch, bucket_len, lfm2_text_parts
-from lfm2vl_lab.core.pipeline import HfText, VlmPipeline
+from lfm2vl_lab.serving.engine import TextEngine, bucket_batch, bucket_len, lfm2_text_parts
+from lfm2vl_lab.serving.pipeline import HfText, VlmPipeline
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_hf_text_needs_one_length(text_model):
 
 @pytest.fixture(scope="module")
 def request_of_two(text_model):
-    from lfm2vl_lab.core.inputs import process_images
+    from lfm2vl_lab.model.inputs import process_images
     from lfm2vl_lab.tools.e2e import build_prompt, generate_once
     from lfm2vl_lab.tools.workloads import synthetic_image
 
@@ -119,7 +119,7 @@ def request_of_two(text_model):
 def test_pipeline_modes_give_generates_tokens(text_model, request_of_two, text_mode, encoder_mode):
     """Every mode of the grid gives ``generate``'s greedy tokens (on the CPU the graphed modes run
     their bodies eagerly: the same plumbing, without capture)."""
-    from lfm2vl_lab.core.graphs import GraphedEncoder
+    from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 
     ids, inputs, want = request_of_two
     pipe = VlmPipeline(text_model, encoder_mode, text_mode, genc=GraphedEncoder(text_model),
@@ -185,7 +185,7 @@ def test_every_mode_passes_parity_on_450m():
     """bf16 on the GPU: every mode's first tokens equal ``generate``'s, and its first-token logits are
     within 1e-2 of a float32 copy (or no worse than transformers' own bf16 path)."""
     from lfm2vl_lab import build_model
-    from lfm2vl_lab.core.graphs import GraphedEncoder
+    from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
     from lfm2vl_lab.tools.ttft import build_pipelines, prompt_len, ttft_parity
 
     model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda", text_layers="full")
@@ -204,7 +204,7 @@ def test_every_mode_gives_generates_tokens_in_fp32():
     gives ``generate``'s tokens and float32's logits, so a bf16 first-token difference can only be
     rounding, never the plumbing."""
     from lfm2vl_lab import build_model
-    from lfm2vl_lab.core.graphs import GraphedEncoder
+    from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
     from lfm2vl_lab.tools.ttft import PARITY_CASES, build_pipelines, capture_engine, ttft_parity
 
     model = build_model("lfm2-vl-450m", dtype=torch.float32, device="cuda", text_layers="full")

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lfm2vl_lab.core.attention import attention_dense_blocks, attention_per_item, dense_attention
 from lfm2vl_lab.core.encoder import PackedVisionEncoder
-from lfm2vl_lab.core.fused import add_layer_norm, linear_gelu
-from lfm2vl_lab.core.parity import rel_error
+from lfm2vl_lab.kernels.attention import attention_dense_blocks, attention_per_item, dense_attention
+from lfm2vl_lab.kernels.fused import add_layer_norm, linear_gelu
+from lfm2vl_lab.model.parity import rel_error
 from lfm2vl_lab.tools.workloads import random_processor_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,7 +54,7 @@ def test_triton_add_layer_norm_kernel_in_the_interpreter():
     code = textwrap.dedent("""
         import torch
         from torch import nn
-        from lfm2vl_lab.core.fused import add_layer_norm_triton
+        from lfm2vl_lab.kernels.fused import add_layer_norm_triton
         torch.manual_seed(0)
         for c in (768, 40, 1152):
             x, r = torch.randn(6, c), torch.randn(6, c)
@@ -128,8 +128,8 @@ def test_gelu_epilogue_on_cuda(dtype):
 def test_kernel_options_keep_the_encoder_within_the_fp32_judge(preset):
     """Every combination of fuse_qkv and fuse_elementwise, bf16, against a float32 copy of the same
     weights (the kit's judge), on a mixed batch."""
-    from lfm2vl_lab.core.parity import float32_reference, max_rel_error
-    from lfm2vl_lab.core.presets import build_model
+    from lfm2vl_lab.model.parity import float32_reference, max_rel_error
+    from lfm2vl_lab.model.presets import build_model
 
     model = build_model(preset, dtype=torch.bfloat16, device="cuda")
     # float32 has no FlashAttention kernel: the judge runs the exact block-mask attention
@@ -149,7 +149,7 @@ def test_kernel_options_keep_the_encoder_within_the_fp32_judge(preset):
 
 
 def test_fused_qkv_is_made_once_per_model():
-    from lfm2vl_lab.core.presets import build_model
+    from lfm2vl_lab.model.presets import build_model
 
     tiny_model = build_model("tiny")  # its own: the shared fixture may be fused already
     sa = tiny_model.model.vision_tower.encoder.layers[0].self_attn
@@ -169,9 +169,9 @@ def test_fused_qkv_is_made_once_per_model():
 def test_graphs_survive_other_encoders_on_the_same_model():
     """A graphed encoder keeps passing the judge after other encoders (fused or not) were built on
     its model and ran eagerly: none of them frees weights its graphs read."""
-    from lfm2vl_lab.core.graphs import GraphedEncoder
-    from lfm2vl_lab.core.parity import float32_reference, judge_replay
-    from lfm2vl_lab.core.presets import build_model
+    from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
+    from lfm2vl_lab.model.parity import float32_reference, judge_replay
+    from lfm2vl_lab.model.presets import build_model
 
     model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda")
     ref32 = float32_reference(model)

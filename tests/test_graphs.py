@@ -25,8 +25,8 @@ from lfm2vl_lab.core.encoder import PackedVisionEncoder
 from lfm2vl_lab.core.lfm2vl import check_finite_items, leading_full_items, parse_variant, variant_name
 from lfm2vl_lab.core.manager import GraphStats, plan_config
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx, tokens_for
-from lfm2vl_lab.core.parity import float32_reference, judge_replay
 from lfm2vl_lab.core.staging import PixelItems
+from lfm2vl_lab.model.parity import float32_reference, judge_replay
 from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes
 
 FP32_TOL = 1e-4
@@ -381,11 +381,11 @@ def test_graphed_encoder_cpu_matches_transformers_and_warns_once(tiny_model):
     assert genc.stats.hits == 0 and genc.stats.replays == {}
 
 
-def test_graphed_encoder_cpu_encode_images(tiny_model):
+def test_graphed_encoder_cpu_encodes_processed_images(tiny_model):
     genc = GraphedEncoder(tiny_model)
     images = [synthetic_image(300, 200, seed=1), synthetic_image(1024, 768, seed=2)]
-    refs = hf_image_features(tiny_model, process_images(images, "tiny"))
-    _assert_parity(genc.encode(images), refs, FP32_TOL)
+    inputs = process_images(images, "tiny")
+    _assert_parity(genc.encode(inputs), hf_image_features(tiny_model, inputs), FP32_TOL)
 
 
 def test_capture_on_cpu_raises(tiny_model):

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from lfm2vl_lab.core.capture import eager_stand_in
-from lfm2vl_lab.core.engine import TextEngine
-from lfm2vl_lab.core.graphs import GraphedEncoder
+from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.guard import WeightStamp, change_summary
-from lfm2vl_lab.core.parity import max_rel_error
-from lfm2vl_lab.core.presets import build_model
+from lfm2vl_lab.model.parity import max_rel_error
+from lfm2vl_lab.model.presets import build_model
+from lfm2vl_lab.serving.engine import TextEngine
 from lfm2vl_lab.tools.workloads import random_processor_output
 
 

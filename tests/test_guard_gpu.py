@@ -7,11 +7,11 @@ import warnings
 import pytest
 import torch
 
-from lfm2vl_lab.core.engine import TextEngine
-from lfm2vl_lab.core.graphs import GraphedEncoder
-from lfm2vl_lab.core.hf import hf_image_features
-from lfm2vl_lab.core.parity import float32_reference, lowp_parity
-from lfm2vl_lab.core.presets import build_model
+from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
+from lfm2vl_lab.model.hf import hf_image_features
+from lfm2vl_lab.model.parity import float32_reference, lowp_parity
+from lfm2vl_lab.model.presets import build_model
+from lfm2vl_lab.serving.engine import TextEngine
 from lfm2vl_lab.tools.workloads import random_processor_output
 
 pytestmark = pytest.mark.gpu

@@ -7,9 +7,9 @@ import torch
 
 from lfm2vl_lab import build_model
 from lfm2vl_lab.core.capture import eager_stand_in
-from lfm2vl_lab.core.graphs import GraphedEncoder
-from lfm2vl_lab.core.inputs import process_images
+from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.staging import PixelItems, RowStager, gather_rows, padded_rows, row_offsets
+from lfm2vl_lab.model.inputs import process_images
 from lfm2vl_lab.tools.image_path import compare_processors, on_device, time_encode_sources, time_processors
 from lfm2vl_lab.tools.workloads import synthetic_image
 

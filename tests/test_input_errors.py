@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from lfm2vl_lab import GraphedEncoder, PackedVisionEncoder, pack_inputs, random_processor_output
-from lfm2vl_lab.core.engine import TextEngine
-from lfm2vl_lab.core.lfm2vl import STAGED
+from lfm2vl_lab import GraphedEncoder, PackedVisionEncoder, pack_inputs, process_images, random_processor_output
 from lfm2vl_lab.core.packing import move_to
-from lfm2vl_lab.core.pipeline import HfText, VlmPipeline
 from lfm2vl_lab.core.staging import PixelItems
+from lfm2vl_lab.serving.engine import TextEngine
+from lfm2vl_lab.serving.pipeline import HfText, VlmPipeline
 
 pytestmark = pytest.mark.filterwarnings("ignore:GraphedEncoder. no CUDA device")
 SHAPES = [(4, 6), (2, 2)]  # two items of the tiny preset: 1024 padded rows of 768 values each
@@ -123,19 +122,16 @@ def test_what_is_accepted_gives_the_same_features(tiny_model):
 
 def test_staged_inputs_are_checked(tiny_model):
     genc = GraphedEncoder(tiny_model)
-    raises(TypeError, lambda: genc.encode({STAGED: 3}), STAGED, "GraphedEncoder.stage", "int")
-    raises(TypeError, lambda: genc.encode({STAGED: (1, 2)}), "tuple")
     other = PixelItems(torch.zeros(28, 700), SHAPES, (0, 24, 28))  # staged for a model of another patch size
-    raises(ValueError, lambda: genc.encode({STAGED: (other, [6, 1])}), "700", "768")
+    raises(ValueError, lambda: genc.encode(other), "700", "768")
 
 
 def test_images_that_are_not_images(tiny_model):
-    genc = GraphedEncoder(tiny_model)
-    raises(TypeError, lambda: genc.encode_images([None]), "image 0", "NoneType")
-    raises(TypeError, lambda: genc.encode(7), "image 0", "int")
-    raises(TypeError, lambda: genc.encode_images([{"pixel_values": 1}]), "dict")
-    raises(ValueError, lambda: genc.encode_images([]), "empty list")
-    raises(ValueError, lambda: genc.encode_images(np.zeros((4, 4, 2), np.uint8)), "(4, 4, 2)")
+    raises(TypeError, lambda: process_images([None], tiny_model), "image 0", "NoneType")
+    raises(TypeError, lambda: GraphedEncoder(tiny_model).encode(7), "processor's output", "int", "process_images")
+    raises(TypeError, lambda: process_images([{"pixel_values": 1}], tiny_model), "dict")
+    raises(ValueError, lambda: process_images([], tiny_model), "empty list")
+    raises(ValueError, lambda: process_images(np.zeros((4, 4, 2), np.uint8), tiny_model), "(4, 4, 2)")
 
 
 def test_a_copy_off_a_gpu_waits_for_its_data():

@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from lfm2vl_lab import GraphedEncoder, available_presets, hf_image_features, load_model, max_rel_error, synthetic_image
-from lfm2vl_lab.core.inputs import (
+from lfm2vl_lab.core.packing import tokens_for
+from lfm2vl_lab.model.inputs import (
     ALPHA_BACKGROUND,
     image_limits,
     item_image,
@@ -21,8 +22,7 @@ from lfm2vl_lab.core.inputs import (
     processor_for,
     to_rgb,
 )
-from lfm2vl_lab.core.packing import tokens_for
-from lfm2vl_lab.core.presets import Preset, build_config
+from lfm2vl_lab.model.presets import Preset, build_config
 
 WHITE = np.array(ALPHA_BACKGROUND, dtype=np.uint8)
 
@@ -326,7 +326,7 @@ def test_odd_sizes_encode_like_transformers(tiny_model, tiny_graphed, w, h):
     lim = image_limits(tiny_model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no CUDA device, so encode() runs the packed eager encoder"
-        feats = tiny_graphed.encode_images(img)
+        feats = tiny_graphed.encode(process_images(img, tiny_model))
     f = lim.downsample_factor
     tokens = [(hh // f) * (ww // f) for hh, ww in inputs["spatial_shapes"].tolist()]
     assert [t.shape[0] for t in feats] == tokens
@@ -365,8 +365,6 @@ def test_a_model_without_a_processor_says_so():
     # The encoder itself still works, with transformers' default processor limits.
     genc = GraphedEncoder(bare)
     assert (genc.encoder.max_num_patches, min(genc.config.budgets)) == (1024, 64)
-    with pytest.raises(ValueError, match="no image processor"):
-        genc.encode_images(synthetic_image(32, 32))
 
 
 def _save(model, folder, processor=None):
@@ -389,8 +387,8 @@ def test_load_model_uses_the_folders_processor(tmp_path, tiny_model):
     assert all(torch.equal(inputs[k], ref_inputs[k]) for k in ref_inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no CUDA: packed eager"
-        ours = GraphedEncoder(loaded).encode_images(images)
-        ref = GraphedEncoder(tiny_model).encode_images(images)
+        ours = GraphedEncoder(loaded).encode(process_images(images, loaded))
+        ref = GraphedEncoder(tiny_model).encode(process_images(images, tiny_model))
     assert len(ours) == len(ref) and all(torch.equal(a, b) for a, b in zip(ours, ref))
     assert max_rel_error(ours, hf_image_features(loaded, inputs)) <= 1e-4
 
@@ -420,12 +418,12 @@ def test_load_model_without_processor_file_finds_the_matching_preset(tmp_path, t
     _save(tiny_model, tmp_path)
     with pytest.warns(UserWarning, match="no preprocessor_config.json.*'tiny'"):
         loaded = load_model(tmp_path, dtype=torch.float32)
-    assert loaded.lab_processor is None and loaded.lab_preset.name == "tiny"
+    assert loaded.lab_processor.to_dict() == make_processor("tiny").to_dict() and loaded.lab_preset.name == "tiny"
     img = synthetic_image(300, 300, seed=4)
     assert torch.equal(process_images(img, loaded)["pixel_values"], process_images(img, "tiny")["pixel_values"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ours = GraphedEncoder(loaded).encode_images(img)
+        ours = GraphedEncoder(loaded).encode(process_images(img, loaded))
     assert max_rel_error(ours, GraphedEncoder(tiny_model).encode(process_images(img, "tiny"))) == 0
 
 

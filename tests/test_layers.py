@@ -1,4 +1,5 @@
-"""The package's shape, checked by reading its source: two layers, a generic manager, small modules."""
+"""The package's shape, checked by reading its source: the seed in ``core/``, packages beside it that
+may use it but never the instrument, a generic manager, small modules."""
 
 from __future__ import annotations
 
@@ -15,9 +16,17 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 # What the technique may use besides the standard library: torch, transformers, the two packages
 # transformers' image processor itself needs, tokenizers (what transformers' fast tokenizers are
-# made of; core/toy_processor.py builds one), and Triton, torch's own kernel language (installed with
-# CUDA torch; core/fused.py imports it lazily and runs plain torch without it).
-CORE_THIRD_PARTY = {"torch", "transformers", "numpy", "PIL", "tokenizers", "triton"}
+# made of; model/toy_processor.py builds one), and Triton, torch's own kernel language (installed with
+# CUDA torch; kernels/fused.py imports it lazily and runs plain torch without it).
+THIRD_PARTY = {"torch", "transformers", "numpy", "PIL", "tokenizers", "triton"}
+# Which of the package's own packages each may import (besides itself). The instrument, tools/,
+# may import them all; none of them imports tools/.
+MAY_IMPORT = {
+    "kernels": set(),                      # leaf: torch and Triton
+    "core": {"kernels"},                   # the seed: its encoder calls the kernels
+    "model": {"core", "kernels"},          # presets, inputs, the transformers reference path
+    "serving": {"core", "kernels", "model"},  # text engine, pipeline, chat
+}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -31,20 +40,45 @@ def imports(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def test_the_layers_exist():
-    assert CORE and sorted((PKG / "tools").glob("*.py")), "lfm2vl_lab/core and lfm2vl_lab/tools must both exist"
+def package_imports(path: Path) -> set[str]:
+    """The lfm2vl_lab packages a module imports (relative imports resolved; absolute ones refused)."""
+    here = path.relative_to(PKG).parts[:-1]
+    out = set()
+    for level, mod in imports(path):
+        if level == 0:
+            assert mod.split(".")[0] != "lfm2vl_lab", f"{path.name} imports {mod}: use relative imports in the package"
+            continue
+        target = [*here[: len(here) - (level - 1)], *(mod.split(".") if mod else [])]
+        assert target, f"{path.name}: 'from {'.' * level}{mod} import' reaches the package root"
+        out.add(target[0])
+    return out
 
 
-@pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
-def test_core_never_imports_tools(path):
+def test_the_packages_exist():
+    for name in (*MAY_IMPORT, "tools"):
+        assert (PKG / name / "__init__.py").exists(), f"lfm2vl_lab/{name}/ must exist"
+
+
+@pytest.mark.parametrize("path", [p for p in ALL if p.parent.name in MAY_IMPORT], ids=lambda p: str(p.relative_to(PKG)))
+def test_each_package_imports_only_what_it_may(path):
+    pkg = path.parent.name
     for level, mod in imports(path):
         top = mod.split(".")[0]
         if level == 0:
-            assert top != "lfm2vl_lab", f"{path.name}: core imports {mod}; use relative imports within core"
-            allowed = top in sys.stdlib_module_names or top in CORE_THIRD_PARTY
-            assert allowed, f"{path.name} imports {mod}: core may use torch, transformers (numpy, PIL) and the stdlib"
-        else:
-            assert level == 1, f"{path.name}: 'from {'.' * level}{mod} import ...' leaves core"
+            allowed = top in sys.stdlib_module_names or top in THIRD_PARTY
+            assert allowed, f"{path.name} imports {mod}: {pkg}/ may use torch, transformers (numpy, PIL) and the stdlib"
+    reached = package_imports(path) - {pkg}
+    assert reached <= MAY_IMPORT[pkg], f"{pkg}/{path.name} imports {sorted(reached - MAY_IMPORT[pkg])}: " \
+        f"{pkg}/ may import only {sorted(MAY_IMPORT[pkg]) or 'nothing else of the package'}"
+
+
+def test_import_lfm2vl_lab_loads_no_instrument():
+    """The public API is the technique and its neighbours; the instrument loads on first use."""
+    code = "import sys, lfm2vl_lab; print(sorted(m for m in sys.modules if m.startswith('lfm2vl_lab.tools')))"
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", f"import lfm2vl_lab loaded {out}"
 
 
 def test_manager_knows_nothing_of_lfm2vl():

@@ -13,7 +13,7 @@ from lfm2vl_lab.core.packing import (
     lfm2vl_gather_idx,
     lfm2vl_local_gather_idx,
 )
-from lfm2vl_lab.core.presets import build_config
+from lfm2vl_lab.model.presets import build_config
 
 SHAPES = [(2, 2), (4, 6), (6, 4), (16, 16), (14, 20), (26, 38), (32, 32), (2, 512), (512, 2)]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lfm2vl_lab import Preset, available_presets, build_model, count_params, load_model
-from lfm2vl_lab.core.presets import STUB_TEXT_LAYERS, STUB_VOCAB, build_config
+from lfm2vl_lab.model.presets import STUB_TEXT_LAYERS, STUB_VOCAB, build_config
 
 PRESETS = available_presets()
 

@@ -13,8 +13,8 @@ from lfm2vl_lab.tools import ttft
 @pytest.fixture(scope="module")
 def grid():
     from lfm2vl_lab import build_model
-    from lfm2vl_lab.core.engine import TextEngine
-    from lfm2vl_lab.core.graphs import GraphedEncoder
+    from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
+    from lfm2vl_lab.serving.engine import TextEngine
 
     model = build_model("tiny", text_layers="full")
     genc, engine = GraphedEncoder(model), TextEngine(model, max_batch=2, max_len=2048)

@@ -9,10 +9,11 @@ rest harmless. This module holds those rules and the config object that names th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from ..kernels.attention import ATTENTION_BACKENDS
 from .packing import MAX_NUM_PATCHES, MIN_IMAGE_TOKENS
 
 PaddingLogic = Callable[[torch.Tensor, torch.Tensor], None]
@@ -78,11 +79,91 @@ def make_pad_cu_seqlens_safe(total_rows: int, max_seqlen: int) -> PaddingLogic:
     return pad_cu_seqlens_safe
 
 
-# The largest budget unless a caller picks one: four 512 px images (4 × 256 tokens) in one replay.
-DEFAULT_MAX_BUDGET = 1024
-
 CU_SEQLENS_RULES = ("safe", "repeat_last")
 MAX_SEQLEN_MODES = ("tight", "loose")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# The settings
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """Every setting of a graphed encoder, each with its one name and its one default. The command
+    line builds one, the benchmark records it per row, ``GraphedEncoder(model, options)`` reads it.
+
+    Graph config (:class:`EncoderGraphConfig` explains each): ``budgets`` (None: doubling from the
+    processor's smallest item up to ``max_budget``), ``max_items`` (None: vLLM's automatic limit),
+    ``cu_seqlens_rule``, ``max_seqlen_mode``. Encoder (:class:`~.encoder.PackedVisionEncoder`):
+    the ``attention`` backend, ``fuse_qkv``, ``fuse_elementwise``. Beyond the seed: ``dense_graphs``
+    and ``max_run_items`` (:mod:`~.dense`), ``stage_rows`` (:mod:`~.staging`; None: on when the
+    model is on CUDA), ``check_finite`` (refuse NaN/Inf pixel values, at one device sync per call
+    on device input) and ``meta_cache_size`` (the host layouts kept per batch shape).
+    """
+
+    budgets: tuple[int, ...] | None = None
+    # The largest automatic budget: four 512 px images (4 × 256 tokens) in one replay.
+    max_budget: int = 1024
+    max_items: int | None = None
+    cu_seqlens_rule: str = "safe"
+    max_seqlen_mode: str = "tight"
+    attention: str = "auto"
+    # One q/k/v GEMM per layer, and the residual add + LayerNorm and bias + GELU fused: each changes
+    # only rounding, and each was faster on the H200 (docs/results.md, the kernel-options table).
+    fuse_qkv: bool = True
+    fuse_elementwise: bool = True
+    # Dense graphs: their one-item case made one 512 px or 256 px image faster on the H200 at the same
+    # parity (data/results/nvidia-h200/single-item-*.json).
+    dense_graphs: bool = True
+    # The most 512 px images or tiles one replay carries: 8 (a 2048-token run budget), so 8 tiles run
+    # as one replay with large GEMMs and 16 as two, instead of 2 or 4 replays of the largest regular
+    # budget. Why not 16: on the H200 a 16-item run budget made the 450M graphs hold 1005 MiB and the
+    # 1.6B ones 1663 MiB, captured in 3.03 s (floor-*-20261201-*.json), against the 1 GiB and 3 s the
+    # kit allows itself, for 3% at 16x512 (7.03 ms in one replay; 8x512 took 3.64).
+    max_run_items: int = 8
+    stage_rows: bool | None = None
+    check_finite: bool = False
+    meta_cache_size: int = 256
+
+    def __post_init__(self):
+        if self.budgets is not None:
+            object.__setattr__(self, "budgets", tuple(check_budgets(self.budgets)))
+        check_choice("cu_seqlens_rule", self.cu_seqlens_rule, CU_SEQLENS_RULES)
+        check_choice("max_seqlen_mode", self.max_seqlen_mode, MAX_SEQLEN_MODES)
+        check_choice("attention", self.attention, ("auto", *ATTENTION_BACKENDS))
+        for name in ("max_budget", "meta_cache_size"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if not _is_int(self.max_run_items) or self.max_run_items < 0:
+            raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {self.max_run_items!r}")
+
+    def with_(self, **changes) -> GraphOptions:
+        """A copy with ``changes``; an unknown name is a ``TypeError`` naming the settings."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(f"unknown graph setting(s) {sorted(unknown)}; the settings are "
+                            f"{[f.name for f in fields(self)]}")
+        return replace(self, **changes)
+
+    def config(self, out_hidden_size: int, min_tokens: int, max_num_patches: int, factor: int,
+               runs: bool = True) -> EncoderGraphConfig:
+        """The graph config these settings give a model with these limits. ``runs=False``: no run
+        budget (a body without dense graphs cannot run one)."""
+        return EncoderGraphConfig.build(
+            out_hidden_size, budgets=self.budgets, max_items=self.max_items, min_tokens=min_tokens,
+            max_tokens=self.max_budget, max_num_patches=max_num_patches, factor=factor,
+            cu_seqlens_rule=self.cu_seqlens_rule, max_seqlen_mode=self.max_seqlen_mode,
+            max_run_items=self.max_run_items if runs and self.dense_graphs else 0)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,8 +233,8 @@ class EncoderGraphConfig:
     max_num_patches: int = MAX_NUM_PATCHES
     factor: int = 2
     min_item_tokens: int = MIN_IMAGE_TOKENS
-    cu_seqlens_rule: str = "safe"
-    max_seqlen_mode: str = "tight"
+    cu_seqlens_rule: str = GraphOptions.cu_seqlens_rule
+    max_seqlen_mode: str = GraphOptions.max_seqlen_mode
     padding_logics: dict[str, PaddingLogic] = field(default_factory=dict)
     max_run_items: int = 0
 
@@ -166,11 +247,9 @@ class EncoderGraphConfig:
                 f"max_items={self.max_items} breaks the invariant max_items <= min(budgets)={min(self.budgets)}: "
                 "the smallest graph could be asked to hold more items than it has tokens"
             )
-        if self.cu_seqlens_rule not in CU_SEQLENS_RULES:
-            raise ValueError(f"cu_seqlens_rule must be one of {CU_SEQLENS_RULES}, got {self.cu_seqlens_rule!r}")
-        if self.max_seqlen_mode not in MAX_SEQLEN_MODES:
-            raise ValueError(f"max_seqlen_mode must be one of {MAX_SEQLEN_MODES}, got {self.max_seqlen_mode!r}")
-        if not isinstance(self.max_run_items, int) or isinstance(self.max_run_items, bool) or self.max_run_items < 0:
+        check_choice("cu_seqlens_rule", self.cu_seqlens_rule, CU_SEQLENS_RULES)
+        check_choice("max_seqlen_mode", self.max_seqlen_mode, MAX_SEQLEN_MODES)
+        if not _is_int(self.max_run_items) or self.max_run_items < 0:
             raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {self.max_run_items!r}")
 
     @classmethod
@@ -178,7 +257,7 @@ class EncoderGraphConfig:
               max_tokens: int | None = None, **kw) -> EncoderGraphConfig:
         """Fill in automatic budgets (doubling from ``min_tokens``) and the automatic item limit."""
         if budgets is None:
-            budgets = auto_budgets(min_tokens, max_tokens if max_tokens is not None else DEFAULT_MAX_BUDGET)
+            budgets = auto_budgets(min_tokens, max_tokens if max_tokens is not None else GraphOptions.max_budget)
         budgets = check_budgets(budgets)
         if max_items is None:
             max_items = auto_max_items(budgets, min_tokens)

@@ -21,15 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import resolve_attention
-from .fused import TANH_GELU_ACTS, add_layer_norm, linear_gelu
-from .inputs import image_limits
-from .packing import PackedBatch, PositionEmbeddingCache, pack_inputs
-
-# The kernel options' defaults (PackedVisionEncoder explains them; the benchmark records them per row)
-FUSE_QKV = True
-FUSE_ELEMENTWISE = True
-
+from ..kernels.attention import resolve_attention
+from ..kernels.fused import TANH_GELU_ACTS, add_layer_norm, linear_gelu
+from .config import GraphOptions
+from .packing import PackedBatch, PositionEmbeddingCache, model_limits, pack_inputs
 
 # --------------------------------------------------------------------------------------------
 # The split projector
@@ -131,8 +126,8 @@ class PackedVisionEncoder(nn.Module):
     MLP's bias + GELU in the GEMM epilogue (:mod:`~.fused`; on CUDA only, plain torch elsewhere).
     """
 
-    def __init__(self, model, attention: str = "auto", fuse_qkv: bool = FUSE_QKV,
-                 fuse_elementwise: bool = FUSE_ELEMENTWISE):
+    def __init__(self, model, attention: str = GraphOptions.attention, fuse_qkv: bool = GraphOptions.fuse_qkv,
+                 fuse_elementwise: bool = GraphOptions.fuse_elementwise):
         super().__init__()
         vt, proj, cfg = lfm2vl_parts(model)
         self.vision = vt
@@ -144,7 +139,7 @@ class PackedVisionEncoder(nn.Module):
         self.scale = self.head_dim**-0.5
         self.out_hidden_size = cfg.text_config.hidden_size
         self.patch_dim = vt.embeddings.patch_embedding.in_features
-        self.max_num_patches = image_limits(model).max_num_patches  # the rows the processor pads each item to
+        self.max_num_patches = model_limits(model).max_num_patches  # the rows the processor pads each item to
         self.pos_cache = PositionEmbeddingCache(vt.embeddings.position_embedding)
         self.fuse_elementwise = fuse_elementwise
         self.tanh_gelu = cfg.vision_config.hidden_act in TANH_GELU_ACTS  # what the GEMM epilogue computes
@@ -223,8 +218,8 @@ class PackedVisionEncoder(nn.Module):
         return h
 
     def forward(self, pixel_values, pos_embeds, cu_seqlens, max_seqlen: int, gather_idx, attn=None) -> torch.Tensor:
-        """``attn``: an attention function to use instead of the configured backend (the graph
-        manager's single-item graphs pass ``attention_one_sequence``)."""
+        """``attn``: an attention function to use instead of the configured backend (the dense
+        graphs pass batched dense attention: :mod:`~.dense`)."""
         x = self.embed(pixel_values, pos_embeds)
         x = self.encoder_layers(x, cu_seqlens, max_seqlen, attn)
         return self.projector.forward_with_gather_idx(x, gather_idx)

@@ -29,11 +29,10 @@ config can route a batch to are captured (:meth:`Lfm2VlGraphModel.graph_variants
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
 
 import torch
 
-from .attention import dense_attention
+from ..kernels.attention import dense_attention
 from .config import EncoderGraphConfig
 from .encoder import PackedVisionEncoder
 from .packing import (
@@ -47,9 +46,6 @@ from .packing import (
     tokens_for,
 )
 from .staging import PixelItems, RowStager, row_offsets
-
-# The key under which GraphedEncoder.stage hands encode() inputs it has already read and uploaded.
-STAGED = "lab_staged_items"
 
 
 def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
@@ -66,16 +62,13 @@ def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
                          "encode() refused them (check_finite=True)")
 
 
-def check_staged(staged, patch_dim: int):
-    """What ``inputs[STAGED]`` must be: the pair ``GraphedEncoder.stage`` made (items, tokens per item)
-    for a model with ``patch_dim`` values per patch row; ``TypeError``/``ValueError`` otherwise."""
-    if not (isinstance(staged, tuple) and len(staged) == 2 and isinstance(staged[0], PixelItems)):
-        raise TypeError(f"inputs[{STAGED!r}] must be what GraphedEncoder.stage() returned, got {type(staged).__name__}")
-    items, tokens = staged
-    if len(tokens) != len(items.shapes) or items.pixel_values.shape[-1] != patch_dim:
-        raise ValueError(f"inputs[{STAGED!r}] holds {len(items.shapes)} items of {items.pixel_values.shape[-1]} values "
-                         f"per row and {len(tokens)} token counts; this encoder takes rows of {patch_dim}")
-    return staged
+def check_staged(items, patch_dim: int, device) -> PixelItems:
+    """Items ``GraphedEncoder.stage`` made, checked for this encoder: rows of ``patch_dim`` values,
+    on its device (``ValueError`` naming what differs)."""
+    if items.pixel_values.shape[-1] != patch_dim or items.pixel_values.device != device:
+        raise ValueError(f"staged items hold rows of {items.pixel_values.shape[-1]} values on "
+                         f"{items.pixel_values.device}; this encoder takes rows of {patch_dim} on {device}")
+    return items
 
 
 def parse_variant(name: str) -> tuple[int, bool]:
@@ -164,8 +157,9 @@ class Lfm2VlGraphModel:
         """Checked inputs (:func:`~.packing.lfm2vl_read_inputs`) as a :class:`~.staging.PixelItems`
         on the model's device. Pixel values on the host are staged; on any other device they are
         copied to the model's (from a GPU to a CPU model that copy waits for the GPU)."""
-        if isinstance(inputs, Mapping) and STAGED in inputs:  # already read and uploaded (GraphedEncoder.stage)
-            return check_staged(inputs[STAGED], self.encoder.patch_dim)
+        if isinstance(inputs, PixelItems):  # already read and uploaded (GraphedEncoder.stage)
+            return check_staged(inputs, self.encoder.patch_dim, self.device), \
+                [tokens_for(s, self.config.factor) for s in inputs.shapes]
         pv, shapes, _ = lfm2vl_read_inputs(inputs, self.encoder.patch_dim)
         lfm2vl_check_shapes(shapes, self.encoder.max_num_patches, self.config.factor)
         if self.check_finite:  # on the values as given: host input then costs no device sync

@@ -33,6 +33,34 @@ MAX_NUM_PATCHES = 1024
 MIN_IMAGE_TOKENS = 64
 
 
+@dataclass(frozen=True)
+class ImageLimits:
+    """What the encoder must know of the image processor: patch size, downsample factor, the token
+    limits of one item and the rows every item is padded to."""
+
+    patch_size: int
+    downsample_factor: int
+    min_image_tokens: int
+    max_image_tokens: int
+    max_num_patches: int
+
+    @classmethod
+    def of(cls, p) -> ImageLimits:
+        """The limits an ``Lfm2VlImageProcessor`` applies."""
+        return cls(p.encoder_patch_size, p.downsample_factor, p.min_image_tokens, p.max_image_tokens, p.max_num_patches)
+
+
+def model_limits(model) -> ImageLimits:
+    """The limits of the image processor a model carries (``model.lab_processor``: ``build_model``
+    and ``load_model`` set it), else the defaults of transformers' ``Lfm2VlImageProcessor``."""
+    proc = getattr(model, "lab_processor", None)
+    if proc is None:
+        from transformers import Lfm2VlImageProcessor
+
+        proc = Lfm2VlImageProcessor()
+    return ImageLimits.of(proc)
+
+
 def tokens_for(shape: Shape, factor: int = 2) -> int:
     """Output tokens of one item with patch grid ``shape = (h, w)``: pixel-unshuffle by ``factor``
     turns each factor×factor block of patch rows into one token."""
@@ -311,12 +339,9 @@ class PositionEmbeddingCache:
         self._keep(key, out)
         return out
 
-    def pack(self, shapes: list[Shape], out: torch.Tensor | None = None) -> torch.Tensor:
-        """Concatenate the cached embeddings of a batch (one device kernel), optionally into ``out``."""
-        parts = [self.get(h, w) for h, w in shapes]
-        if out is None:
-            return torch.cat(parts)
-        return torch.cat(parts, out=out)
+    def pack(self, shapes: list[Shape]) -> torch.Tensor:
+        """Concatenate the cached embeddings of a batch (one device kernel)."""
+        return torch.cat([self.get(h, w) for h, w in shapes])
 
 
 # --------------------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def list_arg(item_type: Callable[[str], Any]):
 
 def preset_arg(text: str) -> str:
     """argparse type: a preset name (``presets.available_presets()``)."""
-    from ..core.presets import available_presets
+    from ..model.presets import available_presets
 
     return choice_arg("preset", available_presets())(text)
 

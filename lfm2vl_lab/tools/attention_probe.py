@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..core.attention import attention_dense_blocks, attention_sdpa_blockmask, attention_varlen, dense_attention
 from ..core.capture import capture_graph, recover_from_failed_capture
-from ..core.parity import rel_error
-from ..core.presets import as_preset
+from ..kernels.attention import attention_dense_blocks, attention_sdpa_blockmask, attention_varlen, dense_attention
+from ..model.parity import rel_error
+from ..model.presets import as_preset
 
 LAYOUTS = ((1024,), (1024,) * 4, (1024,) * 16, (256,) * 16, (1024, 600, 256, 256, 64), (1024, 1024, 576, 64))
 

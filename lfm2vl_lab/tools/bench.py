@@ -16,7 +16,7 @@ Derived: ``speedup_vs_hf`` (hf-eager median / median) and, with profiling, ``pct
 = 100 · median / GPU-busy time (100 % = the kernels never wait). The ``stream`` workload times
 each request once: p50/p99 over requests, graph hit rate, one-off costs.
 
-With ``LFM2VL_CHECKPOINT`` set, the model is that checkpoint (:func:`~lfm2vl_lab.core.presets.model_for`):
+With ``LFM2VL_CHECKPOINT`` set, the model is that checkpoint (:func:`~lfm2vl_lab.model.presets.model_for`):
 its weights, its image processor, and transformers on those weights as the parity judge; the
 provenance then names it (``checkpoint``: folder name and config hash).
 
@@ -34,11 +34,9 @@ from pathlib import Path
 
 import torch
 
-from ..core.attention import ATTENTION_BACKENDS
-from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
-from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
-from ..core.graphs import DENSE_GRAPHS
-from ..core.parity import max_rel_error
+from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES, GraphOptions
+from ..kernels.attention import ATTENTION_BACKENDS
+from ..model.parity import max_rel_error
 from .args import (
     check_choice,
     dtype_name,
@@ -96,9 +94,9 @@ class RunSpec:
     cu_rule: str = DEFAULT_CU_RULE
     max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE
     attention: str = "auto"
-    fuse_qkv: bool = FUSE_QKV
-    fuse_elementwise: bool = FUSE_ELEMENTWISE
-    dense_graphs: bool = DENSE_GRAPHS
+    fuse_qkv: bool = GraphOptions.fuse_qkv
+    fuse_elementwise: bool = GraphOptions.fuse_elementwise
+    dense_graphs: bool = GraphOptions.dense_graphs
     fused_compile_mode: str = "default"
 
     def runner(self, model, progress: bool = False) -> Runner:
@@ -114,8 +112,9 @@ class RunSpec:
 
 
 def expand_specs(modes, budget_sets=(None,), cu_rules=(DEFAULT_CU_RULE,), max_seqlen_modes=(DEFAULT_MAX_SEQLEN_MODE,),
-                 attentions=("auto",), fuse_qkvs=(FUSE_QKV,), fuse_elementwises=(FUSE_ELEMENTWISE,),
-                 dense_graphs=(DENSE_GRAPHS,), fused_compile_mode: str = "default") -> list[RunSpec]:
+                 attentions=("auto",), fuse_qkvs=(GraphOptions.fuse_qkv,),
+                 fuse_elementwises=(GraphOptions.fuse_elementwise,),
+                 dense_graphs=(GraphOptions.dense_graphs,), fused_compile_mode: str = "default") -> list[RunSpec]:
     """Every configuration to run, in order: the graph modes sweep budget sets × cu rules ×
     max-seqlen modes, the lab modes attention backends × fuse_qkv × fuse_elementwise, ``lab-graph``
     dense graphs; a setting that does not apply to a mode keeps its default (one spec, not a copy per value)."""
@@ -129,9 +128,9 @@ def expand_specs(modes, budget_sets=(None,), cu_rules=(DEFAULT_CU_RULE,), max_se
         out += [RunSpec(m, None if b is None else tuple(b), c, s, att, f, fe, dg, fused_compile_mode)
                 for b in (budget_sets if graph else [None]) for c in (cu_rules if graph else [DEFAULT_CU_RULE])
                 for s in (max_seqlen_modes if graph else [DEFAULT_MAX_SEQLEN_MODE])
-                for att in (attentions if lab else ["auto"]) for f in (fuse_qkvs if lab else [FUSE_QKV])
-                for fe in (fuse_elementwises if lab else [FUSE_ELEMENTWISE])
-                for dg in (dense_graphs if m == "lab-graph" else [DENSE_GRAPHS])]
+                for att in (attentions if lab else ["auto"]) for f in (fuse_qkvs if lab else [GraphOptions.fuse_qkv])
+                for fe in (fuse_elementwises if lab else [GraphOptions.fuse_elementwise])
+                for dg in (dense_graphs if m == "lab-graph" else [GraphOptions.dense_graphs])]
     return list(dict.fromkeys(out))
 
 
@@ -235,7 +234,7 @@ class _Session:
 
     def measure(self, runner: Runner, spec: RunSpec, w: str) -> dict:
         """One row: ``spec``'s runner on workload ``w``."""
-        from ..core.hf import hf_image_features
+        from ..model.hf import hf_image_features
 
         if w == "stream":
             reqs, totals = self.stream
@@ -289,7 +288,7 @@ def _check_choices(modes, cu_rules, max_seqlen_modes, attentions) -> None:
 
 def _prepare_inputs(workloads, preset, dev, dt, stream_n: int, seed: int, progress: bool) -> tuple[dict, tuple | None]:
     """Inputs processed once, on the CPU, outside any timing; fixed ones moved to the device."""
-    from ..core.inputs import process_images
+    from ..model.inputs import process_images
 
     fixed = {}
     for w in (w for w in workloads if w != "stream"):
@@ -304,7 +303,8 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
               budget_sets=(None,), cu_rules=(DEFAULT_CU_RULE,), max_seqlen_modes=(DEFAULT_MAX_SEQLEN_MODE,),
               profile: bool = False, progress: bool = True, seed: int = 0, fused_compile_mode: str = "default",
               trace_dir=None, command: str | None = None, name: str = "bench", attentions=("auto",),
-              fuse_qkvs=(FUSE_QKV,), fuse_elementwises=(FUSE_ELEMENTWISE,), dense_graphs=(DENSE_GRAPHS,),
+              fuse_qkvs=(GraphOptions.fuse_qkv,), fuse_elementwises=(GraphOptions.fuse_elementwise,),
+              dense_graphs=(GraphOptions.dense_graphs,),
               on_job=None) -> dict:
     """Run every configuration (:func:`expand_specs` of the sweeps) on every workload; return the
     result dict (see the module docstring).
@@ -316,7 +316,7 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     """
     from tqdm.auto import tqdm
 
-    from ..core.presets import as_preset, model_for
+    from ..model.presets import as_preset, model_for
 
     dev = parse_device(device) if device is not None else default_device()
     default_preset, default_dtype = device_defaults(dev)

@@ -6,10 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..core.attention import ATTENTION_BACKENDS
-from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
-from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
-from ..core.graphs import DENSE_GRAPHS
+from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES, GraphOptions
+from ..kernels.attention import ATTENTION_BACKENDS
 from .args import (
     budgets_arg,
     choice_arg,
@@ -60,13 +58,13 @@ def add_bench_args(p) -> None:
         return "on" if v else "off"
 
     add("--fuse-qkv", type=on_off_list, default=None,
-        help=f"fused q/k/v GEMM in the lab modes, comma list: off, on (default: {on_off(FUSE_QKV)})")
+        help=f"fused q/k/v GEMM in the lab modes, comma list: off, on (default: {on_off(GraphOptions.fuse_qkv)})")
     add("--fuse-elementwise", type=on_off_list, default=None,
         help="lab modes: residual add + LayerNorm in one Triton kernel and bias + GELU in the GEMM epilogue, "
-             f"comma list: off, on (default: {on_off(FUSE_ELEMENTWISE)})")
+             f"comma list: off, on (default: {on_off(GraphOptions.fuse_elementwise)})")
     add("--dense-graphs", type=on_off_list, default=None,
         help="lab-graph: dense-attention graph variants for runs of full-length items, comma list: off, on "
-             f"(default: {on_off(DENSE_GRAPHS)})")
+             f"(default: {on_off(GraphOptions.dense_graphs)})")
     add("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
     add("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
     add("--seed", type=int, default=0, help="seed of the random weights and the synthetic images (default: 0)")
@@ -106,8 +104,9 @@ def run_bench_cli(args) -> int:
         cu_rules=args.cu_rule, max_seqlen_modes=args.max_seqlen_mode, profile=args.profile,
         progress=not args.no_progress, seed=args.seed, fused_compile_mode=args.fused_compile_mode,
         trace_dir=args.trace_dir, command=command, name=args.name, attentions=args.attention,
-        fuse_qkvs=args.fuse_qkv or (FUSE_QKV,), fuse_elementwises=args.fuse_elementwise or (FUSE_ELEMENTWISE,),
-        dense_graphs=args.dense_graphs or (DENSE_GRAPHS,), on_job=checkpoint)
+        fuse_qkvs=args.fuse_qkv or (GraphOptions.fuse_qkv,),
+        fuse_elementwises=args.fuse_elementwise or (GraphOptions.fuse_elementwise,),
+        dense_graphs=args.dense_graphs or (GraphOptions.dense_graphs,), on_job=checkpoint)
     print_table(result)
     print(f"results: {save_result(result, args.out, args.name, saved.get('path'))}")
     if args.figure != "none" and result["rows"]:

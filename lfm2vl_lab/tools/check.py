@@ -16,10 +16,10 @@ import time
 import torch
 
 from ..core.encoder import PackedVisionEncoder
-from ..core.graphs import GraphedEncoder
-from ..core.hf import hf_image_features
-from ..core.parity import float32_reference, judge_replay, lowp_parity
-from ..core.presets import build_model, checkpoint_from_env, checkpoint_info, model_for
+from ..core.graphed_encoder import GraphedEncoder
+from ..model.hf import hf_image_features
+from ..model.parity import float32_reference, judge_replay, lowp_parity
+from ..model.presets import build_model, checkpoint_from_env, checkpoint_info, model_for
 from .meter import measured_capture
 from .workloads import random_processor_output
 
@@ -154,8 +154,8 @@ def check_model_changes(name: str, dtype, seed: int = 0) -> dict:
     """Graphs after the model changed under them (core/guard.py): each change a notebook user might
     make after ``capture()`` must end in right output, recaptured where the weights moved; and the
     cost of the stamp check every ``encode`` (and every text-engine call) makes."""
-    from ..core.engine import TextEngine
-    from ..core.parity import lowp_parity
+    from ..model.parity import lowp_parity
+    from ..serving.engine import TextEngine
 
     changes = {"to(float16)": lambda m: m.to(torch.float16), "cpu().cuda()": lambda m: m.cpu().cuda(),
                "load_state_dict(assign=True)": lambda m: m.load_state_dict(

@@ -15,10 +15,10 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from ..core.graphs import GraphedEncoder
-from ..core.hf import hf_image_features
-from ..core.inputs import process_images
+from ..core.graphed_encoder import GraphedEncoder
 from ..core.packing import tokens_for
+from ..model.hf import hf_image_features
+from ..model.inputs import process_images
 from .args import check_choice
 from .meter import measured_capture
 from .timing import time_paired
@@ -348,7 +348,7 @@ def grid_rows(cases: list, desc: str, rows_for, progress: bool, on_row=None) -> 
 
 def run_e2e_cli(args) -> int:
     """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
-    from ..core.presets import build_model
+    from ..model.presets import build_model
     from .results import RESULTS_ROOT, save_result
 
     dev, dt, presets, result = start_run("e2e", args, rows=[], parity=[])

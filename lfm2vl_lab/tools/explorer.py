@@ -23,8 +23,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from ..core.config import EncoderGraphConfig, auto_budgets, auto_max_items, check_budgets
-from ..core.graphs import MAX_RUN_ITEMS
+from ..core.config import EncoderGraphConfig, GraphOptions, auto_budgets, auto_max_items, check_budgets
 from ..core.manager import plan_config, plan_stats
 from ..core.packing import MIN_IMAGE_TOKENS, tokens_for
 from . import reference
@@ -42,7 +41,7 @@ NOT_RECORDED = "not recorded"
 
 @lru_cache(maxsize=8)
 def _stream_tokens(n: int, seed: int, preset: str) -> tuple[tuple[int, ...], ...]:
-    from ..core.inputs import process_images
+    from ..model.inputs import process_images
 
     out = []
     for r in synthetic_workload(n, seed):
@@ -108,7 +107,7 @@ def replays_per_budget(calls: list[list[int]], config) -> dict[int, int]:
 
 
 def explore(budgets=None, max_items: int | None = None, stream: list[list[int]] | None = None,
-            per_call: int = 1, max_run_items: int = MAX_RUN_ITEMS, memory: dict | None = None,
+            per_call: int = 1, max_run_items: int = GraphOptions.max_run_items, memory: dict | None = None,
             gpu: str = reference.REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
     """What ``budgets`` (default: the automatic ones) and ``max_items`` (default: automatic) do to
     ``stream`` (default: :func:`stream_tokens`) served ``per_call`` requests per call.

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 import torch
 
 from ..core.capture import capture_graph
-from ..core.parity import rel_error
+from ..model.parity import rel_error
 from .capture_breaks import capture_errors, capture_outcome, first_line  # noqa: F401 (capture_outcome: re-exported)
 from .modes import counter_diff, dynamo_counters
 from .results import RESULTS_ROOT

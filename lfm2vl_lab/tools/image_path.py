@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..core.inputs import process_images, processor_for
+from ..model.inputs import process_images, processor_for
 from .timing import percentile, time_paired
 from .workloads import to_device
 
@@ -189,7 +189,7 @@ def image_path_rows(model, genc, workloads=IMAGE_PATH_WORKLOADS, repeats: int = 
     the target), and the processor on the model's device against the CPU one, compared
     (:func:`compare_processors`) and timed (:func:`time_processors`), and on CUDA the host-fed
     call's extra cost split into gather and upload (:func:`staging_split`). Sample lists are kept."""
-    from ..core.inputs import process_images
+    from ..model.inputs import process_images
     from .workloads import workload_images
 
     rows = []

@@ -25,9 +25,7 @@ from typing import Any
 
 import torch
 
-from ..core.config import EncoderGraphConfig
-from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
-from ..core.graphs import DENSE_GRAPHS
+from ..core.config import EncoderGraphConfig, GraphOptions
 from .meter import graph_memory, measured_capture
 
 MODES = ("hf-eager", "lab-eager", "lab-graph", "compile", "lab-graph-fused")
@@ -143,13 +141,13 @@ def _captured(genc, progress: bool) -> dict:
 def make_runner(mode: str, model, *, budgets=None, cu_rule: str = DEFAULT_CU_RULE,
                 max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE, fused_compile_mode: str = "default",
                 progress: bool = False, attention: str = "auto",
-                fuse_qkv: bool = FUSE_QKV, fuse_elementwise: bool = FUSE_ELEMENTWISE,
-                dense_graphs: bool = DENSE_GRAPHS) -> Runner:
+                fuse_qkv: bool = GraphOptions.fuse_qkv, fuse_elementwise: bool = GraphOptions.fuse_elementwise,
+                dense_graphs: bool = GraphOptions.dense_graphs) -> Runner:
     """Build (and for graph modes capture) one mode on ``model``. ``budgets=None``: the automatic
     budgets. Raises ``ValueError`` for an unknown mode."""
     from ..core.encoder import PackedVisionEncoder
-    from ..core.graphs import GraphedEncoder
-    from ..core.hf import hf_image_features
+    from ..core.graphed_encoder import GraphedEncoder
+    from ..model.hf import hf_image_features
 
     if mode == "hf-eager":
         return Runner(mode, lambda inp: hf_image_features(model, inp))
@@ -175,12 +173,13 @@ def make_runner(mode: str, model, *, budgets=None, cu_rule: str = DEFAULT_CU_RUL
 
 def make_fused(model, budgets=None, cu_rule: str = DEFAULT_CU_RULE, max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE,
                compile_mode: str = "default", progress: bool = False, attention: str = "auto",
-               fuse_qkv: bool = FUSE_QKV, fuse_elementwise: bool = FUSE_ELEMENTWISE) -> Runner:
+               fuse_qkv: bool = GraphOptions.fuse_qkv,
+               fuse_elementwise: bool = GraphOptions.fuse_elementwise) -> Runner:
     """GraphedEncoder with an inductor-compiled body. ``fullgraph=True`` first: one fused program
     per budget. If dynamo or inductor cannot compile it whole (:func:`is_trace_failure`), fall back
     to a body with graph breaks and say so in ``fullgraph_error``; any other error propagates."""
     from ..core.encoder import PackedVisionEncoder
-    from ..core.graphs import GraphedEncoder
+    from ..core.graphed_encoder import GraphedEncoder
 
     error = None
     for fullgraph in (True, False):

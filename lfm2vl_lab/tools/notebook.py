@@ -25,14 +25,14 @@ import warnings
 
 import torch
 
-from ..core.attention import cuda_capability, resolve_attention, sm
-from ..core.presets import CHECKPOINT_ENV, checkpoint_from_env
+from ..kernels.attention import cuda_capability, resolve_attention, sm
+from ..model.presets import CHECKPOINT_ENV, checkpoint_from_env
 from . import reference
 from .results import RESULTS_ROOT, gpu_slug, recorded_label
 from .workloads import default_device, device_defaults
 
 RECORDED_GPU = "nvidia-h200"  # the GPU whose recorded results the notebooks read: data/results/nvidia-h200/
-# GraphedEncoder's one warning without CUDA (core/graphs.py), and what a notebook's first cell says instead
+# GraphedEncoder's one warning without CUDA (core/graphed_encoder.py), and what a notebook's first cell says instead
 CPU_FALLBACK_WARNING = "GraphedEncoder: no CUDA device"
 CPU_FALLBACK_NOTE = ("note: no CUDA device, so GraphedEncoder.encode() runs the packed eager encoder here (no graphs); "
                      "its stats count those calls as eager_calls")

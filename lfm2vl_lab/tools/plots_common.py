@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterable
 
 from matplotlib.figure import Figure
 
-from ..core.encoder import FUSE_ELEMENTWISE, FUSE_QKV
-from ..core.graphs import DENSE_GRAPHS
+from ..core.config import GraphOptions
 from .floor import busy_over_wall as busy_exceeds_wall  # noqa: F401  (the one rule, under the plots' name)
 from .workloads import NXS
 
@@ -25,7 +24,7 @@ MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b
 DEFAULT_GRAPH_CONFIG = ("auto", "safe", "tight")  # preferred (budget_set, cu_rule, max_seqlen_mode) in figures
 DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default
 # The kit's kernel options and their defaults; a row without the key ran before the option existed (off)
-KERNEL_OPTIONS = {"fuse_qkv": FUSE_QKV, "fuse_elementwise": FUSE_ELEMENTWISE, "dense_graphs": DENSE_GRAPHS}
+KERNEL_OPTIONS = {k: getattr(GraphOptions, k) for k in ("fuse_qkv", "fuse_elementwise", "dense_graphs")}
 MAX_WIDTH_IN = 12.0  # figures fit a page: at most this wide (inches; 1440 px at the report's 120 dpi)
 
 

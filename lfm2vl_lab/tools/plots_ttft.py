@@ -17,7 +17,7 @@ import math
 
 from matplotlib.figure import Figure
 
-from ..core.pipeline import MODES
+from ..serving.pipeline import MODES
 from .plots_common import NoData, one_per, set_title
 from .ttft import mode_name
 

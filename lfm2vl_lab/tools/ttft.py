@@ -1,4 +1,4 @@
-"""TTFT the way a serving engine sees it: the four modes of :mod:`~lfm2vl_lab.core.pipeline` (text
+"""TTFT the way a serving engine sees it: the four modes of :mod:`~lfm2vl_lab.serving.pipeline` (text
 model eager or graphed × encoder eager or graphed), timed in alternating turns, each request broken
 into its phases (processor, host-to-device, encoder, merge, prefill, first-token sampling) and its
 decode steps.
@@ -22,11 +22,11 @@ import time
 
 import torch
 
-from ..core.engine import TextEngine, bucket_len
-from ..core.inputs import process_images
 from ..core.packing import tokens_for
-from ..core.parity import lowp_parity
-from ..core.pipeline import MODES, VlmPipeline
+from ..model.inputs import process_images
+from ..model.parity import lowp_parity
+from ..serving.engine import TextEngine, bucket_len
+from ..serving.pipeline import MODES, VlmPipeline
 from .e2e import DECODE_DRIFT_WARN, IMAGES, PROMPT_TEXT_TOKENS, build_prompt, grid_rows, paired_reduction
 from .timing import time_call, time_paired
 from .workloads import synthetic_image

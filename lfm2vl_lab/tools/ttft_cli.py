@@ -58,9 +58,9 @@ def add_ttft_args(p) -> None:
 
 
 def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
-    from ..core.engine import TextEngine, bucket_len
-    from ..core.graphs import GraphedEncoder
-    from ..core.presets import build_model
+    from ..core.graphed_encoder import GraphedEncoder
+    from ..model.presets import build_model
+    from ..serving.engine import TextEngine, bucket_len
     from .meter import measured_capture
 
     progress = not args.no_progress

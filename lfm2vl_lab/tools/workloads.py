@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.attention import cuda_capability
-from ..core.inputs import image_limits
 from ..core.packing import tokens_for
+from ..kernels.attention import cuda_capability
+from ..model.inputs import image_limits
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "data" / "images"
 DEFAULT_WORKLOADS = ("1x512", "1x256", "4x512", "tiled")
@@ -195,7 +195,7 @@ def stream_requests(n: int, preset, seed: int = 0, progress: bool = False) -> tu
     """Processor output (CPU) of ``n`` seeded requests (:func:`synthetic_workload`), and totals over them."""
     from tqdm.auto import tqdm
 
-    from ..core.inputs import process_images
+    from ..model.inputs import process_images
 
     reqs = []
     for r in tqdm(synthetic_workload(n, seed), desc="processing stream images", leave=False, disable=not progress):

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from .encoder import lfm2vl_parts
+from ..core.encoder import lfm2vl_parts
+from ..core.packing import lfm2vl_check_shapes, lfm2vl_read_inputs
+from ..model.hf import hf_image_features
+from ..model.inputs import image_limits
 from .engine import TextEngine, check_embeds, lfm2_text_parts, read_count, read_lengths, upload
-from .hf import hf_image_features
-from .inputs import image_limits
-from .packing import lfm2vl_check_shapes, lfm2vl_read_inputs
 
 MODES = ("eager", "graphed")
 PHASES = ("h2d", "encoder", "merge", "prefill", "sample", "decode")

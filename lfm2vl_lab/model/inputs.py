@@ -11,12 +11,12 @@ processor expects: transformers itself crashes on greyscale and RGBA input.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..core.packing import ImageLimits
 from .presets import Preset, as_preset, available_presets
 
 # Transparent pixels are shown over this colour: white, the way a browser or a document shows a
@@ -208,18 +208,6 @@ def processor_for(model_or_preset):
     return proc
 
 
-@dataclass(frozen=True)
-class ImageLimits:
-    """What the encoder must know of the processor: patch size, downsample factor, the token
-    limits of one item and the rows every item is padded to."""
-
-    patch_size: int
-    downsample_factor: int
-    min_image_tokens: int
-    max_image_tokens: int
-    max_num_patches: int
-
-
 def image_limits(model_or_preset) -> ImageLimits:
     """The :class:`ImageLimits` of a preset, a model or a processor, read from the processor itself
     (so a loaded checkpoint's own settings count). A model that carries no processor gets the
@@ -227,13 +215,7 @@ def image_limits(model_or_preset) -> ImageLimits:
     from transformers import Lfm2VlImageProcessor
 
     proc = _known_processor(model_or_preset)
-    if proc is None:
-        proc = Lfm2VlImageProcessor()
-    return ImageLimits(
-        patch_size=proc.encoder_patch_size, downsample_factor=proc.downsample_factor,
-        min_image_tokens=proc.min_image_tokens, max_image_tokens=proc.max_image_tokens,
-        max_num_patches=proc.max_num_patches,
-    )
+    return ImageLimits.of(proc if proc is not None else Lfm2VlImageProcessor())
 
 
 def process_images(images, model_or_preset, return_row_col_info: bool = False, device=None) -> dict:

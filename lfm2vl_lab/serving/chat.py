@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.graphed_encoder import GraphedEncoder
+from ..model.inputs import to_rgb
 from .engine import TextEngine
-from .graphs import GraphedEncoder
-from .inputs import to_rgb
 from .pipeline import VlmPipeline
 
 CHAT_MAX_LEN = 4096  # positions the chat's text engine holds (prompt + answer); a longer turn gets a larger one
@@ -110,7 +110,7 @@ def chat_processor(model):
         raise ValueError(f"checkpoint {ck['name']!r} has no tokenizer (tokenizer.json, tokenizer_config.json): "
                          "chat needs the folder's tokenizer and chat template; fetch the whole model folder")
     if getattr(model, "lab_preset", None) is not None:
-        from .toy_processor import toy_processor
+        from ..model.toy_processor import toy_processor
 
         proc = toy_processor(model)
         model.lab_chat_processor = proc

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .capture import capture_failed, capture_graph, prepare_capture
-from .guard import WeightStamp, change_warning
+from ..core.capture import capture_failed, capture_graph, prepare_capture
+from ..core.guard import WeightStamp, change_warning
 
 LEN_BUCKET = 64  # a prefill pads to a multiple of this: at most 63 wasted positions per request
 BATCH_BUCKETS = (1, 2, 4, 8)  # vLLM's smallest decode capture sizes

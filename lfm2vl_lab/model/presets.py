@@ -159,7 +159,10 @@ def build_model(
     # manager does that itself: capture.recover_from_failed_capture.)
     with torch.device(device):
         model = Lfm2VlForConditionalGeneration(cfg)
+    from .inputs import make_processor
+
     model.lab_preset = as_preset(preset)  # remembered so helpers can find processor settings
+    model.lab_processor = make_processor(model.lab_preset)  # what the encoder reads its limits from
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -240,12 +243,11 @@ def _folder_chat_processor(folder: Path, image_processor):
 def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, device="cpu"):
     """Load a real LFM2-VL checkpoint from a local folder (never from a hub; ``~`` is expanded).
 
-    The model knows its image processor, so ``process_images(images, model)``,
-    ``GraphedEncoder(model).encode_images`` and the graph budgets use the checkpoint's own settings:
-    ``model.lab_processor`` is the folder's ``Lfm2VlImageProcessor`` (from preprocessor_config.json)
-    when it ships one. ``model.lab_preset`` is set when a shipped preset has the model's shapes; with
-    no processor file, that preset's processor is used (with a warning). With neither, a warning says
-    images cannot be processed for this model.
+    The model knows its image processor, so ``process_images(images, model)`` and the graph budgets
+    use the checkpoint's own settings: ``model.lab_processor`` is the folder's ``Lfm2VlImageProcessor``
+    (from preprocessor_config.json) when it ships one. ``model.lab_preset`` is set when a shipped
+    preset has the model's shapes; with no processor file, that preset's processor is used (with a
+    warning). With neither, a warning says images cannot be processed for this model.
 
     ``model.lab_chat_processor`` is the folder's ``Lfm2VlProcessor`` (tokenizer and chat template,
     for :func:`~.chat.chat`), None when the folder has no tokenizer; ``model.lab_checkpoint`` names
@@ -275,9 +277,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, dev
     if processor is None and preset is not None:
         from .inputs import make_processor
 
-        chat_processor = _folder_chat_processor(folder, make_processor(preset))
-    else:
-        chat_processor = _folder_chat_processor(folder, processor)
+        processor = make_processor(preset)
+    chat_processor = _folder_chat_processor(folder, processor)
     model = Lfm2VlForConditionalGeneration.from_pretrained(
         folder, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
     )
