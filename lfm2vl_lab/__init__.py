@@ -18,7 +18,7 @@ import pkgutil
 from pathlib import Path
 
 from .core.capture import recover_from_failed_capture
-from .core.config import EncoderGraphConfig, auto_budgets
+from .core.config import EncoderGraphConfig, GraphOptions, auto_budgets
 from .core.encoder import PackedVisionEncoder, SplitProjector
 from .core.graphed_encoder import GraphedEncoder
 from .core.manager import plan_batches, plan_stats
@@ -43,7 +43,7 @@ from .tools.workloads import load_sample_images, random_processor_output, synthe
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChatReply", "EncoderGraphConfig", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder", "Preset",
+    "ChatReply", "EncoderGraphConfig", "GraphOptions", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder", "Preset",
     "SplitProjector", "auto_budgets", "available_presets", "build_model", "chat", "checkpoint_from_env",
     "count_params", "hf_image_features", "image_limits", "item_image", "load_model", "load_sample_images",
     "max_rel_error", "model_for", "pack_inputs", "plan_batches", "plan_stats", "process_images", "processor_for",

@@ -73,7 +73,7 @@ def test_the_traceback_a_notebook_keeps_holds_no_graph_or_buffer(tiny_model):
     their memory (on a GPU: the graph pool's) never comes back."""
     genc = GraphedEncoder(tiny_model, budgets=[64, 128], record=eager_stand_in)
     assert genc.adapter.graph_variants(64)[:2] == ("varlen", "dense1")
-    made, allocate = [], genc.adapter.allocate
+    made, allocate = [], genc.adapter.capture_inputs
 
     def recording(fn, pool=None, warmup=0):
         g = eager_stand_in(fn, pool, warmup)
@@ -85,7 +85,7 @@ def test_the_traceback_a_notebook_keeps_holds_no_graph_or_buffer(tiny_model):
         made.extend(weakref.ref(t) for t in buffers.values())
         return buffers
 
-    genc.record, genc.adapter.allocate = recording, allocating
+    genc.record, genc.adapter.capture_inputs = recording, allocating
     _failing_at(genc, 64, "dense1", KeyboardInterrupt, made)
     with pytest.raises(KeyboardInterrupt) as kept:  # kept alive here, as sys.last_value is in a notebook
         genc.capture()

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from lfm2vl_lab.core.config import EncoderGraphConfig
+from lfm2vl_lab.core.dense import DenseGraphConfig
 from lfm2vl_lab.core.manager import plan_config, plan_stats
 from lfm2vl_lab.tools import explorer as ex
 from lfm2vl_lab.tools import reference
@@ -58,7 +59,7 @@ def test_runs_of_full_length_items_use_the_run_budget_and_pad_nothing():
 @pytest.mark.parametrize("budgets,max_items", [([64, 2048], 2), ([64, 256, 512, 1024, 2048, 4096], 4)])
 def test_every_planned_batch_has_a_graph_when_no_run_budget_exists(budgets, max_items):
     # Without a run budget, a run of tiles must still respect the item limit: no graph has more slots.
-    config = EncoderGraphConfig.build(out_hidden_size=1, budgets=budgets, max_items=max_items, max_run_items=8)
+    config = DenseGraphConfig.build(out_hidden_size=1, budgets=budgets, max_items=max_items, max_run_items=8)
     tokens = [256] * 8 + [100, 72]
     batches, eager = plan_config(tokens, config)
     assert eager == [] and all(len(b) <= max_items for b in batches)

@@ -20,12 +20,13 @@ from lfm2vl_lab import (
     synthetic_workload,
 )
 from lfm2vl_lab.core.capture import eager_stand_in
-from lfm2vl_lab.core.config import make_pad_cu_seqlens_safe, pad_cu_seqlens_repeat_last, pad_default
+from lfm2vl_lab.core.config import pad_cu_seqlens_repeat_last, safe_cu_seqlens
+from lfm2vl_lab.core.dense import DenseGraphConfig, leading_full_items, parse_variant, variant_name
 from lfm2vl_lab.core.encoder import PackedVisionEncoder
-from lfm2vl_lab.core.lfm2vl import check_finite_items, leading_full_items, parse_variant, variant_name
-from lfm2vl_lab.core.manager import GraphStats, plan_config
+from lfm2vl_lab.core.lfm2vl import check_finite_items
+from lfm2vl_lab.core.manager import GraphStats, pad_default, plan_config
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx, tokens_for
-from lfm2vl_lab.core.staging import PixelItems
+from lfm2vl_lab.core.staging import PixelItems, row_offsets
 from lfm2vl_lab.model.parity import float32_reference, judge_replay
 from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes
 
@@ -157,31 +158,33 @@ def test_safe_cu_seqlens_rule(budget, shapes):
     rows, ms = cfg.rows(budget), cfg.max_seqlen(budget)
     dst = torch.full((cfg.cu_size(budget),), -7, dtype=torch.int32)
     src = lfm2vl_cu_seqlens(shapes)
-    cfg.padding_for("cu_seqlens", budget)(dst, src)
+    cfg.padding_logics["cu_seqlens"](dst, safe_cu_seqlens(src, rows, ms))
     _check_safe(dst, src, rows, ms)
 
 
 def test_safe_cu_seqlens_exact_buffer():
     dst = torch.zeros(8, dtype=torch.int32)
-    make_pad_cu_seqlens_safe(4096, 1024)(dst, torch.tensor([0, 4], dtype=torch.int32))
+    pad_cu_seqlens_repeat_last(dst, safe_cu_seqlens(torch.tensor([0, 4], dtype=torch.int32), 4096, 1024))
     assert dst.tolist() == [0, 4, 1028, 2052, 3076, 4096, 4096, 4096]
 
 
 def test_safe_cu_seqlens_loose_max_seqlen():
     cfg = EncoderGraphConfig.build(out_hidden_size=64, max_seqlen_mode="loose")
     dst = torch.zeros(cfg.cu_size(1024), dtype=torch.int32)
-    cfg.padding_for("cu_seqlens", 1024)(dst, torch.tensor([0, 24, 1048], dtype=torch.int32))
+    src = safe_cu_seqlens(torch.tensor([0, 24, 1048], dtype=torch.int32), cfg.rows(1024), cfg.max_seqlen(1024))
+    pad_cu_seqlens_repeat_last(dst, src)
     assert dst.tolist()[:4] == [0, 24, 1048, 4096] and set(dst.tolist()[3:]) == {4096}
 
 
 def test_safe_cu_seqlens_too_small_buffer():
+    src = safe_cu_seqlens(torch.tensor([0, 4], dtype=torch.int32), 4096, 1024)
     with pytest.raises(ValueError, match="do not fit a buffer of 3"):
-        make_pad_cu_seqlens_safe(4096, 1024)(torch.zeros(3, dtype=torch.int32), torch.tensor([0, 4], dtype=torch.int32))
+        pad_cu_seqlens_repeat_last(torch.zeros(3, dtype=torch.int32), src)
 
 
 def test_repeat_last_cu_seqlens_rule():
     cfg = EncoderGraphConfig.build(out_hidden_size=64, cu_seqlens_rule="repeat_last")
-    assert cfg.padding_for("cu_seqlens", 512) is pad_cu_seqlens_repeat_last
+    assert cfg.padding_logics == {"cu_seqlens": pad_cu_seqlens_repeat_last}  # vLLM's LFM2-VL config
     dst = torch.full((cfg.cu_size(512),), -7, dtype=torch.int32)
     src = lfm2vl_cu_seqlens([(4, 6), (32, 32)])
     pad_cu_seqlens_repeat_last(dst, src)
@@ -214,48 +217,78 @@ def test_pad_default_too_big():
         pad_default(torch.zeros(8, 3), [torch.zeros(5, 3), torch.zeros(5, 3)])
 
 
-def test_config_padding_for_defaults():
+def test_config_padding_logics():
+    """The config names its buffers; a padding logic for a buffer it does not name is refused."""
     cfg = EncoderGraphConfig.build(out_hidden_size=64)
-    assert cfg.padding_for("pixel_values", 64) is pad_default
-    assert cfg.padding_for("gather_idx", 64) is pad_default
-    def custom(dst, src):
-        pass
+    assert cfg.buffer_keys == ("pixel_values", "pos_embeds", "cu_seqlens", "gather_idx")
+    with pytest.raises(ValueError, match=r"padding_logics name buffers \['pixels'\]"):
+        EncoderGraphConfig.build(out_hidden_size=64, padding_logics={"pixels": pad_default})
 
-    cfg2 = EncoderGraphConfig.build(out_hidden_size=64, padding_logics={"pixel_values": custom})
-    assert cfg2.padding_for("pixel_values", 64) is custom
+
+def test_a_custom_padding_logic_is_what_the_replay_reads(tiny_model):
+    """The manager fills each buffer through ``config.padding_logics.get(key, pad_default)``: a logic
+    for ``pos_embeds`` that zeroes every row changes what the graph computes, and only that."""
+    calls = []
+
+    def zero_positions(dst, src):
+        calls.append(sum(t.shape[0] for t in src))
+        dst.zero_()
+
+    inputs = random_processor_output([(16, 16)], seed=3)
+    genc = GraphedEncoder(tiny_model, budgets=[64], dense_graphs=False, record=eager_stand_in)
+    genc.capture()
+    plain = genc.encode(inputs)
+    genc.config.padding_logics["pos_embeds"] = zero_positions
+    genc.adapter.resident.clear()  # the buffers hold this grid's positions already: fill them again
+    custom = genc.encode(inputs)
+    assert calls == [256] and not torch.allclose(plain[0], custom[0])
+    enc = genc.encoder
+    packed = enc.pack(inputs)
+    want = enc(packed.pixel_values, torch.zeros_like(packed.pos_embeds), packed.cu_seqlens, packed.max_seqlen,
+               packed.gather_idx)
+    torch.testing.assert_close(custom[0], want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("rule", ["safe", "repeat_last"])
-def test_host_meta_buffer(tiny_model, rule):
-    """What a replay uploads: cu_seqlens padded by the rule, then gather_idx zero-padded."""
+def test_replay_sources(tiny_model, rule):
+    """What a replay hands the manager: pixel rows, position rows and the host layout (cu_seqlens
+    with the rule's dummies, then gather_idx), each by its buffer's name."""
     genc = GraphedEncoder(tiny_model, cu_seqlens_rule=rule)
-    cfg, cu_size, rows = genc.config, genc.config.cu_size(512), genc.config.rows(512)
-    shapes = [(20, 32), (4, 6)]  # no full-length (1024-row) item first: the varlen graph
-    variant, meta = genc.adapter.host_meta(512, shapes)
-    assert variant == "varlen" and meta.dtype == torch.int32 and meta.shape == (cu_size + rows,)
-    cu, gi = meta[:cu_size], meta[cu_size:]
-    assert cu[:3].tolist() == [0, 640, 664]
+    cfg, rows = genc.config, genc.config.rows(512)
+    shapes = ((20, 32), (4, 6))  # no full-length (1024-row) item first: the varlen graph
+    layout = genc.adapter.layout(512, "varlen", shapes)
+    cu, gi = layout["cu_seqlens"], layout["gather_idx"]
+    assert cu.dtype == gi.dtype == torch.int32 and cu[:3].tolist() == [0, 640, 664]
+    dst = torch.zeros(cfg.cu_size(512), dtype=torch.int32)
+    cfg.padding_logics["cu_seqlens"](dst, cu)
     if rule == "safe":
-        _check_safe(cu, lfm2vl_cu_seqlens(shapes), rows, cfg.max_seqlen(512))
+        _check_safe(dst, lfm2vl_cu_seqlens(list(shapes)), rows, cfg.max_seqlen(512))
     else:
-        assert set(cu[3:].tolist()) == {664}
-    assert torch.equal(gi[:664], lfm2vl_gather_idx(shapes).int())
-    assert not gi[664:].any()
-    assert genc.adapter.host_meta(512, shapes)[1] is meta  # cached per (budget, shapes)
+        assert set(dst[3:].tolist()) == {664}
+    assert torch.equal(gi, lfm2vl_gather_idx(list(shapes)).int())
+    items = PixelItems(torch.zeros(664, 768), list(shapes), (0, 640, 664))
+    replay = genc.adapter.replay_buffers(items, [0, 1], 512)
+    assert replay.variant == "varlen" and sorted(replay.sources) == sorted(cfg.buffer_keys)
+    hits = genc.adapter.layouts.hits
+    genc.adapter.resident.clear()
+    assert genc.adapter.replay_buffers(items, [0, 1], 512).sources["cu_seqlens"] is replay.sources["cu_seqlens"]
+    assert genc.adapter.layouts.hits == hits + 1  # a layout is built once per (budget, variant, grids)
+    again = genc.adapter.replay_buffers(items, [0, 1], 512)
+    assert sorted(again.sources) == ["pixel_values"]  # the buffers hold these grids already
     # a full-length item, then a rest: cu_seqlens describes only the rest's rows (2048 - 1024 of them)
-    shapes = [(32, 32), (4, 6)]
-    variant, meta = genc.adapter.host_meta(512, shapes)
-    assert variant == "dense1+varlen"
-    cu = meta[:cu_size]
+    shapes = ((32, 32), (4, 6))
+    layout = genc.adapter.layout(512, "dense1+varlen", shapes)
+    dst = torch.zeros(cfg.cu_size(512), dtype=torch.int32)
+    cfg.padding_logics["cu_seqlens"](dst, layout["cu_seqlens"])
     if rule == "safe":
-        _check_safe(cu, lfm2vl_cu_seqlens(shapes[1:]), rows - 1024, cfg.max_seqlen(512))
+        _check_safe(dst, lfm2vl_cu_seqlens(list(shapes[1:])), rows - 1024, cfg.max_seqlen(512))
     else:
-        assert cu[:2].tolist() == [0, 24] and set(cu[2:].tolist()) == {24}
-    assert torch.equal(meta[cu_size : cu_size + 1048], lfm2vl_gather_idx(shapes).int())
+        assert dst[:2].tolist() == [0, 24] and set(dst[2:].tolist()) == {24}
+    assert torch.equal(layout["gather_idx"], lfm2vl_gather_idx(list(shapes)).int())
     # a pure run of two: only its rows' gather_idx, no cu_seqlens to read
-    variant, meta = genc.adapter.host_meta(512, [(32, 32)] * 2)
-    assert variant == "dense2" and meta.shape == (cu_size + 2048,)
-    assert torch.equal(meta[cu_size:], lfm2vl_gather_idx([(32, 32)] * 2).int())
+    layout = genc.adapter.layout(512, "dense2", ((32, 32),) * 2)
+    assert sorted(layout) == ["gather_idx"]
+    assert torch.equal(layout["gather_idx"], lfm2vl_gather_idx([(32, 32)] * 2).int())
 
 
 # --------------------------------------------------------------------------------------------
@@ -742,20 +775,21 @@ def test_leading_full_items(shapes, rows, expected):
 
 
 def test_config_run_budget_and_dense_geometry():
-    cfg = EncoderGraphConfig.build(out_hidden_size=64, max_run_items=16)
+    cfg = DenseGraphConfig.build(out_hidden_size=64, max_run_items=16)
     assert cfg.run_tokens == 256 and cfg.run_budget == 4096 and cfg.graph_budgets == DEFAULT_BUDGETS + [4096]
     assert cfg.slots(4096) == 16 and cfg.budget_for(5 * 256, 5) == 4096 and cfg.budget_for(1024, 4) == 1024
     assert [cfg.dense_rows(b) for b in cfg.graph_budgets] == [256, 512, 1024, 1024, 1024, 1024]
     assert [cfg.dense_blocks(b) for b in cfg.graph_budgets] == [1, 1, 1, 2, 4, 16]
-    assert EncoderGraphConfig.build(out_hidden_size=64).run_budget is None  # off unless asked for
+    assert DenseGraphConfig.build(out_hidden_size=64).run_budget is None  # off unless asked for
+    assert EncoderGraphConfig.build(out_hidden_size=64).graph_budgets == DEFAULT_BUDGETS  # the seed has none
     # budgets too small for one full-length item (it runs eagerly): no run budget to capture for nothing
-    assert EncoderGraphConfig.build(out_hidden_size=64, budgets=[64, 128], max_run_items=8).run_budget is None
+    assert DenseGraphConfig.build(out_hidden_size=64, budgets=[64, 128], max_run_items=8).run_budget is None
     # a run limit the largest budget already holds needs no extra budget
-    assert EncoderGraphConfig.build(out_hidden_size=64, max_run_items=4).graph_budgets == DEFAULT_BUDGETS
-    loose = EncoderGraphConfig.build(out_hidden_size=64, max_run_items=16, max_seqlen_mode="loose")
+    assert DenseGraphConfig.build(out_hidden_size=64, max_run_items=4).graph_budgets == DEFAULT_BUDGETS
+    loose = DenseGraphConfig.build(out_hidden_size=64, max_run_items=16, max_seqlen_mode="loose")
     assert loose.dense_rows(1024) == 1024  # dense items are 512 px ones whatever max_seqlen says
     with pytest.raises(ValueError, match="max_run_items"):
-        EncoderGraphConfig.build(out_hidden_size=64, max_run_items=-1)
+        DenseGraphConfig.build(out_hidden_size=64, max_run_items=-1)
 
 
 def test_graph_variants_per_budget(tiny_model):
@@ -787,24 +821,25 @@ def test_capture_layout_stays_inside_every_variants_rows(tiny_model, rule):
     genc = GraphedEncoder(tiny_model, cu_seqlens_rule=rule)
     a, cfg = genc.adapter, genc.config
     for b in cfg.graph_budgets:
-        bufs = a.allocate(b)
-        a.fill_dummy(bufs, b)
-        cu = bufs["meta"][: cfg.cu_size(b)]
+        bufs = a.capture_inputs(b)
+        assert sorted(bufs) == sorted(cfg.buffer_keys)
+        cu = bufs["cu_seqlens"]
         assert bool((cu[1:] >= cu[:-1]).all()) and int(cu[0]) == 0
         for v in a.graph_variants(b):
             rows = a.varlen_rows(b, v)
             assert rows == 0 or int(cu.max()) <= rows, (b, v, cu.tolist(), rows)
             # and the gather the variant reads indexes only rows it computes
             computed = rows + parse_variant(v)[0] * cfg.dense_rows(b)
-            gather = bufs["meta"][cfg.cu_size(b): cfg.cu_size(b) + computed]
+            gather = bufs["gather_idx"][:computed]
             assert int(gather.max()) < computed, (b, v)
 
 
 def test_run_budget_guard_takes_only_pure_runs(tiny_model):
     genc = GraphedEncoder(tiny_model)
-    items = PixelItems(torch.empty(0), [(32, 32)] * 5 + [(16, 16)])  # the guard reads only the patch grids
-    assert genc.adapter.fits(None, 2048, items, [0, 1, 2, 3, 4])
-    assert not genc.adapter.fits(None, 2048, items, [0, 1, 2, 3, 5])  # a smaller item: refused, runs eagerly
+    shapes = [(32, 32)] * 5 + [(16, 16)]
+    items = PixelItems(torch.zeros(5 * 1024 + 256, 768), shapes, row_offsets(shapes))
+    assert genc.adapter.replay_buffers(items, [0, 1, 2, 3, 4], 2048) is not None
+    assert genc.adapter.replay_buffers(items, [0, 1, 2, 3, 5], 2048) is None  # a smaller item: refused, runs eagerly
 
 
 # Batches that reach each kind of variant (the first items full-length, 32x32 = 1024 rows)

@@ -79,8 +79,8 @@ def test_cpu_stager_gathers_into_fresh_tensors():
     """On a CPU device nothing is pinned and nothing is reused: a later call cannot overwrite an
     earlier result."""
     stager, pv = RowStager("cpu"), _padded()
-    first = stager.stage(pv, SHAPES, torch.bfloat16)
-    second = stager.stage(_padded(seed=1), SHAPES, torch.bfloat16)
+    first = stager.upload(pv, SHAPES, torch.bfloat16)
+    second = stager.upload(_padded(seed=1), SHAPES, torch.bfloat16)
     assert torch.equal(first, _real(pv, SHAPES).bfloat16()) and not torch.equal(first, second)
     assert stager.info() == {"calls": 2, "host_waits": 0, "grows": 0, "pinned_bytes": 0}
 

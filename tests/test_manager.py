@@ -7,13 +7,13 @@ its own (nothing from the LFM2-VL side), which is all the manager may rely on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import torch
 
 from lfm2vl_lab.core.capture import capture_graph, eager_stand_in
-from lfm2vl_lab.core.manager import EncoderGraphManager, plan_batches
+from lfm2vl_lab.core.manager import EncoderGraphManager, Replay, pad_default, plan_batches
 
 DIM = 8
 
@@ -22,27 +22,28 @@ DIM = 8
 class ToyConfig:
     budgets: list[int]
     max_items: int
+    out_hidden_size: int = DIM
+    buffer_keys: tuple[str, ...] = ("x",)
+    padding_logics: dict = field(default_factory=dict)
+
+    @property
+    def graph_budgets(self):
+        return self.budgets
 
     def budget_for(self, tokens: int, items: int = 1) -> int | None:
         return next((b for b in self.budgets if tokens <= b), None)
 
 
 class ToyEncoder:
-    """A per-row MLP over variable-length items, behind the manager's protocol."""
-
-    variants = ("default",)
+    """A per-row MLP over variable-length items, behind the manager's protocol: one buffer, ``x``."""
 
     def __init__(self, budgets, max_items, device="cpu"):
         gen = torch.Generator().manual_seed(0)
         self.config = ToyConfig(sorted(budgets), max_items)
         self.w1 = torch.randn(DIM, 16, generator=gen).to(device)
         self.w2 = torch.randn(16, DIM, generator=gen).to(device)
-        self._device = torch.device(device)
+        self.device, self.dtype = torch.device(device), torch.float32
         self.refuse: set[int] = set()  # budgets whose guard says no (to test the fallback)
-
-    @property
-    def device(self):
-        return self._device
 
     def mlp(self, x):
         return torch.tanh(x @ self.w1) @ self.w2
@@ -52,38 +53,22 @@ class ToyEncoder:
             raise ValueError(f"toy items must be (n, {DIM}) tensors, got {[tuple(t.shape) for t in inputs]}")
         return [t.to(self.device) for t in inputs], [t.shape[0] for t in inputs]
 
-    def allocate(self, budget):
-        return {"x": torch.zeros(budget, DIM, device=self.device), "out": torch.zeros(budget, DIM, device=self.device)}
-
-    def describe(self, budget):
-        return {"rows": budget}
-
-    def fill_dummy(self, buffers, budget):
-        buffers["x"].normal_()
+    def capture_inputs(self, budget):
+        return {"x": torch.randn(budget, DIM, device=self.device)}
 
     def graph_variants(self, budget):
-        return ("default",)
+        return ("mlp",)
 
     def forward_on_buffers(self, buffers, budget, variant):
         return self.mlp(buffers["x"])
 
-    def fits(self, buffers, budget, items, batch):
-        return budget not in self.refuse and sum(items[i].shape[0] for i in batch) <= buffers["x"].shape[0]
-
-    def fill_buffers(self, buffers, budget, items, batch):
-        n = sum(items[i].shape[0] for i in batch)
-        torch.cat([items[i] for i in batch], out=buffers["x"][:n])
-        buffers["x"][n:].zero_()
-        return "default"
-
-    def computed_tokens(self, budget, variant):
-        return budget
+    def replay_buffers(self, items, batch, budget):
+        if budget in self.refuse:
+            return None
+        return Replay({"x": [items[i] for i in batch]}, "mlp", budget)
 
     def forward_eager(self, items, batch):
         return self.mlp(torch.cat([items[i] for i in batch]))
-
-    def counters(self):
-        return {}
 
     def weights(self):
         return {}  # plain tensors, no modules: nothing for the stamp to watch
@@ -165,8 +150,41 @@ def test_capture_hook_sees_every_budget_and_its_numbers_join_capture_info():
 
     rows = manager.capture(hook=hook)
     assert seen == [16, 8, 4]
-    assert [(r["budget"], r["rows"], r["note"]) for r in rows] == [(16, 16, "b16"), (8, 8, "b8"), (4, 4, "b4")]
+    assert [(r["budget"], r["note"]) for r in rows] == [(16, "b16"), (8, "b8"), (4, "b4")]
     assert rows[0]["buffers_mb"] == pytest.approx(2 * 16 * DIM * 4 / 2**20)
+
+
+def test_the_manager_fills_each_buffer_through_its_padding_logic():
+    """vLLM's rule: ``padding_logics.get(key, default)``. A custom logic for ``x`` is what the
+    replay reads: it doubles the rows, so the output is the MLP of twice the input."""
+    seen = []
+
+    def doubled(dst, src):
+        seen.append(sum(t.shape[0] for t in src))
+        pad_default(dst, [2 * t for t in src])
+
+    toy = ToyEncoder([4, 8], max_items=2)
+    toy.config.padding_logics["x"] = doubled
+    manager = EncoderGraphManager(toy, record=eager_stand_in)
+    manager.capture()
+    items = _items([3, 2])
+    outs = manager.encode(items)
+    assert seen == [5]
+    for o, t in zip(outs, items):
+        torch.testing.assert_close(o, toy.mlp(2 * t), rtol=1e-5, atol=1e-5)
+    toy.config.padding_logics.clear()  # back to the default: the padded rows are zero
+    manager.encode(_items([3]))
+    assert torch.equal(manager.graphs[4].buffers["x"][3:], torch.zeros(1, DIM))
+
+
+def test_capture_inputs_must_be_the_named_buffers():
+    class Misnamed(ToyEncoder):
+        def capture_inputs(self, budget):
+            return {"y": torch.zeros(budget, DIM)}
+
+    manager = EncoderGraphManager(Misnamed([4], max_items=1), record=eager_stand_in)
+    with pytest.raises(RuntimeError, match=r"gave buffers \['y'\]; the config names \['x'\]"):
+        manager.capture()
 
 
 def test_real_capture_needs_cuda_and_says_so():

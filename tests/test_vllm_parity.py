@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lfm2vl_lab.core.config import auto_budgets, auto_max_items, pad_cu_seqlens_repeat_last, pad_default
+from lfm2vl_lab.core.config import auto_budgets, auto_max_items, pad_cu_seqlens_repeat_last
+from lfm2vl_lab.core.manager import pad_default
 from lfm2vl_lab.core.packing import PositionEmbeddingCache, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels
 
 # Not `pip install '.[vllm]'`: that pulls vLLM's own CUDA torch, ~9.4 GB. The script layers vLLM onto .venv (~1.2 GB).

@@ -1,9 +1,12 @@
-"""Graph config: token budgets, the item limit, and the padding logics that fill graph buffers.
+"""The graph config: token budgets, the item limit, the named buffers and the padding logics that
+fill them; and :class:`GraphOptions`, every setting of a graphed encoder with its one default.
 
 A CUDA graph replays fixed shapes, so the manager captures one graph per *budget* (output tokens
-it can hold) and pads each replay's data up to the chosen budget's buffers. How a buffer is padded
-is a *padding logic* ``fn(dst, src)``: it writes ``src`` into the persistent ``dst`` and makes the
-rest harmless. This module holds those rules and the config object that names them per buffer.
+it can hold) and pads each replay's data up to the chosen budget's buffers. The model side names
+its buffers (``buffer_keys``) and may give a buffer its own *padding logic* ``fn(dst, src)``: write
+``src`` into the persistent ``dst`` and make the rest harmless. The manager fills each buffer
+through ``padding_logics.get(key, pad_default)``, as vLLM's ``EncoderCudaGraphManager`` does
+(:func:`~.manager.pad_default` is the manager's).
 """
 
 from __future__ import annotations
@@ -18,67 +21,6 @@ from .packing import MAX_NUM_PATCHES, MIN_IMAGE_TOKENS
 
 PaddingLogic = Callable[[torch.Tensor, torch.Tensor], None]
 
-
-# --------------------------------------------------------------------------------------------
-# Padding logics
-# --------------------------------------------------------------------------------------------
-
-
-def pad_default(dst: torch.Tensor, src) -> None:
-    """Write ``src`` into the prefix of ``dst`` and zero the rest; 0-dim buffers are copied directly.
-
-    ``src`` may be a tensor or a list of tensors (concatenated into the prefix in one kernel, so
-    per-item pieces need no temporary). Zeroing only the tail is equivalent to vLLM's "zero the
-    buffer, then copy" and writes fewer bytes.
-    """
-    if dst.dim() == 0:
-        dst.copy_(src)
-        return
-    n = sum(t.shape[0] for t in src) if isinstance(src, (list, tuple)) else src.shape[0]
-    if n > dst.shape[0]:
-        raise ValueError(f"padding: {n} rows do not fit a buffer of {dst.shape[0]} rows (shape {tuple(dst.shape)})")
-    if isinstance(src, (list, tuple)) and len(src) > 1:
-        torch.cat(list(src), out=dst[:n])
-    else:  # one piece: a plain (casting) copy, no cat
-        dst[:n].copy_(src[0] if isinstance(src, (list, tuple)) else src, non_blocking=True)
-    if n < dst.shape[0]:  # a full buffer has no tail: skip the launch
-        dst[n:].zero_()
-
-
-def pad_cu_seqlens_repeat_last(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """vLLM's rule: trailing entries repeat the last offset (zero-length trailing sequences).
-
-    ``cu_seqlens[-1]`` then counts only the real rows, not the rows the buffers pass to the
-    kernel: the padded rows belong to no sequence. That is the pattern behind vLLM issue #57136
-    (NaN embeddings with FlashAttention 3/4).
-    """
-    n = src.shape[0]
-    if n > dst.shape[0]:
-        raise ValueError(f"cu_seqlens: {n} entries do not fit a buffer of {dst.shape[0]}")
-    dst[:n].copy_(src)
-    dst[n:].fill_(int(src[-1]))
-
-
-def make_pad_cu_seqlens_safe(total_rows: int, max_seqlen: int) -> PaddingLogic:
-    """The safe rule: trailing dummy sequences, each at most ``max_seqlen`` rows, cover the padded
-    rows, so ``cu_seqlens[-1]`` equals the rows actually passed (``total_rows``) and every row is
-    computed by the kernel (no row is left unwritten; vLLM issue #57136). Remaining slots repeat
-    ``total_rows`` (zero-length sequences after the end)."""
-
-    def pad_cu_seqlens_safe(dst: torch.Tensor, src: torch.Tensor) -> None:
-        n, end = src.shape[0], int(src[-1])
-        dummies = list(range(end + max_seqlen, total_rows, max_seqlen)) + ([total_rows] if end < total_rows else [])
-        if n + len(dummies) > dst.shape[0]:
-            raise ValueError(
-                f"cu_seqlens: {n} entries plus {len(dummies)} dummy sequences do not fit a buffer of {dst.shape[0]}"
-            )
-        dst[:n].copy_(src)
-        dst[n : n + len(dummies)] = torch.tensor(dummies, dtype=dst.dtype)
-        dst[n + len(dummies) :].fill_(total_rows)
-
-    return pad_cu_seqlens_safe
-
-
 CU_SEQLENS_RULES = ("safe", "repeat_last")
 MAX_SEQLEN_MODES = ("tight", "loose")
 
@@ -86,6 +28,10 @@ MAX_SEQLEN_MODES = ("tight", "loose")
 def check_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,7 +50,7 @@ class GraphOptions:
     the ``attention`` backend, ``fuse_qkv``, ``fuse_elementwise``. Beyond the seed: ``dense_graphs``
     and ``max_run_items`` (:mod:`~.dense`), ``stage_rows`` (:mod:`~.staging`; None: on when the
     model is on CUDA), ``check_finite`` (refuse NaN/Inf pixel values, at one device sync per call
-    on device input) and ``meta_cache_size`` (the host layouts kept per batch shape).
+    on device input) and ``layout_cache_size`` (host layouts kept per batch shape: :mod:`~.staging`).
     """
 
     budgets: tuple[int, ...] | None = None
@@ -129,7 +75,7 @@ class GraphOptions:
     max_run_items: int = 8
     stage_rows: bool | None = None
     check_finite: bool = False
-    meta_cache_size: int = 256
+    layout_cache_size: int = 256
 
     def __post_init__(self):
         if self.budgets is not None:
@@ -137,7 +83,7 @@ class GraphOptions:
         check_choice("cu_seqlens_rule", self.cu_seqlens_rule, CU_SEQLENS_RULES)
         check_choice("max_seqlen_mode", self.max_seqlen_mode, MAX_SEQLEN_MODES)
         check_choice("attention", self.attention, ("auto", *ATTENTION_BACKENDS))
-        for name in ("max_budget", "meta_cache_size"):
+        for name in ("max_budget", "layout_cache_size"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not _is_int(self.max_run_items) or self.max_run_items < 0:
@@ -151,19 +97,35 @@ class GraphOptions:
                             f"{[f.name for f in fields(self)]}")
         return replace(self, **changes)
 
-    def config(self, out_hidden_size: int, min_tokens: int, max_num_patches: int, factor: int,
-               runs: bool = True) -> EncoderGraphConfig:
-        """The graph config these settings give a model with these limits. ``runs=False``: no run
-        budget (a body without dense graphs cannot run one)."""
-        return EncoderGraphConfig.build(
-            out_hidden_size, budgets=self.budgets, max_items=self.max_items, min_tokens=min_tokens,
-            max_tokens=self.max_budget, max_num_patches=max_num_patches, factor=factor,
-            cu_seqlens_rule=self.cu_seqlens_rule, max_seqlen_mode=self.max_seqlen_mode,
-            max_run_items=self.max_run_items if runs and self.dense_graphs else 0)
+
+# --------------------------------------------------------------------------------------------
+# Padding logics
+# --------------------------------------------------------------------------------------------
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def pad_cu_seqlens_repeat_last(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """vLLM's padding of ``cu_seqlens``: trailing entries repeat the last offset (zero-length
+    trailing sequences). ``src`` is a host tensor (its last value is read on the host)."""
+    n = src.shape[0]
+    if n > dst.shape[0]:
+        raise ValueError(f"cu_seqlens: {n} entries do not fit a buffer of {dst.shape[0]}")
+    dst[:n].copy_(src, non_blocking=True)
+    if n < dst.shape[0]:
+        dst[n:].fill_(int(src[-1]))
+
+
+def safe_cu_seqlens(cu: torch.Tensor, total_rows: int, max_seqlen: int) -> torch.Tensor:
+    """The ``"safe"`` rule: ``cu`` (host offsets) followed by dummy sequences, each at most
+    ``max_seqlen`` rows, that cover the padded rows up to ``total_rows``.
+
+    With vLLM's rule alone, ``cu_seqlens[-1]`` counts only the real rows, and the padded rows the
+    buffers pass to the kernel belong to no sequence: FlashAttention 3/4 then left them unwritten
+    and NaN reached the embeddings (vLLM issue #57136). Here every row is computed by the kernel;
+    repeat-last padding after it adds only zero-length sequences past the end.
+    """
+    end = int(cu[-1])
+    dummies = list(range(end + max_seqlen, total_rows, max_seqlen)) + ([total_rows] if end < total_rows else [])
+    return torch.cat([cu, torch.tensor(dummies, dtype=cu.dtype)]) if dummies else cu
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,7 +158,7 @@ def check_budgets(budgets) -> list[int]:
     if not budgets:
         raise ValueError("budgets must not be empty")
     for b in budgets:
-        if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
+        if not _is_int(b) or b <= 0:
             raise ValueError(f"every budget must be a positive int, got {b!r} in {budgets}")
     if len(set(budgets)) != len(budgets):
         raise ValueError(f"budgets contain duplicates: {budgets}")
@@ -208,23 +170,27 @@ def auto_max_items(budgets: list[int], min_tokens: int) -> int:
     return max(1, min(max(budgets) // min_tokens, min(budgets)))
 
 
+# --------------------------------------------------------------------------------------------
+# The config
+# --------------------------------------------------------------------------------------------
+
+
 @dataclass
 class EncoderGraphConfig:
-    """What the model side tells the graph manager (vLLM's ``EncoderCudaGraphConfig`` in spirit).
+    """What the model side tells the graph manager (vLLM's ``EncoderCudaGraphConfig``).
 
     * ``budgets``: output tokens per captured graph (sorted ascending)
     * ``max_items``: the most encoder items one replay packs; must be ≤ min(budgets)
+    * ``out_hidden_size``: the width of the rows the graphs write (the manager's output buffer)
+    * ``buffer_keys``: the persistent input buffers every graph reads, by name
+    * ``padding_logics``: per buffer key, the padding logic that replaces :func:`~.manager.pad_default`
+      (LFM2-VL's, as in vLLM: ``cu_seqlens`` repeats its last offset)
     * ``min_item_tokens``: the fewest tokens a real item has (the processor's ``min_image_tokens``);
       it sizes each budget's item slots (see :meth:`slots`)
-    * ``cu_seqlens_rule``: ``"safe"`` (default) or vLLM's ``"repeat_last"``
+    * ``cu_seqlens_rule``: ``"safe"`` (default: :func:`safe_cu_seqlens`) or vLLM's ``"repeat_last"``
     * ``max_seqlen_mode``: ``"tight"`` (default: the largest item a budget can hold, never above the
-      patch limit) or vLLM's ``"loose"`` (4·budget)
-    * ``out_hidden_size``: the width of the rows the graphs write
-    * ``padding_logics``: per buffer key, a padding logic that replaces the default for that buffer
-    * ``max_run_items``: the most *full-length* items (``max_num_patches`` rows each: a 512 px image
-      or tile) one replay may carry when the batch holds nothing else (0: no such batches). If that
-      is more tokens than the largest budget, one more graph budget, :attr:`run_budget`, holds them:
-      its graphs run only dense attention over exactly the items given, so it pads nothing
+      patch limit) or vLLM's ``"loose"`` (4·budget). ``max_seqlen`` is baked into each graph's
+      attention kernel at capture: a per-budget constant, not a buffer
     """
 
     budgets: list[int]
@@ -235,12 +201,12 @@ class EncoderGraphConfig:
     min_item_tokens: int = MIN_IMAGE_TOKENS
     cu_seqlens_rule: str = GraphOptions.cu_seqlens_rule
     max_seqlen_mode: str = GraphOptions.max_seqlen_mode
-    padding_logics: dict[str, PaddingLogic] = field(default_factory=dict)
-    max_run_items: int = 0
+    buffer_keys: tuple[str, ...] = ("pixel_values", "pos_embeds", "cu_seqlens", "gather_idx")
+    padding_logics: dict[str, PaddingLogic] = field(default_factory=lambda: {"cu_seqlens": pad_cu_seqlens_repeat_last})
 
     def __post_init__(self):
         self.budgets = check_budgets(self.budgets)
-        if not isinstance(self.max_items, int) or self.max_items < 1:
+        if not _is_int(self.max_items) or self.max_items < 1:
             raise ValueError(f"max_items must be a positive int, got {self.max_items!r}")
         if self.max_items > min(self.budgets):
             raise ValueError(
@@ -249,12 +215,14 @@ class EncoderGraphConfig:
             )
         check_choice("cu_seqlens_rule", self.cu_seqlens_rule, CU_SEQLENS_RULES)
         check_choice("max_seqlen_mode", self.max_seqlen_mode, MAX_SEQLEN_MODES)
-        if not _is_int(self.max_run_items) or self.max_run_items < 0:
-            raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {self.max_run_items!r}")
+        unknown = set(self.padding_logics) - set(self.buffer_keys)
+        if unknown:
+            raise ValueError(f"padding_logics name buffers {sorted(unknown)} that are not in buffer_keys "
+                             f"{list(self.buffer_keys)}")
 
     @classmethod
     def build(cls, out_hidden_size: int, budgets=None, max_items=None, min_tokens: int = MIN_IMAGE_TOKENS,
-              max_tokens: int | None = None, **kw) -> EncoderGraphConfig:
+              max_tokens: int | None = None, **kw):
         """Fill in automatic budgets (doubling from ``min_tokens``) and the automatic item limit."""
         if budgets is None:
             budgets = auto_budgets(min_tokens, max_tokens if max_tokens is not None else GraphOptions.max_budget)
@@ -264,34 +232,10 @@ class EncoderGraphConfig:
         return cls(budgets=budgets, max_items=max_items, out_hidden_size=out_hidden_size,
                    min_item_tokens=min_tokens, **kw)
 
-    # -- runs of full-length items ----------------------------------------------------------------
-    @property
-    def run_tokens(self) -> int:
-        """Output tokens of a full-length item (``max_num_patches`` rows): 256 for LFM2-VL."""
-        return self.max_num_patches // self.factor**2
-
-    @property
-    def run_budget(self) -> int | None:
-        """The extra budget for pure runs longer than the largest budget holds (None if none)."""
-        return self._derived()[0]
-
     @property
     def graph_budgets(self) -> list[int]:
-        """Every budget that gets graphs: ``budgets``, then :attr:`run_budget` if there is one."""
-        return self._derived()[1]
-
-    def _derived(self) -> tuple:
-        """(run_budget, graph_budgets), recomputed only when a field they follow changed: every
-        replay asks for them, so they are not rebuilt per call."""
-        key = (tuple(self.budgets), self.max_run_items, self.max_num_patches, self.factor)
-        cached = self.__dict__.get("_derived_cache")
-        if cached is None or cached[0] != key:
-            # no run budget where full-length items do not fit the largest budget (they run eagerly)
-            b, top = self.max_run_items * self.run_tokens, max(self.budgets)
-            run = b if self.max_run_items and b > top and self.run_tokens <= top else None
-            cached = (key, (run, list(self.budgets) + ([run] if run else [])))
-            self.__dict__["_derived_cache"] = cached
-        return cached[1]
+        """Every budget that gets graphs (:mod:`~.dense` adds one for runs of full-length items)."""
+        return self.budgets
 
     # -- per-budget geometry ---------------------------------------------------------------------
     def rows(self, budget: int) -> int:
@@ -307,8 +251,6 @@ class EncoderGraphConfig:
         16 slots ran its attention slower than eager on the H200 (docs/results.md compares the
         profiles before and after, ``data/results/nvidia-h200/slots-*.json``).
         """
-        if budget == self.run_budget:
-            return self.max_run_items
         if budget == max(self.budgets):
             return self.max_items
         return max(1, min(self.max_items, budget // self.min_item_tokens))
@@ -322,29 +264,8 @@ class EncoderGraphConfig:
             return self.rows(budget)
         return min(self.rows(budget), self.max_num_patches)
 
-    def dense_rows(self, budget: int) -> int:
-        """Rows of the one item length a budget's dense graphs take (``max_seqlen`` of the tight mode,
-        whatever the mode): one 256 px item at 64 tokens, 512 px tiles from 256 tokens on."""
-        return min(self.rows(budget), self.max_num_patches)
-
-    def dense_blocks(self, budget: int) -> int:
-        """The most items of :meth:`dense_rows` rows one replay of this budget can carry."""
-        return min(self.slots(budget), self.rows(budget) // self.dense_rows(budget))
-
-    def padding_for(self, key: str, budget: int, rows: int | None = None) -> PaddingLogic:
-        """The padding logic of buffer ``key``. ``rows``: for ``cu_seqlens``, the rows the varlen
-        kernel is given when that is fewer than the budget's (the ragged rest after dense items)."""
-        if key in self.padding_logics:
-            return self.padding_logics[key]
-        if key == "cu_seqlens":
-            if self.cu_seqlens_rule == "safe":
-                return make_pad_cu_seqlens_safe(self.rows(budget) if rows is None else rows, self.max_seqlen(budget))
-            return pad_cu_seqlens_repeat_last
-        return pad_default
-
     def budget_for(self, tokens: int, items: int = 1) -> int | None:
-        """The smallest budget that holds ``tokens`` in ``items`` items, or None if none does (the run
-        budget holds only pure runs of full-length items: its model refuses anything else)."""
+        """The smallest graph budget that holds ``tokens`` in ``items`` items, or None if none does."""
         for b in self.graph_budgets:
             if tokens <= b and items <= self.slots(b):
                 return b

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 
 from .capture import capture_graph
-from .config import GraphOptions
+from .config import EncoderGraphConfig, GraphOptions
+from .dense import DenseGraphConfig, DenseLfm2VlGraphModel
 from .encoder import PackedVisionEncoder
 from .lfm2vl import Lfm2VlGraphModel
 from .manager import EncoderGraphManager
@@ -45,12 +46,15 @@ class GraphedEncoder(EncoderGraphManager):
         self.encoder = PackedVisionEncoder(model, attention=opts.attention, fuse_qkv=opts.fuse_qkv,
                                            fuse_elementwise=opts.fuse_elementwise)
         dense = opts.dense_graphs and body is None  # a compiled body bakes its attention in
-        config = opts.config(self.encoder.out_hidden_size, model_limits(model).min_image_tokens,
-                             self.encoder.max_num_patches, self.encoder.factor, runs=dense)
-        adapter = Lfm2VlGraphModel(self.encoder, config, body=body, dense_graphs=opts.dense_graphs,
-                                   check_finite=opts.check_finite, meta_cache_size=opts.meta_cache_size,
-                                   stage_rows=opts.stage_rows)
-        super().__init__(adapter, record=record)
+        kw = {"max_run_items": opts.max_run_items} if dense else {}
+        config = (DenseGraphConfig if dense else EncoderGraphConfig).build(
+            self.encoder.out_hidden_size, budgets=opts.budgets, max_items=opts.max_items,
+            # the smallest item the model's processor makes: a preset's, or a loaded checkpoint's own
+            min_tokens=model_limits(model).min_image_tokens, max_tokens=opts.max_budget,
+            max_num_patches=self.encoder.max_num_patches, factor=self.encoder.factor,
+            cu_seqlens_rule=opts.cu_seqlens_rule, max_seqlen_mode=opts.max_seqlen_mode, **kw)
+        kind = DenseLfm2VlGraphModel if dense else Lfm2VlGraphModel
+        super().__init__(kind(self.encoder, config, opts, body=body), record=record)
         self.warned = False
 
     @property

@@ -6,25 +6,24 @@ captures and replays. This module is the second half plus the contract between t
 :class:`EncoderGraphModel`; :mod:`lfm2vl_lab.core.lfm2vl` is LFM2-VL's side. Nothing here knows
 LFM2-VL: a test runs a toy encoder through the same manager.
 
-Capture (once): for each budget, largest first, the model allocates persistent buffers and fills
-them with valid dummy data; each graph variant of the body is recorded (warm-up on a side stream,
-then capture into one shared memory pool) with its output copied into the ``"out"`` buffer *inside*
-the graph. All or nothing: if one budget fails, no graph is kept.
+Capture (once): for each budget, largest first, the model gives its persistent buffers by name
+(``config.buffer_keys``), holding valid dummy inputs; the manager adds an output buffer of
+``config.out_hidden_size`` columns. Each graph variant of the body is recorded (warm-up on a side
+stream, then capture into one shared memory pool) with its output copied into the output buffer
+*inside* the graph. All or nothing: if one budget fails, no graph is kept.
 
 Replay (every call): plan the items into batches (largest first, under the largest budget and the
-item limit), pick the smallest budget that fits each batch, let the model check and fill the
-buffers, replay, then clone the batch's rows out of ``"out"`` (the next replay overwrites it) and
-hand them back in the caller's order. Items too large for any graph, and batches the model's guard
-refuses, run eagerly and are counted.
+item limit), pick the smallest budget that fits each batch, ask the model for the batch's source
+per buffer (:meth:`EncoderGraphModel.replay_buffers`), fill each buffer through
+``config.padding_logics.get(key, pad_default)``, replay, then clone the batch's rows out of the
+output buffer (the next replay overwrites it) and hand them back in the caller's order. Items too
+large for any graph, and batches the model's guard refuses, run eagerly and are counted.
 
 The model under the graphs (every call): the graphs read the model's weights at the addresses they
-had at capture. The manager stamps them (:class:`~.guard.WeightStamp`: pointer, dtype and device of
-every tensor of ``model.weights()``) and checks the stamp before each ``encode``: a flag and one
-pointer per part, which hooks on ``Module._apply`` and on parameter registration keep up to date.
-When the weights moved (``model.half()``, ``.cpu().cuda()``, ``load_state_dict(..., assign=True)``)
-the manager never replays: it warns once, says what moved, and captures again where the model now
-is, counted in ``stats.recaptures``; a model no longer on the GPU gets no graphs and runs eagerly.
-Loading weights in place keeps every address, so nothing is recaptured.
+had at capture. The manager stamps them (:class:`~.guard.WeightStamp`) and checks the stamp before
+each ``encode``. When the weights moved (``model.half()``, ``.cpu().cuda()``,
+``load_state_dict(..., assign=True)``) it never replays: it warns once, says what moved, and
+captures again where the model now is (``stats.recaptures``); off the GPU it runs eagerly.
 """
 
 from __future__ import annotations
@@ -47,56 +46,78 @@ OOM_ADVICE = ("Capture fewer or smaller budgets (budgets=, max_budget=), fewer r
 class EncoderGraphModel(Protocol):
     """What a model provides to get encoder CUDA graphs (vLLM: ``SupportsEncoderCudaGraph``).
 
-    ``config`` answers ``budgets`` (ascending), ``max_items`` and ``budget_for(tokens, items)``; if it
-    also has ``run_tokens``, ``max_run_items`` and ``graph_budgets`` (every budget to capture), pure
-    runs of ``run_tokens``-token items are planned as :func:`plan_batches` says.
-    ``variants`` names every graph kind the model may capture per budget (the first: the default).
+    ``config`` (an :class:`~.config.EncoderGraphConfig`, or anything with its ``budgets``,
+    ``graph_budgets``, ``max_items``, ``budget_for``, ``out_hidden_size``, ``buffer_keys`` and
+    ``padding_logics``). Optional: ``describe(budget) -> dict`` and ``counters() -> dict``.
     """
 
     config: Any
-    variants: tuple[str, ...]
 
     @property
     def device(self) -> torch.device: ...
 
+    @property
+    def dtype(self) -> torch.dtype: ...
+
     def read_items(self, inputs) -> tuple[Any, list[int]]:
         """Validate ``inputs``; return the items (opaque to the manager) and each one's output tokens."""
 
-    def allocate(self, budget: int) -> dict[str, torch.Tensor]:
-        """The persistent buffers of one budget's graphs; ``"out"`` receives the output rows."""
-
-    def describe(self, budget: int) -> dict:
-        """What to report about a budget's graphs besides its buffer memory (sizes, variants)."""
-
-    def fill_dummy(self, buffers: dict[str, torch.Tensor], budget: int) -> None:
-        """Valid inputs to capture with (random data, a legal layout)."""
+    def capture_inputs(self, budget: int) -> dict[str, torch.Tensor]:
+        """One budget's persistent buffers, one per ``config.buffer_keys``, holding valid inputs to
+        capture with (random data, a legal layout). The manager keeps them and refills them per replay."""
 
     def graph_variants(self, budget: int) -> tuple[str, ...]:
-        """Which of ``variants`` to capture for this budget (the default one first)."""
+        """The graphs to capture on these buffers, by name (one, unless the model has variants)."""
 
     def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: str) -> torch.Tensor:
         """The graph body: reads only ``buffers``, no host synchronisation; returns the output rows
-        (``computed_tokens(budget, variant)`` of them: the manager copies them into ``out``)."""
+        (the manager copies them into its output buffer, inside the graph)."""
 
-    def fits(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> bool:
-        """The guard: whether items ``batch`` fit this budget's buffers (else they run eagerly)."""
-
-    def fill_buffers(self, buffers: dict[str, torch.Tensor], budget: int, items, batch: list[int]) -> str:
-        """Write items ``batch`` into the buffers through the padding logics; return the variant to replay."""
-
-    def computed_tokens(self, budget: int, variant: str) -> int:
-        """Output rows one replay of ``variant`` computes (``budget``, unless the variant runs only
-        the rows it is given): the padding stats count the difference to the real tokens."""
+    def replay_buffers(self, items, batch: list[int], budget: int) -> Replay | None:
+        """What to write into the buffers for items ``batch``: a source per buffer key, and which
+        graph to replay. None when the batch does not fit this budget's buffers (the guard: those
+        items run eagerly instead)."""
 
     def forward_eager(self, items, batch: list[int]) -> torch.Tensor:
         """Items ``batch`` without a graph: their output rows, concatenated in ``batch`` order."""
 
-    def counters(self) -> dict:
-        """The model's own counters, reported with the manager's stats (may be empty)."""
-
     def weights(self) -> dict[str, torch.nn.Module]:
         """The modules whose parameters and buffers the graphs read but do not own, by name: the
         manager stamps them at capture (:class:`~.guard.WeightStamp`) and recaptures when one moved."""
+
+
+@dataclass
+class Replay:
+    """One replay, as the model describes it: ``sources`` (per buffer key, what the key's padding
+    logic writes into the buffer; a key left out keeps what the buffer holds), the graph ``variant``
+    and the output rows it computes (``tokens``: the padding stats count the difference to the
+    real tokens)."""
+
+    sources: dict[str, Any]
+    variant: str
+    tokens: int
+
+
+def pad_default(dst: torch.Tensor, src) -> None:
+    """The default padding logic (vLLM's ``_copy_padded_buffer``): write ``src`` into the prefix of
+    ``dst`` and zero the rest; 0-dim buffers are copied directly.
+
+    ``src`` may be a tensor or a list of tensors (concatenated into the prefix in one kernel, so
+    per-item pieces need no temporary). Zeroing only the tail is equivalent to vLLM's "zero the
+    buffer, then copy" and writes fewer bytes.
+    """
+    if dst.dim() == 0:
+        dst.copy_(src)
+        return
+    n = sum(t.shape[0] for t in src) if isinstance(src, (list, tuple)) else src.shape[0]
+    if n > dst.shape[0]:
+        raise ValueError(f"padding: {n} rows do not fit a buffer of {dst.shape[0]} rows (shape {tuple(dst.shape)})")
+    if isinstance(src, (list, tuple)) and len(src) > 1:
+        torch.cat(list(src), out=dst[:n])
+    else:  # one piece: a plain (casting) copy, no cat
+        dst[:n].copy_(src[0] if isinstance(src, (list, tuple)) else src, non_blocking=True)
+    if n < dst.shape[0]:  # a full buffer has no tail: skip the launch
+        dst[n:].zero_()
 
 
 def plan_batches(tokens: list[int], max_budget: int, max_items: int, run_tokens: int | None = None,
@@ -134,10 +155,8 @@ def plan_batches(tokens: list[int], max_budget: int, max_items: int, run_tokens:
 
 
 def plan_config(tokens: list[int], config) -> tuple[list[list[int]], list[int]]:
-    """:func:`plan_batches` with a config's limits (``run_tokens``/``max_run_items`` where it has them).
-
-    Runs only where the config has a run budget to hold them: without one (the largest budget already
-    holds a full run), a run would only grow past ``max_items``, which no graph has the slots for."""
+    """:func:`plan_batches` with a config's limits; runs only where it has a run budget to hold them
+    (without one, a run would only grow past ``max_items``, which no graph has the slots for)."""
     run_items = getattr(config, "max_run_items", 0) if getattr(config, "run_budget", None) is not None else 0
     return plan_batches(tokens, max(config.budgets), config.max_items, getattr(config, "run_tokens", None), run_items)
 
@@ -187,8 +206,7 @@ class GraphStats:
     def as_dict(self) -> dict:
         return {
             "hits": self.hits, "misses": self.misses, "overflow": self.overflow, "eager_calls": self.eager_calls,
-            "recaptures": self.recaptures,
-            "replays": dict(sorted(self.replays.items())),
+            "recaptures": self.recaptures, "replays": dict(sorted(self.replays.items())),
             "variant_replays": dict(sorted(self.variant_replays.items())),
             "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
             "padding_waste": self.padding_waste, "hit_rate": self.hit_rate,
@@ -198,16 +216,18 @@ class GraphStats:
 
 @dataclass
 class BudgetGraph:
-    """One budget's persistent buffers and the graphs (one per variant) that read and write them."""
+    """One budget's persistent buffers, its output buffer and the graphs (one per variant) that
+    read the first and write the second."""
 
     budget: int
     buffers: dict[str, torch.Tensor]
+    out: torch.Tensor | None = None
     graphs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def buffer_bytes(self) -> int:
         """The persistent buffers (outside the graph pool: they live as long as the manager)."""
-        return sum(t.numel() * t.element_size() for t in self.buffers.values())
+        return sum(t.numel() * t.element_size() for t in [*self.buffers.values(), self.out] if t is not None)
 
 
 class EncoderGraphManager:
@@ -236,12 +256,13 @@ class EncoderGraphManager:
         return bool(self.graphs)
 
     def reset_stats(self) -> None:
-        self.stats = GraphStats(model_counters=self.adapter.counters)
+        self.stats = GraphStats(model_counters=getattr(self.adapter, "counters", None))
 
     def capture_info(self) -> list[dict]:
         """One row per captured budget (largest first, the capture order): what the model reports,
         the buffer memory, and whatever the capture hook measured."""
-        return [{"budget": b, **self.adapter.describe(b), "buffers_mb": self.graphs[b].buffer_bytes / 2**20,
+        describe = getattr(self.adapter, "describe", lambda b: {})
+        return [{"budget": b, **describe(b), "buffers_mb": self.graphs[b].buffer_bytes / 2**20,
                  **self.capture_extra.get(b, {})} for b in sorted(self.graphs, reverse=True)]
 
     # -- capture -----------------------------------------------------------------------------------
@@ -266,16 +287,19 @@ class EncoderGraphManager:
                                "encode() works without capture and runs the packed eager path")
         self.graphs, self.capture_extra = {}, {}
         self.pool = torch.cuda.graph_pool_handle() if real else None
-        for budget in sorted(getattr(self.config, "graph_budgets", self.config.budgets), reverse=True):
+        for budget in sorted(self.config.graph_budgets, reverse=True):
             caller_stream, g = torch.cuda.current_stream() if real else None, BudgetGraph(budget, {})
             try:
-                g.buffers.update(self.adapter.allocate(budget))
+                g.buffers.update(self._capture_inputs(budget))
+                g.out = torch.zeros(budget, self.config.out_hidden_size, device=self.adapter.device,
+                                    dtype=self.adapter.dtype)
                 extra = hook(budget, self.pool, lambda g=g: self._record(g, warmup_iters)) if hook is not None \
                     else self._record(g, warmup_iters)
             except BaseException as exc:  # KeyboardInterrupt too: a stopped cell leaves no half capture
                 # all or nothing: a half-captured manager would replay some budgets and not others
                 self.graphs, self.capture_extra, self.pool = {}, {}, None
                 g.graphs.clear(), g.buffers.clear()  # the failed body, kept by the traceback, still reaches g
+                g.out = None
                 err = capture_failed(exc, f"the {budget}-token encoder graph", caller_stream, cuda=real,
                                      message=lambda e, b=budget: _capture_failure(b, e), advice=OOM_ADVICE)
                 if err is exc:
@@ -307,12 +331,18 @@ class EncoderGraphManager:
                 return
             self.stats.recaptures += 1
 
+    def _capture_inputs(self, budget: int) -> dict[str, torch.Tensor]:
+        buffers = self.adapter.capture_inputs(budget)
+        if set(buffers) != set(self.config.buffer_keys):
+            raise ValueError(f"capture_inputs({budget}) gave buffers {sorted(buffers)}; the config names "
+                             f"{sorted(self.config.buffer_keys)}")
+        return buffers
+
     def _record(self, g: BudgetGraph, warmup_iters: int) -> None:
-        self.adapter.fill_dummy(g.buffers, g.budget)
         for variant in self.adapter.graph_variants(g.budget):
             def body(v=variant):  # the output is copied into the persistent buffer inside the graph
                 res = self.adapter.forward_on_buffers(g.buffers, g.budget, v)
-                g.buffers["out"][: res.shape[0]].copy_(res)  # through g only: see capture's except
+                g.out[: res.shape[0]].copy_(res)  # through g only: see capture's except
 
             g.graphs[variant] = self.record(body, self.pool, warmup_iters)
 
@@ -321,17 +351,20 @@ class EncoderGraphManager:
         total = sum(tokens[i] for i in batch)
         budget = self.config.budget_for(total, len(batch))
         g = self.graphs.get(budget) if budget is not None else None
-        if g is None or not self.adapter.fits(g.buffers, budget, items, batch):
+        replay = self.adapter.replay_buffers(items, batch, budget) if g is not None else None
+        if replay is None:
             self.stats.overflow += 1
             return None
-        variant = self.adapter.fill_buffers(g.buffers, budget, items, batch)
-        g.graphs[variant].replay()
-        self.stats.variant_replays[variant] = self.stats.variant_replays.get(variant, 0) + 1
+        logics = self.config.padding_logics
+        for key, src in replay.sources.items():  # vLLM's rule: the key's own padding logic, else the default
+            logics.get(key, pad_default)(g.buffers[key], src)
+        g.graphs[replay.variant].replay()
+        self.stats.variant_replays[replay.variant] = self.stats.variant_replays.get(replay.variant, 0) + 1
         self.stats.replays[budget] = self.stats.replays.get(budget, 0) + 1
         self.stats.real_tokens += total
-        self.stats.padded_tokens += self.adapter.computed_tokens(budget, variant) - total
+        self.stats.padded_tokens += replay.tokens - total
         self.stats.hits += len(batch)
-        return g.buffers["out"][:total].clone()  # the buffer belongs to the graph: the next replay overwrites it
+        return g.out[:total].clone()  # the buffer belongs to the graph: the next replay overwrites it
 
     @torch.no_grad()
     def encode(self, inputs) -> list[torch.Tensor]:

@@ -1,4 +1,12 @@
-"""Staging: the real patch rows of a call's items, in the model's dtype, through pinned host memory.
+"""What crosses from the host to the device per replay, and how little of it: optimisations of the
+seed's input path, which the LFM2-VL side uses (:mod:`~.lfm2vl`).
+
+* :class:`RowStager`: the real patch rows of a call's items, in the model's dtype, through pinned
+  host memory (below);
+* :class:`LayoutCache`: each batch shape's ``cu_seqlens`` and ``gather_idx``, built once on the
+  host and kept pinned, so a repeated shape builds nothing and uploads without a sync.
+
+Staging rows.
 
 The processor pads every item to ``max_num_patches`` rows of float32: 3 MiB per item for the 450M
 preset, even for an item with 256 real rows. Copied as is from pageable memory, that upload is
@@ -22,6 +30,8 @@ its padded layout (views, no copy), as before.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,10 +92,6 @@ class PixelItems:
     shapes: list[Shape]
     offsets: tuple[int, ...] | None = None
 
-    @property
-    def packed(self) -> bool:
-        return self.offsets is not None
-
     def rows(self, batch: list[int]) -> list[torch.Tensor]:
         """The real rows of items ``batch``, in ``batch`` order, as views: one per run of consecutive
         items in the packed layout (any lengths), per :func:`padded_rows` in the padded one."""
@@ -116,8 +122,8 @@ def gather_rows(pixel_values: torch.Tensor, shapes: list[Shape], out: torch.Tens
 
 
 class RowStager:
-    """Stages host pixel values for ``device``: :func:`gather_rows` into a reused pinned buffer,
-    then one ``non_blocking`` copy into a new device tensor (:meth:`stage`).
+    """Uploads host pixel values to ``device``: :func:`gather_rows` into a reused pinned buffer,
+    then one ``non_blocking`` copy into a new device tensor (:meth:`upload`).
 
     Reuse is safe without a device sync: after each upload an event is recorded on the stream, and
     a buffer is written again only once the event of *its* last upload has fired. There are two
@@ -164,7 +170,7 @@ class RowStager:
             self.grows += 1
         return buf
 
-    def stage(self, pixel_values: torch.Tensor, shapes: list[Shape], dtype: torch.dtype) -> torch.Tensor:
+    def upload(self, pixel_values: torch.Tensor, shapes: list[Shape], dtype: torch.dtype) -> torch.Tensor:
         """The real rows of every item of a host ``[items, P, D]`` tensor, in ``dtype``, packed
         ``[Σh·w, D]`` on the device (see :func:`row_offsets`); the upload is queued, not waited for."""
         self.calls += 1
@@ -190,3 +196,33 @@ class RowStager:
         ev.record(torch.cuda.current_stream(self.device))
         self._events[slot] = ev
         return out
+
+
+class LayoutCache:
+    """Host tensors per batch layout: ``get(key, build)`` returns what ``build()`` made the first
+    time ``key`` (e.g. budget, variant and patch grids) was asked for, pinned on a CUDA machine.
+
+    An entry is never written again once made, so a ``non_blocking`` upload from it is safe without
+    a sync (the pinned allocator keeps a dropped block until the copies that read it have run).
+    The least recently used of more than ``size`` entries is dropped.
+    """
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._entries: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return hit
+        self.misses += 1
+        entry = build()
+        if torch.cuda.is_available():
+            entry = {k: v.pin_memory() for k, v in entry.items()}
+        self._entries[key] = entry
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return entry

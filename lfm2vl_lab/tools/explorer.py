@@ -23,7 +23,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from ..core.config import EncoderGraphConfig, GraphOptions, auto_budgets, auto_max_items, check_budgets
+from ..core.config import GraphOptions, auto_budgets, auto_max_items, check_budgets
+from ..core.dense import DenseGraphConfig
 from ..core.manager import plan_config, plan_stats
 from ..core.packing import MIN_IMAGE_TOKENS, tokens_for
 from . import reference
@@ -118,8 +119,8 @@ def explore(budgets=None, max_items: int | None = None, stream: list[list[int]] 
     ``replays_per_budget``, and ``memory``: per graph budget its recorded row, or :data:`NOT_RECORDED`
     (``memory``: a :func:`recorded_memory` result; by default read from ``gpu``'s reference set)."""
     stream = stream_tokens() if stream is None else stream
-    config = EncoderGraphConfig.build(out_hidden_size=1, budgets=None if budgets is None else list(budgets),
-                                      max_items=max_items, max_run_items=max_run_items)
+    config = DenseGraphConfig.build(out_hidden_size=1, budgets=None if budgets is None else list(budgets),
+                                    max_items=max_items, max_run_items=max_run_items)
     calls = calls_of(stream, per_call)
     stats = plan_stats(calls, config)
     memory = recorded_memory(gpu=gpu, root=root) if memory is None else memory
