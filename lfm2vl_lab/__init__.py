@@ -1,16 +1,20 @@
 """lfm2vl-lab: encoder CUDA graphs for LiquidAI's LFM2-VL, taught, implemented and measured.
 
-Two layers:
+Five packages, the technique first:
 
-* :mod:`lfm2vl_lab.core`  — the technique: presets, inputs, packing, the packed encoder, the graph
-  config and padding logics, capture, the manager and ``GraphedEncoder``, and the engine side: the
-  text model on static buffers (``TextEngine``) and a request in phases (``VlmPipeline``); torch and
-  transformers only.
+* :mod:`lfm2vl_lab.core` — the technique: packing, the packed encoder, the graph config and padding
+  logics, capture, the weight guard, the generic manager, LFM2-VL's side of it and ``GraphedEncoder``;
+* :mod:`lfm2vl_lab.kernels` — the attention backends and fused elementwise kernels the encoder calls;
+* :mod:`lfm2vl_lab.model` — presets and checkpoints, image inputs, transformers' reference path, parity;
+* :mod:`lfm2vl_lab.serving` — the text model on static buffers (``TextEngine``), a request in phases
+  (``VlmPipeline``), a chat turn (``chat``);
 * :mod:`lfm2vl_lab.tools` — the instrument: timing, workloads, the benchmark, profiling, results,
   plots, check, e2e, ttft, the notebooks' helpers and the CLI (``python -m lfm2vl_lab``).
 
-The names below are the public API; the instrument's modules are also reachable as
-``lfm2vl_lab.bench``, ``lfm2vl_lab.e2e`` … (loaded on first use).
+The first four use torch and transformers only and never import the instrument
+(``tests/test_layers.py`` checks which package may import which). The names below are the public
+API; the instrument's modules are also reachable as ``lfm2vl_lab.bench``, ``lfm2vl_lab.e2e`` …
+(loaded on first use).
 """
 
 import importlib

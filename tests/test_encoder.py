@@ -16,7 +16,12 @@ from lfm2vl_lab import (
     synthetic_image,
 )
 from lfm2vl_lab.core.packing import lfm2vl_gather_idx
-from lfm2vl_lab.kernels.attention import attention_one_sequence, attention_sdpa_blockmask, resolve_attention
+from lfm2vl_lab.kernels.attention import (
+    attention_dense_blocks,
+    attention_sdpa_blockmask,
+    dense_attention,
+    resolve_attention,
+)
 from lfm2vl_lab.model.parity import float32_reference, lowp_parity
 
 FP32_TOL = 1e-4
@@ -195,27 +200,29 @@ def test_blockmask_attention_equals_per_sequence_sdpa():
     assert torch.isfinite(out).all()  # padding rows attend among themselves, no NaN
 
 
-def test_one_sequence_attention_is_exact_for_one_item_only():
+def test_dense_attention_is_exact_for_one_item_only():
     torch.manual_seed(1)
     t, heads, d = 24, 2, 8
     q, k, v = (torch.randn(t, heads, d) for _ in range(3))
     one = torch.tensor([0, t], dtype=torch.int32)
-    torch.testing.assert_close(attention_one_sequence(q, k, v, one, t, d**-0.5),
+    torch.testing.assert_close(attention_dense_blocks(q, k, v, 1, d**-0.5),
                                attention_sdpa_blockmask(q, k, v, one, t, d**-0.5), rtol=1e-5, atol=1e-6)
     two = torch.tensor([0, 10, t], dtype=torch.int32)  # why it is not a user backend: it mixes items
-    assert not torch.allclose(attention_one_sequence(q, k, v, two, 14, d**-0.5),
+    assert not torch.allclose(attention_dense_blocks(q, k, v, 1, d**-0.5),
                               attention_sdpa_blockmask(q, k, v, two, 14, d**-0.5), atol=1e-3)
     with pytest.raises(ValueError, match="unknown attention backend"):
-        resolve_attention("one_sequence", torch.device("cpu"))
+        resolve_attention("dense", torch.device("cpu"))
 
 
-def test_forward_with_one_sequence_attention_matches_for_one_item(tiny_model):
+def test_forward_with_dense_attention_matches_for_one_item(tiny_model):
     enc = PackedVisionEncoder(tiny_model)
     batch = enc.pack(random_processor_output([(32, 32)], "tiny", seed=2))
+    rows = int(batch.cu_seqlens[-1])
+    assert batch.pixel_values.shape[0] == rows  # one item, no padding rows: the whole batch is one sequence
     with torch.no_grad():
         ref = enc.forward_packed(batch)
         out = enc(batch.pixel_values, batch.pos_embeds, batch.cu_seqlens, batch.max_seqlen, batch.gather_idx,
-                  attn=attention_one_sequence)
+                  attn=dense_attention(1, rows))
     assert rel_error(out, ref) <= 1e-5
 
 

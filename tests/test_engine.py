@@ -1,4 +1,4 @@
-"""The text model as an engine runs it (core/engine.py) and the request pipeline (core/pipeline.py):
+"""The text model as an engine runs it (serving/engine.py) and the request pipeline (serving/pipeline.py):
 the same logits and tokens as transformers' own text model and ``generate``, padding that changes
 nothing, clear errors at the engine's limits, and on a GPU the captured graphs replaying the eager
 bodies."""

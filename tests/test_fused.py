@@ -1,4 +1,4 @@
-"""The fused elementwise kernels (core/fused.py) and the dense attention of the dense graphs: each
+"""The fused elementwise kernels (kernels/fused.py) and the dense attention of the dense graphs: each
 against the plain torch it replaces, on the CPU where the logic allows (the Triton kernel through
 Triton's interpreter) and on the GPU for the real kernels."""
 

@@ -1,13 +1,29 @@
-"""Attention over packed sequences: the backends the packed encoder can use, and the choice of one.
+"""Attention over packed rows: the backends the packed encoder can select, the dense attention of the
+dense graphs, and the choice of a backend for a device.
 
-A packed batch is T rows of several sequences, delimited by ``cu_seqlens``. Every backend here has
-the same signature, ``fn(q, k, v, cu_seqlens, max_seqlen, scale)`` on (T, H, D) rows, and none reads
-a size on the host when its tensors are on a GPU, so each can be captured in a CUDA graph:
+Rows are (T, H, D) tensors holding several sequences one after another, delimited by ``cu_seqlens``.
+An attention function of the packed signature, ``fn(q, k, v, cu_seqlens, max_seqlen, scale)``, lets
+each row attend only to the rows of its own sequence.
 
-* ``varlen``: FlashAttention-2's varlen kernel (torch's ``varlen_attn``): fp16/bf16, sm80 and newer;
-* ``sdpa_blockmask``: one SDPA with a block-diagonal mask: any device, any dtype, exact.
+**Selectable backends** (:data:`ATTENTION_BACKENDS`, the names ``PackedVisionEncoder`` and
+``GraphedEncoder`` take as ``attention=``). Neither reads a size on the host when its tensors are on a
+GPU, so both can be captured in a CUDA graph:
 
-:func:`resolve_attention` turns ``"auto"`` into the first of these the device can run.
+* ``varlen`` (:func:`attention_varlen`): FlashAttention-2's varlen kernel (torch's ``varlen_attn``):
+  CUDA, fp16/bf16, sm80 and newer;
+* ``sdpa_blockmask`` (:func:`attention_sdpa_blockmask`): exact on any device and dtype. On CUDA (and
+  under torch.compile) it is :func:`attention_blockmask_dense`, one SDPA with a block-diagonal T×T mask;
+  on CPU tensors it is :func:`attention_per_item`, the same result item by item (host reads are free there).
+
+:func:`resolve_attention` turns a name, or ``"auto"`` (the first of these the device can run), into
+``(name, fn)``; :func:`varlen_available` and :func:`cuda_capability` are what it asks.
+
+**Dense attention** for batches of equal-length items, which is what the dense graph variants
+(``dense{k}``) of :mod:`lfm2vl_lab.core` replay: :func:`attention_dense_blocks` runs ``n_items``
+sequences of equal length as one batched SDPA without a mask (cuDNN first, :data:`DENSE_BACKENDS`),
+and :func:`dense_attention` builds the packed-signature function for a batch that starts with such
+items and hands any rows after them to a backend. It is not selectable: on any other batch it would
+mix items. :mod:`lfm2vl_lab.tools.attention_probe` times these against each other on a GPU.
 """
 
 from __future__ import annotations
@@ -20,9 +36,6 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTENTION_BACKENDS = ("varlen", "sdpa_blockmask")
-
-
-
 
 # varlen_attn is FlashAttention-2: Ampere (sm80) and newer. A T4 (sm75) has no kernel for it.
 VARLEN_MIN_CAPABILITY = (8, 0)
@@ -157,11 +170,6 @@ def dense_attention(n_items: int, item_rows: int, rest=None):
         return torch.cat([out, rest(q[head:], k[head:], v[head:], cu_seqlens, max_seqlen, scale)])
 
     return attn
-
-
-def attention_one_sequence(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
-    """Dense SDPA over *all* rows as one sequence, ``cu_seqlens`` ignored: one item, no padding only."""
-    return attention_dense_blocks(q, k, v, 1, scale)
 
 
 VARLEN_DTYPES = (torch.float16, torch.bfloat16)  # varlen_attn is FlashAttention: fp32 fails inside the kernel

@@ -250,7 +250,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, dev
     warning). With neither, a warning says images cannot be processed for this model.
 
     ``model.lab_chat_processor`` is the folder's ``Lfm2VlProcessor`` (tokenizer and chat template,
-    for :func:`~.chat.chat`), None when the folder has no tokenizer; ``model.lab_checkpoint`` names
+    for :func:`~lfm2vl_lab.serving.chat.chat`), None when the folder has no tokenizer; ``model.lab_checkpoint`` names
     the folder for result files (:func:`checkpoint_info`).
     """
     from transformers import AutoConfig, Lfm2VlForConditionalGeneration

@@ -7,7 +7,7 @@ small one in LFM2-VL's layout: LFM2's special tokens at LFM2's ids (``<|startoft
 ``image_token_id``, ``<|image_start|>``, ``<|image_end|>``, ``<|img_thumbnail|>``, the tile tokens
 ``<|img_row_R_col_C|>``), a few English words and filler tokens up to the model's vocabulary, and a
 ChatML chat template that places ``<image>`` where a message holds an image. Its text is made of
-words, not sub-words: enough for :func:`~.chat.chat` to build a prompt and decode the answer of a
+words, not sub-words: enough for :func:`~lfm2vl_lab.serving.chat.chat` to build a prompt and decode the answer of a
 random-weight model (which means nothing), and for the tests to build a checkpoint folder that
 looks like a real one (:func:`save_toy_checkpoint`) without downloading anything.
 """

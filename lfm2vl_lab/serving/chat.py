@@ -8,7 +8,7 @@ What :func:`chat` does, in order:
 
 1. **prompt**: the user message (one image item per image, then the text) through the checkpoint's
    own chat template (``apply_chat_template`` of the folder's ``Lfm2VlProcessor``, which
-   :func:`~.presets.load_model` keeps as ``model.lab_chat_processor``), then the processor over the
+   :func:`~lfm2vl_lab.model.presets.load_model` keeps as ``model.lab_chat_processor``), then the processor over the
    text and the images (tokenizer, and the image processor's tiles and patch rows): phase ``process``;
 2. **the pipeline**: ``graphs=True`` runs the graphed encoder and the graphed text engine (captured on
    CUDA the first time, kept on the model; ``setup_ms`` says what capture cost), ``graphs=False``
@@ -22,7 +22,7 @@ Timings are host wall time (``time.perf_counter``) between phases, with ``torch.
 at each phase's end on CUDA, so the phases add up to the call's wall time (the syncs cost a few µs).
 
 A model built from a preset has random weights and no tokenizer: ``chat`` then uses the kit's toy
-tokenizer (:mod:`~.toy_processor`) and the reply says that its text means nothing, showing its tokens.
+tokenizer (:mod:`lfm2vl_lab.model.toy_processor`) and the reply says that its text means nothing, showing its tokens.
 """
 
 from __future__ import annotations

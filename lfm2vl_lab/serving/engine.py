@@ -22,7 +22,7 @@ argmax at each request's last position) and ``decode`` (one token for every requ
 greedily, fed back through ``ids``/``pos`` so replays chain with no host round trip). A shape that
 was not captured runs the same body eagerly and is counted in ``stats.eager``.
 
-The graphs read the text model's weights where they were at capture (:mod:`~.guard`): when they
+The graphs read the text model's weights where they were at capture (:mod:`lfm2vl_lab.core.guard`): when they
 move or change dtype, the next ``prompt``/``prefill``/``sample``/``decode`` moves the engine's own
 buffers (their contents too, so a request in flight goes on) and captures the same graphs again,
 warning once and counting it in ``stats.recaptures``; on a CPU it keeps no graphs.
@@ -298,11 +298,12 @@ class TextEngine:
     @torch.no_grad()
     def capture(self, shapes, decode: bool = True, record=capture_graph) -> dict:
         """Capture the graphs for ``shapes``, a list of ``(requests, prompt_len)``: prefill for each
-        shape's buckets, then sample and (with ``decode``) decode per batch bucket. All or nothing:
-        if one capture fails, none of this call's graphs is kept (earlier calls' stay), the stream and
-        the random generator are put back, and the error is raised (a ``KeyboardInterrupt`` as it is;
-        memory running out as a ``torch.OutOfMemoryError`` naming the graph and what to do). Returns
-        the keys captured. ``record``: :func:`~.capture.eager_stand_in` runs the same path on a CPU."""
+        shape's buckets, then sample and (with ``decode``) decode per batch bucket. All or nothing: if
+        one capture fails, none of this call's graphs is kept (earlier calls' stay), the stream and the
+        random generator are put back (:func:`lfm2vl_lab.core.capture.capture_failed`) and the error is
+        raised (a ``KeyboardInterrupt`` as it is; memory running out as a ``torch.OutOfMemoryError``
+        naming the graph and what to do). Returns the keys captured. ``record``:
+        :func:`lfm2vl_lab.core.capture.eager_stand_in` runs the same path on a CPU."""
         real = record is capture_graph
         if real and self.device.type != "cuda":
             raise RuntimeError("TextEngine.capture needs a CUDA device; without one every call runs eagerly")

@@ -4,7 +4,8 @@
 does :class:`VlmPipeline`:
 
 1. ``h2d``      the processor's (CPU) output onto the GPU
-2. ``encoder``  image features: transformers' eager path, or the :class:`~.graphs.GraphedEncoder`
+2. ``encoder``  image features: transformers' eager path, or the
+   :class:`~lfm2vl_lab.core.graphed_encoder.GraphedEncoder`
 3. ``merge``    token embeddings with the image features written at the image-token positions
 4. ``prefill``  the text model over the prompt
 5. ``sample``   the first token (greedy: final norm, LM head, argmax at the last position)
@@ -16,7 +17,7 @@ fed only the real rows); ``text_mode`` "eager" (transformers' ``Lfm2Model`` with
 ``DynamicCache``: :class:`HfText`) or "graphed" (:class:`~.engine.TextEngine` after ``capture``).
 
 The pipeline knows nothing about timing: ``run(..., mark=fn)`` calls ``mark(phase)`` after each
-phase, which is where the instrument (``tools/e2e.py``) records its CUDA events.
+phase, which is where the instrument (:mod:`lfm2vl_lab.tools.ttft`) records its CUDA events.
 """
 
 from __future__ import annotations
@@ -111,9 +112,10 @@ def image_positions(input_ids: torch.Tensor, image_token_id: int) -> tuple[torch
 class VlmPipeline:
     """LFM2-VL from processor output and prompt ids to greedy tokens, in :data:`PHASES`.
 
-    ``genc``: a :class:`~.graphs.GraphedEncoder` (needed for ``encoder_mode="graphed"``); ``engine``: a
-    :class:`~.engine.TextEngine` (needed for ``text_mode="graphed"``). Both are shared across pipelines
-    of one model, so four pipelines (the modes' grid) cost one capture each.
+    ``genc``: a :class:`~lfm2vl_lab.core.graphed_encoder.GraphedEncoder` (needed for
+    ``encoder_mode="graphed"``); ``engine``: a :class:`~.engine.TextEngine` (needed for
+    ``text_mode="graphed"``). Both are shared across pipelines of one model, so four pipelines (the
+    modes' grid) cost one capture each.
     """
 
     def __init__(self, model, encoder_mode: str = "graphed", text_mode: str = "graphed", genc=None,
