@@ -264,6 +264,14 @@ class EncoderGraphConfig:
             return self.rows(budget)
         return min(self.rows(budget), self.max_num_patches)
 
+    def cu_seqlens_source(self, budget: int, cu: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """Host offsets ``cu`` as the ``cu_seqlens`` source under the config's rule: the safe rule
+        appends dummy sequences up to the rows the varlen kernel is given (``rows``, default the
+        budget's); then the buffer's padding logic repeats the last offset."""
+        if self.cu_seqlens_rule == "safe":
+            return safe_cu_seqlens(cu, self.rows(budget) if rows is None else rows, self.max_seqlen(budget))
+        return cu
+
     def budget_for(self, tokens: int, items: int = 1) -> int | None:
         """The smallest graph budget that holds ``tokens`` in ``items`` items, or None if none does."""
         for b in self.graph_budgets:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention import dense_attention
-from .config import EncoderGraphConfig, _is_int, safe_cu_seqlens
+from .config import EncoderGraphConfig, _is_int
 from .lfm2vl import Lfm2VlGraphModel
 from .packing import Shape, lfm2vl_cu_seqlens, lfm2vl_gather_idx
 
@@ -204,7 +204,5 @@ class DenseLfm2VlGraphModel(Lfm2VlGraphModel):
         out = {"gather_idx": lfm2vl_gather_idx(list(shapes), cfg.factor).int()}
         if rest:
             cu = lfm2vl_cu_seqlens(list(shapes[k:])) if k < len(shapes) else torch.zeros(1, dtype=torch.int32)
-            if cfg.cu_seqlens_rule == "safe":
-                cu = safe_cu_seqlens(cu, self.varlen_rows(budget, variant), cfg.max_seqlen(budget))
-            out["cu_seqlens"] = cu
+            out["cu_seqlens"] = cfg.cu_seqlens_source(budget, cu, self.varlen_rows(budget, variant))
         return out

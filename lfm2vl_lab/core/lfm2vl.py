@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import EncoderGraphConfig, GraphOptions, safe_cu_seqlens
+from .config import EncoderGraphConfig, GraphOptions
 from .encoder import PackedVisionEncoder
 from .manager import Replay
 from .packing import (
@@ -187,10 +187,8 @@ class Lfm2VlGraphModel:
     def layout(self, budget: int, variant: str, shapes: tuple[Shape, ...]) -> dict[str, torch.Tensor]:
         """The host sources of ``cu_seqlens`` (with the safe rule's dummy sequences) and ``gather_idx``."""
         cfg = self.config
-        cu = lfm2vl_cu_seqlens(list(shapes))
-        if cfg.cu_seqlens_rule == "safe":
-            cu = safe_cu_seqlens(cu, cfg.rows(budget), cfg.max_seqlen(budget))
-        return {"cu_seqlens": cu, "gather_idx": lfm2vl_gather_idx(list(shapes), cfg.factor).int()}
+        return {"cu_seqlens": cfg.cu_seqlens_source(budget, lfm2vl_cu_seqlens(list(shapes))),
+                "gather_idx": lfm2vl_gather_idx(list(shapes), cfg.factor).int()}
 
     def replay_buffers(self, items: PixelItems, batch: list[int], budget: int) -> Replay | None:
         """What the manager writes into the budget's buffers for items ``batch`` (None: they do not
