@@ -1,18 +1,20 @@
-"""The technique: LFM2-VL's vision encoder made CUDA-graph capturable, then captured and replayed.
+"""The technique, and only it: LFM2-VL's vision encoder made CUDA-graph capturable, then captured
+and replayed, in the shape of vLLM's ``encoder_cudagraph.py`` plus the LFM2-VL half of ``lfm2_vl.py``.
 
-Imports only torch and transformers (plus numpy and PIL, which transformers' image processor
-already needs); never :mod:`lfm2vl_lab.tools`. Read it top to bottom in this order:
+Imports torch and transformers (plus numpy and PIL, which transformers' image processor needs) and
+:mod:`lfm2vl_lab.kernels`, which the encoder calls; never the other packages. Read it top to bottom:
 
-* :mod:`.presets`  — model shapes as data, random-weight models, local checkpoints
-* :mod:`.inputs`   — any image → RGB → transformers' real LFM2-VL image processor
-* :mod:`.packing`  — processor output → packed varlen layout (cu_seqlens, gather_idx, …)
+* :mod:`.packing`  — processor output → packed varlen layout (``cu_seqlens``, ``gather_idx``, the
+  position cache), and the processor's limits as the model carries them
+* :mod:`.config`   — ``GraphOptions`` (every setting, one default each); the graph config: budgets,
+  item limit, the named buffers and their padding logics ``fn(dst, src)``
 * :mod:`.encoder`  — the packed split-forward encoder on transformers' own weights
-* :mod:`.config`   — graph config: budgets, item limit, padding logics ``fn(dst, src)``
 * :mod:`.capture`  — one capture recipe, and recovery after a failed capture
-* :mod:`.graphs`   — planning, the protocol a model implements, the generic manager, ``GraphedEncoder``
-* :mod:`.hf`       — transformers' own image path, and the plug that swaps ours in
-* :mod:`.parity`   — error measures and the float32 judge
-* :mod:`.engine`, :mod:`.pipeline` — the text model on static buffers; a request in phases
-* :mod:`.chat`     — text in, text out: one chat turn through the pipeline (:mod:`.toy_processor`:
-  a stand-in tokenizer for random-weight models)
+* :mod:`.guard`    — the weight stamp: what the graphs read, and how a change is noticed
+* :mod:`.manager`  — the protocol a model implements, planning, and the generic manager
+* :mod:`.lfm2vl`   — LFM2-VL's side of the protocol: one varlen graph per budget
+* :mod:`.staging`  — optimisations of the input path: staged pixel rows, cached batch layouts
+* :mod:`.dense`    — an optimisation on top: dense graph variants and the run budget
+* :mod:`.graphed_encoder` — ``GraphedEncoder``: the manager given LFM2-VL's side, and its plug
+  into transformers' ``forward``/``generate``
 """

@@ -123,7 +123,7 @@ class PackedVisionEncoder(nn.Module):
 
     Kernel options (all on by default; each changes only rounding, not the math): ``fuse_qkv``, one
     QKV GEMM per layer; ``fuse_elementwise``, residual add + LayerNorm as one Triton kernel and the
-    MLP's bias + GELU in the GEMM epilogue (:mod:`~.fused`; on CUDA only, plain torch elsewhere).
+    MLP's bias + GELU in the GEMM epilogue (:mod:`lfm2vl_lab.kernels.fused`; on CUDA only, plain torch elsewhere).
     """
 
     def __init__(self, model, attention: str = GraphOptions.attention, fuse_qkv: bool = GraphOptions.fuse_qkv,
