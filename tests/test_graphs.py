@@ -780,7 +780,8 @@ def test_config_run_budget_and_dense_geometry():
     assert cfg.slots(4096) == 16 and cfg.budget_for(5 * 256, 5) == 4096 and cfg.budget_for(1024, 4) == 1024
     assert [cfg.dense_rows(b) for b in cfg.graph_budgets] == [256, 512, 1024, 1024, 1024, 1024]
     assert [cfg.dense_blocks(b) for b in cfg.graph_budgets] == [1, 1, 1, 2, 4, 16]
-    assert DenseGraphConfig.build(out_hidden_size=64).run_budget is None  # off unless asked for
+    assert DenseGraphConfig.build(out_hidden_size=64).run_budget == 2048  # GraphOptions.max_run_items, 8 × 256
+    assert DenseGraphConfig.build(out_hidden_size=64, max_run_items=0).run_budget is None  # off
     assert EncoderGraphConfig.build(out_hidden_size=64).graph_budgets == DEFAULT_BUDGETS  # the seed has none
     # budgets too small for one full-length item (it runs eagerly): no run budget to capture for nothing
     assert DenseGraphConfig.build(out_hidden_size=64, budgets=[64, 128], max_run_items=8).run_budget is None

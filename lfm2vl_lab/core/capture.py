@@ -20,7 +20,11 @@ from collections.abc import Callable
 import torch
 
 
-def capture_graph(fn: Callable[[], object], pool=None, warmup: int = 2) -> torch.cuda.CUDAGraph:
+# Warm-up calls before a capture: the first compiles and autotunes, the second runs as the graph will.
+WARMUP_ITERS = 2
+
+
+def capture_graph(fn: Callable[[], object], pool=None, warmup: int = WARMUP_ITERS) -> torch.cuda.CUDAGraph:
     """Warm ``fn`` up on a side stream ``warmup`` times, then capture one call of it into ``pool``.
 
     ``fn`` must read and write only persistent tensors (the graph replays the recorded addresses),

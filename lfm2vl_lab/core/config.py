@@ -233,6 +233,13 @@ class EncoderGraphConfig:
                    min_item_tokens=min_tokens, **kw)
 
     @property
+    def run_tokens(self) -> int:
+        """Output tokens of a full-length item (``max_num_patches`` rows: a 512 px image or tile):
+        256 for LFM2-VL. A pure run of them replays a dense graph that pads nothing (:mod:`~.dense`),
+        which ``plan_stats`` counts."""
+        return self.max_num_patches // self.factor**2
+
+    @property
     def graph_budgets(self) -> list[int]:
         """Every budget that gets graphs (:mod:`~.dense` adds one for runs of full-length items)."""
         return self.budgets

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention import dense_attention
-from .config import EncoderGraphConfig, _is_int
+from .config import EncoderGraphConfig, GraphOptions, _is_int
 from .lfm2vl import Lfm2VlGraphModel
 from .packing import Shape, lfm2vl_cu_seqlens, lfm2vl_gather_idx
 
@@ -66,17 +66,12 @@ class DenseGraphConfig(EncoderGraphConfig):
     holds nothing else (0: no such batches). If that is more tokens than the largest budget, one more
     graph budget, :attr:`run_budget`, holds them."""
 
-    max_run_items: int = 0
+    max_run_items: int = GraphOptions.max_run_items
 
     def __post_init__(self):
         super().__post_init__()
         if not _is_int(self.max_run_items) or self.max_run_items < 0:
             raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {self.max_run_items!r}")
-
-    @property
-    def run_tokens(self) -> int:
-        """Output tokens of a full-length item (``max_num_patches`` rows): 256 for LFM2-VL."""
-        return self.max_num_patches // self.factor**2
 
     @property
     def run_budget(self) -> int | None:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .capture import capture_failed, capture_graph, prepare_capture
+from .capture import WARMUP_ITERS, capture_failed, capture_graph, prepare_capture
 from .guard import WeightStamp, change_summary, change_warning
 
 # What a capture that ran out of memory tells the user to do.
@@ -244,7 +244,7 @@ class EncoderGraphManager:
         self.pool = None
         self.capture_extra: dict[int, dict] = {}
         self.stamp: WeightStamp | None = None  # what the graphs read, as it was at capture
-        self.capture_args: tuple = (None, 2)  # capture()'s (hook, warmup_iters), for a recapture
+        self.capture_args: tuple = (None, WARMUP_ITERS)  # capture()'s (hook, warmup_iters), for a recapture
         self.last_change: str | None = None  # what moved, the last time the stamp said so
         self.warned_change = False
         self.reset_stats()
@@ -267,7 +267,7 @@ class EncoderGraphManager:
 
     # -- capture -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def capture(self, hook=None, warmup_iters: int = 2) -> list[dict]:
+    def capture(self, hook=None, warmup_iters: int = WARMUP_ITERS) -> list[dict]:
         """Capture every budget, largest first (smaller graphs reuse its pool blocks); all or nothing.
 
         A failure keeps no graph and releases the pool: a ``KeyboardInterrupt`` is raised again as

@@ -207,7 +207,7 @@ class LayoutCache:
     The least recently used of more than ``size`` entries is dropped.
     """
 
-    def __init__(self, size: int = 256):
+    def __init__(self, size: int):
         self.size = size
         self._entries: OrderedDict = OrderedDict()
         self.hits = self.misses = 0
