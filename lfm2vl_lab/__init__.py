@@ -13,8 +13,9 @@ Five packages, the technique first:
 
 The first four use torch and transformers only and never import the instrument
 (``tests/test_layers.py`` checks which package may import which). The names below are the public
-API; the instrument's modules are also reachable as ``lfm2vl_lab.bench``, ``lfm2vl_lab.e2e`` …
-(loaded on first use).
+API; the instrument's modules are also reachable as ``lfm2vl_lab.bench``, ``lfm2vl_lab.e2e`` …, and
+its workload helpers as ``lfm2vl_lab.load_sample_images`` … (each loaded on first use:
+``import lfm2vl_lab`` imports no module of the instrument).
 """
 
 import importlib
@@ -42,13 +43,12 @@ from .model.presets import (
 from .serving.chat import ChatReply, chat
 from .serving.engine import TextEngine
 from .serving.pipeline import VlmPipeline
-from .tools.workloads import load_sample_images, random_processor_output, synthetic_image, synthetic_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChatReply", "EncoderGraphConfig", "GraphOptions", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder", "Preset",
-    "SplitProjector", "auto_budgets", "available_presets", "build_model", "chat", "checkpoint_from_env",
+    "ChatReply", "EncoderGraphConfig", "GraphOptions", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder",
+    "Preset", "SplitProjector", "auto_budgets", "available_presets", "build_model", "chat", "checkpoint_from_env",
     "count_params", "hf_image_features", "image_limits", "item_image", "load_model", "load_sample_images",
     "max_rel_error", "model_for", "pack_inputs", "plan_batches", "plan_stats", "process_images", "processor_for",
     "random_processor_output", "recover_from_failed_capture", "rel_error", "synthetic_image", "synthetic_workload",
@@ -57,10 +57,20 @@ __all__ = [
 
 # every module of lfm2vl_lab/tools/, read off the folder (importing none of them)
 TOOL_MODULES = tuple(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent / "tools")]))
+# public names that live in the instrument: name -> its tools module (loaded on first use)
+TOOL_NAMES = {"load_sample_images": "workloads", "random_processor_output": "workloads",
+              "synthetic_image": "workloads", "synthetic_workload": "workloads"}
 
 
 def __getattr__(name: str):
-    """``from lfm2vl_lab import e2e`` (the README's GPU tour) loads ``lfm2vl_lab.tools.e2e``."""
+    """``from lfm2vl_lab import e2e`` (the README's GPU tour) loads ``lfm2vl_lab.tools.e2e``;
+    ``lfm2vl_lab.load_sample_images`` loads ``lfm2vl_lab.tools.workloads``."""
+    if name in TOOL_NAMES:
+        return getattr(importlib.import_module(f".tools.{TOOL_NAMES[name]}", __name__), name)
     if name in TOOL_MODULES:
         return importlib.import_module(f".tools.{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *TOOL_NAMES, *TOOL_MODULES})

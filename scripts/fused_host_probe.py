@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from lfm2vl_lab.core.config import GraphOptions
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.model.presets import build_model
 from lfm2vl_lab.tools.modes import make_compile, make_fused
@@ -62,7 +63,8 @@ def main() -> int:
     inputs = to_device(random_processor_output([(32, 32)], "lfm2-vl-450m", seed=0), "cuda", torch.bfloat16)
     # the fused body has no dense variants and no kernel options of ours: compare like with like
     # one budget (256 tokens: one 512 px image) keeps the inductor compile short
-    plain = GraphedEncoder(model, budgets=[256], dense_graphs=False, fuse_qkv=False, fuse_elementwise=False)
+    options = GraphOptions(budgets=[256], dense_graphs=False, fuse_qkv=False, fuse_elementwise=False)
+    plain = GraphedEncoder(model, options)
     plain.capture()
     rows = [{"what": "lab-graph, before any compile", **_measure(plain, inputs)}]
     if args.after_compile_mode:
@@ -72,7 +74,7 @@ def main() -> int:
         rows.append({"what": "lab-graph, after the compile mode ran", **_measure(plain, inputs),
                      "compile_mode_ms": _wall_ms(lambda: compiled.call(inputs), n=50)})
     t0 = time.perf_counter()
-    fused = make_fused(model, budgets=[256], fuse_qkv=False, fuse_elementwise=False)
+    fused = make_fused(model, options)
     compile_s = time.perf_counter() - t0
     rows.append({"what": "lab-graph, after the fused body was compiled", **_measure(plain, inputs)})
     rows.append({"what": "lab-graph-fused", "compile_s": compile_s, **_measure(fused.graphed, inputs)})

@@ -2,13 +2,14 @@
 (mismatches, tracebacks, unreadable result files) and the fused mode's fallback rule."""
 
 import json
+from dataclasses import fields
 
 import pytest
 import torch
 
 from lfm2vl_lab.core.config import GraphOptions
 from lfm2vl_lab.tools.bench import RunSpec, expand_specs, measure_fixed, run_bench
-from lfm2vl_lab.tools.modes import DEFAULT_CU_RULE, DEFAULT_MAX_SEQLEN_MODE, Runner, is_trace_failure
+from lfm2vl_lab.tools.modes import SETTING_MODES, Runner, is_trace_failure, row_labels
 from lfm2vl_lab.tools.results import UnreadableResultWarning, load_results, save_result
 from lfm2vl_lab.tools.table import format_table
 from lfm2vl_lab.tools.workloads import NXS, TILED_SIZE, parse_nxs, workload_images
@@ -16,28 +17,54 @@ from lfm2vl_lab.tools.workloads import NXS, TILED_SIZE, parse_nxs, workload_imag
 
 def test_run_spec_defaults_are_explicit():
     s = RunSpec("lab-graph")
-    assert (s.budgets, s.cu_rule, s.max_seqlen_mode, s.attention, s.fuse_qkv, s.fuse_elementwise,
-            s.dense_graphs) == (None, DEFAULT_CU_RULE, DEFAULT_MAX_SEQLEN_MODE, "auto", GraphOptions.fuse_qkv,
-                                GraphOptions.fuse_elementwise, GraphOptions.dense_graphs)
-    assert s.labels() == {"mode": "lab-graph", "budget_set": "auto", "cu_rule": DEFAULT_CU_RULE,
-                          "max_seqlen_mode": DEFAULT_MAX_SEQLEN_MODE}
-    assert RunSpec("lab-graph", budgets=(64, 256)).labels()["budget_set"] == "64,256"
+    assert (s.options, s.compile_mode) == (GraphOptions(), "default")
+    d = GraphOptions()
+    assert s.labels() == {"mode": "lab-graph", "budget_set": "auto", "cu_rule": d.cu_seqlens_rule,
+                          "max_seqlen_mode": d.max_seqlen_mode, "attention": d.attention, "fuse_qkv": d.fuse_qkv,
+                          "fuse_elementwise": d.fuse_elementwise, "dense_graphs": d.dense_graphs}
+    assert RunSpec("lab-graph", GraphOptions(budgets=(64, 256))).labels()["budget_set"] == "64,256"
+    # a setting that does not concern a mode is kept at its default, so it names no row
+    assert RunSpec("hf-eager", GraphOptions(cu_seqlens_rule="repeat_last", fuse_qkv=False)) == RunSpec("hf-eager")
+    assert RunSpec("hf-eager").labels() == {"mode": "hf-eager"}
+    assert RunSpec("compile", compile_mode="max-autotune").labels() == {"mode": "compile",
+                                                                        "compile_mode": "reduce-overhead"}
+
+
+def test_row_labels_name_every_setting_a_mode_is_built_with():
+    fused = row_labels("lab-graph-fused", GraphOptions(max_seqlen_mode="loose"), "max-autotune")
+    assert fused["compile_mode"] == "max-autotune" and fused["max_seqlen_mode"] == "loose"
+    assert "dense_graphs" not in fused  # a compiled body gets no dense graphs
+    eager = row_labels("lab-eager", GraphOptions(fuse_qkv=False))
+    assert eager == {"mode": "lab-eager", "attention": "auto", "fuse_qkv": False,
+                     "fuse_elementwise": GraphOptions.fuse_elementwise}
+    # a setting without a row name of its own is named only off its default
+    assert "max_run_items" not in row_labels("lab-graph")
+    assert row_labels("lab-graph", GraphOptions(max_run_items=2))["max_run_items"] == 2
+    assert set(SETTING_MODES) == {f.name for f in fields(GraphOptions)}, "say which modes a new setting concerns"
 
 
 def test_expand_specs_sweeps_only_where_a_setting_applies():
-    specs = expand_specs(["hf-eager", "lab-eager", "lab-graph", "compile"], budget_sets=[None, [64, 256]],
-                         cu_rules=["safe", "repeat_last"], attentions=["auto", "sdpa_blockmask"],
-                         fuse_qkvs=[False, True], fuse_elementwises=[False, True], dense_graphs=[True, False])
+    sweep = {"budgets": [None, [64, 256]], "cu_seqlens_rule": ["safe", "repeat_last"],
+             "attention": ["auto", "sdpa_blockmask"], "fuse_qkv": [False, True], "fuse_elementwise": [False, True],
+             "dense_graphs": [True, False]}
+    specs = expand_specs(["hf-eager", "lab-eager", "lab-graph", "compile"], sweep=sweep)
     by_mode = {m: [s for s in specs if s.mode == m] for m in ("hf-eager", "lab-eager", "lab-graph", "compile")}
     assert by_mode["hf-eager"] == [RunSpec("hf-eager")] and by_mode["compile"] == [RunSpec("compile")]
     assert len(by_mode["lab-eager"]) == 2 * 2 * 2  # attention x fuse_qkv x fuse_elementwise; no graph settings
-    assert {(s.budgets, s.cu_rule) for s in by_mode["lab-eager"]} == {(None, DEFAULT_CU_RULE)}
+    assert {(s.options.budgets, s.options.cu_seqlens_rule) for s in by_mode["lab-eager"]} == \
+        {(None, GraphOptions.cu_seqlens_rule)}
     assert len(by_mode["lab-graph"]) == 2 * 2 * 2 * 2 * 2 * 2  # budgets x cu rules x attention x 2 fusions x dense
-    assert {s.budgets for s in by_mode["lab-graph"]} == {None, (64, 256)}
+    assert {s.options.budgets for s in by_mode["lab-graph"]} == {None, (64, 256)}
     assert [s.mode for s in specs[:1]] == ["hf-eager"] and len(set(specs)) == len(specs)
     assert expand_specs(["lab-eager", "lab-eager"]) == [RunSpec("lab-eager")]  # duplicates run once
+    # the base carries the settings not swept; "auto" and "64,256" are budget sets too
+    base = GraphOptions(max_seqlen_mode="loose")
+    (one,) = expand_specs(["lab-graph"], base, {"budgets": ["64,256"]}, compile_mode="max-autotune")
+    assert one == RunSpec("lab-graph", GraphOptions(budgets=(64, 256), max_seqlen_mode="loose"), "max-autotune")
     with pytest.raises(ValueError, match="dense_graphs"):  # no None standing for "the default"
-        expand_specs(["lab-graph"], dense_graphs=[None])
+        expand_specs(["lab-graph"], sweep={"dense_graphs": [None]})
+    with pytest.raises(ValueError, match="cu_seqlens_rule"):  # a string is not a list of values
+        expand_specs(["lab-graph"], sweep={"cu_seqlens_rule": "safe"})
 
 
 def test_nxs_and_tiled_are_stated_once():
@@ -61,7 +88,7 @@ def test_an_output_that_cannot_be_compared_is_an_error_not_a_blank():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="attention='varlen' builds on CUDA")
 def test_a_failed_configuration_keeps_its_traceback():
-    res = run_bench(preset="tiny", modes=["lab-eager"], workloads=["1x256"], attentions=["varlen", "auto"],
+    res = run_bench(preset="tiny", modes=["lab-eager"], workloads=["1x256"], sweep={"attention": ["varlen", "auto"]},
                     repeats=1, warmup=0, device="cpu", progress=False)
     (err,) = res["errors"]
     assert (err["mode"], err["stage"]) == ("lab-eager", "setup") and err["error"].startswith("ValueError: ")

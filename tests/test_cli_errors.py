@@ -96,8 +96,10 @@ def test_good_input_still_parses():
 
 @pytest.mark.parametrize("kwargs,needle", [
     ({"repeats": 0}, "repeats"), ({"repeats": -1}, "repeats"), ({"warmup": -1}, "warmup"),
-    ({"modes": ["fast"]}, "'fast'"), ({"cu_rules": ["wrong"]}, "'wrong'"), ({"attentions": ["flash"]}, "'flash'"),
-    ({"workloads": ["stream"], "stream_n": 0}, "stream_n"), ({"budget_sets": ["abc"]}, "'abc'"),
+    ({"modes": ["fast"]}, "'fast'"), ({"sweep": {"cu_seqlens_rule": ["wrong"]}}, "'wrong'"),
+    ({"sweep": {"attention": ["flash"]}}, "'flash'"), ({"sweep": {"cu_rule": ["safe"]}}, "cu_rule"),
+    ({"compile_mode": "fastest"}, "'fastest'"),
+    ({"workloads": ["stream"], "stream_n": 0}, "stream_n"), ({"sweep": {"budgets": ["abc"]}}, "'abc'"),
     ({"dtype": "fp64"}, "'fp64'"), ({"device": "tpu"}, "'tpu'"),
 ])
 def test_run_bench_refuses_bad_arguments_before_building_anything(kwargs, needle):

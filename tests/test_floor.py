@@ -13,7 +13,6 @@ from lfm2vl_lab.tools.floor import (
     judge_targets,
     kernel_breakdown,
     kernel_class,
-    targets_table,
 )
 
 
@@ -60,8 +59,6 @@ def test_targets_met_and_missed_are_both_reported():
     missed = {t["target"]: t for t in judge_targets(_rows(1.2, compile_ms=1.0))}
     assert not missed["450M 1x512 median ms"]["ok"] and not missed["fastest mode at 1x512"]["ok"]
     assert not missed["1x512 wall / GPU-busy"]["ok"]  # 1.2 / 0.7 > 1.10
-    table = targets_table(judge_targets(_rows(1.2, compile_ms=1.0)))
-    assert "**no**" in table and table.count("\n") == len(judge_targets(_rows(1.2))) + 1
 
 
 def test_targets_of_the_reference_run():

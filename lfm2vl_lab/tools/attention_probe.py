@@ -108,33 +108,3 @@ def probe(preset: str = "lfm2-vl-450m", layouts=LAYOUTS, seed: int = 0) -> list[
             rows.append({"preset": p.name, "heads": heads, "head_dim": dim, "layout": list(lens), "backend": name,
                          **_measure(fn, ref)})
     return rows
-
-
-def add_attention_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab attention``."""
-    from .args import preset_arg
-
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help="preset(s) (default: lfm2-vl-450m, lfm2-vl-1.6b)")
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
-
-
-def run_attention_cli(args) -> int:
-    """Time the capturable attention kernels inside CUDA graphs (GPU only)."""
-    import sys
-
-    from .args import UsageError
-    from .results import RESULTS_ROOT, provenance, save_result
-
-    if not torch.cuda.is_available():
-        raise UsageError("the attention probe needs a CUDA GPU and none is available")
-    presets = args.preset or ["lfm2-vl-450m", "lfm2-vl-1.6b"]
-    rows = [r for name in presets for r in probe(name)]
-    result = {"name": "attention", "provenance": provenance("python -m lfm2vl_lab " + " ".join(sys.argv[1:]),
-                                                              dtype="bfloat16"), "rows": rows}
-    for r in rows:
-        what = (f"{1000 * r['graph_ms_per_layer']:8.1f} us/layer  err {r['rel_err_vs_fp32']:.1e}"
-                if "error" not in r else f"FAILED {r['error'][:90]}")
-        print(f"{r['preset']:>14} h{r['heads']}x{r['head_dim']} {str(r['layout'])[:28]:>28} {r['backend']:>15} {what}")
-    print("results:", save_result(result, args.out or RESULTS_ROOT, "attention"))
-    return 0

@@ -4,7 +4,9 @@ In the style of nanoGPT's ``bench.py`` and gpt-fast: build once, burn in, then m
 derived numbers next to the raw ones. The parts live beside this module: the modes
 (:mod:`.modes`), the workloads (:mod:`.workloads`), the timing (:mod:`.timing`), the table
 (:mod:`.table`) and the command-line types (:mod:`.args`). A :class:`RunSpec` is one configuration
-of one mode; :func:`expand_specs` turns the sweeps of :func:`run_bench` into them.
+of one mode: the mode, a :class:`~lfm2vl_lab.core.config.GraphOptions` and the fused mode's
+``compile_mode``; :func:`expand_specs` turns a base ``GraphOptions`` and a sweep ``{setting: [values]}``
+into them, and :func:`~.modes.row_labels` names each in the rows.
 
 Timing: inputs are processed on the CPU and moved to the device *before* timing (every mode
 alike; ``spatial_shapes`` stays on the CPU). Every call starts from an idle device. The first
@@ -28,14 +30,14 @@ exception (``error``) and its full ``traceback``; the table shows the first line
 from __future__ import annotations
 
 import gc
+import itertools
 import traceback
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
 
-from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES, GraphOptions
-from ..kernels.attention import ATTENTION_BACKENDS
+from ..core.config import GraphOptions
 from ..model.parity import max_rel_error
 from .args import (
     check_choice,
@@ -45,19 +47,17 @@ from .args import (
     parse_dtype,
 )
 from .modes import (
+    COMPILE_MODES,
     CUDA_ONLY,
-    DEFAULT_CU_RULE,
-    DEFAULT_MAX_SEQLEN_MODE,
     DEFAULT_MODES,
-    FUSED_COMPILE_MODES,
-    GRAPH_MODES,
-    LAB_MODES,
     MODES,
     Runner,
-    budgets_label,
+    concerns,
     counter_diff,
     dynamo_counters,
     make_runner,
+    mode_options,
+    row_labels,
 )
 from .results import provenance
 from .table import add_derived
@@ -86,51 +86,67 @@ PROFILE_KEYS = {"kernels": "kernels", "launch_calls": "launch_calls", "launch_cp
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One benchmark configuration: a mode and everything it is built with, defaults explicit.
-    ``budgets=None`` means the automatic budgets (``GraphedEncoder``'s own choice)."""
+    """One benchmark configuration: a mode, the settings it is built with (the ones that do not
+    concern the mode are kept at their defaults: :func:`~.modes.mode_options`) and the
+    ``torch.compile`` mode of the ``lab-graph-fused`` body."""
 
     mode: str
-    budgets: tuple[int, ...] | None = None
-    cu_rule: str = DEFAULT_CU_RULE
-    max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE
-    attention: str = "auto"
-    fuse_qkv: bool = GraphOptions.fuse_qkv
-    fuse_elementwise: bool = GraphOptions.fuse_elementwise
-    dense_graphs: bool = GraphOptions.dense_graphs
-    fused_compile_mode: str = "default"
+    options: GraphOptions = GraphOptions()
+    compile_mode: str = "default"
+
+    def __post_init__(self):
+        object.__setattr__(self, "options", mode_options(self.mode, self.options))
 
     def runner(self, model, progress: bool = False) -> Runner:
         """Build (and for graph modes capture) this configuration on ``model``."""
-        kw = asdict(self)
-        mode, budgets = kw.pop("mode"), kw.pop("budgets")
-        return make_runner(mode, model, budgets=None if budgets is None else list(budgets), progress=progress, **kw)
+        return make_runner(self.mode, model, self.options, compile_mode=self.compile_mode, progress=progress)
 
     def labels(self) -> dict:
-        """The configuration as result rows and error entries name it."""
-        return {"mode": self.mode, "budget_set": budgets_label(self.budgets), "cu_rule": self.cu_rule,
-                "max_seqlen_mode": self.max_seqlen_mode}
+        """The configuration as result rows and error entries name it (:func:`~.modes.row_labels`)."""
+        return row_labels(self.mode, self.options, self.compile_mode)
 
 
-def expand_specs(modes, budget_sets=(None,), cu_rules=(DEFAULT_CU_RULE,), max_seqlen_modes=(DEFAULT_MAX_SEQLEN_MODE,),
-                 attentions=("auto",), fuse_qkvs=(GraphOptions.fuse_qkv,),
-                 fuse_elementwises=(GraphOptions.fuse_elementwise,),
-                 dense_graphs=(GraphOptions.dense_graphs,), fused_compile_mode: str = "default") -> list[RunSpec]:
-    """Every configuration to run, in order: the graph modes sweep budget sets × cu rules ×
-    max-seqlen modes, the lab modes attention backends × fuse_qkv × fuse_elementwise, ``lab-graph``
-    dense graphs; a setting that does not apply to a mode keeps its default (one spec, not a copy per value)."""
-    for kind, values in (("fuse_qkv", fuse_qkvs), ("fuse_elementwise", fuse_elementwises),
-                         ("dense_graphs", dense_graphs)):
-        if not all(isinstance(v, bool) for v in values):
-            raise ValueError(f"{kind} values must be True or False, got {list(values)!r}")
+def check_sweep(sweep: dict | None, base: GraphOptions | None = None) -> dict[str, list]:
+    """``{setting: [values]}`` checked against ``base`` (default ``GraphOptions()``), in the
+    settings' own order: every name a ``GraphOptions`` field, every value one it accepts (a budget
+    set may be written ``"auto"`` or ``"64,256"``; an on/off setting takes only True or False).
+    Raises ``ValueError`` naming the value (or the name)."""
+    base = base if base is not None else GraphOptions()
+    sweep, out, names = dict(sweep or {}), {}, [f.name for f in fields(GraphOptions)]
+    if set(sweep) - set(names):
+        raise ValueError(f"unknown setting(s) {sorted(set(sweep) - set(names))} in the sweep; the settings are "
+                         f"GraphOptions' fields: {names}")
+    for f in fields(GraphOptions):
+        if f.name not in sweep:
+            continue
+        values = sweep[f.name]
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or not list(values):
+            raise ValueError(f"sweep of {f.name}: expected a non-empty list of values, got {values!r}")
+        values = [parse_budgets(v) for v in values] if f.name == "budgets" else list(values)
+        if isinstance(f.default, bool) and not all(isinstance(v, bool) for v in values):
+            raise ValueError(f"{f.name} values must be True or False, got {values!r}")
+        for v in values:
+            base.with_(**{f.name: v})  # GraphOptions' own check: a ValueError naming the value
+        out[f.name] = values
+    return out
+
+
+def expand_specs(modes, base: GraphOptions | None = None, sweep: dict | None = None,
+                 compile_mode: str = "default") -> list[RunSpec]:
+    """Every configuration to run, in order: per mode, ``base`` with every combination of the swept
+    values of the settings that concern it (:data:`~.modes.SETTING_MODES`: the graph settings the
+    graph modes, attention and the kernel options the lab modes, ``dense_graphs`` ``lab-graph``);
+    a setting that does not concern a mode keeps its default (one spec, not a copy per value)."""
+    base = base if base is not None else GraphOptions()
+    sweep = check_sweep(sweep, base)
+    for m in modes:
+        check_choice("mode", m, MODES)
+    check_choice("compile mode", compile_mode, COMPILE_MODES)
     out = []
     for m in dict.fromkeys(modes):
-        graph, lab = m in GRAPH_MODES, m in LAB_MODES
-        out += [RunSpec(m, None if b is None else tuple(b), c, s, att, f, fe, dg, fused_compile_mode)
-                for b in (budget_sets if graph else [None]) for c in (cu_rules if graph else [DEFAULT_CU_RULE])
-                for s in (max_seqlen_modes if graph else [DEFAULT_MAX_SEQLEN_MODE])
-                for att in (attentions if lab else ["auto"]) for f in (fuse_qkvs if lab else [GraphOptions.fuse_qkv])
-                for fe in (fuse_elementwises if lab else [GraphOptions.fuse_elementwise])
-                for dg in (dense_graphs if m == "lab-graph" else [GraphOptions.dense_graphs])]
+        names = [k for k in sweep if concerns(k, m)]
+        out += [RunSpec(m, base.with_(**dict(zip(names, combo, strict=True))), compile_mode)
+                for combo in itertools.product(*(sweep[k] for k in names))]
     return list(dict.fromkeys(out))
 
 
@@ -278,14 +294,6 @@ def _run_spec(s: _Session, spec: RunSpec, workloads: list[str], result: dict, ba
         torch.cuda.empty_cache()
 
 
-def _check_choices(modes, cu_rules, max_seqlen_modes, attentions) -> None:
-    for kind, values, allowed in (("mode", modes, MODES), ("cu rule", cu_rules, CU_SEQLENS_RULES),
-                                  ("max-seqlen mode", max_seqlen_modes, MAX_SEQLEN_MODES),
-                                  ("attention backend", attentions, ("auto", *ATTENTION_BACKENDS))):
-        for v in values:
-            check_choice(kind, v, allowed)
-
-
 def _prepare_inputs(workloads, preset, dev, dt, stream_n: int, seed: int, progress: bool) -> tuple[dict, tuple | None]:
     """Inputs processed once, on the CPU, outside any timing; fixed ones moved to the device."""
     from ..model.inputs import process_images
@@ -300,14 +308,12 @@ def _prepare_inputs(workloads, preset, dev, dt, stream_n: int, seed: int, progre
 
 def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_WORKLOADS, dtype=None,
               repeats: int | None = None, warmup: int | None = None, device=None, stream_n: int = 200,
-              budget_sets=(None,), cu_rules=(DEFAULT_CU_RULE,), max_seqlen_modes=(DEFAULT_MAX_SEQLEN_MODE,),
-              profile: bool = False, progress: bool = True, seed: int = 0, fused_compile_mode: str = "default",
-              trace_dir=None, command: str | None = None, name: str = "bench", attentions=("auto",),
-              fuse_qkvs=(GraphOptions.fuse_qkv,), fuse_elementwises=(GraphOptions.fuse_elementwise,),
-              dense_graphs=(GraphOptions.dense_graphs,),
-              on_job=None) -> dict:
-    """Run every configuration (:func:`expand_specs` of the sweeps) on every workload; return the
-    result dict (see the module docstring).
+              options: GraphOptions | None = None, sweep: dict | None = None, compile_mode: str = "default",
+              profile: bool = False, progress: bool = True, seed: int = 0, trace_dir=None,
+              command: str | None = None, name: str = "bench", on_job=None) -> dict:
+    """Run every configuration (:func:`expand_specs` of ``options``, default ``GraphOptions()``, and
+    ``sweep``, e.g. ``{"fuse_qkv": [False, True]}``) on every workload; return the
+    result dict (see the module docstring). ``compile_mode``: the ``lab-graph-fused`` body's.
 
     Defaults follow the device (:func:`workloads.device_defaults` for preset and dtype; ``REPEATS``
     and ``WARMUP``). ``on_job(result)`` is called after each configuration (``result["complete"]``
@@ -325,12 +331,11 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     warmup = WARMUP[dev.type] if warmup is None else warmup
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
-    _check_choices(modes, cu_rules, max_seqlen_modes, attentions)
-    check_choice("fused compile mode", fused_compile_mode, FUSED_COMPILE_MODES)
     workloads = expand_workloads(workloads)
     if "stream" in workloads and stream_n < 1:
         raise ValueError(f"the stream workload needs stream_n >= 1, got {stream_n}")
-    budget_sets = [parse_budgets(b) for b in budget_sets] or [None]
+    runnable = [m for m in dict.fromkeys(modes) if dev.type == "cuda" or m not in CUDA_ONLY]
+    specs = [s for s in expand_specs(modes, options, sweep, compile_mode) if s.mode in runnable]
     # LFM2VL_CHECKPOINT set: the checkpoint's weights and image processor instead of the preset's
     model = model_for(preset, dtype=dt, device=dev, seed=seed)
     ck = getattr(model, "lab_checkpoint", None)
@@ -340,11 +345,8 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
                                                      repeats=repeats, warmup=warmup, stream_n=stream_n, seed=seed,
                                                      profile=profile, **({"checkpoint": ck} if ck else {})),
               "rows": [], "skipped": [], "errors": [], "complete": False}
-    runnable = [m for m in dict.fromkeys(modes) if dev.type == "cuda" or m not in CUDA_ONLY]
     result["skipped"] = [{"mode": m, "reason": f"{CUDA_ONLY[m]} (device is {dev.type})"}
                          for m in dict.fromkeys(modes) if m not in runnable]
-    specs = expand_specs(runnable, budget_sets, cu_rules, max_seqlen_modes, attentions, fuse_qkvs,
-                         fuse_elementwises, dense_graphs, fused_compile_mode)
     fixed, stream = _prepare_inputs(workloads, model if ck else preset, dev, dt, stream_n, seed, progress)
     session = _Session(model, preset, dev, dt, repeats, warmup, profile, progress, trace_dir, fixed, stream, {})
     bar = tqdm(total=len(specs) * len(workloads), desc="bench", disable=not progress, unit="run")

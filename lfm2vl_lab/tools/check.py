@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES
 from ..core.encoder import PackedVisionEncoder
 from ..core.graphed_encoder import GraphedEncoder
 from ..model.hf import hf_image_features
@@ -24,6 +25,7 @@ from .meter import measured_capture
 from .workloads import random_processor_output
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
+PRESETS = ("lfm2-vl-450m", "lfm2-vl-1.6b")  # what the check runs by default
 
 
 def shapes_for_tokens(tokens: int, max_items: int, seed: int) -> list[tuple[int, int]]:
@@ -60,8 +62,8 @@ def check_graphs(model, dtype, seed: int, budgets=None, ref_model=None) -> list[
     rows = []
     tol = TOLERANCE[dtype]
     preset = model  # random inputs in the model's processor geometry (a preset's or a checkpoint's)
-    for rule in ("safe", "repeat_last"):
-        for mode in ("tight", "loose"):
+    for rule in CU_SEQLENS_RULES:
+        for mode in MAX_SEQLEN_MODES:
             genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=rule, max_seqlen_mode=mode)
             info = measured_capture(genc, progress=False)
             eager = genc.encoder
@@ -221,7 +223,7 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
             and moved["pass"]}
 
 
-def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=None, command: str = "") -> dict:
+def main(presets=PRESETS, dtype: str = "bf16", out_dir=None, command: str = "") -> dict:
     """Run every check on the GPU and write ``check-<date>.json`` with provenance. With
     ``LFM2VL_CHECKPOINT`` set, the checks run once, on that checkpoint's weights (transformers on the
     same weights is the judge), and the provenance names it (folder name and config hash)."""
@@ -249,27 +251,3 @@ def main(presets=("lfm2-vl-450m", "lfm2-vl-1.6b"), dtype: str = "bf16", out_dir=
               f"(kept copy: {moved['fused_qkv']['kept_mib']:.1f} MiB)")
     print("wrote", path)
     return result
-
-
-def add_check_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab check``."""
-    from .args import dtype_arg, preset_arg
-
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help="preset(s) to check (repeatable; default: lfm2-vl-450m and lfm2-vl-1.6b)")
-    p.add_argument("--dtype", type=dtype_arg, default="bf16", help="bf16 | fp16 | fp32 (default: bf16)")
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
-
-
-def run_check_cli(args) -> int:
-    """Correctness on the GPU: parity, no host sync, replay vs eager for every budget and rule."""
-    import sys
-
-    from .args import UsageError
-
-    if not torch.cuda.is_available():
-        raise UsageError("check needs a CUDA GPU and none is available; "
-                         "on a CPU run the test suite instead (make test)")
-    result = main(presets=tuple(args.preset or ("lfm2-vl-450m", "lfm2-vl-1.6b")), dtype=args.dtype,
-                  out_dir=args.out, command="python -m lfm2vl_lab " + " ".join(sys.argv[1:]))
-    return 0 if result["pass"] else 1

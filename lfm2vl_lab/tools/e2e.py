@@ -20,7 +20,6 @@ from ..core.packing import tokens_for
 from ..model.hf import hf_image_features
 from ..model.inputs import process_images
 from .args import check_choice
-from .meter import measured_capture
 from .timing import time_paired
 from .workloads import TILED_SIZE, synthetic_image
 
@@ -261,29 +260,6 @@ def logits_parity(model, genc: GraphedEncoder, n_requests: int = 1, seed: int = 
     return {"rel_err": rel, "same_first_token": same_first, "finite": bool(torch.isfinite(out).all())}
 
 
-def add_e2e_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab e2e``."""
-    from .args import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
-
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
-    p.add_argument("--image", type=list_arg(choice_arg("image", tuple(IMAGES))), default="1x512,tiled",
-                   help="images, comma list of: " + ", ".join(IMAGES))
-    p.add_argument("--requests", type=list_arg(positive_int), default="1,2,4",
-                   help="requests per generate call, comma list")
-    p.add_argument("--new-tokens", type=list_arg(positive_int), default="16,64",
-                   help="new tokens for the total-latency columns, comma list")
-    p.add_argument("--repeats", type=positive_int, default=5,
-                   help="timed rounds per row, the two modes in turns (default: 5)")
-    p.add_argument("--dtype", type=dtype_arg, default=None,
-                   help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--profile", action="store_true",
-                   help="also profile one TTFT call per mode (1x512, one request): encoder vs text model, "
-                        "GPU-busy vs wall")
-
-
 def print_row(row: dict) -> None:
     """One e2e row as a line, with the decode-drift warning where the control fails."""
     paired = f", paired {-100 * row['ttft_reduction_paired']:+.1f}%" if "ttft_reduction_paired" in row else ""
@@ -314,25 +290,6 @@ def print_profile(name: str, prof: dict, modes) -> None:
               f"busy {x['gpu_busy_ms']:.2f} ms ({share}), {x['kernels']:.0f} kernels", flush=True)
 
 
-def start_run(name: str, args, **sections) -> tuple:
-    """What both end-to-end CLIs (``e2e``, ``ttft``) start from: the device, the dtype (``--dtype`` or
-    the device's default), the presets (``--preset`` or the device's default) and the result dict
-    with its provenance (full-depth random-weight text model) and empty ``sections``."""
-    import sys
-
-    from .args import dtype_name, parse_dtype
-    from .results import provenance
-    from .workloads import default_device, device_defaults
-
-    dev = default_device()
-    default_preset, default_dtype = device_defaults(dev)
-    dt = parse_dtype(args.dtype) if args.dtype else default_dtype
-    presets = args.preset or [default_preset]
-    command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
-    prov = provenance(command, dtype=dtype_name(dt), preset=",".join(presets), text="full depth, random weights")
-    return dev, dt, presets, {"name": name, "provenance": prov, **sections}
-
-
 def grid_rows(cases: list, desc: str, rows_for, progress: bool, on_row=None) -> list[dict]:
     """``rows_for(*case)`` for every case, under a progress bar; ``on_row(row)`` as each row lands."""
     from tqdm.auto import tqdm
@@ -344,40 +301,3 @@ def grid_rows(cases: list, desc: str, rows_for, progress: bool, on_row=None) -> 
             if on_row is not None:
                 on_row(row)
     return rows
-
-
-def run_e2e_cli(args) -> int:
-    """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
-    from ..model.presets import build_model
-    from .results import RESULTS_ROOT, save_result
-
-    dev, dt, presets, result = start_run("e2e", args, rows=[], parity=[])
-    saved: dict = {}
-
-    def on_row(row):  # save after every row: a run cut short still leaves what it measured
-        result["rows"].append(row)
-        print_row(row)
-        saved["path"] = save_result(result, args.out or RESULTS_ROOT, "e2e", saved.get("path"))
-
-    for name in presets:
-        model = build_model(name, dtype=dt, device=dev, text_layers="full")
-        genc = GraphedEncoder(model)
-        if dev.type == "cuda":
-            measured_capture(genc, progress=not args.no_progress)
-        else:
-            print(f"note: {lab_mode(genc)} rows: {NO_GRAPHS_NOTE} (no CUDA)", flush=True)
-        result["parity"].append({"preset": name, **logits_parity(model, genc)})
-        print(parity_line(result["parity"][-1]), flush=True)
-        if args.profile:
-            prof = {"preset": name, **profile_ttft(model, genc)}
-            result.setdefault("ttft_profile", []).append(prof)
-            print_profile(name, prof, ("hf-eager", lab_mode(genc)))
-        run_e2e(model, images=args.image, requests=args.requests, new_tokens=args.new_tokens, repeats=args.repeats,
-                genc=genc, progress=not args.no_progress, on_row=on_row)
-        del model, genc
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    for p in result["parity"]:
-        print(parity_line(p))
-    print("results:", saved.get("path"), "(every sample and the parity records)")
-    return 0

@@ -34,7 +34,7 @@ from .workloads import synthetic_workload
 STREAM_N = 24  # requests in the reference set's bench stream (tools/record.py: --stream-n 24, seed 0)
 STREAM_PRESET = "lfm2-vl-450m"  # whose processor cuts the images into items (the bench's preset)
 MEMORY_ROLE = "bench-450m"  # the reference-set role whose lab-graph rows carry capture_info
-DEFAULT_BUDGETS = tuple(auto_budgets(MIN_IMAGE_TOKENS, 1024))  # the kit's automatic budgets
+DEFAULT_BUDGETS = tuple(auto_budgets(MIN_IMAGE_TOKENS, GraphOptions.max_budget))  # the kit's automatic budgets
 DEFAULT_MAX_ITEMS = 4  # the widget's start: every other item limit gives this stream another waste
 DEFAULT_PER_CALL = 8  # requests per encoder call at the widget's start (24 requests: 3 calls)
 NOT_RECORDED = "not recorded"

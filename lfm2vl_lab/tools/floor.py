@@ -256,14 +256,3 @@ def _capture_targets(label: str, row: dict | None) -> list[dict]:
     mib, secs = row.get("graph_total_mb"), row["capture_s"]
     return [_row(f"{label} capture s", secs, TARGETS["capture_s"], secs <= TARGETS["capture_s"]),
             _row(f"{label} graph MiB", mib, TARGETS["graph_mib"], mib is not None and 0 <= mib <= TARGETS["graph_mib"])]
-
-
-def targets_table(judged: list[dict]) -> str:
-    """The judged targets as a Markdown table (README, notes)."""
-    lines = ["| target | measured | limit | met |", "|---|---|---|---|"]
-    for t in judged:
-        v = "not measured" if t["value"] is None else f"{t['value']:.3g}"
-        lim = "-" if t["limit"] is None else f"{t['limit']:.3g}"
-        lines.append(f"| {t['target']} | {v} | {lim} | {'yes' if t['ok'] else '**no**'}"
-                     f"{' (' + t['detail'] + ')' if t['detail'] else ''} |")
-    return "\n".join(lines)

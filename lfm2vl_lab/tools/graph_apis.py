@@ -15,7 +15,7 @@ Three ways to get CUDA graphs in PyTorch, and what each does on the host (notebo
 What breaks a capture (:func:`capture_errors`, :func:`capture_outcome`) lives in :mod:`.capture_breaks`,
 with a check for host reads that runs on any machine; both names are importable from here too.
 
-The demos need CUDA. ``python -m lfm2vl_lab graph-apis`` (:mod:`.graph_apis_cli`) records them into
+The demos need CUDA. ``python -m lfm2vl_lab graph-apis`` (:func:`.cli.record_graph_apis`) records them into
 ``graph-apis-<date>.json``; on a machine without CUDA :func:`live_or_recorded` reads the reference set's
 ``graph-apis`` file.
 """

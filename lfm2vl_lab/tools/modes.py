@@ -20,12 +20,12 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
-from ..core.config import EncoderGraphConfig, GraphOptions
+from ..core.config import GraphOptions
 from .meter import graph_memory, measured_capture
 
 MODES = ("hf-eager", "lab-eager", "lab-graph", "compile", "lab-graph-fused")
@@ -35,13 +35,24 @@ CUDA_ONLY = {
     "compile": "mode='reduce-overhead' is CUDA graphs (cudagraph trees); it needs a CUDA device",
     "lab-graph-fused": "CUDA graphs of an inductor-compiled body need a CUDA device",
 }
-GRAPH_MODES = ("lab-graph", "lab-graph-fused")  # the budget / cu-rule / max-seqlen sweeps apply to these
-LAB_MODES = ("lab-eager", "lab-graph", "lab-graph-fused")  # the packed encoder: attention / kernel-option sweeps
-# The technique's own defaults (stated once, in core), for the modes that take these settings
-DEFAULT_CU_RULE = EncoderGraphConfig.cu_seqlens_rule
-DEFAULT_MAX_SEQLEN_MODE = EncoderGraphConfig.max_seqlen_mode
-# torch.compile's modes, for the lab-graph-fused body
-FUSED_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+GRAPH_MODES = ("lab-graph", "lab-graph-fused")  # the graph settings (budgets, cu rule, max-seqlen ...) apply to these
+LAB_MODES = ("lab-eager", "lab-graph", "lab-graph-fused")  # the packed encoder: attention / kernel-option settings
+# Which modes each GraphOptions setting concerns; a mode is built with the others at their defaults, so
+# a sweep of a setting repeats only the modes it concerns. A setting missing here concerns GRAPH_MODES.
+SETTING_MODES = {
+    "budgets": GRAPH_MODES, "max_budget": GRAPH_MODES, "max_items": GRAPH_MODES, "cu_seqlens_rule": GRAPH_MODES,
+    "max_seqlen_mode": GRAPH_MODES, "attention": LAB_MODES, "fuse_qkv": LAB_MODES, "fuse_elementwise": LAB_MODES,
+    "dense_graphs": ("lab-graph",), "max_run_items": ("lab-graph",),  # a compiled body gets no dense graphs
+    "stage_rows": GRAPH_MODES, "check_finite": GRAPH_MODES, "meta_cache_size": GRAPH_MODES,
+}
+# How result rows name a setting where it is not the field's name (data/results files are read by these)
+ROW_NAMES = {"budgets": "budget_set", "cu_seqlens_rule": "cu_rule"}
+# The settings every row of a mode they concern names; the others are named only off their default
+ROW_SETTINGS = ("budgets", "cu_seqlens_rule", "max_seqlen_mode", "attention", "fuse_qkv", "fuse_elementwise",
+                "dense_graphs")
+# torch.compile's modes, for the lab-graph-fused body (the instrument's own setting, ``compile_mode``)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODE_OF_COMPILE = "reduce-overhead"  # the ``compile`` mode's own, fixed
 
 # What dynamo and inductor raise when they cannot compile a body whole (torch 2.11 to 2.14): a graph
 # break under fullgraph=True (Unsupported), an op failing on fake tensors (TorchRuntimeError), the
@@ -104,6 +115,36 @@ def budgets_label(budgets) -> str:
     return "auto" if budgets is None else ",".join(str(b) for b in budgets)
 
 
+def concerns(setting: str, mode: str) -> bool:
+    """Whether the GraphOptions field ``setting`` changes what ``mode`` builds (:data:`SETTING_MODES`)."""
+    return mode in SETTING_MODES.get(setting, GRAPH_MODES)
+
+
+def mode_options(mode: str, options: GraphOptions | None = None) -> GraphOptions:
+    """``options`` as ``mode`` is built with them: the settings that do not concern it at their defaults."""
+    options = options if options is not None else GraphOptions()
+    return GraphOptions().with_(**{f.name: getattr(options, f.name) for f in fields(GraphOptions)
+                                   if concerns(f.name, mode)})
+
+
+def row_labels(mode: str, options: GraphOptions | None = None, compile_mode: str = "default") -> dict:
+    """The one way a configuration names itself in result rows and error entries: ``mode``, each
+    setting of ``options`` that concerns the mode (:data:`ROW_SETTINGS` always, under their row names
+    ``budget_set``, ``cu_rule``, ``max_seqlen_mode``, ``attention``, ``fuse_qkv``, ``fuse_elementwise``,
+    ``dense_graphs``; any other only where it is off its default), and the ``compile_mode`` of the
+    modes that compile (``lab-graph-fused``'s body; ``compile``'s own, fixed). A built runner's
+    ``info`` replaces ``attention`` by the backend that ran (``auto`` resolved)."""
+    options = options if options is not None else GraphOptions()
+    labels = {"mode": mode}
+    for f in fields(GraphOptions):
+        value = getattr(options, f.name)
+        if concerns(f.name, mode) and (f.name in ROW_SETTINGS or value != f.default):
+            labels[ROW_NAMES.get(f.name, f.name)] = budgets_label(value) if f.name == "budgets" else value
+    if mode in ("lab-graph-fused", "compile"):
+        labels["compile_mode"] = compile_mode if mode == "lab-graph-fused" else COMPILE_MODE_OF_COMPILE
+    return labels
+
+
 def is_trace_failure(exc: BaseException) -> bool:
     """Whether ``exc``, or any exception it was raised from or during (``__cause__`` and
     ``__context__``, followed all the way), is one of ``TRACE_FAILURES``: dynamo or inductor could
@@ -122,10 +163,10 @@ def is_trace_failure(exc: BaseException) -> bool:
 
 
 def _graph_info(genc, rows: list[dict], seconds: float) -> dict:
+    """What capture resolved and cost (the settings themselves are :func:`row_labels`')."""
     cfg = genc.config
     return {
-        "budgets": list(cfg.budgets), "max_items": cfg.max_items, "cu_rule": cfg.cu_seqlens_rule,
-        "max_seqlen_mode": cfg.max_seqlen_mode, "attention": genc.encoder.attention_backend,
+        "budgets": list(cfg.budgets), "max_items": cfg.max_items, "attention": genc.encoder.attention_backend,
         "capture_s": seconds, "capture_info": rows,
         **{f"graph_{k}": v for k, v in graph_memory(rows).items() if k != "per_budget"},
     }
@@ -138,57 +179,51 @@ def _captured(genc, progress: bool) -> dict:
     return _graph_info(genc, rows, time.perf_counter() - t0)
 
 
-def make_runner(mode: str, model, *, budgets=None, cu_rule: str = DEFAULT_CU_RULE,
-                max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE, fused_compile_mode: str = "default",
-                progress: bool = False, attention: str = "auto",
-                fuse_qkv: bool = GraphOptions.fuse_qkv, fuse_elementwise: bool = GraphOptions.fuse_elementwise,
-                dense_graphs: bool = GraphOptions.dense_graphs) -> Runner:
-    """Build (and for graph modes capture) one mode on ``model``. ``budgets=None``: the automatic
-    budgets. Raises ``ValueError`` for an unknown mode."""
+def make_runner(mode: str, model, options: GraphOptions | None = None, *, compile_mode: str = "default",
+                progress: bool = False) -> Runner:
+    """Build (and for graph modes capture) one mode on ``model`` with the settings of ``options``
+    that concern it (default: ``GraphOptions()``; :func:`mode_options`); ``compile_mode``: the
+    ``torch.compile`` mode of ``lab-graph-fused``'s body. The runner's ``info`` starts with
+    :func:`row_labels`. Raises ``ValueError`` for an unknown mode."""
     from ..core.encoder import PackedVisionEncoder
     from ..core.graphed_encoder import GraphedEncoder
     from ..model.hf import hf_image_features
 
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    opts = mode_options(mode, options)
+    labels = row_labels(mode, opts, compile_mode)
     if mode == "hf-eager":
-        return Runner(mode, lambda inp: hf_image_features(model, inp))
+        return Runner(mode, lambda inp: hf_image_features(model, inp), labels)
     if mode == "lab-eager":
-        enc = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv, fuse_elementwise=fuse_elementwise)
-        return Runner(mode, enc.encode, {"attention": enc.attention_backend, "fuse_qkv": fuse_qkv,
-                                         "fuse_elementwise": fuse_elementwise})
+        enc = PackedVisionEncoder(model, attention=opts.attention, fuse_qkv=opts.fuse_qkv,
+                                  fuse_elementwise=opts.fuse_elementwise)
+        return Runner(mode, enc.encode, {**labels, "attention": enc.attention_backend})
     if mode == "lab-graph":
-        genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
-                              attention=attention, fuse_qkv=fuse_qkv, fuse_elementwise=fuse_elementwise,
-                              dense_graphs=dense_graphs)
-        info = {"budget_set": budgets_label(budgets), "fuse_qkv": fuse_qkv, "fuse_elementwise": fuse_elementwise,
-                "dense_graphs": dense_graphs,
-                **_captured(genc, progress)}
-        return Runner(mode, genc.encode, info, genc)
+        genc = GraphedEncoder(model, opts)
+        return Runner(mode, genc.encode, {**labels, **_captured(genc, progress)}, genc)
     if mode == "lab-graph-fused":
-        return make_fused(model, budgets, cu_rule, max_seqlen_mode, fused_compile_mode, progress, attention, fuse_qkv,
-                          fuse_elementwise)
-    if mode == "compile":
-        return make_compile(model)
-    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+        return make_fused(model, opts, compile_mode, progress)
+    return make_compile(model)
 
 
-def make_fused(model, budgets=None, cu_rule: str = DEFAULT_CU_RULE, max_seqlen_mode: str = DEFAULT_MAX_SEQLEN_MODE,
-               compile_mode: str = "default", progress: bool = False, attention: str = "auto",
-               fuse_qkv: bool = GraphOptions.fuse_qkv,
-               fuse_elementwise: bool = GraphOptions.fuse_elementwise) -> Runner:
-    """GraphedEncoder with an inductor-compiled body. ``fullgraph=True`` first: one fused program
-    per budget. If dynamo or inductor cannot compile it whole (:func:`is_trace_failure`), fall back
-    to a body with graph breaks and say so in ``fullgraph_error``; any other error propagates."""
+def make_fused(model, options: GraphOptions | None = None, compile_mode: str = "default",
+               progress: bool = False) -> Runner:
+    """GraphedEncoder with an inductor-compiled body (``torch.compile(mode=compile_mode)``) of the
+    packed encoder ``options`` describe. ``fullgraph=True`` first: one fused program per budget. If
+    dynamo or inductor cannot compile it whole (:func:`is_trace_failure`), fall back to a body with
+    graph breaks and say so in ``fullgraph_error``; any other error propagates."""
     from ..core.encoder import PackedVisionEncoder
     from ..core.graphed_encoder import GraphedEncoder
 
+    opts = mode_options("lab-graph-fused", options)
     error = None
     for fullgraph in (True, False):
         torch._dynamo.reset()
-        enc = PackedVisionEncoder(model, attention=attention, fuse_qkv=fuse_qkv, fuse_elementwise=fuse_elementwise)
-        body = torch.compile(enc, mode=compile_mode,
-                             dynamic=False, fullgraph=fullgraph)
-        genc = GraphedEncoder(model, budgets=budgets, cu_seqlens_rule=cu_rule, max_seqlen_mode=max_seqlen_mode,
-                              body=body, attention=attention, fuse_qkv=fuse_qkv, fuse_elementwise=fuse_elementwise)
+        enc = PackedVisionEncoder(model, attention=opts.attention, fuse_qkv=opts.fuse_qkv,
+                                  fuse_elementwise=opts.fuse_elementwise)
+        body = torch.compile(enc, mode=compile_mode, dynamic=False, fullgraph=fullgraph)
+        genc = GraphedEncoder(model, opts, body=body)
         try:
             graph = _captured(genc, progress)
         except Exception as exc:
@@ -200,9 +235,8 @@ def make_fused(model, budgets=None, cu_rule: str = DEFAULT_CU_RULE, max_seqlen_m
             torch.cuda.empty_cache()
             continue
         # capture timed compile + warm-up + capture together: that sum is the one-off cost here
-        info = {"budget_set": budgets_label(budgets), **graph, "compile_mode": compile_mode, "fullgraph": fullgraph,
-                "fullgraph_error": error, "fuse_qkv": fuse_qkv, "fuse_elementwise": fuse_elementwise,
-                "compile_s": graph["capture_s"]}
+        info = {**row_labels("lab-graph-fused", opts, compile_mode), **graph, "fullgraph": fullgraph,
+                "fullgraph_error": error, "compile_s": graph["capture_s"]}
         return Runner("lab-graph-fused", genc.encode, info, genc)
     raise AssertionError("unreachable")
 
@@ -218,7 +252,7 @@ def make_compile(model) -> Runner:
         return model.get_image_features(pixel_values=pixel_values, spatial_shapes=spatial_shapes,
                                         pixel_attention_mask=pixel_attention_mask)
 
-    compiled = torch.compile(hf_features, mode="reduce-overhead")
+    compiled = torch.compile(hf_features, mode=COMPILE_MODE_OF_COMPILE)
 
     @torch.no_grad()
     def call(inp):
@@ -229,4 +263,4 @@ def make_compile(model) -> Runner:
         # Clone: cudagraph trees overwrite their outputs on the next replay.
         return [f.clone() for f in feats]
 
-    return Runner("compile", call, {"compile_mode": "reduce-overhead"})
+    return Runner("compile", call, row_labels("compile"))

@@ -14,17 +14,19 @@ from collections.abc import Callable, Iterable
 
 from matplotlib.figure import Figure
 
-from ..core.config import GraphOptions
 from .floor import busy_over_wall as busy_exceeds_wall  # noqa: F401  (the one rule, under the plots' name)
+from .modes import row_labels
 from .workloads import NXS
 
 MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused")
 MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b4", "lab-graph": "#2ca02c",
                "lab-graph-fused": "#d62728"}
-DEFAULT_GRAPH_CONFIG = ("auto", "safe", "tight")  # preferred (budget_set, cu_rule, max_seqlen_mode) in figures
+_DEFAULT_ROW = row_labels("lab-graph")  # how a row of the default settings names them
+# preferred (budget_set, cu_rule, max_seqlen_mode) in figures: the defaults'
+DEFAULT_GRAPH_CONFIG = tuple(_DEFAULT_ROW[k] for k in ("budget_set", "cu_rule", "max_seqlen_mode"))
 DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default
 # The kit's kernel options and their defaults; a row without the key ran before the option existed (off)
-KERNEL_OPTIONS = {k: getattr(GraphOptions, k) for k in ("fuse_qkv", "fuse_elementwise", "dense_graphs")}
+KERNEL_OPTIONS = {k: _DEFAULT_ROW[k] for k in ("fuse_qkv", "fuse_elementwise", "dense_graphs")}
 MAX_WIDTH_IN = 12.0  # figures fit a page: at most this wide (inches; 1440 px at the report's 120 dpi)
 
 

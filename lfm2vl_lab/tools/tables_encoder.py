@@ -4,6 +4,7 @@ sweeps, the correctness check, and the caveats read off the same files."""
 
 from __future__ import annotations
 
+from . import plots_common
 from .floor import busy_over_wall, kernel_breakdown
 from .tables import DASH, Refs, md_table, ms, pct, preset_label, span, times
 from .workloads import NXS, TILED_SIZE
@@ -12,7 +13,7 @@ ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-e
                  ("lab-graph", "lab-graph"))
 # The archived run the caveat on host-bound modes compares with (an earlier lease of the same GPU).
 EARLIER_BENCH = "floor-20261201-015028.json"
-KERNEL_OPTIONS = ("fuse_qkv", "fuse_elementwise", "dense_graphs")
+KERNEL_OPTIONS = tuple(plots_common.KERNEL_OPTIONS)  # the kernel options' row names
 DEFAULT_GRAPH = ("budget_set", "cu_rule", "max_seqlen_mode", "attention", *KERNEL_OPTIONS)
 
 

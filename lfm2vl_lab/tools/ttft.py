@@ -28,7 +28,7 @@ from ..model.parity import lowp_parity
 from ..serving.engine import TextEngine, bucket_len
 from ..serving.pipeline import MODES, VlmPipeline
 from .e2e import DECODE_DRIFT_WARN, IMAGES, PROMPT_TEXT_TOKENS, build_prompt, grid_rows, paired_reduction
-from .timing import time_call, time_paired
+from .timing import time_paired
 from .workloads import synthetic_image
 
 DECODE_TOKENS = 16
@@ -225,12 +225,6 @@ def print_row(row: dict) -> None:
     if drift is not None and abs(drift) > DECODE_DRIFT_WARN:
         print(f"  warning: decode differs by {100 * drift:+.0f}% between the encoder modes; this row's TTFT cut "
               "is not the encoder alone", flush=True)
-
-
-def time_first_call(pipe: VlmPipeline, image: str = "1x512", n: int = 1) -> float:
-    """ms of one request from an idle device (a smoke check, e.g. in notebooks)."""
-    images, ids = prompt_for(pipe.model, image, n)
-    return time_call(lambda: pipe.run(ids, process_images(images, pipe.model)).cpu(), pipe.model.device)[0]
 
 
 def _first_logits(pipe: VlmPipeline, ids, inputs) -> torch.Tensor:

@@ -1,10 +1,9 @@
 """A recorded TTFT result (``ttft-*.json``, and ``e2e-*.json``) as text: what notebook 07 prints next to its figures.
 
 Each function takes the whole result (or its rows) and returns a string. A section the file does not
-have (``targets``, ``parity``, ``profile``, or the rows a table needs) gives a line that says it is not
+have (``parity``, ``profile``, or the rows a table needs) gives a line that says it is not
 recorded, never an error, so the same cells read a small first run and the full grid.
 
-* :func:`targets_text` — the targets the run judged itself against (``ttft`` records them)
 * :func:`decode_text`  — decode ms per token per mode, and the drift between the encoder modes
 * :func:`parity_text`  — every mode's tokens and first-token logits against transformers
 * :func:`profile_text` — kernels, launch calls and GPU-busy against wall time per mode
@@ -23,7 +22,7 @@ from __future__ import annotations
 
 from .e2e import DECODE_DRIFT_WARN, paired_reduction
 from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
-from .ttft import judge_ttft, mode_name
+from .ttft import mode_name
 
 PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
 # The phases before the text model, the ones the encoder mode can change (h2d too: the graphed encoder
@@ -38,31 +37,6 @@ def ttft_cases(rows: list[dict]) -> list[tuple]:
 
 def _not_recorded(what: str) -> str:
     return f"not recorded: this file has no {what}"
-
-
-def _fmt_value(target: str, v) -> str:
-    if v is None:
-        return "not measured"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    return f"{100 * v:.1f}%" if "cut" in target else f"{v:.3g}"
-
-
-def targets_text(result: dict) -> str:
-    """The judged targets (``result["targets"]``); a file without them is judged now from its rows."""
-    judged, note = result.get("targets"), ""
-    if not judged:
-        if not ttft_rows(result.get("rows") or []):
-            return _not_recorded("targets and no TTFT rows to judge them from")
-        judged = judge_ttft(ttft_rows(result["rows"]), result.get("image_path"))
-        note = "(no targets in this file: judged now from its rows)\n"
-    width = max(len(t["target"]) for t in judged)
-    lines = [f"{'target':<{width}} | {'measured':>12} | {'limit':>8} | met"]
-    for t in judged:
-        lines.append(f"{t['target']:<{width}} | {_fmt_value(t['target'], t.get('value')):>12} | "
-                     f"{_fmt_value(t['target'], t.get('limit')):>8} | {'yes' if t.get('ok') else 'NO'}"
-                     + (f"  ({t['detail']})" if t.get("detail") else ""))
-    return note + "\n".join(lines)
 
 
 def _short(mode: str) -> str:

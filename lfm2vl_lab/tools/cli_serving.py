@@ -1,19 +1,33 @@
-"""``python -m lfm2vl_lab ttft``: the four modes' TTFT grid (``tools/ttft.py``), saved with provenance.
+"""The whole-request commands of ``python -m lfm2vl_lab`` (:mod:`.cli` holds the parser and the
+encoder's commands): their options beside their run.
 
-Per preset: build the full-depth random-weight model, capture the encoder's graphs and the text
-engine's, check parity (every mode against ``generate`` and a float32 copy), optionally profile one
-request per mode, time the grid, and measure the image path (``tools/image_path.py``). The result
-file is rewritten after every row, so a run cut short keeps what it measured; an error is recorded
-with its traceback and the run goes on to the next preset.
+* ``e2e``: transformers' ``generate`` with its eager image path vs the graphed encoder
+  (:mod:`.e2e`), TTFT and total latency, with a logits parity record per preset.
+* ``ttft``: the four modes' TTFT grid (:mod:`.ttft`), text model eager/graphed × encoder
+  eager/graphed. Per preset: build the full-depth random-weight model, capture the encoder's graphs
+  and the text engine's, check parity (every mode against ``generate`` and a float32 copy),
+  optionally profile one request per mode, time the grid, and measure the image path
+  (:mod:`.image_path`).
+
+Each result file is rewritten after every row, so a run cut short keeps what it measured; a ``ttft``
+error is recorded with its traceback and the run goes on to the next preset.
 """
 
 from __future__ import annotations
 
+import sys
 import traceback
 
 import torch
 
-from .e2e import IMAGES, start_run
+from ..core.graphed_encoder import GraphedEncoder
+from ..model.presets import build_model
+from ..serving.engine import TextEngine, bucket_len
+from .args import choice_arg, dtype_arg, dtype_name, list_arg, parse_dtype, positive_int, preset_arg
+from .e2e import IMAGES, NO_GRAPHS_NOTE, lab_mode, logits_parity, parity_line, print_profile, profile_ttft, run_e2e
+from .e2e import print_row as print_e2e_row
+from .meter import measured_capture
+from .results import RESULTS_ROOT, provenance, save_result
 from .ttft import (
     DECODE_TOKENS,
     PARITY_CASES,
@@ -27,17 +41,96 @@ from .ttft import (
     shown_mode,
     ttft_parity,
 )
+from .workloads import default_device, device_defaults
+
+
+def start_run(name: str, args, **sections) -> tuple:
+    """What both end-to-end CLIs (``e2e``, ``ttft``) start from: the device, the dtype (``--dtype`` or
+    the device's default), the presets (``--preset`` or the device's default) and the result dict
+    with its provenance (full-depth random-weight text model) and empty ``sections``."""
+    dev = default_device()
+    default_preset, default_dtype = device_defaults(dev)
+    dt = parse_dtype(args.dtype) if args.dtype else default_dtype
+    presets = args.preset or [default_preset]
+    command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
+    prov = provenance(command, dtype=dtype_name(dt), preset=",".join(presets), text="full depth, random weights")
+    return dev, dt, presets, {"name": name, "provenance": prov, **sections}
+
+
+# --------------------------------------------------------------------------------------------
+# e2e
+# --------------------------------------------------------------------------------------------
+
+
+def add_e2e_args(p) -> None:
+    """Options of ``python -m lfm2vl_lab e2e``."""
+    p.add_argument("--preset", action="append", type=preset_arg, default=None,
+                   help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
+    p.add_argument("--image", type=list_arg(choice_arg("image", tuple(IMAGES))), default="1x512,tiled",
+                   help="images, comma list of: " + ", ".join(IMAGES))
+    p.add_argument("--requests", type=list_arg(positive_int), default="1,2,4",
+                   help="requests per generate call, comma list")
+    p.add_argument("--new-tokens", type=list_arg(positive_int), default="16,64",
+                   help="new tokens for the total-latency columns, comma list")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed rounds per row, the two modes in turns (default: 5)")
+    p.add_argument("--dtype", type=dtype_arg, default=None,
+                   help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--out", default=None, help="results root (default: data/results)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one TTFT call per mode (1x512, one request): encoder vs text model, "
+                        "GPU-busy vs wall")
+
+
+def run_e2e_cli(args) -> int:
+    """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
+    dev, dt, presets, result = start_run("e2e", args, rows=[], parity=[])
+    saved: dict = {}
+
+    def on_row(row):  # save after every row: a run cut short still leaves what it measured
+        result["rows"].append(row)
+        print_e2e_row(row)
+        saved["path"] = save_result(result, args.out or RESULTS_ROOT, "e2e", saved.get("path"))
+
+    for name in presets:
+        model = build_model(name, dtype=dt, device=dev, text_layers="full")
+        genc = GraphedEncoder(model)
+        if dev.type == "cuda":
+            measured_capture(genc, progress=not args.no_progress)
+        else:
+            print(f"note: {lab_mode(genc)} rows: {NO_GRAPHS_NOTE} (no CUDA)", flush=True)
+        result["parity"].append({"preset": name, **logits_parity(model, genc)})
+        print(parity_line(result["parity"][-1]), flush=True)
+        if args.profile:
+            prof = {"preset": name, **profile_ttft(model, genc)}
+            result.setdefault("ttft_profile", []).append(prof)
+            print_profile(name, prof, ("hf-eager", lab_mode(genc)))
+        run_e2e(model, images=args.image, requests=args.requests, new_tokens=args.new_tokens, repeats=args.repeats,
+                genc=genc, progress=not args.no_progress, on_row=on_row)
+        del model, genc
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    for p in result["parity"]:
+        print(parity_line(p))
+    print("results:", saved.get("path"), "(every sample and the parity records)")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# ttft
+# --------------------------------------------------------------------------------------------
 
 # What ttft prints where no graph can be captured (the rows and the result file say it too).
-NO_GRAPHS_NOTE = ("note: no CUDA, so no CUDA graphs: every mode runs eagerly, and the lines below name each by what\n"
-                  "      ran (lab-eager: the kit's packed encoder or text engine, without graphs; the result file\n"
-                  "      keeps the modes' names, with a note on each row)")
+TTFT_NO_GRAPHS_NOTE = (
+    "note: no CUDA, so no CUDA graphs: every mode runs eagerly, and the lines below name each by what\n"
+    "      ran (lab-eager: the kit's packed encoder or text engine, without graphs; the result file\n"
+    "      keeps the modes' names, with a note on each row)")
 JUDGED_ON = "lfm2-vl-450m, 1x512, one request"  # judge_ttft's rows
 
 
 def add_ttft_args(p) -> None:
-    from .args import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
-
+    """Options of ``python -m lfm2vl_lab ttft``."""
     p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
     p.add_argument("--image", type=list_arg(choice_arg("image", tuple(IMAGES))), default="1x512,tiled",
@@ -58,11 +151,6 @@ def add_ttft_args(p) -> None:
 
 
 def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
-    from ..core.graphed_encoder import GraphedEncoder
-    from ..model.presets import build_model
-    from ..serving.engine import TextEngine, bucket_len
-    from .meter import measured_capture
-
     progress = not args.no_progress
     model = build_model(name, dtype=dt, device=dev, text_layers="full")
     genc = GraphedEncoder(model)
@@ -124,8 +212,6 @@ def target_line(t: dict, cuda: bool) -> str:
 
 def run_ttft_cli(args) -> int:
     """TTFT like an engine: text eager/graphed x encoder eager/graphed, phases, decode, parity."""
-    from .results import RESULTS_ROOT, save_result
-
     dev, dt, presets, result = start_run("ttft", args, setup=[], parity=[], profile=[], image_path=[], rows=[],
                                          errors=[])
     saved: dict = {}
@@ -136,7 +222,7 @@ def run_ttft_cli(args) -> int:
 
     status = 0
     if dev.type != "cuda":
-        print(NO_GRAPHS_NOTE, flush=True)
+        print(TTFT_NO_GRAPHS_NOTE, flush=True)
     for name in presets:
         try:
             _one_preset(name, args, dt, dev, result, save)
