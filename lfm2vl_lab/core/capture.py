@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import torch
 
-
 # Warm-up calls before a capture: the first compiles and autotunes, the second runs as the graph will.
 WARMUP_ITERS = 2
 

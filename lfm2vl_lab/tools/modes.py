@@ -43,7 +43,7 @@ SETTING_MODES = {
     "budgets": GRAPH_MODES, "max_budget": GRAPH_MODES, "max_items": GRAPH_MODES, "cu_seqlens_rule": GRAPH_MODES,
     "max_seqlen_mode": GRAPH_MODES, "attention": LAB_MODES, "fuse_qkv": LAB_MODES, "fuse_elementwise": LAB_MODES,
     "dense_graphs": ("lab-graph",), "max_run_items": ("lab-graph",),  # a compiled body gets no dense graphs
-    "stage_rows": GRAPH_MODES, "check_finite": GRAPH_MODES, "meta_cache_size": GRAPH_MODES,
+    "stage_rows": GRAPH_MODES, "check_finite": GRAPH_MODES, "layout_cache_size": GRAPH_MODES,
 }
 # How result rows name a setting where it is not the field's name (data/results files are read by these)
 ROW_NAMES = {"budgets": "budget_set", "cu_seqlens_rule": "cu_rule"}
