@@ -213,15 +213,14 @@ class LayoutCache:
         self.hits = self.misses = 0
 
     def get(self, key, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        hit = self._entries.get(key)
-        if hit is not None:
-            self._entries.move_to_end(key)
+        entry = self._entries.pop(key, None)  # put back last: the most recently used
+        if entry is None:
+            self.misses += 1
+            entry = build()
+            if torch.cuda.is_available():
+                entry = {k: v.pin_memory() for k, v in entry.items()}
+        else:
             self.hits += 1
-            return hit
-        self.misses += 1
-        entry = build()
-        if torch.cuda.is_available():
-            entry = {k: v.pin_memory() for k, v in entry.items()}
         self._entries[key] = entry
         if len(self._entries) > self.size:
             self._entries.popitem(last=False)
