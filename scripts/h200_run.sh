@@ -12,6 +12,10 @@
 #                                        carry the Jupyter wheels: `carry: [".whl"]`
 #   bash scripts/h200_run.sh gpu-tests   the GPU test suite alone (GPU_TESTS: a subset)
 #   bash scripts/h200_run.sh verify      the GPU test suite (GPU_LIMIT seconds), then the sanitize part
+#   bash scripts/h200_run.sh compare     the GPU test suite (GPU_LIMIT seconds), then one bench run of the
+#                                        reference set's bench-450m workloads 1x512, 16x512, tiled and
+#                                        stream in hf-eager and lab-graph (bench-compare-*.json), a fused
+#                                        graph with both cu_seqlens rules, and the fused body's host cost
 #   bash scripts/h200_run.sh sanitize    scripts/sanitize_replay.py natively, then under compute-sanitizer's
 #                                        memcheck (must end "ERROR SUMMARY: 0 errors") and initcheck
 #                                        (reports explained in docs/design.md); logs sanitize-*.log
@@ -77,6 +81,17 @@ verify)
   jupyter_wheels
   LOG=pytest TAILN=8  step "${GPU_LIMIT:-240}" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests}
   sanitize_steps ;;
-*) echo "unknown part $PART (record, notebooks, gpu-tests, sanitize, verify)"; exit 2 ;;
+compare)
+  # after a change that must move no number: is it still the recorded kit?
+  jupyter_wheels
+  LOG=pytest TAILN=8  step "${GPU_LIMIT:-240}" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests}
+  LOG=bench  TAILN=12 step 150 python3 -m lfm2vl_lab bench --preset lfm2-vl-450m --mode hf-eager,lab-graph \
+                                 --workload 1x512,16x512,tiled,stream --stream-n 24 --repeats 30 --no-progress \
+                                 --figure none --name bench-compare --out "$R"
+  LOG=fused  TAILN=8  step 120 python3 -m lfm2vl_lab bench --preset lfm2-vl-450m --mode lab-graph,lab-graph-fused \
+                                 --workload 1x512 --repeats 5 --cu-rule safe,repeat_last --no-progress \
+                                 --figure none --name fused-rules --out "$R"
+  LOG=probe  TAILN=8  step 60  python3 scripts/fused_host_probe.py ;;
+*) echo "unknown part $PART (record, notebooks, gpu-tests, sanitize, verify, compare)"; exit 2 ;;
 esac
 ls -la "$OUT"

@@ -205,7 +205,7 @@ def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
         "1x512": [(32, 32)], "1x256": [(16, 16)], "4x512": [(32, 32)] * 4,
         "mixed": [(32, 32), (16, 24), (8, 8), (26, 38), (34, 28), (20, 14)],
     }
-    # The judge is a float32 copy of the same weights (see core.parity.lowp_parity for why).
+    # The judge is a float32 copy of the same weights (see model.parity.lowp_parity for why).
     ref_model = float32_reference(model) if dtype != torch.float32 else model
     for case, shapes in cases.items():
         inp = random_processor_output(shapes, p, seed=seed + len(shapes))

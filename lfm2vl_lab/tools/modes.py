@@ -1,6 +1,6 @@
 """The encoder paths the benchmark compares (``MODES``), each built once into a :class:`Runner`.
 
-* ``hf-eager``        transformers' ``get_image_features`` (via :func:`core.hf.hf_image_features`)
+* ``hf-eager``        transformers' ``get_image_features`` (via :func:`lfm2vl_lab.model.hf.hf_image_features`)
 * ``lab-eager``       :meth:`PackedVisionEncoder.encode`: packed varlen, no graphs
 * ``lab-graph``       :class:`GraphedEncoder` after capture: one CUDA graph per budget
 * ``compile``         ``torch.compile(mode="reduce-overhead")`` of a function calling transformers'

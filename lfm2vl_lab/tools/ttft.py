@@ -237,7 +237,7 @@ def ttft_parity(model, pipes: dict, cases=PARITY_CASES, new_tokens: int = 8) -> 
     """Every mode against transformers, per ``(image, requests)`` case: its greedy tokens against
     ``generate``'s (the first must be equal; ``matching_tokens`` counts the equal leading ones), and
     its first-token logits against a float32 copy of the same weights run through transformers'
-    eager path, judged the way the encoder's bf16 parity is (:func:`~..core.parity.lowp_parity`:
+    eager path, judged the way the encoder's bf16 parity is (:func:`lfm2vl_lab.model.parity.lowp_parity`:
     within 1e-2, or no worse than 1.05 × transformers' own path in the model's dtype, the
     ``text-eager+encoder-eager`` mode). ``first_token_as_fp32`` and ``fp32_top2_margin`` tell a
     token swapped by rounding (float32's top two within the bf16 error) from a wrong one."""
