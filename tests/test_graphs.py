@@ -944,8 +944,9 @@ def test_graph_memory_is_non_negative_and_adds_up(dense):
     now = pool_bytes(torch.cuda.memory_snapshot(), genc.pool) / 2**20
     assert now == pytest.approx(mem["pool_mb"])
     assert torch.cuda.memory_reserved() / 2**20 >= now
-    # the buffers are exactly the tensors the graphs read and write
+    # the buffers are exactly the tensors the graphs read (the named buffers) and write (the output)
     top = max(genc.graphs)
-    expected = sum(t.numel() * t.element_size() for t in genc.graphs[top].buffers.values()) / 2**20
+    g = genc.graphs[top]
+    expected = sum(t.numel() * t.element_size() for t in [*g.buffers.values(), g.out]) / 2**20
     assert info[0]["budget"] == top and info[0]["buffers_mb"] == pytest.approx(expected)
     assert mem["total_mb"] <= 1024, "all graphs together must hold at most 1 GiB"

@@ -85,7 +85,9 @@ def _git_commit() -> str | None:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=5)
-        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        # a tree that differs from its HEAD is not that commit (on the device the copied tree's .git
+        # is stale): code_hash alone names its code then
+        return None if dirty.stdout.strip() else head.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
