@@ -1,7 +1,8 @@
 """Why is ``lab-graph-fused`` (an inductor-compiled body in our graphs) slower than ``lab-graph``?
 
-Session 1's H200 bench had it at 1.52 ms for 1x512 against 1.38 ms, although its kernels were
-*fewer and shorter* (GPU-busy 1.10 vs 1.17 ms): the loss is on the host. This probe separates the
+The H200 bench in ``data/results/nvidia-h200/archive/bench-20261129-102755.json`` had it at 1.52 ms for
+1x512 against 1.38 ms, although its kernels were *fewer and shorter* (GPU-busy 1.10 vs 1.17 ms): the
+loss is on the host. This probe separates the
 candidates, 1x512 on the 450M preset in bf16, varlen graphs only on both sides (the fused body
 cannot take the dense variants):
 
@@ -12,7 +13,7 @@ cannot take the dense variants):
 If (2) is slower than (1) like (3) is, compiling slowed the whole process's host path, not the
 fused graph. ``--after-compile-mode`` first runs the ``compile`` mode (``torch.compile`` with
 ``mode="reduce-overhead"`` around transformers' path, CUDA graph trees) on the same input, as the
-session-1 bench did just before its fused mode, and measures (1) again after it. Writes
+that bench did just before its fused mode, and measures (1) again after it. Writes
 ``data/results/<gpu>/fused-host-*.json`` with provenance.
 
     python scripts/fused_host_probe.py [--after-compile-mode] [--out data/results]

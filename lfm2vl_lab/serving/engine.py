@@ -2,7 +2,8 @@
 cache, eager or under CUDA graphs.
 
 Why: inside transformers' ``generate`` the text model runs eagerly, one kernel launch at a time,
-and on the H200 its 280-token prefill was 91% launch gaps. An engine (vLLM) captures
+and on the H200 that is mostly launch gaps (the reference set's ``ttft`` file times the text model
+eager and graphed). An engine (vLLM) captures
 the text model too, so the encoder's saving is measured against a text model that costs its GPU
 time only. This module is that text model, built on transformers' own LFM2 modules (their weights,
 norms, projections, rotary embedding and MLPs); what it adds is the part graphs need:
