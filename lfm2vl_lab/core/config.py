@@ -65,12 +65,12 @@ class GraphOptions:
     fuse_qkv: bool = True
     fuse_elementwise: bool = True
     # Dense graphs: their one-item case made one 512 px or 256 px image faster on the H200 at the same
-    # parity (data/results/nvidia-h200/single-item-*.json).
+    # parity (data/results/nvidia-h200/archive/single-item-*.json).
     dense_graphs: bool = True
     # The most 512 px images or tiles one replay carries: 8 (a 2048-token run budget), so 8 tiles run
     # as one replay with large GEMMs and 16 as two, instead of 2 or 4 replays of the largest regular
     # budget. Why not 16: on the H200 a 16-item run budget made the 450M graphs hold 1005 MiB and the
-    # 1.6B ones 1663 MiB, captured in 3.03 s (floor-*-20261201-*.json), against the 1 GiB and 3 s the
+    # 1.6B ones 1663 MiB, captured in 3.03 s (archive/floor-*-20261201-*.json), against the 1 GiB and 3 s the
     # kit allows itself, for 3% at 16x512 (7.03 ms in one replay; 8x512 took 3.64).
     max_run_items: int = 8
     stage_rows: bool | None = None
@@ -256,7 +256,7 @@ class EncoderGraphConfig:
         Why not ``max_items`` everywhere: the varlen attention kernel launches thread blocks for
         every sequence slot in ``cu_seqlens``, empty or not, so a one-image replay of a graph with
         16 slots ran its attention slower than eager on the H200 (docs/results.md compares the
-        profiles before and after, ``data/results/nvidia-h200/slots-*.json``).
+        profiles before and after, ``data/results/nvidia-h200/archive/slots-*.json``).
         """
         if budget == max(self.budgets):
             return self.max_items
