@@ -254,8 +254,8 @@ def lfm2vl_cu_seqlens(shapes: list[Shape]) -> torch.Tensor:
 
 # The position cache's default byte budget. One entry is h·w rows of C values: at most 1.5 MiB
 # for the 450M preset in bf16 (1024 rows × 768), 2.25 MiB for the 1.6B ones (× 1152). 64 MiB keeps
-# a few dozen of the largest grids, more of the small ones; without a bound the cache grew to
-# 97 MiB over a 1000-request stream on the H200, one entry per new patch grid, and kept growing.
+# a few dozen of the largest grids, more of the small ones; without a bound the cache kept one
+# entry per new patch grid and grew for as long as a stream brought new grids.
 DEFAULT_POS_CACHE_BYTES = 64 * 2**20
 
 

@@ -10,7 +10,8 @@ Staging rows.
 
 The processor pads every item to ``max_num_patches`` rows of float32: 3 MiB per item for the 450M
 preset, even for an item with 256 real rows. Copied as is from pageable memory, that upload is
-synchronous and, on the H200, cost 18-30% of a graphed ``encode()``. Staged, a call
+synchronous and, on the H200, a large part of a graphed ``encode()`` (``tools.image_path`` measures
+it: the reference set's ``ttft`` file). Staged, a call
 uploads only what the encoder reads:
 
 1. :func:`gather_rows`: one pass on the host, each item's first ``h·w`` rows cast to the model's

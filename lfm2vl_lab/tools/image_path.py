@@ -1,10 +1,11 @@
 """The image path before the encoder: the processor on the CPU or the GPU, and what feeding
 ``encode()`` from the host costs against input already on the device.
 
-Why measure it: on the H200, transformers' processor took 0.75-12.6 ms per image on the CPU, and
-``GraphedEncoder.encode`` fed its padded float32 output took 18-30% longer than from device-resident
-input. :mod:`lfm2vl_lab.core.staging` now uploads only the real rows, in the model's dtype, from
-pinned memory; :func:`time_encode_sources` checks what is left of that gap (target: within 1.05x).
+Why measure it: transformers' processor runs on the CPU, per image, and ``GraphedEncoder.encode`` fed
+its padded float32 output was slower than from device-resident input, by more than the graphs left
+to gain. :mod:`lfm2vl_lab.core.staging` now uploads only the real rows, in the model's dtype, from
+pinned memory; :func:`time_encode_sources` checks what is left of that gap (target: within 1.05x; the
+image-path rows of the reference set's ``ttft`` file hold what it measured).
 The processor itself can run on the GPU (``process_images(..., device="cuda")``):
 :func:`compare_processors` says whether its output is the same, :func:`time_processors` whether it
 pays. Each function returns a plain dict, ready to be saved as one JSON result row.
