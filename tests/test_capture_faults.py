@@ -198,6 +198,15 @@ def _parity(outs, model, inputs):
         assert torch.isfinite(o).all() and rel_error(o, r) <= 1e-2
 
 
+def _captures_again(genc, model, inputs, budgets, replays):
+    """After the failure: a capture of every budget succeeds, and its replay is right."""
+    genc.capture()
+    assert sorted(genc.graphs) == budgets
+    _parity(genc.encode(inputs), model, inputs)
+    assert genc.stats.replays == replays
+    _collect_survives()
+
+
 def _collect_survives():
     """What the fault left (the failed capture's graph objects, pools, frames) can be collected
     without taking the process down: a destructor that aborts kills a notebook's kernel."""
@@ -232,11 +241,7 @@ def test_capture_under_memory_pressure_fails_clearly_and_eager_still_works():
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     _parity(outs, model, inputs)
-    genc.capture()
-    assert sorted(genc.graphs) == [64, 8192]
-    _parity(genc.encode(inputs), model, inputs)
-    assert genc.stats.replays == {64: 1}
-    _collect_survives()
+    _captures_again(genc, model, inputs, [64, 8192], {64: 1})
 
 
 @pytest.mark.gpu
@@ -285,11 +290,7 @@ def test_keyboard_interrupt_inside_a_capture_leaves_the_process_usable():
     inputs = random_processor_output(INPUTS, "tiny", seed=3)
     _parity(genc.encode(inputs), model, inputs)
     stop[0] = False
-    genc.capture()
-    assert sorted(genc.graphs) == [64, 128]
-    _parity(genc.encode(inputs), model, inputs)
-    assert genc.stats.replays == {128: 1}
-    _collect_survives()
+    _captures_again(genc, model, inputs, [64, 128], {128: 1})
 
 
 @pytest.mark.gpu

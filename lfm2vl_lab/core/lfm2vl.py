@@ -78,8 +78,9 @@ class Lfm2VlGraphModel:
         self.body = body if body is not None else encoder
         self.stage_rows, self.check_finite, self.stager = options.stage_rows, options.check_finite, None
         self.layouts = LayoutCache(options.layout_cache_size)
-        # Per budget, the patch grids whose position rows and layout are in its buffers now: a replay
-        # of the same grids (the common case: 512 px tiles) skips re-uploading both.
+        # Per budget, the patch grids whose position rows and layout are in its buffers now, and their
+        # variant: a replay of the same grids (the common case: 512 px tiles) skips re-uploading both
+        # and choosing the variant again.
         self.resident: dict[int, tuple] = {}
 
     @property
@@ -197,11 +198,14 @@ class Lfm2VlGraphModel:
         shapes = tuple(items.shapes[i] for i in batch)
         if not self.fits(budget, shapes):
             return None
-        variant = self.variant_for(budget, shapes)
         sources = {"pixel_values": items.rows(batch)}
-        resident = (shapes, self.encoder.pos_cache.stamp())
-        if self.resident.get(budget) != resident:
+        key = (shapes, self.encoder.pos_cache.stamp())
+        held = self.resident.get(budget)
+        if held is not None and held[0] == key:  # the same grids again: their variant too
+            variant = held[1]
+        else:
+            variant = self.variant_for(budget, shapes)
             sources["pos_embeds"] = [self.encoder.pos_cache.get(h, w) for h, w in shapes]
             sources.update(self.layouts.get((budget, variant, shapes), lambda: self.layout(budget, variant, shapes)))
-            self.resident[budget] = resident
+            self.resident[budget] = (key, variant)
         return Replay(sources, variant, self.computed_tokens(budget, variant))
