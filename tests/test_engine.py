@@ -6,7 +6,9 @@ bodies."""
 import pytest
 import torch
 
-from lfm2vl_lab.serving.engine import TextEngine, bucket_batch, bucket_len, lfm2_text_parts
+from lfm2vl_lab.serving.cache import bucket_batch, bucket_len
+from lfm2vl_lab.serving.engine import TextEngine
+from lfm2vl_lab.serving.layers import lfm2_text_parts
 from lfm2vl_lab.serving.pipeline import HfText, VlmPipeline
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention import resolve_attention
-from ..kernels.fused import TANH_GELU_ACTS, add_layer_norm, linear_gelu
+from ..kernels.fused import TANH_GELU_ACTS, add_layer_norm, linear_gelu, shared_linear
 from .config import GraphOptions
 from .packing import PackedBatch, PositionEmbeddingCache, model_limits, pack_inputs
 
@@ -74,35 +74,19 @@ class SplitProjector(nn.Module):
 
 
 def fused_qkv(sa: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """One attention module's q/k/v projections as one (3C, C) weight and (3C,) bias.
+    """One attention module's q/k/v projections as one (3C, C) weight and (3C,) bias
+    (:func:`~lfm2vl_lab.kernels.fused.shared_linear`: the module's own q/k/v parameters become views
+    into that storage, so transformers' forward and in-place weight loading still work).
 
-    The module's own q/k/v parameters are re-pointed as views into that storage (same values,
-    same memory; transformers' forward and in-place weight loading still work, and reach the fused
-    GEMM too). Done once per model: the result is kept on the module, and a later call, from any
-    encoder, returns the same tensors while the parameters still view them. Re-fusing would drop
-    the storage that graphs captured earlier read (on the H200 a second encoder on the same model
-    did exactly that: garbage and NaN from the first one's replays, then an illegal memory access).
-    The separate tensors the parameters held before are not kept: re-pointing the parameters
-    fires the registration hooks of :mod:`~.guard`, so a graph captured earlier without fused QKV
-    is captured again before it replays, and reads the views.
-    After ``model.to(...)`` the views are broken and the next call fuses again.
+    Done once per model, kept on the module: re-fusing would drop the storage that graphs captured
+    earlier read (on the H200 a second encoder on the same model did exactly that: garbage and NaN
+    from the first one's replays, then an illegal memory access). The separate tensors the
+    parameters held before are not kept: re-pointing the parameters fires the registration hooks of
+    :mod:`~.guard`, so a graph captured earlier without fused QKV is captured again before it
+    replays, and reads the views. After ``model.to(...)`` the views are broken and the next call
+    fuses again.
     """
-    projs = (sa.q_proj, sa.k_proj, sa.v_proj)
-    kept = getattr(sa, "_lab_fused_qkv", None)
-    if kept is not None:
-        w, b = kept
-        c = w.shape[0] // 3
-        if all(p.weight.data_ptr() == w[i * c].data_ptr() and p.bias.data_ptr() == b[i * c :].data_ptr()
-               for i, p in enumerate(projs)):
-            return kept
-    with torch.no_grad():
-        w, b = torch.cat([p.weight for p in projs]), torch.cat([p.bias for p in projs])
-        c = w.shape[0] // 3
-        for i, p in enumerate(projs):
-            p.weight = nn.Parameter(w[i * c : (i + 1) * c], requires_grad=p.weight.requires_grad)
-            p.bias = nn.Parameter(b[i * c : (i + 1) * c], requires_grad=p.bias.requires_grad)
-    sa._lab_fused_qkv = (w, b)
-    return w, b
+    return shared_linear(sa, (sa.q_proj, sa.k_proj, sa.v_proj), "_lab_fused_qkv")
 
 
 def lfm2vl_parts(model):

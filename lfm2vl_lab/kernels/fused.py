@@ -101,3 +101,34 @@ def linear_gelu(h: torch.Tensor, linear: nn.Linear, act, fused: bool = True) -> 
     if fused and h.is_cuda and h.dim() == 2 and linear.bias is not None:
         return torch._addmm_activation(linear.bias, h, linear.weight.t(), use_gelu=True)
     return act(linear(h))
+
+
+def shared_linear(owner: nn.Module, projs, tag: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Linears that read the same input (``projs``) as one ``(sum of outputs, in)`` weight and bias
+    (None when they have none), so that one GEMM does the work of ``len(projs)``.
+
+    The linears' own parameters are re-pointed as views into that storage: the same values and the
+    same memory, so their own forwards and in-place weight loading still work and reach the shared
+    GEMM too. Kept on ``owner`` as ``tag``; a later call returns the same tensors while the
+    parameters still view them (making them again would drop the storage that earlier graphs
+    read). Re-pointing fires torch's registration hooks, which is how graphs captured before it
+    notice (:mod:`lfm2vl_lab.core.guard`). After ``model.to(...)`` the views are broken, and the
+    next call shares them again."""
+    sizes = [p.weight.shape[0] for p in projs]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    has_bias = projs[0].bias is not None
+    kept = getattr(owner, tag, None)
+    if kept is not None:
+        w, b = kept
+        if all(p.weight.data_ptr() == w[s].data_ptr() and (b is None or p.bias.data_ptr() == b[s:].data_ptr())
+               for p, s in zip(projs, starts)):
+            return kept
+    with torch.no_grad():
+        w = torch.cat([p.weight for p in projs])
+        b = torch.cat([p.bias for p in projs]) if has_bias else None
+        for p, s, n in zip(projs, starts, sizes):
+            p.weight = nn.Parameter(w[s : s + n], requires_grad=p.weight.requires_grad)
+            if has_bias:
+                p.bias = nn.Parameter(b[s : s + n], requires_grad=p.bias.requires_grad)
+    setattr(owner, tag, (w, b))
+    return w, b

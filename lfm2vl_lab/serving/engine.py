@@ -10,13 +10,11 @@ norms, projections, rotary embedding and MLPs); what it adds is the part graphs 
 
 * **static buffers**: the prompt's embeddings ``[max_batch, max_len, hidden]``, each request's last
   prompt index, the decode input ids and positions, the logits and the sampled tokens;
-* **a hybrid cache allocated once** (:class:`HybridCache`): K and V ``[batch, kv_heads, max_len, d]``
-  per attention layer, and per short-conv layer its last ``L_cache - 1`` inputs ``[batch, hidden, L-1]``;
-* **shapes from a small set**: a prefill runs right-padded to a multiple of ``LEN_BUCKET`` positions
-  and a batch to a size in ``BATCH_BUCKETS``. Right padding is safe because every LFM2 operator is
-  causal: a real position never sees a later one, so the padded tail changes nothing before it;
-  the conv state is gathered at each request's *real* last positions, and decode masks the cache
-  past each request's own position.
+* **a hybrid cache allocated once** and **shapes from a small set** (:mod:`.cache`): the conv state
+  is gathered at each request's *real* last positions, and decode masks the cache past each
+  request's own position, so right padding changes nothing;
+* **the layers' math** (:mod:`.layers`), unfused, or with ``fuse=True`` compiled by inductor into
+  far fewer kernels, captured inside the same graphs.
 
 Three graphs per batch size: ``prefill`` (per length bucket), ``sample`` (final norm, LM head and
 argmax at each request's last position) and ``decode`` (one token for every request, sampled
@@ -31,114 +29,37 @@ warning once and counting it in ``stats.recaptures``; on a CPU it keeps no graph
 
 from __future__ import annotations
 
-import operator
+import contextlib
+import time
 import warnings
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from ..core.capture import capture_failed, capture_graph, prepare_capture
 from ..core.guard import WeightStamp, change_warning
+from .cache import (
+    BATCH_BUCKETS,
+    LEN_BUCKET,
+    HybridCache,
+    bucket_batch,
+    bucket_len,
+    check_embeds,
+    read_count,
+    read_lengths,
+    upload,
+)
+from .layers import attention_layer, conv_layer, lfm2_text_parts, lm_head, shared_weights
 
-LEN_BUCKET = 64  # a prefill pads to a multiple of this: at most 63 wasted positions per request
-BATCH_BUCKETS = (1, 2, 4, 8)  # vLLM's smallest decode capture sizes
 # What a capture that ran out of memory tells the user to do.
 OOM_ADVICE = ("Capture fewer shapes, a smaller max_batch or max_len (the cache is allocated up front), "
               "or free GPU memory first (del what you no longer need, then torch.cuda.empty_cache()).")
-
-
-def lfm2_text_parts(model):
-    """transformers' LFM2 text model (``Lfm2Model``) and LM head inside an LFM2-VL model."""
-    inner = getattr(model, "model", model)
-    return inner.language_model, model.lm_head
-
-
-def upload(t: torch.Tensor, device) -> torch.Tensor:
-    """A small host tensor onto ``device`` without a sync (pinned first on CUDA)."""
-    if torch.device(device).type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-def bucket_len(n: int, bucket: int = LEN_BUCKET) -> int:
-    """The prefill length ``n`` positions pad to."""
-    return -(-n // bucket) * bucket
-
-
-def bucket_batch(n: int, buckets=BATCH_BUCKETS) -> int:
-    """The captured batch size ``n`` requests run in (ValueError past the largest)."""
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{n} requests: more than the largest batch bucket {max(buckets)}")
-
-
-def read_count(name: str, value, minimum: int = 0) -> int:
-    """An integer argument (a Python or numpy int, a 0-d integer tensor) of at least ``minimum``."""
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return n
-
-
-def read_lengths(lengths) -> list[int]:
-    """Prompt lengths, one per request, each >= 1, as ints (``TypeError``/``ValueError`` naming the bad one)."""
-    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
-        raise TypeError(f"lengths must be a list of prompt lengths (one per request), got {type(lengths).__name__}")
-    out = [read_count(f"lengths[{i}]", n, 1) for i, n in enumerate(lengths)]
-    if not out:
-        raise ValueError("lengths is empty: a prefill needs at least one request")
-    return out
-
-
-def check_embeds(embeds, lengths: list[int], hidden: int, max_len: int | None = None) -> torch.Tensor:
-    """Prompt embeddings ``[len(lengths), >= max(lengths), hidden]`` of a float dtype (cast on copy)
-    and on any device with data (copied to the engine's); host-side checks only."""
-    if not isinstance(embeds, torch.Tensor):
-        raise TypeError(f"embeds must be a torch.Tensor [requests, length, {hidden}], got {type(embeds).__name__}")
-    if embeds.device.type == "meta":
-        raise ValueError(f"embeds of shape {tuple(embeds.shape)} is on the meta device: it has no data")
-    if not embeds.dtype.is_floating_point:
-        raise TypeError(f"embeds must be float embeddings, got dtype {embeds.dtype} (token ids? embed them first)")
-    n, longest = len(lengths), max(lengths)
-    if embeds.dim() != 3 or embeds.shape[0] != n or embeds.shape[2] != hidden:
-        raise ValueError(f"embeds of shape {tuple(embeds.shape)} do not fit {n} request(s) of hidden size {hidden}: "
-                         f"expected [{n}, >= {longest}, {hidden}]")
-    if embeds.shape[1] < longest:
-        raise ValueError(f"embeds hold {embeds.shape[1]} positions but lengths {lengths} ask for {longest}")
-    if max_len is not None and embeds.shape[1] > max_len:
-        raise ValueError(f"embeds hold {embeds.shape[1]} positions, more than the engine's {max_len} (max_len)")
-    return embeds
-
-
-class HybridCache:
-    """LFM2's decode state, allocated once: K/V per attention layer, last conv inputs per conv layer."""
-
-    def __init__(self, lm, batch: int, max_len: int, dtype: torch.dtype, device):
-        cfg = lm.config
-        self.kernel = cfg.conv_L_cache
-        self.k, self.v, self.conv = {}, {}, {}
-        for i, layer in enumerate(lm.layers):
-            if layer.is_attention_layer:
-                a = layer.self_attn
-                shape = (batch, cfg.num_key_value_heads, max_len, a.head_dim)
-                self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
-                self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
-            else:
-                self.conv[i] = torch.zeros(batch, cfg.hidden_size, self.kernel - 1, dtype=dtype, device=device)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for d in (self.k, self.v, self.conv) for t in d.values())
-
-    def to(self, device, dtype: torch.dtype) -> None:
-        """Move the cache, keeping what it holds."""
-        for d in (self.k, self.v, self.conv):
-            for i, t in d.items():
-                d[i] = t.to(device, dtype)
+# How the fused engine compiles its layer functions. The kit captures the graphs itself, so the mode
+# leaves CUDA graphs out; ``dynamic=None`` compiles the first shape static and the next ones with
+# the sizes that changed symbolic, so a grid of batch and length buckets costs a few compiles, not
+# one per bucket.
+FUSE_COMPILE = {"backend": "inductor", "fullgraph": True, "dynamic": None}
+RECOMPILE_LIMIT = 64  # dynamo's default (8 per function) is fewer than two presets' shapes
 
 
 @dataclass
@@ -162,9 +83,15 @@ class TextEngine:
 
     ``graphs`` are captured only by :meth:`capture` (on CUDA); every other shape runs eagerly and is
     counted. Greedy sampling, as ``generate(do_sample=False)``.
+
+    ``fuse=True``: the same math in far fewer kernels (:mod:`.layers`): shared q/k/v and w1/w3
+    weights, and each layer kind's function and the LM head compiled by inductor
+    (``FUSE_COMPILE``), once per shape class, at the first :meth:`capture` that needs it; its
+    seconds are reported apart from the capture's (``capture()["compile_s"]``).
     """
 
-    def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET):
+    def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET,
+                 fuse: bool = False):
         self.lm, self.lm_head = lfm2_text_parts(model)
         w = self.lm_head.weight
         self.device, self.dtype = w.device, w.dtype
@@ -180,7 +107,10 @@ class TextEngine:
         self.logits = torch.zeros(b, w.shape[0], dtype=self.dtype, device=dev)
         self.positions = torch.arange(n, device=dev)
         k = self.cache.kernel
-        self.conv_offsets = torch.arange(-(k - 2), 1, device=dev)  # the last k-1 positions, ending at `last`
+        self.conv_offsets = torch.arange(1, k, device=dev)  # a request's last k-1 positions, in the padded input
+        self.fuse = bool(fuse)
+        self.fns = self._layer_functions()
+        self.shared = self._shared_weights()
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.stats = EngineStats()
@@ -189,6 +119,17 @@ class TextEngine:
         self.warned_change = False
         if self.device.type == "cuda":
             prepare_capture(self.device)
+
+    def _layer_functions(self) -> tuple:
+        """(attention layer, conv layer, LM head): plain, or compiled (one compiled function per
+        layer kind, shared by every layer of that kind)."""
+        fns = (attention_layer, conv_layer, lm_head)
+        if not self.fuse:
+            return fns
+        return tuple(torch.compile(fn, **FUSE_COMPILE) for fn in fns)
+
+    def _shared_weights(self) -> list[dict]:
+        return [shared_weights(layer) if self.fuse else {} for layer in self.lm.layers]
 
     # -- the model under the graphs -------------------------------------------------------------------
     FLOAT_BUFFERS, INDEX_BUFFERS = ("embeds", "hidden", "logits"), ("last", "ids", "pos", "positions", "conv_offsets")
@@ -208,6 +149,7 @@ class TextEngine:
         for name in self.INDEX_BUFFERS:
             setattr(self, name, getattr(self, name).to(self.device))
         self.cache.to(self.device, self.dtype)
+        self.shared = self._shared_weights()  # a move broke the shared storage's views
         self.graphs, self.pool, self.stamp = {}, None, None
         on_gpu = self.device.type == "cuda" or any(rec is not capture_graph for *_, rec in self.captured)
         said = change_warning(self, "TextEngine: the text model's", changes, on_gpu, "every call runs eagerly")
@@ -219,72 +161,39 @@ class TextEngine:
             self.stats.recaptures += 1
 
     # -- the bodies (what a graph captures) ----------------------------------------------------------
-    def _attn(self, attn, h, cos, sin, i: int, B: int, T: int | None):
-        """Self-attention of a prefill (``T`` positions from 0) or of one decode token (``T=None``)."""
-        from transformers.models.lfm2.modeling_lfm2 import apply_rotary_pos_emb
-
-        L = h.shape[1]
-        q = attn.q_layernorm(attn.q_proj(h).view(B, L, -1, attn.head_dim)).transpose(1, 2)
-        k = attn.k_layernorm(attn.k_proj(h).view(B, L, -1, attn.head_dim)).transpose(1, 2)
-        v = attn.v_proj(h).view(B, L, -1, attn.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        kc, vc = self.cache.k[i][:B], self.cache.v[i][:B]
-        if T is not None:
-            kc[:, :, :T].copy_(k)
-            vc[:, :, :T].copy_(v)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling, enable_gqa=True)
-        else:  # write this token at each request's own position, attend to positions <= it
-            idx = self.pos[:B].view(B, 1, 1, 1).expand(B, k.shape[1], 1, k.shape[3])
-            kc.scatter_(2, idx, k)
-            vc.scatter_(2, idx, v)
-            mask = (self.positions[None, :] <= self.pos[:B, None])[:, None, None, :]
-            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
-        return attn.out_proj(o.transpose(1, 2).reshape(B, L, -1))
-
-    def _conv(self, conv, h, i: int, B: int, prefill: bool):
-        """LFM2's gated short convolution; the state keeps each request's last ``L_cache - 1`` inputs."""
-        b, c, x = conv.in_proj(h).transpose(-1, -2).chunk(3, dim=-2)
-        bx = b * x  # [B, hidden, L]
-        state, k = self.cache.conv[i][:B], self.cache.kernel
-        weight = conv.conv.weight  # [hidden, 1, k]: depthwise, as transformers' causal_conv1d_fn
-        if prefill:
-            padded = F.pad(bx, (k - 1, 0))  # positions before 0 read as zeros, like the conv's own padding
-            idx = (self.last[:B, None] + self.conv_offsets + (k - 1))[:, None, :].expand(B, bx.shape[1], k - 1)
-            state.copy_(torch.gather(padded, 2, idx))
-            y = F.conv1d(bx, weight, conv.conv.bias, padding=k - 1, groups=bx.shape[1])[..., : bx.shape[-1]]
-        else:
-            window = torch.cat([state, bx], dim=-1)  # [B, hidden, k]
-            y = F.conv1d(window, weight, conv.conv.bias, groups=bx.shape[1])
-            state.copy_(window[..., 1:])
-        return conv.out_proj((c * y).transpose(-1, -2).contiguous())
-
-    def _layers(self, x, pos_ids, B: int, T: int | None):
+    def _layers(self, x, pos_ids, B: int, prefill: bool):
         cos, sin = self.lm.rotary_emb(x, pos_ids)
+        if prefill:  # each request's last k-1 real positions, in its input padded by k-1 in front
+            conv_idx, mask = self.last[:B, None] + self.conv_offsets, None
+        else:
+            conv_idx, mask = None, (self.positions[None, :] <= self.pos[:B, None])[:, None, None, :]
+        attn, conv, _ = self.fns
+        cache, pos = self.cache, self.pos[:B]
         for i, layer in enumerate(self.lm.layers):
-            h = layer.operator_norm(x)
             if layer.is_attention_layer:
-                h = self._attn(layer.self_attn, h, cos, sin, i, B, T)
+                x = attn(layer, x, cos, sin, cache.k[i][:B], cache.v[i][:B], pos, mask, **self.shared[i])
             else:
-                h = self._conv(layer.conv, h, i, B, prefill=T is not None)
-            x = h + x
-            x = x + layer.feed_forward(layer.ffn_norm(x))
+                x = conv(layer, x, cache.conv[i][:B], conv_idx, **self.shared[i])
         return x
 
     def _prefill_body(self, B: int, T: int) -> None:
-        x = self._layers(self.embeds[:B, :T], self.positions[None, :T], B, T)
+        x = self.embeds[:B, :T]
+        if self.fuse:  # one layout for every layer's input: a strided slice would be compiled apart
+            x = x.contiguous()
+        x = self._layers(x, self.positions[None, :T], B, prefill=True)
         self.hidden[:B].copy_(x[torch.arange(B, device=x.device), self.last[:B]])
 
     def _sample_body(self, B: int) -> None:
-        logits = self.lm_head(self.lm.embedding_norm(self.hidden[:B]))
+        logits, ids = self.fns[2](self.lm.embedding_norm, self.lm_head, self.hidden[:B])
         self.logits[:B].copy_(logits)
-        self.ids[:B].copy_(logits.argmax(-1))
+        self.ids[:B].copy_(ids)
         self.pos[:B].copy_(self.last[:B] + 1)
 
     def _decode_body(self, B: int) -> None:
-        x = self._layers(self.lm.embed_tokens(self.ids[:B])[:, None], self.pos[:B, None], B, None)
-        logits = self.lm_head(self.lm.embedding_norm(x[:, 0]))
+        x = self._layers(self.lm.embed_tokens(self.ids[:B])[:, None], self.pos[:B, None], B, prefill=False)
+        logits, ids = self.fns[2](self.lm.embedding_norm, self.lm_head, x[:, 0])
         self.logits[:B].copy_(logits)
-        self.ids[:B].copy_(logits.argmax(-1))
+        self.ids[:B].copy_(ids)
         self.pos[:B].add_(1)
 
     def _run(self, key: str, body) -> None:
@@ -293,7 +202,14 @@ class TextEngine:
         if g is not None:
             g.replay()
         else:
-            body()
+            with self._compiling():
+                body()
+
+    def _compiling(self):
+        """Around every call of the bodies: room for the fused engine's recompiles."""
+        if not self.fuse:
+            return contextlib.nullcontext()
+        return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
 
     # -- the API ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -303,7 +219,9 @@ class TextEngine:
         one capture fails, none of this call's graphs is kept (earlier calls' stay), the stream and the
         random generator are put back (:func:`lfm2vl_lab.core.capture.capture_failed`) and the error is
         raised (a ``KeyboardInterrupt`` as it is; memory running out as a ``torch.OutOfMemoryError``
-        naming the graph and what to do). Returns the keys captured. ``record``:
+        naming the graph and what to do). Returns the keys captured, the cache's MiB, and the seconds
+        spent compiling (``compile_s``: a fused engine's first call of each body) and capturing
+        (``capture_s``). ``record``:
         :func:`lfm2vl_lab.core.capture.eager_stand_in` runs the same path on a CPU."""
         real = record is capture_graph
         if real and self.device.type != "cuda":
@@ -318,10 +236,12 @@ class TextEngine:
         pool = self.pool if self.pool is not None or not real else torch.cuda.graph_pool_handle()
         new, key, caller = {}, None, torch.cuda.current_stream() if real else None
         saved = [t.clone() for t in (self.last, self.ids, self.pos)]  # warm-up runs write the buffers
+        seconds = {"compile_s": 0.0, "capture_s": 0.0}
         try:
-            for key, (body, *args) in todo.items():
-                if key not in self.graphs:
-                    new[key] = record(lambda body=body, args=args: body(*args), pool=pool)
+            with self._compiling():
+                for key, (body, *args) in todo.items():
+                    if key not in self.graphs:
+                        new[key] = self._capture_one(lambda body=body, args=args: body(*args), record, pool, seconds)
         except BaseException as exc:  # KeyboardInterrupt too: a stopped cell keeps no graph of the call
             new = {}
             err = capture_failed(exc, f"the text engine's {key!r} graph", caller, cuda=real, advice=OOM_ADVICE)
@@ -336,7 +256,24 @@ class TextEngine:
         if (list(shapes), decode, record) not in self.captured:
             self.captured.append((list(shapes), decode, record))
         self.stamp = WeightStamp({"language_model": self.lm, "lm_head": self.lm_head})
-        return {"captured": sorted(new), "cache_mib": self.cache.nbytes() / 2**20}
+        return {"captured": sorted(new), "cache_mib": self.cache.nbytes() / 2**20, **seconds}
+
+    def _capture_one(self, fn, record, pool, seconds: dict):
+        """One graph; a fused engine first runs ``fn`` once, which compiles it (timed apart)."""
+        if self.fuse:
+            t0 = time.perf_counter()
+            fn()
+            self._sync()
+            seconds["compile_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        graph = record(fn, pool=pool)
+        self._sync()
+        seconds["capture_s"] += time.perf_counter() - t0
+        return graph
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _shape(self, n: int, lengths) -> tuple[int, int]:
         longest = max(lengths)

@@ -28,7 +28,9 @@ from ..core.encoder import lfm2vl_parts
 from ..core.packing import lfm2vl_check_shapes, lfm2vl_read_inputs
 from ..model.hf import hf_image_features
 from ..model.inputs import image_limits
-from .engine import TextEngine, check_embeds, lfm2_text_parts, read_count, read_lengths, upload
+from .cache import check_embeds, read_count, read_lengths, upload
+from .engine import TextEngine
+from .layers import lfm2_text_parts
 
 MODES = ("eager", "graphed")
 PHASES = ("h2d", "encoder", "merge", "prefill", "sample", "decode")

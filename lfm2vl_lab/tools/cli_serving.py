@@ -22,7 +22,8 @@ import torch
 
 from ..core.graphed_encoder import GraphedEncoder
 from ..model.presets import build_model
-from ..serving.engine import TextEngine, bucket_len
+from ..serving.cache import bucket_len
+from ..serving.engine import TextEngine
 from .args import choice_arg, dtype_arg, dtype_name, list_arg, parse_dtype, positive_int, preset_arg
 from .e2e import IMAGES, NO_GRAPHS_NOTE, lab_mode, logits_parity, parity_line, print_profile, profile_ttft, run_e2e
 from .e2e import print_row as print_e2e_row

@@ -25,7 +25,8 @@ import torch
 from ..core.packing import tokens_for
 from ..model.inputs import process_images
 from ..model.parity import lowp_parity
-from ..serving.engine import TextEngine, bucket_len
+from ..serving.cache import bucket_len
+from ..serving.engine import TextEngine
 from ..serving.pipeline import MODES, VlmPipeline
 from .e2e import DECODE_DRIFT_WARN, IMAGES, PROMPT_TEXT_TOKENS, build_prompt, grid_rows, paired_reduction
 from .timing import time_paired

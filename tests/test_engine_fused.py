@@ -1,0 +1,201 @@
+"""The fused text engine (``TextEngine(fuse=True)``): the same tokens and logits as the unfused one,
+shared weights that follow in-place loading and a model that moves, the compile timed apart from
+the capture, and on the GPU its graphs for every bucket captured."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lfm2vl_lab.serving.engine as engine_mod
+from lfm2vl_lab.core.capture import eager_stand_in
+from lfm2vl_lab.serving.engine import TextEngine
+from lfm2vl_lab.serving.layers import short_conv
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """On the CPU, compile with dynamo's ``aot_eager`` backend: the same tracing (a graph break is an
+    error under ``fullgraph``) without inductor's C++ build, which takes minutes on two cores."""
+    monkeypatch.setitem(engine_mod.FUSE_COMPILE, "backend", "aot_eager")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from lfm2vl_lab import build_model
+
+    return build_model("tiny", text_layers=4)  # three short-conv layers and one attention layer
+
+
+def tokens_and_logits(eng, emb, lengths, steps=5):
+    eng.prompt(len(lengths), max(lengths)).copy_(emb)
+    eng.prefill(lengths)
+    first = eng.sample()
+    logits = eng.logits[: len(lengths)].clone()
+    return torch.cat([first[:, None], eng.decode(steps)], 1), logits
+
+
+def prompts(model, lengths, seed=0):
+    H = model.config.text_config.hidden_size
+    return torch.randn(len(lengths), max(lengths), H, generator=torch.Generator().manual_seed(seed))
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@torch.no_grad()
+def test_fused_engine_gives_the_unfused_tokens_and_logits(model, traced):
+    """Captured buckets (stand-in graphs on the CPU) and a prefill length that was not captured: the fused
+    engine's first-token logits are within 1e-5 of the unfused engine's, its greedy tokens equal,
+    and the uncaptured shape is counted as eager."""
+    plain = TextEngine(model, max_batch=4, max_len=256)
+    fused = TextEngine(model, max_batch=4, max_len=256, fuse=True)
+    fused.capture([(1, 70), (3, 130)], record=eager_stand_in)
+    for seed, lengths in enumerate(([70], [130, 5, 77], [200])):
+        emb = prompts(model, lengths, seed)
+        (a, la), (b, lb) = tokens_and_logits(plain, emb, lengths), tokens_and_logits(fused, emb, lengths)
+        assert torch.equal(a, b), lengths
+        assert rel(lb, la) < 1e-5, lengths
+    assert fused.stats.eager == {"prefill 1x256": 1}  # sample 1 and decode 1 were captured
+
+
+@torch.no_grad()
+def test_capture_reports_compile_seconds_apart(model, traced):
+    """A fused capture times its first (compiling) calls apart from the capture; an unfused one
+    compiles nothing."""
+    fused = TextEngine(model, max_batch=1, max_len=128, fuse=True).capture([(1, 40)], record=eager_stand_in)
+    plain = TextEngine(model, max_batch=1, max_len=128).capture([(1, 40)], record=eager_stand_in)
+    assert fused["compile_s"] > 0 and fused["capture_s"] >= 0
+    assert plain["compile_s"] == 0.0
+    assert fused["captured"] == plain["captured"] == ["decode 1", "prefill 1x64", "sample 1"]
+
+
+@torch.no_grad()
+def test_shared_weights_are_the_models_own_parameters(traced):
+    """q/k/v and w1/w3 become views into one storage each, so loading weights in place (``copy_``)
+    reaches the fused engine: its tokens follow, equal to an unfused engine's on the new weights."""
+    from lfm2vl_lab import build_model
+
+    model = build_model("tiny", text_layers=2)
+    fused = TextEngine(model, max_batch=1, max_len=128, fuse=True)
+    layer = next(la for la in fused.lm.layers if la.is_attention_layer)
+    qkv = fused.shared[list(fused.lm.layers).index(layer)]["qkv"]
+    assert layer.self_attn.q_proj.weight.data_ptr() == qkv.data_ptr()
+    emb = prompts(model, [40])
+    before = tokens_and_logits(fused, emb, [40])[1]
+    for la in fused.lm.layers:
+        la.feed_forward.w3.weight.mul_(-3.0)  # in place: same storage
+    after = tokens_and_logits(fused, emb, [40])[1]
+    assert rel(after, before) > 1e-3  # the new weights were read
+    assert rel(after, tokens_and_logits(TextEngine(model, max_batch=1, max_len=128), emb, [40])[1]) < 1e-5
+
+
+@torch.no_grad()
+def test_fused_engine_follows_a_model_that_moves(traced):
+    """After capture the model is cast (``.double()`` breaks the shared storage's views): the next
+    call captures again on the new weights, warns once, and gives what a fresh unfused engine gives."""
+    from lfm2vl_lab import build_model
+
+    model = build_model("tiny", text_layers=2)
+    fused = TextEngine(model, max_batch=1, max_len=128, fuse=True)
+    fused.capture([(1, 40)], record=eager_stand_in)
+    model.double()
+    emb = prompts(model, [40]).double()
+    with pytest.warns(UserWarning, match="weights changed since capture"):
+        got = tokens_and_logits(fused, emb, [40])
+    ref = tokens_and_logits(TextEngine(model, max_batch=1, max_len=128), emb, [40])
+    assert fused.stats.recaptures == 1 and fused.shared[0]["w13"].dtype == torch.float64
+    assert torch.equal(got[0], ref[0]) and rel(got[1], ref[1]) < 1e-10
+
+
+@pytest.mark.parametrize("length", [1, 7])
+def test_short_conv_as_a_sum_equals_conv1d(length):
+    """The fused depthwise convolution (a weighted sum of shifted slices) equals ``F.conv1d``, with
+    and without a bias."""
+    torch.manual_seed(0)
+    window = torch.randn(2, 16, length + 2, dtype=torch.float64)
+    weight, bias = torch.randn(16, 1, 3, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    for b in (None, bias):
+        want = F.conv1d(window, weight, b, groups=16)
+        assert torch.allclose(short_conv(window, weight, b, length, fused=True), want, rtol=0, atol=1e-12)
+        assert torch.equal(short_conv(window, weight, b, length, fused=False), want)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for inductor")
+@torch.no_grad()
+def test_inductor_compiled_engine_gives_the_same_tokens(model):
+    """inductor itself (its CPU code), not only the tracing: two buckets, the same greedy tokens."""
+    plain = TextEngine(model, max_batch=2, max_len=128)
+    fused = TextEngine(model, max_batch=2, max_len=128, fuse=True)
+    fused.capture([(2, 60)], record=eager_stand_in)
+    emb = prompts(model, [60, 33])
+    (a, la), (b, lb) = tokens_and_logits(plain, emb, [60, 33], 3), tokens_and_logits(fused, emb, [60, 33], 3)
+    assert torch.equal(a, b) and rel(lb, la) < 1e-5
+
+
+# -- on the GPU: the fused engine's own graphs ------------------------------------------------------
+
+
+def _gpu_model(dtype):
+    from lfm2vl_lab import build_model
+
+    return build_model("lfm2-vl-450m", dtype=dtype, device="cuda", text_layers="full")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_fused_graphs_equal_the_eager_bodies_for_every_bucket(dtype):
+    """450M: the fused engine's graphs for 1, 2, 3 (bucket 4) and 8 requests replay what the
+    unfused eager bodies compute (fp32 within 1e-4; bf16 within 1e-2 of the fp32 judge's error scale,
+    the same first tokens), finite, and every call was a replay."""
+    model = _gpu_model(dtype)
+    H = model.config.text_config.hidden_size
+    fused = TextEngine(model, max_batch=8, max_len=512, fuse=True)
+    eager = TextEngine(model, max_batch=8, max_len=512)
+    cases = ([280], [200, 64], [200, 150, 77], [100] * 8)
+    fused.capture([(len(c), max(c)) for c in cases])
+    for lengths in cases:
+        emb = torch.randn(len(lengths), max(lengths), H, device="cuda", dtype=dtype)
+        (a, la), (b, lb) = tokens_and_logits(fused, emb, lengths, 4), tokens_and_logits(eager, emb, lengths, 4)
+        assert torch.isfinite(la.float()).all(), lengths
+        assert rel(la.float(), lb.float()) < (1e-4 if dtype == torch.float32 else 1e-2), lengths
+        assert torch.equal(a[:, 0], b[:, 0]), lengths
+    assert not fused.stats.eager
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_fused_engine_keeps_no_stale_cache_after_a_longer_request():
+    """fp32: a long request, then a shorter one in the same graphs, gives the shorter one's tokens
+    from a fresh engine (nothing the long request left in the cache or conv state is read)."""
+    model = _gpu_model(torch.float32)
+    H = model.config.text_config.hidden_size
+    eng = TextEngine(model, max_batch=1, max_len=1024, fuse=True)
+    eng.capture([(1, 900), (1, 100)])
+    long, short = (torch.randn(1, n, H, device="cuda") for n in (900, 100))
+    tokens_and_logits(eng, long, [900], 16)
+    got = tokens_and_logits(eng, short, [100], 16)
+    fresh = TextEngine(model, max_batch=1, max_len=1024, fuse=True)
+    fresh.capture([(1, 100)])
+    want = tokens_and_logits(fresh, short, [100], 16)
+    assert torch.equal(got[0], want[0]) and rel(got[1], want[1]) < 1e-5
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_fused_and_unfused_graphs_give_the_same_tokens_in_fp32():
+    """fp32, 450M, two requests: 16 greedy tokens from the fused engine's graphs equal the unfused
+    engine's graphs'."""
+    model = _gpu_model(torch.float32)
+    H = model.config.text_config.hidden_size
+    emb = torch.randn(2, 280, H, device="cuda")
+    out = []
+    for fuse in (False, True):
+        eng = TextEngine(model, max_batch=2, max_len=512, fuse=fuse)
+        eng.capture([(2, 280)])
+        out.append(tokens_and_logits(eng, emb, [280, 211], 16))
+        assert not eng.stats.eager
+    assert torch.equal(out[0][0], out[1][0]) and rel(out[1][1], out[0][1]) < 1e-4
