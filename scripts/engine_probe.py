@@ -1,0 +1,134 @@
+"""The text engine unfused and fused on one GPU, in one process: what each graph costs and why.
+
+For each preset: the engines' capture (and the fused one's compile) seconds, then CUDA-event
+medians of prefill + sample of one request of ``--length`` positions, one decode step of one
+request and of eight, timed in alternating turns, and one profiled call of each step per engine
+(kernel count, GPU-busy time, the kernels that take the most of it). The greedy tokens of 16 steps
+are compared between the engines. Prints as it goes; ``--json`` writes the numbers.
+
+    python scripts/engine_probe.py --preset lfm2-vl-450m --json probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lfm2vl_lab import build_model  # noqa: E402
+from lfm2vl_lab.serving.engine import FUSE_COMPILE, TextEngine  # noqa: E402
+from lfm2vl_lab.tools.results import code_hash  # noqa: E402
+from lfm2vl_lab.tools.timing import summarize, time_paired  # noqa: E402
+
+
+def profile_step(fn, top: int = 12) -> dict:
+    """One call under torch.profiler after a warm-up: kernels, GPU-busy µs, top kernels by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name][0] += 1
+            per[e.name][1] += e.device_time
+    n, busy = sum(v[0] for v in per.values()), sum(v[1] for v in per.values())
+    rows = sorted(per.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernels": n, "busy_us": round(busy, 1),
+            "top": [{"name": k[:90], "calls": c, "us": round(t, 1)} for k, (c, t) in rows]}
+
+
+def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> dict:
+    model = build_model(name, dtype=torch.bfloat16, device="cuda", text_layers="full")
+    lm = model.model.language_model
+    params = sum(p.numel() * p.element_size() for p in lm.parameters()) + model.lm_head.weight.nbytes
+    if model.lm_head.weight.data_ptr() == lm.embed_tokens.weight.data_ptr():
+        params -= model.lm_head.weight.nbytes  # tied: read once
+    H = model.config.text_config.hidden_size
+    out = {"preset": name, "length": length, "text_bytes": params, "floor_ms": params / 4.8e12 * 1e3, "engines": {}}
+    print(f"== {name}: text model {params / 1e9:.3f} GB, floor {out['floor_ms']:.3f} ms/step", flush=True)
+    engines = {}
+    for mode in fuse_modes:
+        FUSE_COMPILE["dynamic"] = {"fused": None, "fused-static": False}.get(mode)
+        t0 = time.perf_counter()
+        eng = TextEngine(model, max_batch=8, max_len=512, fuse=mode != "plain")
+        info = eng.capture([(1, length), (8, length)])
+        wall = time.perf_counter() - t0
+        print(f"{mode}: compile {info['compile_s']:.1f} s, capture {info['capture_s']:.2f} s, wall {wall:.1f} s",
+              flush=True)
+        engines[mode] = eng
+        out["engines"][mode] = {"compile_s": info["compile_s"], "capture_s": info["capture_s"], "wall_s": wall}
+    emb = torch.randn(8, length, H, device="cuda", dtype=torch.bfloat16)
+
+    def prefill(eng, n):
+        def call():
+            eng.prompt(n, length).copy_(emb[:n])
+            eng.prefill([length] * n)
+            eng.sample()
+        return call
+
+    def decode(eng, n):
+        prefill(eng, n)()
+        return lambda: eng.decode(1)
+
+    steps = {"prefill+sample": lambda e: prefill(e, 1), "decode": lambda e: decode(e, 1),
+             "decode x8": lambda e: decode(e, 8)}
+    for step, make in steps.items():
+        calls = {mode: make(eng) for mode, eng in engines.items()}
+        times = time_paired(calls, repeats, 5, "cuda")
+        for mode, ts in times.items():
+            s = summarize(ts)
+            out["engines"][mode][step] = {"median_ms": s["median_ms"], "p90_ms": s["p90_ms"],
+                                          "profile": profile_step(make(engines[mode]))}
+            p = out["engines"][mode][step]["profile"]
+            print(f"{mode:13s} {step:15s} {s['median_ms']:.3f} ms (p90 {s['p90_ms']:.3f}); {p['kernels']} kernels, "
+                  f"busy {p['busy_us'] / 1e3:.3f} ms", flush=True)
+    for mode in engines:
+        for step in steps:
+            print(f"-- {mode} {step}: top kernels")
+            for r in out["engines"][mode][step]["profile"]["top"]:
+                print(f"   {r['us']:8.1f} us {r['calls']:4d}x {r['name']}")
+    toks = {}
+    for mode, eng in engines.items():
+        eng.prompt(1, length).copy_(emb[:1])
+        eng.prefill([length])
+        toks[mode] = torch.cat([eng.sample(), eng.decode(16)[0]]).tolist()
+    base = toks.get("plain")
+    for mode, t in toks.items():
+        same = next((i for i, (a, b) in enumerate(zip(t, base)) if a != b), len(t)) if base else None
+        out["engines"][mode]["tokens"], out["engines"][mode]["matching_plain"] = t, same
+        print(f"{mode}: tokens matching the unfused engine's: {same} of {len(t)}")
+    del engines, model
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", action="append", default=None)
+    p.add_argument("--length", type=int, default=280)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--modes", default="plain,fused")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    res = {"code_hash": code_hash(), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+           "fuse_compile": dict(FUSE_COMPILE), "presets": []}
+    for name in a.preset or ["lfm2-vl-450m"]:
+        res["presets"].append(run_preset(name, a.length, a.repeats, a.modes.split(",")))
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
