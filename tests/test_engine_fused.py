@@ -148,21 +148,38 @@ def _gpu_model(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.no_grad()
 def test_fused_graphs_equal_the_eager_bodies_for_every_bucket(dtype):
-    """450M: the fused engine's graphs for 1, 2, 3 (bucket 4) and 8 requests replay what the
-    unfused eager bodies compute (fp32 within 1e-4; bf16 within 1e-2 of the fp32 judge's error scale,
-    the same first tokens), finite, and every call was a replay."""
+    """450M: the fused engine's graphs for 1, 2, 3 (bucket 4) and 8 requests against the unfused
+    eager bodies (transformers' own modules) on fresh random prompts: fp32 within 1e-4 and the same
+    tokens; bf16 judged against a float32 copy of the weights by the encoder's rule (within 1e-2, or
+    no worse than the unfused bf16 path), with the same first token wherever float32's margin is
+    wider than bf16's error. Finite, and every call a replay."""
+    import copy
+
+    from lfm2vl_lab.model.parity import lowp_parity
+
     model = _gpu_model(dtype)
+    ref32 = model if dtype == torch.float32 else copy.deepcopy(model).float()
     H = model.config.text_config.hidden_size
     fused = TextEngine(model, max_batch=8, max_len=512, fuse=True)
     eager = TextEngine(model, max_batch=8, max_len=512)
+    judge = TextEngine(ref32, max_batch=8, max_len=512)
     cases = ([280], [200, 64], [200, 150, 77], [100] * 8)
     fused.capture([(len(c), max(c)) for c in cases])
     for lengths in cases:
-        emb = torch.randn(len(lengths), max(lengths), H, device="cuda", dtype=dtype)
-        (a, la), (b, lb) = tokens_and_logits(fused, emb, lengths, 4), tokens_and_logits(eager, emb, lengths, 4)
+        emb = torch.randn(len(lengths), max(lengths), H, device="cuda")
+        (a, la), (b, lb) = (tokens_and_logits(e, emb.to(dtype), lengths, 4) for e in (fused, eager))
         assert torch.isfinite(la.float()).all(), lengths
-        assert rel(la.float(), lb.float()) < (1e-4 if dtype == torch.float32 else 1e-2), lengths
-        assert torch.equal(a[:, 0], b[:, 0]), lengths
+        if dtype == torch.float32:
+            assert rel(la, lb) < 1e-4 and torch.equal(a, b), lengths
+        else:
+            ref = tokens_and_logits(judge, emb, lengths, 0)[1]
+            judged = lowp_parity([la.float()], [lb.float()], [ref])
+            assert judged["pass"], (lengths, judged)
+            # the first tokens agree wherever float32's best token leads by more than bf16's error
+            top2 = ref.topk(2, dim=-1).values
+            clear = (top2[:, 0] - top2[:, 1]) > 2 * torch.maximum((la.float() - ref).abs().amax(-1),
+                                                                  (lb.float() - ref).abs().amax(-1))
+            assert torch.equal(a[clear, 0], b[clear, 0]), lengths
     assert not fused.stats.eager
 
 
