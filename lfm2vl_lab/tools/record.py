@@ -11,7 +11,8 @@ run is resumable: ``--deadline`` leaves the steps that no longer fit for the nex
 that finds a manifest of the *same code* (same ``code_hash``) under ``--out`` or in the repo's
 ``data/results/<gpu>/`` records only the roles it lacks. Calls of one code version make one
 reference run; a manifest of other code is replaced, never mixed with. ``--part`` (``encoder``:
-the encoder's benchmarks, checks and probes; ``engine``: time to first token) picks steps by kind.
+the encoder's benchmarks, checks and probes; ``engine``: the text model's peers and time to first
+token) picks steps by kind.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ STEPS: tuple[Step, ...] = (
            "varlen,sdpa_blockmask", "--fuse-qkv", "off,on", *_SWEEP, limit_s=80),
     Step("attention", "encoder", "attention", ("attention",), 80),
     Step("graph-apis", "encoder", "graph-apis", ("graph-apis",), 150),
+    # the text model's peers (generate, transformers' static compile, torch.compile, the engine, fused):
+    # most of the limit is compile (the fused engine's and both torch.compile peers', per preset)
+    Step("engine", "engine", "engine", ("engine", *(a for p in PRESETS for a in ("--preset", p)), "--profile",
+                                        "--no-progress"), 540),
     Step("ttft", "engine", "ttft", ("ttft", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
                                     "--requests", "1,2,4,8", "--repeats", "7", "--decode-tokens", "16", "--profile",
                                     "--image-path", "--no-progress"), 320),

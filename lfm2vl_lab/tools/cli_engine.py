@@ -1,0 +1,74 @@
+"""``python -m lfm2vl_lab engine``: the text model's peers side by side (:mod:`.engine_peers`),
+one ``engine-<date>.json`` with every mode, its first-call cost, tokens, parity, the bandwidth floor
+and the targets judged from it (:mod:`.engine_measure`).
+
+Per preset: build the full-depth random-weight model, measure every mode, save; a preset that fails
+is recorded with its traceback and the next one runs (exit status 1). A mode that fails is data, not
+a failure of the run: its row holds the error (exit status 0). The file is rewritten after each preset.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+from ..model.presets import build_model
+from .args import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
+from .cli_serving import start_run
+from .engine_measure import judge_engine, measure_preset, summary_lines, target_line
+from .engine_peers import MODES, PROMPT_SOURCE
+from .results import RESULTS_ROOT, save_result
+
+
+def add_engine_args(p) -> None:
+    """Options of ``python -m lfm2vl_lab engine``."""
+    p.add_argument("--preset", action="append", type=preset_arg, default=None,
+                   help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
+    p.add_argument("--modes", type=list_arg(choice_arg("mode", MODES)), default=",".join(MODES),
+                   help=f"modes, comma list of: {', '.join(MODES)} (default: all)")
+    p.add_argument("--repeats", type=positive_int, default=30, help="timed rounds, the modes in turns (default: 30)")
+    p.add_argument("--decode-tokens", type=positive_int, default=16,
+                   help="tokens after the first in the decode calls (decode ms per token; default: 16)")
+    p.add_argument("--dtype", type=dtype_arg, default=None,
+                   help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one prefill and one decode step per mode (kernels, kernel classes)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.add_argument("--out", default=None, help="results root (default: data/results)")
+    p.add_argument("--name", default="engine", help="result file name prefix (default: engine)")
+
+
+def run_engine_cli(args) -> int:
+    """The text model's peers: generate, transformers' static compile, torch.compile, the engine, fused."""
+    dev, dt, presets, result = start_run(args.name, args, prompt=PROMPT_SOURCE, setup=[], rows=[], profile={},
+                                         targets=[], errors=[])
+    result["provenance"]["modes"] = list(dict.fromkeys(args.modes))
+    saved: dict = {}
+    say = None if args.no_progress else (lambda s: print(s, flush=True))
+    status = 0
+    for name in presets:
+        try:
+            model = build_model(name, dtype=dt, device=dev, text_layers="full")
+            got = measure_preset(model, list(dict.fromkeys(args.modes)), args.repeats, args.decode_tokens,
+                                 args.profile, say)
+            result["setup"].append(got["setup"])
+            result["rows"] += got["rows"]
+            if got["profile"] is not None:
+                result["profile"][name] = got["profile"]
+            del model, got
+        except Exception as exc:  # recorded with its traceback, then the next preset
+            status = 1
+            result["errors"].append({"preset": name, "error": repr(exc), "traceback": traceback.format_exc()})
+            print(traceback.format_exc(), flush=True)
+        result["targets"] = judge_engine(result["rows"])
+        saved["path"] = save_result(result, args.out or RESULTS_ROOT, args.name, saved.get("path"))
+        if dev.type == "cuda":
+            torch._dynamo.reset()  # the next preset compiles afresh: its first-call costs are its own
+            torch.cuda.empty_cache()
+    for line in summary_lines(result):
+        print(line, flush=True)
+    for t in result["targets"]:
+        print(target_line(t, dev.type == "cuda"), flush=True)
+    print("results:", saved.get("path"), "(every sample, first-call cost, token and parity record)")
+    return int(status)
