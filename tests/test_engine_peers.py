@@ -63,8 +63,9 @@ def test_every_mode_gives_generates_tokens_and_float32s_logits(measured):
 def test_the_engines_decode_eight_requests(measured):
     batch = [r for r in measured["rows"] if r["requests"] == peers.BATCH]
     assert [r["mode"] for r in batch] == [m for m in MODES if m in peers.ENGINE_MODES]
-    for r in batch:
-        assert r["tokens_per_s"] == pytest.approx(peers.BATCH * 1e3 / r["decode_ms_per_step"])
+    for r in batch:  # a step of no measurable time (CPU noise in a difference of two calls) has no rate
+        step = r["decode_ms_per_step"]
+        assert r["tokens_per_s"] == (pytest.approx(peers.BATCH * 1e3 / step) if step > 0 else None)
 
 
 def test_profile_has_a_prefill_and_a_decode_step_per_mode(measured):
