@@ -10,6 +10,8 @@
 #   bash scripts/h200_run.sh notebooks   every notebook executed against the reference set (NOTEBOOKS:
 #                                        some of them), then the GPU test suite (GPU_TESTS: a subset);
 #                                        carry the Jupyter wheels: `carry: [".whl"]`
+#   bash scripts/h200_run.sh finish      what the reference set still lacks, then every notebook against
+#                                        it and the GPU tests (GPU_TESTS) in the time left; carry ".whl"
 #   bash scripts/h200_run.sh gpu-tests   the GPU test suite alone (GPU_TESTS: a subset)
 #   bash scripts/h200_run.sh verify      the GPU test suite (GPU_LIMIT seconds), then the sanitize part
 #   bash scripts/h200_run.sh compare     the GPU test suite (GPU_LIMIT seconds), then one bench run of the
@@ -65,8 +67,26 @@ PART=${1:-record}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 case "$PART" in
 record)
-  # record stops starting steps 15 s before this step's end, so none is ever cut off
-  LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) ;;
+  # record stops starting steps 15 s before this step's end, so none is ever cut off (RECORD_PART: one
+  # part of the steps, encoder or engine)
+  LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) \
+    ${RECORD_PART:+--part "$RECORD_PART"} ;;
+finish)
+  # what the reference set still lacks (steps of RECORD_LIMIT seconds at most), then every notebook
+  # against it, then the GPU tests (GPU_TESTS) in the time left; carry the Jupyter wheels
+  jupyter_wheels
+  LOG=record TAILN=30 step "${RECORD_LIMIT:-280}" python3 -m lfm2vl_lab record --out "$R" \
+    --deadline $(( ${RECORD_LIMIT:-280} - 10 ))
+  python3 - "$R" <<'PY' || exit 1
+import json, sys, pathlib
+man = next(pathlib.Path(sys.argv[1]).glob("*/reference.json"), None)
+ok = man is not None and json.loads(man.read_text()).get("complete")
+print("== reference set", "complete" if ok else "INCOMPLETE: the notebooks are not run")
+sys.exit(0 if ok else 1)
+PY
+  cp -r "$R"/. data/results/  # the notebooks read the set from the tree (this copy of it, not the repo)
+  LOG=nb     TAILN=12 step 330 python3 scripts/run_notebooks.py ${NOTEBOOKS:-notebooks/*.ipynb} --out "$W/nb"
+  LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
 notebooks)
   jupyter_wheels
   LOG=nb     TAILN=12 step 380 python3 scripts/run_notebooks.py ${NOTEBOOKS:-notebooks/*.ipynb} --out "$W/nb"

@@ -56,7 +56,8 @@ def test_parity_against_generate_and_fp32(grid):
 
 def _row(text, enc, ttft_ms, cut=None, same=True):
     r = {"preset": "lfm2-vl-450m", "image": "1x512", "requests": 1, "mode": ttft.mode_name(text, enc),
-         "text_mode": text, "encoder_mode": enc, "ttft_ms": ttft_ms, "same_first_tokens": same}
+         "text_mode": text, "encoder_mode": enc, "ttft_ms": ttft_ms, "same_first_tokens": same,
+         "decode_ms_per_token": 0.9}
     if cut is not None:
         r["encoder_graph_cut"] = cut
     return r
@@ -70,10 +71,14 @@ def test_judge_reads_each_target():
     got = {t["target"]: t["ok"] for t in ttft.judge_ttft(rows, image_path)}
     assert got == {"encoder graphs' TTFT cut, text graphed": False, "TTFT ms, both graphed": False,
                    "encoder graphs' TTFT cut, text eager": True, "encode() CPU input / GPU input, 1x512": False,
-                   "every mode's first tokens equal eager's": True}
-    rows[3].update(ttft_ms=4.0, encoder_graph_cut=0.5, same_first_tokens=False)
+                   "every mode's first tokens equal eager's": True,
+                   "decode ms per token, both graphed, lfm2-vl-450m": False}
+    rows[3].update(ttft_ms=2.0, encoder_graph_cut=0.5, same_first_tokens=False, decode_ms_per_token=0.3)
+    rows.append(dict(rows[3], preset="lfm2-vl-1.6b", decode_ms_per_token=0.81, same_first_tokens=True))
     judged = {t["target"]: t for t in ttft.judge_ttft(rows)}
     assert judged["TTFT ms, both graphed"]["ok"] and judged["encoder graphs' TTFT cut, text graphed"]["ok"]
+    assert judged["decode ms per token, both graphed, lfm2-vl-450m"]["ok"]
+    assert not judged["decode ms per token, both graphed, lfm2-vl-1.6b"]["ok"]
     assert not judged["every mode's first tokens equal eager's"]["ok"]
     first = "every mode's first tokens equal eager's"
     assert judged[first]["detail"] == "lfm2-vl-450m 1x512 x1 text-graphed+encoder-graphed"

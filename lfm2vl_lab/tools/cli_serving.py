@@ -149,6 +149,9 @@ def add_ttft_args(p) -> None:
     p.add_argument("--image-path", action="store_true",
                    help="also time encode() from the CPU processor output vs GPU-resident input, and the "
                         "processor on the CPU vs on the GPU")
+    p.add_argument("--fuse", choices=("on", "off"), default="off",
+                   help="the graphed text model's engine: fused (TextEngine(fuse=True): inductor-compiled layers "
+                        "inside its graphs; the first capture compiles, tens of seconds per preset) or not")
 
 
 def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
@@ -156,8 +159,9 @@ def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
     model = build_model(name, dtype=dt, device=dev, text_layers="full")
     genc = GraphedEncoder(model)
     longest = max(prompt_len(model, im) for im in {*args.image, *(im for im, _ in PARITY_CASES)})
-    engine = TextEngine(model, max_batch=max(*args.requests, 2), max_len=bucket_len(longest) + args.decode_tokens + 1)
-    setup = {"preset": name}
+    engine = TextEngine(model, max_batch=max(*args.requests, 2), max_len=bucket_len(longest) + args.decode_tokens + 1,
+                        fuse=args.fuse == "on")
+    setup = {"preset": name, "engine_fused": engine.fuse}
     result["setup"].append(setup)
     if dev.type == "cuda":
         setup["encoder_capture"] = measured_capture(genc, progress=progress)

@@ -134,8 +134,10 @@ def engine_setup_block(refs: Refs) -> str:
     parts = []
     for s in refs("ttft").get("setup") or []:
         cap, stats = s["engine_capture"], s.get("engine_stats") or {}
-        parts.append(f"{preset_label(s['preset'])}: {len(cap['captured'])} graphs (prefill, sample and decode shapes) "
-                     f"captured in {ms(cap['capture_s'])} s, a hybrid cache of {cap['cache_mib']:.0f} MiB, "
+        fused = (f"fused (inductor-compiled layers, {ms(cap['compile_s'])} s compiling first)"
+                 if s.get("engine_fused") else "unfused")
+        parts.append(f"{preset_label(s['preset'])}: {fused}, {len(cap['captured'])} graphs (prefill, sample and decode "
+                     f"shapes) captured in {ms(cap['capture_s'])} s, a hybrid cache of {cap['cache_mib']:.0f} MiB, "
                      f"{sum((stats.get('eager') or {}).values())} eager fallbacks in the timed calls")
     return "The text engine's graphs: " + "; ".join(parts) + " (`setup` in the file)."
 
