@@ -191,3 +191,30 @@ def test_small_helpers():
     assert peers.matching([1, 2, 3], [1, 2, 4]) == 2 and peers.matching([1], [1]) == 1
     with pytest.raises(AttributeError, match="_decode_body"):
         peers.decode_body(object())
+
+
+@torch.no_grad()
+def test_compile_ro_decode_starts_from_the_prompts_state_every_call(model):
+    """compile-ro's decode steps run alone, many times, from one prefill: each call must start from
+    the state right after the prompt, the conv layers' last inputs included (a call that inherits
+    the last call's conv state decodes other tokens after the first)."""
+    H = model.config.text_config.hidden_size
+    peer = peers.CompileRoPeer(model, torch.randn(1, 40, H, generator=torch.Generator().manual_seed(2)), 3)
+    e = peer.eng
+    e.prompt(1, 40).copy_(peer.embeds)
+    e.prefill([40])
+    e.sample()
+    after_prompt = {i: s.clone() for i, s in e.cache.conv.items()}
+    peer.setup(torch.device("cpu"))  # prefills again, then times first calls (decodes)
+    seen, step = [], peer.step
+
+    def watched(n):
+        seen.append({i: s.clone() for i, s in e.cache.conv.items()})
+        return step(n)
+
+    peer.step = watched
+    peer._decode(4)
+    peer._decode(4)
+    for first in (seen[0], seen[4]):  # what each call's first step reads
+        assert all(torch.equal(first[i], after_prompt[i]) for i in after_prompt)
+    assert not all(torch.equal(seen[3][i], after_prompt[i]) for i in after_prompt)  # the steps do move it

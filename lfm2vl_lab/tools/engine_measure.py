@@ -188,8 +188,9 @@ def summary_lines(result: dict) -> list[str]:
                 if r["first_call"].get("note"):
                     lines.append(f"  {'':<18} note: {r['first_call']['note']}")
             else:
+                rate = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.0f}"
                 lines.append(f"  {r['mode']:<18} x{r['requests']} decode {_ms(r['decode_ms_per_step'])} ms per step, "
-                             f"{r['tokens_per_s']:.0f} tokens/s")
+                             f"{rate} tokens/s")
         for mode, pr in ((result.get("profile") or {}).get(p) or {}).items():
             pre, step = pr["prefill"], pr["decode_step"]
             lines.append(f"  profile {mode:<18} prefill {pre['kernels']:.0f} kernels, decode step "

@@ -184,7 +184,10 @@ class CompileRoPeer:
         e.prompt(1, length).copy_(self.embeds)  # the eager engine fills the cache the compiled steps continue
         e.prefill([length])
         e.sample()
-        self.start = (e.ids[:1].clone(), e.pos[:1].clone())
+        # the state after the prompt, which every timed call and the token check start from: the
+        # next token and position, and the conv layers' last inputs (the K/V past the prompt are
+        # written before they are read, so they need no reset)
+        self.start = (e.ids[:1].clone(), e.pos[:1].clone(), {i: s.clone() for i, s in e.cache.conv.items()})
         skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
         first = first_calls(timed_calls(self), device)
         first["options"] = {k: str(v) for k, v in self.options.items()}
@@ -199,6 +202,8 @@ class CompileRoPeer:
     def _decode(self, steps: int) -> torch.Tensor:
         self.eng.ids[:1].copy_(self.start[0])  # back to the state after the prompt: every call decodes alike
         self.eng.pos[:1].copy_(self.start[1])
+        for i, s in self.start[2].items():
+            self.eng.cache.conv[i].copy_(s)
         out = []
         for _ in range(steps):
             torch.compiler.cudagraph_mark_step_begin()
