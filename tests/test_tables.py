@@ -199,6 +199,7 @@ def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatc
         {"target": "450M 1x512 median ms", "value": 0.8, "limit": 0.95, "ok": True, "detail": ""},
         {"target": "a goal nobody explains ms", "value": 2.0, "limit": 1.0, "ok": False, "detail": ""}])
     monkeypatch.setattr(tables_goals, "ttft_goals", lambda refs: [])
+    monkeypatch.setattr(tables_goals, "engine_goals", lambda refs: [])
     out = tables_goals.misses_block(None)
     assert "### a goal nobody explains ms: 2.00 ms, aimed for ≤ 1 ms" in out and "No explanation" in out
     assert "450M 1x512" not in out
@@ -209,6 +210,9 @@ def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatc
 def test_every_goal_a_judge_can_miss_has_an_explanation_or_is_named():
     assert tables_goals.explainer("encode() CPU input / GPU input, 4x512") is tables_goals.explain_cpu_input
     assert tables_goals.explainer("1x512 wall / GPU-busy") is tables_goals.explain_busy_ratio
+    for engine_goal in ("decode ms per token, lfm2-vl-450m engine-fused", "prefill+sample ms, lfm2-vl-450m engine",
+                        "TTFT ms, both graphed"):
+        assert tables_goals.explainer(engine_goal) is tables_goals.explain_text_engine
     assert tables_goals.explainer("something new") is None
 
 

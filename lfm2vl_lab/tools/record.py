@@ -77,11 +77,11 @@ STEPS: tuple[Step, ...] = (
     Step("ttft", "engine", "ttft", ("ttft", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
                                     "--requests", "1,2,4,8", "--repeats", "7", "--decode-tokens", "16", "--profile",
                                     "--image-path", "--fuse", "on", "--no-progress"), 520),
+    Step("e2e", "engine", "e2e", ("e2e", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
+                                  "--requests", "1,4", "--repeats", "3", "--profile", "--no-progress"), 260),
     # the text model's peers on one prompt (generate, transformers' static compile, torch.compile, the
     # engine unfused and fused): most of the limit is compile, the fused engine's and both peers'
     Step("engine", "engine", "engine", ("engine", "--preset", PRESETS[0], "--profile", "--no-progress"), 300),
-    Step("e2e", "engine", "e2e", ("e2e", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
-                                  "--requests", "1,4", "--repeats", "3", "--profile", "--no-progress"), 260),
 )
 PARTS = tuple(dict.fromkeys(s.part for s in STEPS))
 

@@ -258,7 +258,44 @@ def ttft_parity_block(refs: Refs) -> str:
     return "\n\n".join([md_table(head, rows), refs.source("ttft")])
 
 
+PEER_LABELS = {"generate": "transformers' `generate`", "hf-static-compile": "`generate`, static cache + compile",
+               "compile-ro": "`torch.compile(mode=\"reduce-overhead\")`", "engine": "`TextEngine`",
+               "engine-fused": "`TextEngine(fuse=True)`"}
+
+
+def engine_peers_block(refs: Refs) -> str:
+    """The text model's peers on one prompt: prefill + sample, decode per token, the first call's
+    cost, the kernels of one decode step, tokens against ``generate``'s."""
+    res = refs("engine")
+    rows = []
+    for r in res["rows"]:
+        if r["requests"] != 1:
+            continue
+        label = PEER_LABELS.get(r["mode"], r["mode"])
+        if "error" in r:
+            rows.append([preset_label(r["preset"]), label] + ["–"] * 5 + [f"not run: {r['error'][:80]}"])
+            continue
+        first = r["first_call"]
+        cost = (f"{first['compile_s']:.1f} s compile + {first['capture_s']:.2f} s capture" if first.get("capture_s")
+                is not None else f"{first['first_call_s']:.1f} s")
+        step = ((res.get("profile") or {}).get(r["preset"]) or {}).get(r["mode"], {}).get("decode_step") or {}
+        rows.append([preset_label(r["preset"]), label, ms(r["prefill_sample_ms"]), ms(r["decode_ms_per_token"], 3),
+                     cost, f"{step['kernels']:.0f}" if step else "–", f"{r['matching_tokens']} of 16",
+                     f"{r['rel_err_vs_fp32']:.1e}"])
+    head = ["preset", "mode", "prefill + sample ms", "decode ms/token", "first call", "kernels per decode step",
+            "tokens as `generate`", "logits vs float32"]
+    floors = "; ".join(f"{preset_label(s['preset'])} {f['floor_ms']:.3f} ms ({f['param_bytes'] / 1e9:.3f} GB at "
+                       f"{f['bandwidth_B_per_s'] / 1e12:.1f} TB/s)" for s in res["setup"] for f in [s["floor"]])
+    eight = [f"{PEER_LABELS.get(r['mode'], r['mode'])} {ms(r['decode_ms_per_step'])} ms per step" for r in res["rows"]
+             if r["requests"] > 1 and "error" not in r]
+    note = (f"bf16, one request ({res['setup'][0]['prompt_len']} positions), median ms of "
+            f"{res['rows'][0].get('repeats')} rounds, every mode in alternating turns. The weights' floor per decode "
+            f"step: {floors}. Eight requests: {', '.join(eight)}.")
+    return "\n\n".join([md_table(head, rows), note, refs.source("engine")])
+
+
 BLOCKS = {
+    "engine-peers": engine_peers_block,
     "ttft-modes": ttft_modes_block,
     "ttft-phases": ttft_phases_block,
     "ttft-profile": ttft_profile_block,
