@@ -53,8 +53,14 @@ def decode_vs_floor(result: dict, title: str | None = None) -> Figure:
         ax.axhline(fl["floor_ms"], color="black", linestyle="--", linewidth=1,
                    label=f"bandwidth floor {fl['floor_ms']:.3f} ms ({fl['param_bytes'] / 1e9:.2f} GB at "
                          f"{fl['bandwidth_B_per_s'] / 1e12:.1f} TB/s)")
+        for i, v in zip(x, vals):  # each bar's value, and how far above the floor it is
+            if v > 0:
+                ax.annotate(f"{v:.2f} ms\n{v / fl['floor_ms']:.1f}× floor", (i, v), xytext=(0, 3),
+                            textcoords="offset points", ha="center", fontsize=7)
+        ax.set_yscale("log")  # generate's eager step is ~100x the floor, the engines' a few times it
+        ax.set_ylim(fl["floor_ms"] / 2, max(vals + [fl["floor_ms"]]) * 4)
         ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("ms per decode token (one request)")
+        ax.set_ylabel("ms per decode token (one request, log scale)")
         ax.set_title(preset, fontsize=10)
         ax.legend(fontsize=7, loc="upper right")
     set_title(fig, title or f"Decode per token against the bandwidth floor: {run_title(result)}")
