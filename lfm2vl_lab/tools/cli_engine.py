@@ -16,9 +16,9 @@ import torch
 from ..model.presets import build_model
 from .args import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
 from .cli_serving import start_run
-from .engine_measure import judge_engine, measure_preset, summary_lines, target_line
+from .engine_measure import judge_engine, measure_preset, summary_lines
 from .engine_peers import MODES, PROMPT_SOURCE
-from .results import RESULTS_ROOT, save_result
+from .results import RESULTS_ROOT, save_result, target_line
 
 
 def add_engine_args(p) -> None:

@@ -29,6 +29,7 @@ from .e2e import IMAGES, NO_GRAPHS_NOTE, lab_mode, logits_parity, parity_line, p
 from .e2e import print_row as print_e2e_row
 from .meter import measured_capture
 from .results import RESULTS_ROOT, provenance, save_result
+from .results import target_line as results_target_line
 from .ttft import (
     DECODE_TOKENS,
     PARITY_CASES,
@@ -203,16 +204,8 @@ def print_parity(case: dict, eager_sides=()) -> None:
 
 
 def target_line(t: dict, cuda: bool) -> str:
-    """One target of :func:`~.ttft.judge_ttft` as the terminal shows it. A timing target judged
-    without CUDA graphs (no CUDA) or without its rows reads "not measured here", never a miss;
-    the result file's ``targets`` keep the values as judged."""
-    timed = not isinstance(t["limit"], bool)
-    if t["value"] is None or (timed and not cuda):
-        why = "no CUDA GPU: no graphs ran" if not cuda else f"judged on {JUDGED_ON}: no such row in this run"
-        return f"target {t['target']} (limit {t['limit']}): not measured here ({why})"
-    value = f"{t['value']:.3g}" if isinstance(t["value"], float) else t["value"]
-    detail = f": {t['detail'][:100]}" if t.get("detail") and not t["ok"] else ""
-    return f"target {t['target']}: {value} (limit {t['limit']}) {'ok' if t['ok'] else 'MISSED'}{detail}"
+    """One target of :func:`~.ttft.judge_ttft` as the terminal shows it (:func:`.results.target_line`)."""
+    return results_target_line(t, cuda, f"judged on {JUDGED_ON}: no such row in this run")
 
 
 def run_ttft_cli(args) -> int:

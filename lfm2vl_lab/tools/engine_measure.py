@@ -29,6 +29,7 @@ from .engine_peers import (
     timed_calls,
 )
 from .floor import kernel_class
+from .results import target_row
 from .timing import summarize, time_paired
 
 TARGETS = {
@@ -121,10 +122,6 @@ def measure_preset(model, modes=MODES, repeats: int = 30, decode_tokens: int = 1
     return {"setup": setup, "rows": out, "profile": prof}
 
 
-def target_row(target: str, value, limit, ok: bool, detail: str = "") -> dict:
-    return {"target": target, "value": value, "limit": limit, "ok": bool(ok), "detail": detail}
-
-
 def _engine_targets(r: dict, compile_ro: dict | None) -> list[dict]:
     preset, what = r["preset"], f"{r['preset']} {r['mode']}"
     if "error" in r:
@@ -196,12 +193,3 @@ def summary_lines(result: dict) -> list[str]:
             lines.append(f"  profile {mode:<18} prefill {pre['kernels']:.0f} kernels, decode step "
                          f"{step['kernels']:.0f} kernels {step['classes'] or ''}")
     return lines
-
-
-def target_line(t: dict, cuda: bool) -> str:
-    """One target as the terminal shows it; timings judged without CUDA read "not measured here"."""
-    if t["value"] is None or (not cuda and not isinstance(t["limit"], bool)):
-        return f"target {t['target']} (limit {t['limit']}): not measured here ({t['detail'] or 'no CUDA GPU'})"
-    value = f"{t['value']:.3g}" if isinstance(t["value"], float) else t["value"]
-    detail = f": {t['detail'][:100]}" if t.get("detail") and not t["ok"] else ""
-    return f"target {t['target']}: {value} (limit {t['limit']}) {'ok' if t['ok'] else 'MISSED'}{detail}"

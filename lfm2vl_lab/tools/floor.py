@@ -22,6 +22,7 @@ import statistics
 
 from matplotlib.figure import Figure
 
+from .results import target_row as _row  # one judged target, as every judge writes it
 from .trace_analysis import COPY_NAME_PREFIXES, idle_gaps
 
 # (class, substrings of kernel names), first match wins; the names are what the H200 profiles show
@@ -190,10 +191,6 @@ TARGETS = {
 
 def _by(rows: list[dict]) -> dict:
     return {(r["mode"], r["workload"]): r for r in rows if r.get("median_ms") is not None}
-
-
-def _row(target: str, value, limit, ok: bool, detail: str = "") -> dict:
-    return {"target": target, "value": value, "limit": limit, "ok": bool(ok), "detail": detail}
 
 
 def _fastest_and_busy(by: dict) -> list[dict]:

@@ -219,3 +219,21 @@ def recorded_tag(res: dict) -> str:
     """The short form of :func:`recorded_label`, for figure titles."""
     p = res["provenance"]
     return f"recorded on {p.get('gpu')} on {p.get('date', '')[:10]} ({Path(res['_path']).name})"
+
+
+def target_row(target: str, value, limit, ok: bool, detail: str = "") -> dict:
+    """One judged target, as every judge of the kit (encoder, TTFT, text engine) writes it."""
+    return {"target": target, "value": value, "limit": limit, "ok": bool(ok), "detail": detail}
+
+
+def target_line(t: dict, cuda: bool, missing: str = "no such row in this run") -> str:
+    """One judged target as the terminal shows it. A timing target judged without CUDA graphs (no
+    CUDA) or without its rows reads "not measured here" (``missing``, or the target's own detail,
+    says why), never a miss; the result file keeps the values as judged."""
+    timed = not isinstance(t["limit"], bool)
+    if t["value"] is None or (timed and not cuda):
+        why = "no CUDA GPU: no graphs ran" if not cuda else (t.get("detail") or missing)
+        return f"target {t['target']} (limit {t['limit']}): not measured here ({why})"
+    value = f"{t['value']:.3g}" if isinstance(t["value"], float) else t["value"]
+    detail = f": {t['detail'][:100]}" if t.get("detail") and not t["ok"] else ""
+    return f"target {t['target']}: {value} (limit {t['limit']}) {'ok' if t['ok'] else 'MISSED'}{detail}"

@@ -29,6 +29,7 @@ from ..serving.cache import bucket_len
 from ..serving.engine import TextEngine
 from ..serving.pipeline import MODES, VlmPipeline
 from .e2e import DECODE_DRIFT_WARN, IMAGES, PROMPT_TEXT_TOKENS, build_prompt, grid_rows, paired_reduction
+from .results import target_row as _row  # one judged target, as every judge writes it
 from .timing import time_paired
 from .workloads import synthetic_image
 
@@ -300,10 +301,6 @@ def profile_modes(model, pipes: dict, image: str = "1x512", n: int = 1, iters: i
         out[m] = {k: d[k] for k in keep if k in d}
         out[m]["busy_share"] = d["gpu_busy_ms"] / d["wall_ms"] if d.get("wall_ms") else None
     return out
-
-
-def _row(target: str, value, limit, ok: bool, detail: str = "") -> dict:
-    return {"target": target, "value": value, "limit": limit, "ok": bool(ok), "detail": detail}
 
 
 def _mismatch(row: dict, parity: list[dict]) -> str:
