@@ -38,6 +38,14 @@ def _is_int(v) -> bool:
 # The settings
 # --------------------------------------------------------------------------------------------
 
+# Named graph configs: the GraphOptions fields each one sets (the rest keep their defaults).
+# "kit": the kit's own defaults. "pr": the encoder-graph settings vLLM PR #44930 measured LFM2-VL-3B
+# with (vLLM's encoder_cudagraph_token_budgets and encoder_cudagraph_max_vision_items_per_batch).
+GRAPH_CONFIGS: dict[str, dict] = {
+    "kit": {},
+    "pr": {"budgets": (64, 256, 512, 1024, 2048, 4096), "max_items": 16},
+}
+
 
 @dataclass(frozen=True)
 class GraphOptions:
@@ -88,6 +96,30 @@ class GraphOptions:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not _is_int(self.max_run_items) or self.max_run_items < 0:
             raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {self.max_run_items!r}")
+
+    @classmethod
+    def named(cls, name: str, **changes) -> GraphOptions:
+        """The named graph config ``name`` of :data:`GRAPH_CONFIGS`, then ``changes`` (as :meth:`with_`).
+
+        ``"kit"`` is ``GraphOptions()``. ``"pr"`` sets only what vLLM PR #44930 set: the budgets
+        64, 256, 512, 1024, 2048, 4096 and 16 items per replay; every other setting keeps the kit's
+        default (the safe ``cu_seqlens`` rule, tight ``max_seqlen``, fused kernels, dense graphs,
+        ``max_run_items=8``). What that captures on LFM2-VL (1024-row full-length items, 64-token
+        smallest item; ``tests/test_pr_config.py`` reads it off the CPU stand-in):
+
+        * six budgets and no run budget: 8 full-length items are 2048 tokens, which the 4096 budget
+          already holds, so ``max_run_items`` changes nothing here and a pure run of 9 to 16 tiles
+          is one replay of the 4096 budget (the kit's defaults carry at most 8 per replay, on their
+          2048-token run budget)
+        * item slots 1, 4, 8, 16, 16, 16 (``budget // 64``, at most 16; the largest takes 16)
+        * variants: ``varlen`` in every budget; ``dense1`` at 64 (one 256 px item) and 256;
+          ``dense2`` and ``dense1+varlen`` at 512; ``dense3``-``dense4`` and ``dense1``-``dense3+varlen``
+          at 1024; ``dense5``-``dense8`` and ``dense1``-``dense7+varlen`` at 2048; ``dense9``-``dense16``
+          and ``dense1``-``dense15+varlen`` at 4096: 49 graphs, against the kit's 19
+        """
+        if name not in GRAPH_CONFIGS:
+            raise ValueError(f"unknown graph config {name!r}; the named configs are: {', '.join(GRAPH_CONFIGS)}")
+        return cls().with_(**GRAPH_CONFIGS[name]).with_(**changes)
 
     def with_(self, **changes) -> GraphOptions:
         """A copy with ``changes``; an unknown name is a ``TypeError`` naming the settings."""
