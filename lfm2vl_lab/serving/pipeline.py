@@ -104,6 +104,17 @@ def read_input_ids(input_ids, vocab_size: int) -> torch.Tensor:
     return ids.long()
 
 
+def prompt_lengths(lengths, n: int, length: int) -> list[int]:
+    """Each request's prompt length: ``lengths`` checked against a batch of ``n`` rows of ``length``
+    ids, or ``length`` for every request when it is None."""
+    if lengths is None:
+        return [length] * n
+    lengths = read_lengths(lengths)
+    if len(lengths) != n or max(lengths) > length:
+        raise ValueError(f"lengths {list(lengths)} do not fit {n} prompt rows of {length} ids")
+    return lengths
+
+
 def image_positions(input_ids: torch.Tensor, image_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(request, position) of every image token, in the order the features fill them (row-major,
     as transformers' ``masked_scatter``)."""
@@ -162,12 +173,22 @@ class VlmPipeline:
         return hf_image_features(self.model, dev_inputs)
 
     @torch.no_grad()
-    def merge(self, input_ids: torch.Tensor, feats: list[torch.Tensor]) -> tuple[list[int], torch.Tensor]:
+    def merge(self, input_ids: torch.Tensor, feats: list[torch.Tensor], lengths=None) -> tuple[list[int], torch.Tensor]:
         """Phase ``merge``: the prompt's embeddings, image features at the image tokens, written where
-        the text model reads them. Returns the lengths and the embeddings."""
+        the text model reads them. Returns the lengths and the embeddings.
+
+        ``lengths`` (one per request; default: every request fills the row): prompts of different
+        lengths, right-padded in ``input_ids``; what lies past a request's length is never read, and
+        an image token there is not one of its image's."""
         input_ids = read_input_ids(input_ids, self.embed.num_embeddings)
         n, length = input_ids.shape
-        b, t = image_positions(input_ids, self.image_token_id)
+        ragged = lengths is not None
+        lengths = prompt_lengths(lengths, n, length)
+        in_prompt = input_ids
+        if ragged:  # the padding past each prompt holds no image token of it
+            pos = torch.arange(length, device=input_ids.device)[None]
+            in_prompt = input_ids.masked_fill(pos >= torch.tensor(lengths, device=input_ids.device)[:, None], -1)
+        b, t = image_positions(in_prompt, self.image_token_id)
         rows = sum(f.shape[0] for f in feats)
         if rows != b.numel():
             raise ValueError(f"the prompt holds {b.numel()} image tokens but the images give {rows} features")
@@ -175,11 +196,11 @@ class VlmPipeline:
         dst = self.text.prompt(n, length)
         dst.copy_(self.embed(upload(input_ids, dev)))
         dst[upload(b, dev), upload(t, dev)] = torch.cat(feats).to(dst.dtype)
-        return [length] * n, dst
+        return lengths, dst
 
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, inputs: dict, new_tokens: int = 1, mark=None, stop_ids=None,
-            check_every: int = 8) -> torch.Tensor:
+            check_every: int = 8, lengths=None) -> torch.Tensor:
         """Greedy tokens ``[requests, new_tokens]`` (on the device) for prompts ``input_ids`` (host,
         ``[requests, length]``, or ``[length]`` for one request) and their images' processor output
         ``inputs``. Every input is checked before the first phase runs, except the image-token count,
@@ -188,7 +209,10 @@ class VlmPipeline:
         ``stop_ids`` (token ids, e.g. the end of turn): decode in chunks of ``check_every`` steps and
         stop after the chunk in which every request has produced one of them, so the result may be
         shorter than ``new_tokens`` and hold tokens after a stop token (cut them where you read it).
-        Each check reads the tokens on the host: one sync per chunk."""
+        Each check reads the tokens on the host: one sync per chunk.
+
+        ``lengths``: the prompts' lengths where they differ (right-padded ids; :meth:`merge`). Only
+        the graphed text model runs such a batch: transformers' (``HfText``) refuses it."""
         new_tokens = read_count("new_tokens", new_tokens, 1)
         input_ids = read_input_ids(input_ids, self.embed.num_embeddings)
         mark = mark or (lambda phase: None)
@@ -196,7 +220,7 @@ class VlmPipeline:
         mark("h2d")
         feats = self.encode(dev_inputs)
         mark("encoder")
-        lengths, embeds = self.merge(input_ids, feats)
+        lengths, embeds = self.merge(input_ids, feats, lengths)
         mark("merge")
         self.text.prefill(lengths, embeds)
         mark("prefill")

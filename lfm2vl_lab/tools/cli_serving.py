@@ -20,14 +20,17 @@ import traceback
 
 import torch
 
+from ..core.config import GRAPH_CONFIGS, GraphOptions
 from ..core.graphed_encoder import GraphedEncoder
 from ..model.presets import build_model
 from ..serving.cache import bucket_len
 from ..serving.engine import TextEngine
-from .args import choice_arg, dtype_arg, dtype_name, list_arg, parse_dtype, positive_int, preset_arg
+from .args import choice_arg, dtype_arg, dtype_name, int_arg, list_arg, parse_dtype, positive_int, preset_arg
 from .e2e import IMAGES, NO_GRAPHS_NOTE, lab_mode, logits_parity, parity_line, print_profile, profile_ttft, run_e2e
 from .e2e import print_row as print_e2e_row
 from .meter import measured_capture
+from .request import NEW_TOKENS, STAND_IN, THROUGHPUT_BATCH, e2e_line, judge_requests, print_throughput, run_requests
+from .request import throughput_run
 from .results import RESULTS_ROOT, provenance, save_result
 from .results import target_line as results_target_line
 from .ttft import (
@@ -153,16 +156,29 @@ def add_ttft_args(p) -> None:
     p.add_argument("--fuse", choices=("on", "off"), default="off",
                    help="the graphed text model's engine: fused (TextEngine(fuse=True): inductor-compiled layers "
                         "inside its graphs; the first capture compiles, tens of seconds per preset) or not")
+    p.add_argument("--graph-config", choices=tuple(GRAPH_CONFIGS), default="kit",
+                   help="the encoder graphs' named config: kit (the kit's defaults) or pr (the budgets and item "
+                        "limit vLLM PR #44930 was benchmarked with); default: kit")
+    p.add_argument("--request-tokens", type=int_arg(0), default=0,
+                   help="also time whole requests of this many output tokens (e.g. 128; 0: off): measured with "
+                        "the text model graphed, composed from the measured parts with it eager")
+    p.add_argument("--throughput", type=int_arg(0), default=0, metavar="REQUESTS",
+                   help="also run this many requests of the seeded workload's mixed images in batches of up to "
+                        f"{THROUGHPUT_BATCH}, text model graphed, encoder eager vs graphed (0: off)")
+    p.add_argument("--name", default="ttft", help="result file name prefix (default: ttft)")
 
 
 def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
     progress = not args.no_progress
     model = build_model(name, dtype=dt, device=dev, text_layers="full")
-    genc = GraphedEncoder(model)
+    genc = GraphedEncoder(model, GraphOptions.named(args.graph_config))
     longest = max(prompt_len(model, im) for im in {*args.image, *(im for im, _ in PARITY_CASES)})
-    engine = TextEngine(model, max_batch=max(*args.requests, 2), max_len=bucket_len(longest) + args.decode_tokens + 1,
-                        fuse=args.fuse == "on")
-    setup = {"preset": name, "engine_fused": engine.fuse}
+    max_batch = max(*args.requests, 2, THROUGHPUT_BATCH if args.throughput else 1)
+    engine = TextEngine(model, max_batch=max_batch, fuse=args.fuse == "on",
+                        max_len=bucket_len(longest) + max(args.decode_tokens, args.request_tokens) + 1)
+    setup = {"preset": name, "engine_fused": engine.fuse, "graph_config": args.graph_config,
+             "graph_budgets": list(genc.config.budgets), "graph_max_items": genc.config.max_items,
+             "engine_max_len": engine.max_len}
     result["setup"].append(setup)
     if dev.type == "cuda":
         setup["encoder_capture"] = measured_capture(genc, progress=progress)
@@ -186,10 +202,21 @@ def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
     def on_row(row):
         result["rows"].append(row)
         print_row(row)
+        if e2e_line(row):
+            print(e2e_line(row), flush=True)
         save()
 
-    run_ttft(model, genc, engine, images=args.image, requests=args.requests, repeats=args.repeats,
-             decode_tokens=args.decode_tokens, progress=progress, on_row=on_row)
+    grid = dict(images=args.image, requests=args.requests, repeats=args.repeats, decode_tokens=args.decode_tokens,
+                progress=progress, on_row=on_row)
+    if args.request_tokens:
+        run_requests(model, genc, engine, new_tokens=args.request_tokens, **grid)
+    else:
+        run_ttft(model, genc, engine, **grid)
+    if args.throughput:
+        tp = throughput_run(model, pipes, engine, requests=args.throughput, new_tokens=args.request_tokens or NEW_TOKENS)
+        result["throughput"].append({"preset": name, **tp})
+        print_throughput(result["throughput"][-1])
+        save()
     setup["engine_stats"] = {"replays": engine.stats.replays, "eager": engine.stats.eager}
 
 
@@ -210,13 +237,15 @@ def target_line(t: dict, cuda: bool) -> str:
 
 def run_ttft_cli(args) -> int:
     """TTFT like an engine: text eager/graphed x encoder eager/graphed, phases, decode, parity."""
-    dev, dt, presets, result = start_run("ttft", args, setup=[], parity=[], profile=[], image_path=[], rows=[],
-                                         errors=[])
+    dev, dt, presets, result = start_run(args.name, args, setup=[], parity=[], profile=[], image_path=[], rows=[],
+                                         throughput=[], errors=[])
+    if args.request_tokens or args.throughput:
+        result["stand_in"] = STAND_IN
     saved: dict = {}
 
     def save():
-        result["targets"] = judge_ttft(result["rows"], result["image_path"], result["parity"])
-        saved["path"] = save_result(result, args.out or RESULTS_ROOT, "ttft", saved.get("path"))
+        result["targets"] = judge_ttft(result["rows"], result["image_path"], result["parity"]) + judge_requests(result)
+        saved["path"] = save_result(result, args.out or RESULTS_ROOT, args.name, saved.get("path"))
 
     status = 0
     if dev.type != "cuda":

@@ -139,9 +139,9 @@ BLOCKS = {"reference-set": reference_block}
 
 def blocks() -> dict[str, Callable[[Refs], str]]:
     """Every part a page may mark, by name (imported here: the part modules import this one)."""
-    from . import tables_encoder, tables_engine, tables_goals
+    from . import tables_encoder, tables_engine, tables_goals, tables_request
 
-    return {**BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS}
+    return {**BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS, **tables_request.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:

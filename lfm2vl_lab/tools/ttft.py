@@ -138,12 +138,12 @@ def capture_engine(engine: TextEngine, model, images, requests, progress: bool =
     return info
 
 
-def _median_phases(log: list, repeats: int) -> dict[str, float]:
+def median_phases(log: list, repeats: int) -> dict[str, float]:
     runs = [p for p, _ in log[-repeats:]]
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-def _rows_for(model, pipes: dict, image: str, n: int, repeats: int, decode_tokens: int) -> list[dict]:
+def cell_rows(model, pipes: dict, image: str, n: int, repeats: int, decode_tokens: int) -> list[dict]:
     """The four rows of one image and request count: TTFT calls, then decode calls, each in turns."""
     dev = model.device
     images, ids = prompt_for(model, image, n)
@@ -166,7 +166,7 @@ def _rows_for(model, pipes: dict, image: str, n: int, repeats: int, decode_token
             "text_mode": p.text_mode, "encoder_mode": p.encoder_mode, "prompt_len": int(ids.shape[1]),
             "prefill_len": bucket_len(int(ids.shape[1])) if p.text_mode == "graphed" else int(ids.shape[1]),
             "repeats": repeats, "timing": "paired", "ttft_ms": statistics.median(ttft), "ttft_samples_ms": ttft,
-            "request_ms": statistics.median(ttft_total[m]), "phases_ms": _median_phases(logs[m], repeats),
+            "request_ms": statistics.median(ttft_total[m]), "phases_ms": median_phases(logs[m], repeats),
             "decode_tokens": decode_tokens, "decode_ms_per_token": statistics.median(decode),
             "first_tokens": tokens[:, 0].tolist(),
             "same_first_tokens": bool((tokens[:, 0] == ref_tokens[:, 0]).all()),
@@ -200,7 +200,7 @@ def run_ttft(model, genc, engine, images=("1x512", "tiled"), requests=(1, 2, 4, 
                          f"decode_tokens={decode_tokens}, requests={list(requests)}")
     pipes = build_pipelines(model, genc, engine)
     return grid_rows([(im, n) for im in images for n in requests], "ttft grid",
-                     lambda im, n: _rows_for(model, pipes, im, n, repeats, decode_tokens), progress, on_row)
+                     lambda im, n: cell_rows(model, pipes, im, n, repeats, decode_tokens), progress, on_row)
 
 
 def ran_eagerly(row: dict) -> tuple[str, ...]:
