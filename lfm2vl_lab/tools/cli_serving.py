@@ -29,8 +29,16 @@ from .args import choice_arg, dtype_arg, dtype_name, int_arg, list_arg, parse_dt
 from .e2e import IMAGES, NO_GRAPHS_NOTE, lab_mode, logits_parity, parity_line, print_profile, profile_ttft, run_e2e
 from .e2e import print_row as print_e2e_row
 from .meter import measured_capture
-from .request import NEW_TOKENS, STAND_IN, THROUGHPUT_BATCH, e2e_line, judge_requests, print_throughput, run_requests
-from .request import throughput_run
+from .request import (
+    NEW_TOKENS,
+    STAND_IN,
+    THROUGHPUT_BATCH,
+    e2e_line,
+    judge_requests,
+    print_throughput,
+    run_requests,
+    throughput_run,
+)
 from .results import RESULTS_ROOT, provenance, save_result
 from .results import target_line as results_target_line
 from .ttft import (
@@ -213,7 +221,8 @@ def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
     else:
         run_ttft(model, genc, engine, **grid)
     if args.throughput:
-        tp = throughput_run(model, pipes, engine, requests=args.throughput, new_tokens=args.request_tokens or NEW_TOKENS)
+        tp = throughput_run(model, pipes, engine, requests=args.throughput,
+                            new_tokens=args.request_tokens or NEW_TOKENS)
         result["throughput"].append({"preset": name, **tp})
         print_throughput(result["throughput"][-1])
         save()

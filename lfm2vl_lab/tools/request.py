@@ -167,7 +167,8 @@ def throughput_run(model, pipes: dict, engine, requests: int = 32, batch: int = 
     eager, both = modes[mode_name("graphed", "eager")], modes[mode_name("graphed", "graphed")]
     return {"requests": requests, "batch": batch, "new_tokens": new_tokens, "passes": passes, "seed": seed,
             "skipped_too_long": skipped, "image_sizes": [list(im.size) for im in images],
-            "prompt_lens": [int(p.numel()) for p in prompts], "padded_lens": [bucket_len(max(lens)) for *_, lens in batches],
+            "prompt_lens": [int(p.numel()) for p in prompts],
+            "padded_lens": [bucket_len(max(lens)) for *_, lens in batches],
             "capture": capture, "modes": modes, "speedup": eager["pass_s"] / both["pass_s"], "stand_in": STAND_IN}
 
 
