@@ -253,7 +253,10 @@ def run_ttft_cli(args) -> int:
     saved: dict = {}
 
     def save():
-        result["targets"] = judge_ttft(result["rows"], result["image_path"], result["parity"]) + judge_requests(result)
+        judged = judge_ttft(result["rows"], result["image_path"], result["parity"])
+        if args.request_tokens:  # a whole-request run: its own targets, and the TTFT grid's tokens and parity
+            judged = judge_requests(result) + [t for t in judged if t["target"].startswith("every mode")]
+        result["targets"] = judged
         saved["path"] = save_result(result, args.out or RESULTS_ROOT, args.name, saved.get("path"))
 
     status = 0

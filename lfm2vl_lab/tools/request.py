@@ -251,3 +251,19 @@ def like_for_like(result: dict, preset: str = "lfm2-vl-3b") -> str:
             f"graphed: encoder graphs cut the latency by {listed(cuts['1x512'])} with one 512 px image each{tiled}. "
             f"The PR claimed {PR_CLAIM_TEXT}. The kit's pipeline stands in for vLLM's engine here (vLLM cannot run "
             "on this GPU image), with random weights of the model's shapes.")
+
+
+def e2e_text(result: dict, preset: str = "lfm2-vl-3b") -> str:
+    """A request file's whole requests as lines: per image and request count, encoder eager → graphed
+    at each text mode, with the cut and where the number comes from (measured or composed)."""
+    lines = []
+    cells = sorted({(r["image"], r["requests"]) for r in result["rows"] if r["preset"] == preset and "e2e_ms" in r})
+    for image, n in cells:
+        by = {r["mode"]: r for r in result["rows"] if (r["preset"], r["image"], r["requests"]) == (preset, image, n)}
+        parts = []
+        for t in MODES:
+            e, g = by[mode_name(t, "eager")], by[mode_name(t, "graphed")]
+            parts.append(f"text {t}: {e['e2e_ms']:8.1f} → {g['e2e_ms']:8.1f} ms, cut {100 * g['e2e_cut']:5.1f}% "
+                         f"({g['e2e_source']})")
+        lines.append(f"{image:>6} ×{n}  " + "  |  ".join(parts))
+    return "\n".join(lines) or f"no whole-request rows of {preset}"

@@ -33,6 +33,13 @@ def engine_goals(refs: Refs) -> list[dict]:
     return refs("engine").get("targets") or []
 
 
+def request_goals(refs: Refs) -> list[dict]:
+    """The whole-request run's targets (none while the set has no such file)."""
+    if "request-3b" not in refs.manifest.get("files", {}):
+        return []
+    return refs("request-3b").get("targets") or []
+
+
 def _aim_and_value(t: dict) -> tuple[str, str]:
     """How a goal's limit and value read (units and direction from the goal's name)."""
     name, v, lim = t["target"], t["value"], t["limit"]
@@ -81,6 +88,14 @@ def engine_goals_block(refs: Refs) -> str:
     judged = engine_goals(refs)
     return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (judged by the "
                         "run itself: `targets` in the file). " + refs.source("engine")])
+
+
+def request_goals_block(refs: Refs) -> str:
+    judged = request_goals(refs)
+    if not judged:
+        return "_Not in this reference set: `python -m lfm2vl_lab record` records role `request-3b`._"
+    return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (judged by the "
+                        "run itself: `targets` in the file). " + refs.source("request-3b")])
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,7 +275,8 @@ def explainer(target: str):
 
 def misses_block(refs: Refs) -> str:
     """One short section per missed goal (goals sharing an explanation share the section)."""
-    missed = [t for t in encoder_goals(refs) + ttft_goals(refs) + engine_goals(refs) if not t["ok"]]
+    judged = encoder_goals(refs) + ttft_goals(refs) + engine_goals(refs) + request_goals(refs)
+    missed = [t for t in judged if not t["ok"]]
     if not missed:
         return "Every goal is reached in this reference set."
     groups: dict = {}
@@ -280,5 +296,6 @@ BLOCKS = {
     "goals-encoder": encoder_goals_block,
     "goals-ttft": ttft_goals_block,
     "goals-engine": engine_goals_block,
+    "goals-request": request_goals_block,
     "misses": misses_block,
 }
