@@ -4,8 +4,7 @@ A preset is data (``data/presets/<name>.json``) carrying the real LFM2-VL shapes
 projector, text model and image-processor settings, plus a ``status`` block that says which of
 those shapes are verified (and, optionally, ``sources``: where each fact comes from).
 ``build_model`` turns a preset into a transformers ``Lfm2VlForConditionalGeneration`` with seeded
-random weights; ``load_model`` loads a real
-checkpoint from a local folder. Nothing here ever reaches a model hub.
+random weights; ``load_model`` loads a real checkpoint from a local folder. Nothing here ever reaches a model hub.
 """
 
 from __future__ import annotations
