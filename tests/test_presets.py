@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lfm2vl_lab import Preset, available_presets, build_model, count_params, load_model
-from lfm2vl_lab.model.presets import STUB_TEXT_LAYERS, STUB_VOCAB, build_config
+from lfm2vl_lab.model.presets import STUB_TEXT_LAYERS, STUB_VOCAB, build_config, match_preset, mlp_width
 
 PRESETS = available_presets()
 
@@ -27,11 +27,12 @@ EXPECTED = {
     "lfm2-vl-450m": ((768, 3072, 12, 12), (2560, True), 1024, False),
     "lfm2-vl-1.6b": ((1152, 4304, 26, 16), (2560, True), 2048, True),
     "lfm2.5-vl-1.6b": ((1152, 4304, 27, 16), (2048, False), 2048, True),
+    "lfm2-vl-3b": ((1152, 4304, 26, 16), (2560, True), 2048, True),
 }
 
 
 def test_the_documented_presets_ship():
-    assert {"tiny", "lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2.5-vl-1.6b"} <= set(PRESETS)
+    assert {"tiny", "lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2.5-vl-1.6b", "lfm2-vl-3b"} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -69,6 +70,74 @@ def test_only_450m_is_marked_verified_for_vision():
     assert Preset.from_name("lfm2-vl-450m").status["vision"] == "verified"
     assert Preset.from_name("tiny").status["vision"] == "synthetic"
     assert not Preset.from_name("lfm2.5-vl-1.6b").is_verified
+    assert not Preset.from_name("lfm2-vl-3b").is_verified
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_sources_are_lines_of_text(name):
+    sources = Preset.from_name(name).sources  # optional: presets without the field load with []
+    assert isinstance(sources, list) and all(isinstance(line, str) and line for line in sources)
+
+
+def test_3b_names_its_sources_and_what_is_unverified():
+    p = Preset.from_name("lfm2-vl-3b")
+    pages = " ".join(p.sources)
+    for page in ("huggingface.co/LiquidAI/LFM2-VL-3B", "huggingface.co/LiquidAI/LFM2-2.6B",
+                 "docs.liquid.ai/lfm/getting-started/vision"):
+        assert page in pages
+    assert "attention layer positions unverified" in p.status["text"]
+    assert "unverified" in p.status["vision"] and "inferred" in p.status["projector"]
+
+
+def _meta_model(name, text_layers=None):
+    """The preset's model built on the meta device: shapes and parameter counts, no memory, no init."""
+    from transformers import Lfm2VlForConditionalGeneration
+
+    with torch.device("meta"):
+        return Lfm2VlForConditionalGeneration(build_config(name, text_layers=text_layers))
+
+
+def test_3b_text_tower_shapes():
+    tc = build_config("lfm2-vl-3b", text_layers="full").text_config
+    assert (tc.hidden_size, tc.num_hidden_layers, tc.vocab_size) == (2048, 30, 65536)
+    assert (tc.num_attention_heads, tc.num_key_value_heads, tc.tie_word_embeddings) == (32, 8, True)
+    assert tc.layer_types.count("full_attention") == 8 and tc.layer_types.count("conv") == 22
+    assert mlp_width(tc) == 10752  # intermediate_size 16128 after transformers' auto-adjust (2/3)
+    text = _meta_model("lfm2-vl-3b", "full").model.language_model
+    attn = text.layers[Preset.from_name("lfm2-vl-3b").text["full_attn_idxs"][0]].self_attn
+    assert (attn.q_proj.out_features, attn.k_proj.out_features) == (32 * 64, 8 * 64)  # head dim 64
+    assert text.layers[0].feed_forward.w1.out_features == 10752
+
+
+@pytest.mark.parametrize("name, published", [("lfm2-vl-3b", 2_569_272_320),  # LFM2-2.6B's model card
+                                             ("lfm2-vl-1.6b", 1_170_340_608)])  # LFM2-1.2B's, same arithmetic
+def test_full_text_tower_has_the_published_parameter_count(name, published):
+    assert count_params(_meta_model(name, "full"))["text"] == published
+    exp = Preset.from_name(name).expected_params
+    assert exp.get("text", published) == published
+
+
+def test_3b_vision_path_is_the_1_6b_one_and_its_own_preset_matches():
+    """Same encoder and projector as LFM2-VL-1.6B (docs.liquid.ai); the text MLP width tells them apart."""
+    a, b = build_config("lfm2-vl-3b"), build_config("lfm2-vl-1.6b")
+    assert a.vision_config.to_dict() == b.vision_config.to_dict()
+    assert (a.projector_hidden_size, a.projector_use_layernorm) == (b.projector_hidden_size, b.projector_use_layernorm)
+    assert match_preset(a).name == "lfm2-vl-3b" and match_preset(b).name == "lfm2-vl-1.6b"
+
+
+def test_3b_vision_only_build_has_the_text_stub():
+    m = build_model("lfm2-vl-3b", device="meta")  # build_model's own path, without allocating weights
+    assert m.lab_preset.name == "lfm2-vl-3b"
+    assert len(m.model.vision_tower.encoder.layers) == 26
+    assert len(m.model.language_model.layers) == STUB_TEXT_LAYERS and m.config.text_config.vocab_size <= STUB_VOCAB
+    assert m.model.multi_modal_projector.linear_2.out_features == 2048  # the text width
+
+
+@pytest.mark.slow
+def test_3b_builds_with_seeded_random_weights():
+    m = build_model("lfm2-vl-3b", dtype=torch.bfloat16)  # ~6 s on two cores
+    w = m.model.vision_tower.encoder.layers[25].mlp.fc1.weight
+    assert w.shape == (4304, 1152) and w.dtype == torch.bfloat16 and torch.isfinite(w).all() and w.std() > 0
 
 
 def test_unknown_preset_names_the_available_ones():

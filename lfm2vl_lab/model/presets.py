@@ -2,9 +2,9 @@
 
 A preset is data (``data/presets/<name>.json``) carrying the real LFM2-VL shapes: vision tower,
 projector, text model and image-processor settings, plus a ``status`` block that says which of
-those shapes are verified. ``build_model`` turns a preset into a transformers
-``Lfm2VlForConditionalGeneration`` with seeded random weights; ``load_model`` loads a real
-checkpoint from a local folder. Nothing here ever reaches a model hub.
+those shapes are verified (and, optionally, ``sources``: where each fact comes from).
+``build_model`` turns a preset into a transformers ``Lfm2VlForConditionalGeneration`` with seeded
+random weights; ``load_model`` loads a real checkpoint from a local folder. Nothing here ever reaches a model hub.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ STUB_VOCAB = 1024
 
 @dataclass(frozen=True)
 class Preset:
-    """One named model shape. ``vision``/``projector``/``text``/``processor`` are plain dicts."""
+    """One named model shape. ``vision``/``projector``/``text``/``processor`` are plain dicts;
+    ``sources`` lists, one line each, the public pages the shapes come from (optional)."""
 
     name: str
     description: str
@@ -38,6 +39,7 @@ class Preset:
     text: dict[str, Any]
     processor: dict[str, Any]
     expected_params: dict[str, float] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
 
     @classmethod
     def from_name(cls, name: str) -> Preset:
@@ -166,14 +168,25 @@ def build_model(
     return model.to(device=device, dtype=dtype).eval()
 
 
+def mlp_width(text_config) -> int:
+    """The width of the MLP transformers builds from an LFM2 text config: with
+    ``block_auto_adjust_ff_dim`` on it is not ``intermediate_size`` (2/3 of it, rounded up to
+    ``block_multiple_of``). Read off transformers' own ``Lfm2MLP``, built on the meta device."""
+    from transformers.models.lfm2.modeling_lfm2 import Lfm2MLP
+
+    with torch.device("meta"):
+        return Lfm2MLP(text_config).w1.out_features
+
+
 def _shape_signature(cfg) -> tuple:
     """The numbers that make two LFM2-VL configs the same model shape for the vision path (text
-    depth and vocabulary left out: presets build a text stub)."""
+    depth and vocabulary left out: presets build a text stub). The text MLP width tells apart
+    presets whose vision path is the same (LFM2-VL-1.6B and LFM2-VL-3B)."""
     v = cfg.vision_config
     return (
         v.hidden_size, v.intermediate_size, v.num_hidden_layers, v.num_attention_heads, v.patch_size,
         v.num_patches, cfg.projector_hidden_size, bool(cfg.projector_use_layernorm), cfg.downsample_factor,
-        cfg.text_config.hidden_size,
+        cfg.text_config.hidden_size, mlp_width(cfg.text_config),
     )
 
 

@@ -48,6 +48,7 @@ from .args import (
 )
 from .modes import (
     COMPILE_MODES,
+    COMPILED_MODES,
     CUDA_ONLY,
     DEFAULT_MODES,
     MODES,
@@ -174,7 +175,7 @@ def measure_fixed(runner: Runner, inputs: dict, device, repeats: int, warmup: in
     def fn():
         return runner.call(inputs)
 
-    before = dynamo_counters() if runner.mode == "compile" else None
+    before = dynamo_counters() if runner.mode in COMPILED_MODES else None
     first, check = [], {"max_rel_err_vs_hf": None}
     for i in range(FIRST_CALLS):
         ms, out = time_call(fn, device)
@@ -206,7 +207,7 @@ def measure_stream(runner: Runner, requests: list[dict], device, dtype, warmup: 
     for req in requests[: max(0, warmup)]:
         runner.call(to_device(req, device, dtype))
     runner.reset_stats()
-    before = dynamo_counters() if runner.mode == "compile" else None
+    before = dynamo_counters() if runner.mode in COMPILED_MODES else None
     times = []
     for req in tqdm(requests, desc=f"stream {runner.mode}", leave=False, disable=not progress, unit="req"):
         inp = to_device(req, device, dtype)

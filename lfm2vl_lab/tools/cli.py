@@ -76,7 +76,8 @@ def add_bench_args(p) -> None:
     add, d = p.add_argument, GraphOptions
     add("--preset", type=preset_arg, default=None, help="model preset (default: lfm2-vl-450m on CUDA, tiny on CPU)")
     add("--mode", action="append", type=list_arg(choice_arg("mode", MODES)), default=None,
-        help=f"mode(s), repeatable or comma list: {', '.join(MODES)} (default: all but lab-graph-fused)")
+        help=f"mode(s), repeatable or comma list: {', '.join(MODES)} (default: all but "
+             f"{' and '.join(m for m in MODES if m not in DEFAULT_MODES)})")
     add("--workload", action="append", type=workloads_arg, default=None,
         help=f"workload(s), repeatable or comma list: NxS (4x512), A..BxS (1..16x512), tiled, stream "
              f"(default: {','.join(DEFAULT_WORKLOADS)})")

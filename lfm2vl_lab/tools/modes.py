@@ -6,13 +6,17 @@
 * ``compile``         ``torch.compile(mode="reduce-overhead")`` of a function calling transformers'
                       ``get_image_features`` (inductor + CUDA graph trees; rows record the first
                       call's seconds and dynamo counters, which show recompiles per new shape)
+* ``compile-max``     the same function under ``torch.compile(mode="max-autotune")``: a user's strongest
+                      off-the-shelf alternative (inductor autotunes its GEMMs and kernels, CUDA
+                      graph trees as above; same row fields)
 * ``lab-graph-fused`` ``GraphedEncoder`` whose captured ``body`` is the packed forward compiled by
                       inductor (``dynamic=False``; ``fullgraph=True`` when dynamo traces it whole,
                       else with graph breaks); the compile cost is part of capture
 
-The three graph modes need CUDA (``CUDA_ONLY`` says why). ``DEFAULT_MODES`` leaves
-``lab-graph-fused`` out: its compile per budget is slow (the ``compile_s`` of recorded
-``lab-graph-fused`` rows under ``data/results`` says how slow), which a default run should not pay.
+The four graph modes need CUDA (``CUDA_ONLY`` says why). ``DEFAULT_MODES`` leaves
+``lab-graph-fused`` and ``compile-max`` out: the one's compile per budget and the other's first call
+are slow (the ``compile_s`` of recorded ``lab-graph-fused`` rows and the ``compile_first_call_s``
+of ``compile-max`` rows under ``data/results`` say how slow), which a default run should not pay.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ import torch
 from ..core.config import GraphOptions
 from .meter import graph_memory, measured_capture
 
-MODES = ("hf-eager", "lab-eager", "lab-graph", "compile", "lab-graph-fused")
+MODES = ("hf-eager", "lab-eager", "lab-graph", "compile", "compile-max", "lab-graph-fused")
 DEFAULT_MODES = ("hf-eager", "lab-eager", "lab-graph", "compile")
 CUDA_ONLY = {
     "lab-graph": "CUDA graphs need a CUDA device",
     "compile": "mode='reduce-overhead' is CUDA graphs (cudagraph trees); it needs a CUDA device",
+    "compile-max": "mode='max-autotune' autotunes GPU kernels and runs them as CUDA graphs; it needs a CUDA device",
     "lab-graph-fused": "CUDA graphs of an inductor-compiled body need a CUDA device",
 }
 GRAPH_MODES = ("lab-graph", "lab-graph-fused")  # the graph settings (budgets, cu rule, max-seqlen ...) apply to these
@@ -53,6 +58,9 @@ ROW_SETTINGS = ("budgets", "cu_seqlens_rule", "max_seqlen_mode", "attention", "f
 # torch.compile's modes, for the lab-graph-fused body (the instrument's own setting, ``compile_mode``)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 COMPILE_MODE_OF_COMPILE = "reduce-overhead"  # the ``compile`` mode's own, fixed
+# The modes that torch.compile transformers' image path (make_compile), each with its fixed torch.compile mode.
+# Their rows record the first call's seconds and the dynamo counters.
+COMPILED_MODES = {"compile": COMPILE_MODE_OF_COMPILE, "compile-max": "max-autotune"}
 
 # What dynamo and inductor raise when they cannot compile a body whole (torch 2.11 to 2.14): a graph
 # break under fullgraph=True (Unsupported), an op failing on fake tensors (TorchRuntimeError), the
@@ -132,7 +140,8 @@ def row_labels(mode: str, options: GraphOptions | None = None, compile_mode: str
     setting of ``options`` that concerns the mode (:data:`ROW_SETTINGS` always, under their row names
     ``budget_set``, ``cu_rule``, ``max_seqlen_mode``, ``attention``, ``fuse_qkv``, ``fuse_elementwise``,
     ``dense_graphs``; any other only where it is off its default), and the ``compile_mode`` of the
-    modes that compile (``lab-graph-fused``'s body; ``compile``'s own, fixed). A built runner's
+    modes that compile (``lab-graph-fused``'s body; ``compile``'s and ``compile-max``'s own, fixed:
+    :data:`COMPILED_MODES`). A built runner's
     ``info`` replaces ``attention`` by the backend that ran (``auto`` resolved)."""
     options = options if options is not None else GraphOptions()
     labels = {"mode": mode}
@@ -140,8 +149,8 @@ def row_labels(mode: str, options: GraphOptions | None = None, compile_mode: str
         value = getattr(options, f.name)
         if concerns(f.name, mode) and (f.name in ROW_SETTINGS or value != f.default):
             labels[ROW_NAMES.get(f.name, f.name)] = budgets_label(value) if f.name == "budgets" else value
-    if mode in ("lab-graph-fused", "compile"):
-        labels["compile_mode"] = compile_mode if mode == "lab-graph-fused" else COMPILE_MODE_OF_COMPILE
+    if mode == "lab-graph-fused" or mode in COMPILED_MODES:
+        labels["compile_mode"] = compile_mode if mode == "lab-graph-fused" else COMPILED_MODES[mode]
     return labels
 
 
@@ -204,7 +213,7 @@ def make_runner(mode: str, model, options: GraphOptions | None = None, *, compil
         return Runner(mode, genc.encode, {**labels, **_captured(genc, progress)}, genc)
     if mode == "lab-graph-fused":
         return make_fused(model, opts, compile_mode, progress)
-    return make_compile(model)
+    return make_compile(model, mode)
 
 
 def make_fused(model, options: GraphOptions | None = None, compile_mode: str = "default",
@@ -241,10 +250,14 @@ def make_fused(model, options: GraphOptions | None = None, compile_mode: str = "
     raise AssertionError("unreachable")
 
 
-def make_compile(model) -> Runner:
-    """torch.compile(mode="reduce-overhead") around transformers' own image path."""
+def make_compile(model, mode: str = "compile") -> Runner:
+    """``torch.compile`` around transformers' own image path, in the torch.compile mode of ``mode``
+    (:data:`COMPILED_MODES`: ``compile`` is ``"reduce-overhead"``, ``compile-max`` ``"max-autotune"``;
+    both run CUDA graph trees)."""
     from ..core.encoder import lfm2vl_parts
 
+    if mode not in COMPILED_MODES:
+        raise ValueError(f"make_compile: unknown mode {mode!r}; choose from {', '.join(COMPILED_MODES)}")
     torch._dynamo.reset()  # counters and caches of earlier modes must not leak into this one
     w = lfm2vl_parts(model)[0].embeddings.patch_embedding.weight
 
@@ -252,7 +265,7 @@ def make_compile(model) -> Runner:
         return model.get_image_features(pixel_values=pixel_values, spatial_shapes=spatial_shapes,
                                         pixel_attention_mask=pixel_attention_mask)
 
-    compiled = torch.compile(hf_features, mode=COMPILE_MODE_OF_COMPILE)
+    compiled = torch.compile(hf_features, mode=COMPILED_MODES[mode])
 
     @torch.no_grad()
     def call(inp):
@@ -263,4 +276,4 @@ def make_compile(model) -> Runner:
         # Clone: cudagraph trees overwrite their outputs on the next replay.
         return [f.clone() for f in feats]
 
-    return Runner("compile", call, row_labels("compile"))
+    return Runner(mode, call, row_labels(mode))

@@ -18,9 +18,9 @@ from .floor import busy_over_wall as busy_exceeds_wall  # noqa: F401  (the one r
 from .modes import row_labels
 from .workloads import NXS
 
-MODE_ORDER = ("hf-eager", "compile", "lab-eager", "lab-graph", "lab-graph-fused")
-MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "lab-eager": "#1f77b4", "lab-graph": "#2ca02c",
-               "lab-graph-fused": "#d62728"}
+MODE_ORDER = ("hf-eager", "compile", "compile-max", "lab-eager", "lab-graph", "lab-graph-fused")
+MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "compile-max": "#e377c2", "lab-eager": "#1f77b4",
+               "lab-graph": "#2ca02c", "lab-graph-fused": "#d62728"}
 _DEFAULT_ROW = row_labels("lab-graph")  # how a row of the default settings names them
 # preferred (budget_set, cu_rule, max_seqlen_mode) in figures: the defaults'
 DEFAULT_GRAPH_CONFIG = tuple(_DEFAULT_ROW[k] for k in ("budget_set", "cu_rule", "max_seqlen_mode"))

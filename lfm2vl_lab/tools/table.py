@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .modes import GRAPH_MODES
+from .modes import COMPILED_MODES, GRAPH_MODES
 
 HEAD = ["median ms", "p90 ms", "p99 ms", "speedup", "busy ms", "% floor", "kernels", "hit %", "err vs hf"]
 
@@ -73,9 +73,9 @@ def _notes(res: dict, rows: list[dict]) -> list[str]:
                 if r.get("compile_s") is not None else ""
             out.append(f"{r['mode']} [{r.get('budget_set')}]: {len(r.get('capture_info', []))} graphs captured in "
                        f"{r['capture_s']:.2f} s, {graph_memory_label(r)}{extra}")
-        if r.get("mode") == "compile" and r.get("compile_first_call_s") is not None:
+        if r.get("mode") in COMPILED_MODES and r.get("compile_first_call_s") is not None:
             dyn = r.get("dynamo", {})
-            out.append(f"compile [{r['workload']}]: first call {r['compile_first_call_s']:.1f} s, "
+            out.append(f"{r['mode']} [{r['workload']}]: first call {r['compile_first_call_s']:.1f} s, "
                        f"{dyn.get('stats.unique_graphs', 0)} graphs compiled, "
                        f"{dyn.get('graph_break.total', 0)} graph breaks, "
                        f"{dyn.get('inductor.cudagraph_skips', 0)} cudagraph skips")
