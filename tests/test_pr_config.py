@@ -109,7 +109,8 @@ def test_every_pr_plan_fits_a_captured_graph(pr_encoder):
             budget = cfg.budget_for(sum(tokens[i] for i in b), len(b))
             assert budget is not None
             grids = tuple(shapes[i] for i in b)  # the batch's order: largest first, as a replay reads it
-            assert adapter.fits(budget, grids) and adapter.variant_for(budget, grids) in pr_encoder.graphs[budget].graphs
+            assert adapter.fits(budget, grids)
+            assert adapter.variant_for(budget, grids) in pr_encoder.graphs[budget].graphs
 
 
 def test_pr_replays_equal_transformers_on_the_cpu(pr_encoder, tiny_model):
