@@ -1,21 +1,28 @@
 """The named graph configs (``GraphOptions.named``): "pr" is the budget set and item limit vLLM PR
 #44930 measured with, every other setting the kit's; what it captures and how it plans batches, read
-off the CPU stand-in, and that its replays equal transformers'."""
+off the CPU stand-in, and that its replays equal transformers'. Then ``bench --graph-config kit,pr``:
+graph modes run once per name and their rows name it; other modes run once and never name it; a bad
+name, or a named config beside the settings it sets itself, is refused before anything is built."""
 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import fields
 
 import pytest
 
-from lfm2vl_lab.core.capture import eager_stand_in
+from lfm2vl_lab.core.capture import EagerStandIn, eager_stand_in
 from lfm2vl_lab.core.config import GRAPH_CONFIGS, GraphOptions
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.manager import plan_config
 from lfm2vl_lab.core.packing import tokens_for
 from lfm2vl_lab.model.hf import hf_image_features
 from lfm2vl_lab.model.parity import rel_error
+from lfm2vl_lab.tools import bench, modes
+from lfm2vl_lab.tools.bench import RunSpec, expand_specs, run_bench
+from lfm2vl_lab.tools.cli import bench_graph_configs, build_parser, main
+from lfm2vl_lab.tools.table import graph_config_label
 from lfm2vl_lab.tools.workloads import random_processor_output
 
 PR_BUDGETS = (64, 256, 512, 1024, 2048, 4096)
@@ -37,10 +44,16 @@ PR_VARIANTS = {
 }
 
 
+def lazy_stand_in(fn, pool=None, warmup=0):
+    """The eager stand-in without its run at capture: the "pr" set's 49 variants, 24 of them on 16384
+    rows, would cost the CPU more than every replay these tests make."""
+    return EagerStandIn(fn)
+
+
 @pytest.fixture(scope="module")
 def pr_encoder(tiny_model):
     """The "pr" config captured on the tiny preset (same processor limits as the real ones)."""
-    genc = GraphedEncoder(tiny_model, GraphOptions.named("pr"), record=eager_stand_in)
+    genc = GraphedEncoder(tiny_model, GraphOptions.named("pr"), record=lazy_stand_in)
     genc.capture()
     return genc
 
@@ -109,7 +122,8 @@ def test_every_pr_plan_fits_a_captured_graph(pr_encoder):
             budget = cfg.budget_for(sum(tokens[i] for i in b), len(b))
             assert budget is not None
             grids = tuple(shapes[i] for i in b)  # the batch's order: largest first, as a replay reads it
-            assert adapter.fits(budget, grids) and adapter.variant_for(budget, grids) in pr_encoder.graphs[budget].graphs
+            assert adapter.fits(budget, grids)
+            assert adapter.variant_for(budget, grids) in pr_encoder.graphs[budget].graphs
 
 
 def test_pr_replays_equal_transformers_on_the_cpu(pr_encoder, tiny_model):
@@ -123,3 +137,100 @@ def test_pr_replays_equal_transformers_on_the_cpu(pr_encoder, tiny_model):
     s = pr_encoder.stats
     assert (s.hits, s.misses, s.overflow) == (len(shapes), 0, 0)
     assert s.variant_replays.get("dense16") == 1 and sum(s.replays.values()) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# bench --graph-config
+# --------------------------------------------------------------------------------------------
+
+ALL = ["hf-eager", "lab-eager", "lab-graph", "compile", "lab-graph-fused"]
+
+
+def test_graph_modes_run_once_per_named_config_and_the_others_once():
+    specs = expand_specs(ALL, graph_configs=["kit", "pr"])
+    by_mode = {m: [s for s in specs if s.mode == m] for m in ALL}
+    for m in ("hf-eager", "lab-eager", "compile"):
+        assert len(by_mode[m]) == 1 and by_mode[m][0].graph_config is None
+        assert "graph_config" not in by_mode[m][0].labels()
+    for m in ("lab-graph", "lab-graph-fused"):
+        assert [(s.graph_config, s.options) for s in by_mode[m]] == \
+            [("kit", GraphOptions()), ("pr", GraphOptions.named("pr"))]
+        kit, pr = (s.labels() for s in by_mode[m])
+        assert (kit["graph_config"], kit["budget_set"]) == ("kit", "auto")
+        assert (pr["graph_config"], pr["budget_set"]) == ("pr", "64,256,512,1024,2048,4096")
+    assert expand_specs(["lab-graph"], graph_configs=["pr", "pr"]) == [RunSpec("lab-graph", GraphOptions.named("pr"),
+                                                                               graph_config="pr")]
+
+
+def test_named_configs_combine_with_the_other_sweeps():
+    specs = expand_specs(["lab-eager", "lab-graph"], sweep={"cu_seqlens_rule": ["safe", "repeat_last"]},
+                         graph_configs=["kit", "pr"])
+    graph = [(s.graph_config, s.options.cu_seqlens_rule, s.options.max_items) for s in specs if s.mode == "lab-graph"]
+    assert graph == [("kit", "safe", None), ("kit", "repeat_last", None), ("pr", "safe", 16), ("pr", "repeat_last", 16)]
+    assert [s.mode for s in specs].count("lab-eager") == 1  # the cu rule does not concern it
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"graph_configs": ["vllm"]}, "unknown graph config 'vllm'; choose from kit, pr"),
+    ({"graph_configs": []}, "non-empty"),
+    ({"graph_configs": ["pr"], "sweep": {"budgets": ["auto"]}},
+     "['pr'] set budgets, max_items themselves: leave budgets out"),
+    ({"graph_configs": ["kit", "pr"], "base": GraphOptions(max_items=4)}, "leave max_items out"),
+])
+def test_named_configs_refuse_what_they_cannot_honour(kwargs, needle):
+    with pytest.raises(ValueError) as exc:
+        expand_specs(["lab-graph"], **kwargs)
+    assert needle in str(exc.value)
+    with pytest.raises(ValueError, match="unknown graph config"):
+        RunSpec("lab-graph", graph_config="vllm")
+
+
+def test_the_flag_parses_a_comma_list():
+    args = build_parser().parse_args(["bench", "--graph-config", "kit,pr", "--mode", "lab-graph"])
+    assert args.graph_config == ["kit", "pr"] and bench_graph_configs(args) == ["kit", "pr"]
+    assert bench_graph_configs(build_parser().parse_args(["bench"])) is None
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["bench", "--graph-config", "kit,vllm"], "argument --graph-config: unknown graph config 'vllm'"),
+    (["bench", "--graph-config", "pr", "--budgets", "64,256", "--device", "cpu"], "leave out --budgets"),
+])
+def test_bad_flags_are_one_error_line_and_exit_2(argv, needle, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert len(errors) == 1 and needle in errors[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _cpu_capture(genc, progress):
+    """modes._captured without CUDA: the stand-in, the meter's fields (no pool on a CPU)."""
+    genc.record = lazy_stand_in
+    t0 = time.perf_counter()
+    rows = [dict(r, capture_s=0.0, pool_mb=0.0, total_mb=r["buffers_mb"]) for r in genc.capture(warmup_iters=0)]
+    return modes._graph_info(genc, rows, time.perf_counter() - t0)
+
+
+def test_each_named_config_has_its_own_rows_with_capture_memory_and_waste(monkeypatch):
+    """The whole bench path on the CPU (graphs replaced by the stand-in): each config's rows carry
+    what the PR-config table reads."""
+    monkeypatch.setattr(bench, "CUDA_ONLY", {})
+    monkeypatch.setattr(modes, "_captured", _cpu_capture)
+    res = run_bench(preset="tiny", device="cpu", modes=["hf-eager", "lab-graph"], workloads=["16x512", "stream"],
+                    stream_n=3, repeats=1, warmup=0, progress=False, graph_configs=["kit", "pr"])
+    assert res["errors"] == []
+    hf = [r for r in res["rows"] if r["mode"] == "hf-eager"]
+    assert len(hf) == 2 and all("graph_config" not in r for r in hf)
+    graph = {(r["graph_config"], r["workload"]): r for r in res["rows"] if r["mode"] == "lab-graph"}
+    assert sorted(graph) == [("kit", "16x512"), ("kit", "stream"), ("pr", "16x512"), ("pr", "stream")]
+    for (name, _), r in graph.items():
+        assert {"capture_s", "graph_total_mb", "graph_pool_mb", "graph_buffers_mb", "padding_waste",
+                "replays"} <= set(r)
+        assert (r["budgets"], r["max_items"]) == (([64, 128, 256, 512, 1024], 16) if name == "kit" else
+                                                  ([64, 256, 512, 1024, 2048, 4096], 16))
+        assert graph_config_label(r).startswith(f"{name}:{r['budget_set']}/")
+    assert graph["pr", "16x512"]["replays"] == {"4096": 1}  # 16 tiles in one replay
+    assert graph["kit", "16x512"]["replays"] == {"2048": 2}  # 8 per replay on the kit's run budget
+    assert graph["pr", "16x512"]["max_rel_err_vs_hf"] <= 1e-4

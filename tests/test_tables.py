@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from lfm2vl_lab.tools import tables, tables_encoder, tables_engine, tables_goals
+from lfm2vl_lab.tools import tables, tables_encoder, tables_engine, tables_goals, tables_graph_configs
 from lfm2vl_lab.tools.cli import main
 from lfm2vl_lab.tools.tables import Refs, TableError, render_text, write_tables
 
@@ -31,7 +31,8 @@ def test_committed_pages_equal_what_the_reference_set_gives():
 def test_every_table_the_docs_promise_is_marked_on_its_page():
     wanted = {"README.md": {"encoder-450m", "ttft-modes", "pr-claim"},
               "docs/results.md": {"reference-set", "encoder-1.6b", "ttft-phases", "ttft-grid", "e2e",
-                                  "kernel-classes", "check", "machine-variation", "busy-over-wall", "pr-claim"},
+                                  "kernel-classes", "check", "machine-variation", "busy-over-wall", "pr-claim",
+                                  "pr-config"},
               "docs/goals.md": {"goals-encoder", "goals-ttft", "misses"}}
     for page, names in wanted.items():
         text = (tables.REPO_ROOT / page).read_text(encoding="utf-8")
@@ -141,6 +142,42 @@ def test_rows_busier_than_their_wall_time_are_listed(tmp_path):
     refs = make_set(tmp_path / "b", {"bench-450m": BENCH, "bench-1.6b": {"rows": []}, "kernels": {"rows": []}})
     out = tables_encoder.busy_over_wall_block(refs)
     assert out.startswith("No row") and "the closest is `bench-450m` lab-graph 1x512, busy 80.0% of its median" in out
+
+
+def graph_config_row(name, workload, median, **kw):
+    kit = name == "kit"
+    capture = [{"budget": b, "variants": ["varlen", "dense1"]} for b in ([64, 1024, 2048] if kit else [64, 4096])]
+    return bench_row("lab-graph", workload, median, graph_config=name, budget_set="auto" if kit else "64,4096",
+                     cu_rule="safe", attention="varlen", budgets=[64, 1024] if kit else [64, 4096], max_items=16,
+                     capture_info=capture, capture_s=1.5 if kit else 3.25, graph_total_mb=400.0 if kit else 612.4,
+                     **kw)
+
+
+PR_CONFIG = {"rows": [bench_row("hf-eager", "1x512", 9.0), graph_config_row("kit", "1x512", 1.0),
+                      graph_config_row("kit", "stream", 2.0, padding_waste=0.05),
+                      graph_config_row("pr", "1x512", 1.1), graph_config_row("pr", "stream", 1.5, padding_waste=0.2)],
+             "errors": [{"mode": "lab-graph", "graph_config": "pr", "workload": "16x512", "stage": "measure",
+                         "error": "RuntimeError: boom\nsecond line"}]}
+
+
+def test_the_pr_config_table_puts_each_named_config_on_a_row(tmp_path):
+    assert tables_graph_configs.pr_config_table(PR_CONFIG).splitlines() == [
+        "| graph config | budgets | max items | graphs | capture s | graphs MiB | stream padding waste | 1x512 ms "
+        "| stream ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| `kit` | 64, 1024 + 2048 (runs) | 16 | 6 | 1.50 | 400 | 5.0% | 1.00 | 2.00 |",
+        "| `pr` | 64, 4096 | 16 | 4 | 3.25 | 612 | 20.0% | 1.10 | 1.50 |",
+        "| `pr` ÷ `kit` | – | – | – | – | – | – | 1.10× | 0.75× |"]
+    out = tables_graph_configs.pr_config_block(make_set(tmp_path, {"pr-config": PR_CONFIG}))
+    assert "both ran with cu_rule=safe" in out and "attention=varlen" in out and "differ in" not in out
+    assert "- pr 16x512 (measure): RuntimeError: boom\n" in out
+    assert out.endswith("recorded 2030-01-02.") and "(role `pr-config`)" in out
+
+
+def test_the_pr_config_part_says_so_while_its_role_is_missing(tmp_path):
+    out = tables.render_text("<!-- table:pr-config -->\n<!-- /table:pr-config -->\n",
+                             make_set(tmp_path, {"bench-450m": BENCH}))
+    assert "This reference set has no `pr-config` file: `python -m lfm2vl_lab record`" in out
 
 
 def ttft_row(preset, image, n, text, enc, ttft, decode, cut=None, drift=None):

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.config import GraphOptions
+from ..core.config import GRAPH_CONFIGS, GraphOptions
 from ..model.parity import max_rel_error
 from .args import (
     check_choice,
@@ -51,6 +51,7 @@ from .modes import (
     COMPILED_MODES,
     CUDA_ONLY,
     DEFAULT_MODES,
+    GRAPH_MODES,
     MODES,
     Runner,
     concerns,
@@ -88,23 +89,30 @@ PROFILE_KEYS = {"kernels": "kernels", "launch_calls": "launch_calls", "launch_cp
 @dataclass(frozen=True)
 class RunSpec:
     """One benchmark configuration: a mode, the settings it is built with (the ones that do not
-    concern the mode are kept at their defaults: :func:`~.modes.mode_options`) and the
-    ``torch.compile`` mode of the ``lab-graph-fused`` body."""
+    concern the mode are kept at their defaults: :func:`~.modes.mode_options`), the
+    ``torch.compile`` mode of the ``lab-graph-fused`` body, and in graph modes the named graph config
+    (:data:`~lfm2vl_lab.core.config.GRAPH_CONFIGS`) the options came from, if any (other modes: None)."""
 
     mode: str
     options: GraphOptions = GraphOptions()
     compile_mode: str = "default"
+    graph_config: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "options", mode_options(self.mode, self.options))
+        if self.graph_config is not None:
+            check_choice("graph config", self.graph_config, GRAPH_CONFIGS)
+        if self.mode not in GRAPH_MODES:
+            object.__setattr__(self, "graph_config", None)
 
     def runner(self, model, progress: bool = False) -> Runner:
         """Build (and for graph modes capture) this configuration on ``model``."""
-        return make_runner(self.mode, model, self.options, compile_mode=self.compile_mode, progress=progress)
+        return make_runner(self.mode, model, self.options, compile_mode=self.compile_mode, progress=progress,
+                           graph_config=self.graph_config)
 
     def labels(self) -> dict:
         """The configuration as result rows and error entries name it (:func:`~.modes.row_labels`)."""
-        return row_labels(self.mode, self.options, self.compile_mode)
+        return row_labels(self.mode, self.options, self.compile_mode, self.graph_config)
 
 
 def check_sweep(sweep: dict | None, base: GraphOptions | None = None) -> dict[str, list]:
@@ -132,22 +140,46 @@ def check_sweep(sweep: dict | None, base: GraphOptions | None = None) -> dict[st
     return out
 
 
+def check_graph_configs(graph_configs, base: GraphOptions, sweep: dict) -> list[str | None]:
+    """The named graph configs to sweep (``[None]``: none named, ``base`` as it is). A named config
+    sets its fields itself, so ``base`` must leave them at their defaults and ``sweep`` must not sweep
+    them: ``ValueError`` naming the name or the field otherwise."""
+    if graph_configs is None:
+        return [None]
+    names = [graph_configs] if isinstance(graph_configs, str) else list(graph_configs)
+    if not names:
+        raise ValueError("graph_configs: expected a non-empty list of names")
+    for n in names:
+        check_choice("graph config", n, GRAPH_CONFIGS)
+    fixed = {k for n in names for k in GRAPH_CONFIGS[n]}
+    clash = sorted(k for k in fixed if k in sweep or getattr(base, k) != getattr(GraphOptions(), k))
+    if clash:
+        raise ValueError(f"the graph configs {names} set {', '.join(sorted(fixed))} themselves: "
+                         f"leave {', '.join(clash)} out")
+    return list(dict.fromkeys(names))
+
+
 def expand_specs(modes, base: GraphOptions | None = None, sweep: dict | None = None,
-                 compile_mode: str = "default") -> list[RunSpec]:
+                 compile_mode: str = "default", graph_configs=None) -> list[RunSpec]:
     """Every configuration to run, in order: per mode, ``base`` with every combination of the swept
     values of the settings that concern it (:data:`~.modes.SETTING_MODES`: the graph settings the
     graph modes, attention and the kernel options the lab modes, ``dense_graphs`` ``lab-graph``);
-    a setting that does not concern a mode keeps its default (one spec, not a copy per value)."""
+    a setting that does not concern a mode keeps its default (one spec, not a copy per value).
+    ``graph_configs`` (names of :data:`~lfm2vl_lab.core.config.GRAPH_CONFIGS`): in graph modes each
+    combination runs once per name, ``base`` with that config's fields (:func:`check_graph_configs`)."""
     base = base if base is not None else GraphOptions()
     sweep = check_sweep(sweep, base)
+    named = check_graph_configs(graph_configs, base, sweep)
     for m in modes:
         check_choice("mode", m, MODES)
     check_choice("compile mode", compile_mode, COMPILE_MODES)
     out = []
     for m in dict.fromkeys(modes):
         names = [k for k in sweep if concerns(k, m)]
-        out += [RunSpec(m, base.with_(**dict(zip(names, combo, strict=True))), compile_mode)
-                for combo in itertools.product(*(sweep[k] for k in names))]
+        for g in named if m in GRAPH_MODES else [None]:
+            start = base.with_(**GRAPH_CONFIGS[g]) if g is not None else base
+            out += [RunSpec(m, start.with_(**dict(zip(names, combo, strict=True))), compile_mode, g)
+                    for combo in itertools.product(*(sweep[k] for k in names))]
     return list(dict.fromkeys(out))
 
 
@@ -310,11 +342,12 @@ def _prepare_inputs(workloads, preset, dev, dt, stream_n: int, seed: int, progre
 def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_WORKLOADS, dtype=None,
               repeats: int | None = None, warmup: int | None = None, device=None, stream_n: int = 200,
               options: GraphOptions | None = None, sweep: dict | None = None, compile_mode: str = "default",
-              profile: bool = False, progress: bool = True, seed: int = 0, trace_dir=None,
+              graph_configs=None, profile: bool = False, progress: bool = True, seed: int = 0, trace_dir=None,
               command: str | None = None, name: str = "bench", on_job=None) -> dict:
     """Run every configuration (:func:`expand_specs` of ``options``, default ``GraphOptions()``, and
-    ``sweep``, e.g. ``{"fuse_qkv": [False, True]}``) on every workload; return the
-    result dict (see the module docstring). ``compile_mode``: the ``lab-graph-fused`` body's.
+    ``sweep``, e.g. ``{"fuse_qkv": [False, True]}``, and ``graph_configs``, e.g. ``["kit", "pr"]``) on
+    every workload; return the result dict (see the module docstring). ``compile_mode``: the
+    ``lab-graph-fused`` body's.
 
     Defaults follow the device (:func:`workloads.device_defaults` for preset and dtype; ``REPEATS``
     and ``WARMUP``). ``on_job(result)`` is called after each configuration (``result["complete"]``
@@ -336,7 +369,7 @@ def run_bench(preset: str | None = None, modes=DEFAULT_MODES, workloads=DEFAULT_
     if "stream" in workloads and stream_n < 1:
         raise ValueError(f"the stream workload needs stream_n >= 1, got {stream_n}")
     runnable = [m for m in dict.fromkeys(modes) if dev.type == "cuda" or m not in CUDA_ONLY]
-    specs = [s for s in expand_specs(modes, options, sweep, compile_mode) if s.mode in runnable]
+    specs = [s for s in expand_specs(modes, options, sweep, compile_mode, graph_configs) if s.mode in runnable]
     # LFM2VL_CHECKPOINT set: the checkpoint's weights and image processor instead of the preset's
     model = model_for(preset, dtype=dt, device=dev, seed=seed)
     ck = getattr(model, "lab_checkpoint", None)

@@ -12,6 +12,7 @@ Examples::
 
     python -m lfm2vl_lab bench --preset tiny --mode lab-eager,hf-eager --workload 1x256 --repeats 5
     python -m lfm2vl_lab bench --mode lab-graph --budgets auto --budgets 256,1024 --cu-rule safe,repeat_last --profile
+    python -m lfm2vl_lab bench --mode lab-graph --graph-config kit,pr --workload 16x512,stream
     python -m lfm2vl_lab report --root data/results --out data/figures
 """
 
@@ -24,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.config import CU_SEQLENS_RULES, MAX_SEQLEN_MODES, GraphOptions
+from ..core.config import CU_SEQLENS_RULES, GRAPH_CONFIGS, MAX_SEQLEN_MODES, GraphOptions
 from ..kernels.attention import ATTENTION_BACKENDS
 from .args import (
     UsageError,
@@ -108,6 +109,9 @@ def add_bench_args(p) -> None:
     add("--dense-graphs", type=on_off_list, default=None,
         help="lab-graph: dense-attention graph variants for runs of full-length items, comma list: off, on "
              f"(default: {_on_off(d.dense_graphs)})")
+    add("--graph-config", type=list_arg(choice_arg("graph config", GRAPH_CONFIGS)), default=None,
+        help=f"graph modes: named graph config(s), comma list: {', '.join(GRAPH_CONFIGS)} (pr: the budgets and "
+             "item limit vLLM PR #44930 measured with; they set --budgets themselves; default: none named)")
     add("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
     add("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
     add("--seed", type=int, default=0, help="seed of the random weights and the synthetic images (default: 0)")
@@ -121,6 +125,16 @@ def add_bench_args(p) -> None:
 def bench_sweep(args) -> dict[str, list]:
     """The sweep bench's flags ask for: ``{GraphOptions setting: [values]}`` of each flag given."""
     return {field: getattr(args, dest) for dest, field in BENCH_SWEEPS.items() if getattr(args, dest)}
+
+
+def bench_graph_configs(args) -> list[str] | None:
+    """The named graph configs ``--graph-config`` sweeps (None: none named). A named config sets the
+    budgets and the item limit itself, so ``--budgets`` beside it is a :class:`UsageError`."""
+    if not args.graph_config:
+        return None
+    if args.budgets:
+        raise UsageError(f"--graph-config {','.join(args.graph_config)} sets the budgets itself: leave out --budgets")
+    return list(dict.fromkeys(args.graph_config))
 
 
 def _save_figure(result: dict, figure: str) -> Path:
@@ -150,8 +164,9 @@ def run_bench_cli(args) -> int:
         preset=args.preset, modes=flatten(args.mode) or DEFAULT_MODES,
         workloads=flatten(args.workload) or DEFAULT_WORKLOADS, dtype=args.dtype, repeats=args.repeats,
         warmup=args.warmup, device=args.device, stream_n=args.stream_n, sweep=bench_sweep(args),
-        compile_mode=args.compile_mode, profile=args.profile, progress=not args.no_progress, seed=args.seed,
-        trace_dir=args.trace_dir, command=_command() if from_main else None, name=args.name, on_job=checkpoint)
+        graph_configs=bench_graph_configs(args), compile_mode=args.compile_mode, profile=args.profile,
+        progress=not args.no_progress, seed=args.seed, trace_dir=args.trace_dir,
+        command=_command() if from_main else None, name=args.name, on_job=checkpoint)
     print_table(result)
     print(f"results: {save_result(result, args.out, args.name, saved.get('path'))}")
     if args.figure != "none" and result["rows"]:

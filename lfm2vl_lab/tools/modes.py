@@ -135,8 +135,11 @@ def mode_options(mode: str, options: GraphOptions | None = None) -> GraphOptions
                                    if concerns(f.name, mode)})
 
 
-def row_labels(mode: str, options: GraphOptions | None = None, compile_mode: str = "default") -> dict:
-    """The one way a configuration names itself in result rows and error entries: ``mode``, each
+def row_labels(mode: str, options: GraphOptions | None = None, compile_mode: str = "default",
+               graph_config: str | None = None) -> dict:
+    """The one way a configuration names itself in result rows and error entries: ``mode``, the
+    ``graph_config`` it was built from in graph modes (a name of
+    :data:`~lfm2vl_lab.core.config.GRAPH_CONFIGS`, where the run named one; other modes never), each
     setting of ``options`` that concerns the mode (:data:`ROW_SETTINGS` always, under their row names
     ``budget_set``, ``cu_rule``, ``max_seqlen_mode``, ``attention``, ``fuse_qkv``, ``fuse_elementwise``,
     ``dense_graphs``; any other only where it is off its default), and the ``compile_mode`` of the
@@ -145,6 +148,8 @@ def row_labels(mode: str, options: GraphOptions | None = None, compile_mode: str
     ``info`` replaces ``attention`` by the backend that ran (``auto`` resolved)."""
     options = options if options is not None else GraphOptions()
     labels = {"mode": mode}
+    if graph_config is not None and mode in GRAPH_MODES:
+        labels["graph_config"] = graph_config
     for f in fields(GraphOptions):
         value = getattr(options, f.name)
         if concerns(f.name, mode) and (f.name in ROW_SETTINGS or value != f.default):
@@ -189,11 +194,12 @@ def _captured(genc, progress: bool) -> dict:
 
 
 def make_runner(mode: str, model, options: GraphOptions | None = None, *, compile_mode: str = "default",
-                progress: bool = False) -> Runner:
+                progress: bool = False, graph_config: str | None = None) -> Runner:
     """Build (and for graph modes capture) one mode on ``model`` with the settings of ``options``
     that concern it (default: ``GraphOptions()``; :func:`mode_options`); ``compile_mode``: the
-    ``torch.compile`` mode of ``lab-graph-fused``'s body. The runner's ``info`` starts with
-    :func:`row_labels`. Raises ``ValueError`` for an unknown mode."""
+    ``torch.compile`` mode of ``lab-graph-fused``'s body; ``graph_config``: the named config
+    ``options`` came from, for the rows. The runner's ``info`` starts with :func:`row_labels`.
+    Raises ``ValueError`` for an unknown mode."""
     from ..core.encoder import PackedVisionEncoder
     from ..core.graphed_encoder import GraphedEncoder
     from ..model.hf import hf_image_features
@@ -201,7 +207,7 @@ def make_runner(mode: str, model, options: GraphOptions | None = None, *, compil
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     opts = mode_options(mode, options)
-    labels = row_labels(mode, opts, compile_mode)
+    labels = row_labels(mode, opts, compile_mode, graph_config)
     if mode == "hf-eager":
         return Runner(mode, lambda inp: hf_image_features(model, inp), labels)
     if mode == "lab-eager":
@@ -212,12 +218,12 @@ def make_runner(mode: str, model, options: GraphOptions | None = None, *, compil
         genc = GraphedEncoder(model, opts)
         return Runner(mode, genc.encode, {**labels, **_captured(genc, progress)}, genc)
     if mode == "lab-graph-fused":
-        return make_fused(model, opts, compile_mode, progress)
+        return make_fused(model, opts, compile_mode, progress, graph_config)
     return make_compile(model, mode)
 
 
 def make_fused(model, options: GraphOptions | None = None, compile_mode: str = "default",
-               progress: bool = False) -> Runner:
+               progress: bool = False, graph_config: str | None = None) -> Runner:
     """GraphedEncoder with an inductor-compiled body (``torch.compile(mode=compile_mode)``) of the
     packed encoder ``options`` describe. ``fullgraph=True`` first: one fused program per budget. If
     dynamo or inductor cannot compile it whole (:func:`is_trace_failure`), fall back to a body with
@@ -244,7 +250,7 @@ def make_fused(model, options: GraphOptions | None = None, compile_mode: str = "
             torch.cuda.empty_cache()
             continue
         # capture timed compile + warm-up + capture together: that sum is the one-off cost here
-        info = {**row_labels("lab-graph-fused", opts, compile_mode), **graph, "fullgraph": fullgraph,
+        info = {**row_labels("lab-graph-fused", opts, compile_mode, graph_config), **graph, "fullgraph": fullgraph,
                 "fullgraph_error": error, "compile_s": graph["capture_s"]}
         return Runner("lab-graph-fused", genc.encode, info, genc)
     raise AssertionError("unreachable")

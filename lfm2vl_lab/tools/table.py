@@ -26,10 +26,11 @@ def _fmt(v, spec: str, suffix: str = "") -> str:
 
 
 def graph_config_label(row: dict) -> str:
-    """A graph mode row's configuration: ``budget_set/cu_rule/max_seqlen_mode[/dense]``."""
+    """A graph mode row's configuration: ``[graph_config:]budget_set/cu_rule/max_seqlen_mode[/dense]``."""
     if row.get("mode") not in GRAPH_MODES:
         return ""
-    label = f"{row.get('budget_set', '')}/{row.get('cu_rule', '')}/{row.get('max_seqlen_mode', '')}"
+    named = f"{row['graph_config']}:" if row.get("graph_config") else ""
+    label = f"{named}{row.get('budget_set', '')}/{row.get('cu_rule', '')}/{row.get('max_seqlen_mode', '')}"
     return label + ("/dense" if row.get("dense_graphs") else "/single-item" if row.get("single_item_graphs") else "")
 
 
@@ -67,8 +68,8 @@ def _notes(res: dict, rows: list[dict]) -> list[str]:
             for e in res.get("errors", [])]
     seen = set()
     for r in rows:
-        if r.get("capture_s") is not None and (r["mode"], r.get("budget_set")) not in seen:
-            seen.add((r["mode"], r.get("budget_set")))
+        if r.get("capture_s") is not None and (r["mode"], r.get("graph_config"), r.get("budget_set")) not in seen:
+            seen.add((r["mode"], r.get("graph_config"), r.get("budget_set")))
             extra = f", compile+capture {r['compile_s']:.1f} s, fullgraph={r.get('fullgraph')}" \
                 if r.get("compile_s") is not None else ""
             out.append(f"{r['mode']} [{r.get('budget_set')}]: {len(r.get('capture_info', []))} graphs captured in "

@@ -35,7 +35,7 @@ def engine_goals(refs: Refs) -> list[dict]:
 
 def request_goals(refs: Refs) -> list[dict]:
     """The whole-request run's targets (none while the set has no such file)."""
-    if "request-3b" not in refs.manifest.get("files", {}):
+    if refs is None or "request-3b" not in refs.manifest.get("files", {}):
         return []
     return refs("request-3b").get("targets") or []
 
