@@ -111,7 +111,8 @@ def add_bench_args(p) -> None:
              f"(default: {_on_off(d.dense_graphs)})")
     add("--graph-config", type=list_arg(choice_arg("graph config", GRAPH_CONFIGS)), default=None,
         help=f"graph modes: named graph config(s), comma list: {', '.join(GRAPH_CONFIGS)} (pr: the budgets and "
-             "item limit vLLM PR #44930 measured with; they set --budgets themselves; default: none named)")
+             "item limit vLLM PR #44930 measured with; a named config sets the budgets, so not with --budgets; "
+             "default: none named)")
     add("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
     add("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
     add("--seed", type=int, default=0, help="seed of the random weights and the synthetic images (default: 0)")
