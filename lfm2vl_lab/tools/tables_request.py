@@ -9,6 +9,7 @@ of output tokens; the 3B file's graphed rows carry both, which says how close th
 
 from __future__ import annotations
 
+from .e2e import DECODE_DRIFT_WARN
 from .request import NEW_TOKENS, STAND_IN, composed_e2e, like_for_like
 from .tables import Refs, md_table, ms, pct, preset_label, times
 from .ttft import mode_name
@@ -58,7 +59,10 @@ def e2e_requests_block(refs: Refs) -> str:
         row = [preset_label(preset), image, n]
         for t in ("graphed", "eager"):
             e, g = m.get(mode_name(t, "eager")), m.get(mode_name(t, "graphed"))
-            row += [f"{ms(e and e['e2e_ms'], 1)} → {ms(g and g['e2e_ms'], 1)}", pct(g and g.get("e2e_cut"))]
+            cut = pct(g and g.get("e2e_cut"))
+            if cut and abs(g.get("decode_drift") or 0) > DECODE_DRIFT_WARN:
+                cut += " (drift)"  # the decode control failed: the two decodes differ by more than the saving
+            row += [f"{ms(e and e['e2e_ms'], 1)} → {ms(g and g['e2e_ms'], 1)}", cut]
         row.append("measured" if m.get(mode_name("graphed", "graphed"), {}).get("e2e_source") == "measured"
                    else "composed")
         out.append(row)
@@ -70,7 +74,10 @@ def e2e_requests_block(refs: Refs) -> str:
             f"Measured: whole requests in paired turns (text model graphed, the `{REQUEST_ROLE}` file). "
             "Composed: the request to its first token plus the decode steps, each measured "
             f"(`request.composed_e2e`); on the measured rows the composition is within {pct(gap)} of the measurement. "
-            f"The text model eager is transformers' own. {STAND_IN[0].upper() + STAND_IN[1:]}.")
+            "The text model eager is transformers' own. (drift): the cell's decode control fails, its two "
+            f"encoder modes decoded more than {pct(DECODE_DRIFT_WARN, 0)} apart although decode never runs the "
+            "encoder, so that cut is not the encoder alone. "
+            f"{STAND_IN[0].upper() + STAND_IN[1:]}.")
     return md_table(head, out) + "\n\n" + note + "\n\n" + refs.source(REQUEST_ROLE, "ttft")
 
 
