@@ -2,7 +2,7 @@
 
 The PR's "~10-20% lower e2e latency at low batch size" is about whole requests (processor, upload,
 encoder, prefill and every output token) inside vLLM's engine, whose text model runs under CUDA
-graphs. vLLM cannot run on the lent H200: it pins torch 2.14, and the image has 2.11. So the kit's
+graphs. vLLM cannot run on this project's GPU image: it pins torch 2.14, and the image has 2.11. So the kit's
 pipeline (:mod:`lfm2vl_lab.serving.pipeline`) stands in for vLLM's engine, and every file and
 table made from this module says so (:data:`STAND_IN`).
 
@@ -12,8 +12,9 @@ For each grid cell (image × requests), on top of the TTFT grid's four rows (:fu
   turns with the encoder eager and graphed, from the processor to the tokens on the host:
   ``e2e_ms`` is measured, and ``e2e_cut`` is the encoder graphs' paired saving.
 * **text eager** (transformers' own text model): a whole request of 128 tokens takes seconds there,
-  since its decode runs at tens of ms per token, so its ``e2e_ms`` is composed from the same cell's
-  measured parts, ``request_ms + (new_tokens - 1) × decode_ms_per_token``. The text-graphed rows
+  since its eager decode is slow per step (the ``ttft`` grid's ``decode_ms_per_token``), so its
+  ``e2e_ms`` is composed from the same cell's measured parts,
+  ``request_ms + (new_tokens - 1) × decode_ms_per_token``. The text-graphed rows
   carry the same composition (``e2e_composed_ms``) beside their measured whole request, which checks it.
 
 :func:`throughput_run` is in the spirit of ``vllm bench throughput``: a fixed set of requests (the

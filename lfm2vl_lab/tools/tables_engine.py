@@ -179,7 +179,8 @@ def e2e_profile_block(refs: Refs) -> str:
 
 
 def _range(cuts: list[tuple]) -> str:
-    return f"{span([c[0] for c in cuts], pct)} over {len(cuts)} cases" if cuts else "no undisturbed case"
+    n = len(cuts)
+    return f"{span([c[0] for c in cuts], pct)} over {n} case{'s' if n != 1 else ''}" if cuts else "no undisturbed case"
 
 
 def _claim_line(what: str, cuts: list[tuple]) -> str:
