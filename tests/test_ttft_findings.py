@@ -154,8 +154,11 @@ def test_claim_ranges_on_the_reference_set_quote_the_rows(ttft_res, e2e_res):
     assert f"one request: {min(graphed):.1%} to {max(graphed):.1%}" in text.split("text model graphed (as in vLLM)")[1]
     assert "inside generate" not in claim_ranges_text(ttft_res["rows"])
     ranges = [line for line in text.splitlines() if line.startswith("  ")]
+    # each range says where it stands against the PR's, or that no case of it passed the decode control
     assert len(ranges) == 6 and all(re.search(r"cases, (above|below|within|overlapping) the PR's 10%-20%", line)
+                                    or re.search(r": none of \d+ cases passes the decode control; left out", line)
                                     for line in ranges)
+    assert any("the PR's 10%-20%" in line for line in ranges)
 
 
 def test_range_verdict():
