@@ -214,7 +214,7 @@ def test_the_pr_claim_leaves_out_and_names_the_cases_with_decode_drift(tmp_path)
     assert "the other cases: 15.0%–50.0% over 2 cases, 1 of them within 10%–20%." in out
     assert "every case: 30.0% over 2 cases, 0 of them within 10%–20%; left out for decode drift: " \
            "LFM2-VL-450M tiled ×1." in out
-    assert "Inside `generate` (paired): 12.0% over 1 cases, 1 of them within" in out
+    assert "Inside `generate` (paired): 12.0% over 1 case, 1 of them within" in out
 
 
 # --------------------------------------------------------------------------------------------
