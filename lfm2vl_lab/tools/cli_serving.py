@@ -210,8 +210,9 @@ def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:
     def on_row(row):
         result["rows"].append(row)
         print_row(row)
-        if e2e_line(row):
-            print(e2e_line(row), flush=True)
+        line = e2e_line(row)
+        if line:
+            print(line, flush=True)
         save()
 
     grid = dict(images=args.image, requests=args.requests, repeats=args.repeats, decode_tokens=args.decode_tokens,
