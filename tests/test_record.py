@@ -64,7 +64,10 @@ def test_record_cli_says_what_it_needs():
                           text=True, cwd=REPO_ROOT)
     assert proc.returncode == 0
     roles = [line.split()[1] for line in proc.stdout.splitlines()]
-    assert roles == [s.role for s in rec.STEPS]
+    assert roles == [s.role for s in rec.STEPS if not s.beside]  # a step beside the set only when named
+    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--part", "vllm", "--dry-run"],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
+    assert [line.split()[1] for line in proc.stdout.splitlines()] == ["vllm"]
     assert len(set(s.name for s in rec.STEPS)) == len(rec.STEPS)  # every step writes a name of its own
     if not __import__("torch").cuda.is_available():
         proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record"], capture_output=True, text=True,
@@ -100,3 +103,53 @@ def test_reference_load_names_what_is_missing(tmp_path):
     with pytest.raises(reference.ReferenceError, match="no 'bench-450m'.*record"):
         reference.load("bench-450m", root=tmp_path)
     assert reference.load("bench-450m", root=tmp_path, required=False) is None
+
+
+def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path):
+    """vLLM's role is recorded apart, by code that differs from the set's: it joins the set there,
+    which keeps its own code hash, and its entry names the code that recorded it."""
+    folder = tmp_path / "cpu"
+    folder.mkdir()
+    old = {"gpu": "cpu", "code_hash": "sha256:old", "started": "2026-01-01T00:00:00+00:00", "files": {
+        "t-one": {"file": "t-one-1.json"}}}
+    (folder / "reference.json").write_text(json.dumps(old))
+    beside = rec.Step("t-b", "b", "t-b", (*TINY, "--name", "t-b"), 120, beside=True)
+    man = rec.run_record(parts=("b",), out=tmp_path, gpu="cpu", steps=(*_steps(bad=False)[:1], beside),
+                         say=lambda s: None, repo_root=tmp_path)
+    assert man["code_hash"] == "sha256:old" and man["files"]["t-one"] == old["files"]["t-one"]
+    assert man["files"]["t-b"]["code_hash"] == code_hash() and man["complete"]
+    # a step of the set itself, run by other code, still starts a set of its own
+    man = rec.run_record(parts=("encoder",), out=tmp_path, gpu="cpu", steps=_steps(bad=False)[:1],
+                         say=lambda s: None, repo_root=tmp_path)
+    assert man["code_hash"] == code_hash() and "t-b" not in man["files"]
+
+
+FAKE = '''import json, sys, pathlib, datetime
+args = sys.argv[3:]  # -m lfm2vl_lab <argv>
+out = pathlib.Path(args[args.index("--out") + 1]) / "cpu"
+resume = args[args.index("--resume") + 1] if "--resume" in args else None
+assert "--deadline" in args
+name = pathlib.Path(resume).name if resume else "slow-20260101-000000.json"
+parts = json.loads(pathlib.Path(resume).read_text())["parts"] + 1 if resume else 1
+(out / name).write_text(json.dumps({"parts": parts, "complete": parts == 2,
+                                    "provenance": {"date": datetime.datetime.now().isoformat()}}))
+'''
+
+
+def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
+    """A step that takes two calls: the first leaves a partial file (listed as such, not as failed),
+    the second resumes that file and records it."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE)
+    fake.chmod(0o755)
+    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True)
+    said = []
+    kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
+              python=str(fake), deadline_s=300)
+    man = rec.run_record(**kw)
+    assert man["partial"]["slow"]["file"] == "slow-20260101-000000.json" and not man["failed"]
+    assert "slow" not in man["files"] and "partial, the next call resumes it" in said[-2]
+    man = rec.run_record(**kw)
+    assert man["files"]["slow"]["file"] == "slow-20260101-000000.json" and "partial" not in man
+    assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 2
+    assert any("resuming slow-20260101-000000.json" in s for s in said)

@@ -1,5 +1,6 @@
-"""The committed reference set (data/results/nvidia-h200/reference.json): one complete run of one
-code version on the H200, nothing else beside it, and its code recoverable from git."""
+"""The committed reference set (data/results/nvidia-h200/reference.json): one complete run on the H200,
+each role's file of the code version its entry names (the set's, or for a role recorded beside the
+set, vLLM's, its own), nothing else beside it, and every such code version recoverable from git."""
 
 import json
 import subprocess
@@ -15,7 +16,7 @@ MAN = reference.load_manifest()
 FOLDER = reference.manifest_path().parent
 
 
-def test_the_reference_set_is_one_complete_run_of_one_code_version():
+def test_the_reference_set_is_complete_and_each_file_is_of_its_code_version():
     assert MAN is not None, f"no {reference.manifest_path()}: `python -m lfm2vl_lab record` on the H200"
     assert MAN["complete"] and not MAN["failed"], MAN.get("failed")
     # every role the course reads (in the order the calls recorded them: a step left for a later call
@@ -25,7 +26,9 @@ def test_the_reference_set_is_one_complete_run_of_one_code_version():
     for role, entry in MAN["files"].items():
         res = json.loads((FOLDER / entry["file"]).read_text())
         prov = res["provenance"]
-        assert prov["code_hash"] == MAN["code_hash"], role
+        assert prov["code_hash"] == entry.get("code_hash", MAN["code_hash"]), role
+        # only a step beside the set may carry code of its own
+        assert "code_hash" not in entry or next(s for s in STEPS if s.role == role).beside, role
         assert prov["gpu"] == reference.REFERENCE_GPU, role
         assert start <= datetime.fromisoformat(prov["date"]) <= end, role
         assert entry["rc"] == 0 and entry["file"].startswith(role + "-"), role
@@ -43,12 +46,17 @@ def _git(*args):
 
 @pytest.mark.skipif(_git("rev-parse").returncode != 0, reason="needs the git checkout")
 def test_the_code_of_the_reference_run_is_recoverable():
-    """The commit that last wrote the manifest holds the code the run came from: its tree hashes to
-    the manifest's code_hash."""
+    """Every code version the set names (the set's, and a role's own beside it) is the tree of a
+    commit that wrote the manifest: the commit that recorded those files."""
     if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
         pytest.skip("a shallow clone: the commit that added the reference set may be outside it")
     manifest = str(reference.manifest_path().relative_to(REPO_ROOT))
-    commit = _git("log", "-1", "--format=%H", "--", manifest).stdout.strip()
-    assert commit, "reference.json is not committed"
-    assert reference.code_hash_at(commit) == MAN["code_hash"], \
-        f"commit {commit[:10]} added the reference set, but its lfm2vl_lab/ and data/presets/ are not the recorded code"
+    commits = _git("log", "--format=%H", "--", manifest).stdout.split()
+    assert commits, "reference.json is not committed"
+    versions = {MAN["code_hash"]} | {e["code_hash"] for e in MAN["files"].values() if "code_hash" in e}
+    trees = set()
+    for commit in commits:
+        trees.add(reference.code_hash_at(commit))
+        if versions <= trees:
+            break
+    assert versions <= trees, f"no commit that wrote {manifest} holds the code of {sorted(versions - trees)}"

@@ -4,7 +4,8 @@
 ``run(args) -> int`` does the work and returns the exit status (the first line of ``run.__doc__`` is
 the help text). The encoder's commands live here, their options beside their run: ``bench``,
 ``check``, ``attention`` and ``graph-apis``; the whole-request ones, ``e2e`` and ``ttft``, in
-:mod:`.cli_serving`; the text model's peers, ``engine``, in :mod:`.cli_engine`; ``report`` and
+:mod:`.cli_serving`; the text model's peers, ``engine``, in :mod:`.cli_engine`; vLLM itself,
+``vllm``, in :mod:`.cli_vllm`; ``report`` and
 ``record`` beside what they drive (:mod:`.report`, :mod:`.record`). The measurements themselves
 (:mod:`.bench`, :mod:`.check`, ...) know no argparse.
 
@@ -44,6 +45,7 @@ from .args import (
 from .check import PRESETS as CHECK_PRESETS  # check and attention run both presets by default
 from .cli_engine import add_engine_args, run_engine_cli
 from .cli_serving import add_e2e_args, add_ttft_args, run_e2e_cli, run_ttft_cli
+from .cli_vllm import add_vllm_args, run_vllm_cli
 from .graph_apis import NAME, RECORDERS, graphed_lines, reduce_overhead_lines, trace_lines
 from .modes import COMPILE_MODES, DEFAULT_MODES, MODES
 from .record import add_record_args, run_record_cli
@@ -313,6 +315,7 @@ SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "engine": (add_engine_args, run_engine_cli),
     "graph-apis": (add_graph_apis_args, run_graph_apis_cli),
     "record": (add_record_args, run_record_cli),
+    "vllm": (add_vllm_args, run_vllm_cli),
 }
 
 

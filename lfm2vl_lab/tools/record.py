@@ -13,6 +13,15 @@ that finds a manifest of the *same code* (same ``code_hash``) under ``--out`` or
 reference run; a manifest of other code is replaced, never mixed with. ``--part`` (``encoder``:
 the encoder's benchmarks, checks and probes; ``engine``: the text model's peers and time to first
 token) picks steps by kind.
+
+Two kinds of step go further. A step *beside* the set (``vllm``: vLLM itself, which the kit's code
+only drives) is recorded only when its part is named (``--part vllm``), and joins the set that is
+there whatever code recorded it: its manifest entry carries its own ``code_hash``, and the set then
+holds two code versions, each recoverable from the commit that recorded it
+(``tests/test_reference_set.py``). A *resumable* step (``vllm`` again: about five minutes a preset)
+can take more than one call: it gets ``--deadline`` and, once it has left a partial file,
+``--resume`` with it; its file joins the set when it says ``"complete": true``, and until then the
+manifest lists it under ``partial``.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ class Step:
     name: str
     argv: tuple[str, ...]
     limit_s: int
+    beside: bool = False  # joins a set of other code, recorded only when its part is named
+    resumable: bool = False  # may take several calls: gets --deadline, and --resume with its partial file
 
     @property
     def command(self) -> str:
@@ -98,43 +109,93 @@ STEPS: tuple[Step, ...] = (
                                                 "1,2,4", "--repeats", "5", "--decode-tokens", "16", "--request-tokens",
                                                 "128", "--throughput", "32", "--graph-config", "pr", "--fuse", "on",
                                                 "--no-progress", "--name", "request-3b"), 330),
+    # vLLM itself (the release scripts/vllm_bundle.py carries): three engines per preset, encoder graphs
+    # off, the PR's config and the kit's, beside the kit's pipeline on the same weights; about five
+    # minutes a preset, so it may take two calls (resumable)
+    Step("vllm", "vllm", "vllm", ("vllm",), 1500, beside=True, resumable=True),
 )
 PARTS = tuple(dict.fromkeys(s.part for s in STEPS))
+# what a plain `record` runs: every part but those beside the set
+DEFAULT_PARTS = tuple(dict.fromkeys(s.part for s in STEPS if not s.beside))
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str) -> dict:
-    """The manifest this run adds to: one of the same code under ``folder`` or the repo, else a new one."""
+def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str, beside: bool = False) -> dict:
+    """The manifest this run adds to: one of the same code under ``folder`` or the repo, else a new
+    one. ``beside`` (only steps beside the set run): the one there, whatever its code."""
     for where in (folder, repo_folder):
         path = where / "reference.json"
         if path.is_file():
             man = json.loads(path.read_text())
-            if man.get("code_hash") == hash_ and man.get("gpu") == gpu:
+            if man.get("gpu") == gpu and (beside or man.get("code_hash") == hash_):
                 return man
     return {"gpu": gpu, "code_hash": hash_, "command": "python -m lfm2vl_lab record", "started": _now(),
             "finished": None, "complete": False, "files": {}}
 
 
-def _run_step(step: Step, folder: Path, out, python: str) -> tuple[dict, list[Path]]:
+def _partial_file(step: Step, man: dict, folders) -> Path | None:
+    """The partial file a resumable step left in an earlier call (under ``--out`` or in the repo)."""
+    entry = man.get("partial", {}).get(step.role)
+    if not step.resumable or entry is None:
+        return None
+    return next((f / entry["file"] for f in folders if (f / entry["file"]).is_file()), None)
+
+
+def _run_step(step: Step, folder: Path, out, python: str, left: float | None = None,
+              resume: Path | None = None) -> tuple[dict, list[Path]]:
     """Run one step in a process of its own, its output into ``logs/<role>.log``; returns the
-    manifest entry and the result files it wrote."""
-    before = set(folder.glob(f"{step.name}-*.json"))
+    manifest entry and the result files it wrote. A resumable step gets ``--deadline`` (the time
+    left, less a margin) and ``--resume`` with its partial file; it then rewrites that file's name."""
+    argv, limit = list(step.argv), step.limit_s
+    if step.resumable:
+        limit = int(min(limit, left)) if left is not None else limit
+        argv += ["--deadline", str(max(limit - 20, 1))] + (["--resume", str(resume)] if resume else [])
+    before = {p: p.stat().st_mtime for p in folder.glob(f"{step.name}-*.json")}
     t0 = time.perf_counter()
-    with (folder / "logs" / f"{step.role}.log").open("w") as fh:
+    with (folder / "logs" / f"{step.role}.log").open("a" if resume else "w") as fh:
         try:
-            rc = subprocess.run([python, "-m", "lfm2vl_lab", *step.argv, "--out", str(out)], stdout=fh,
-                                stderr=subprocess.STDOUT, timeout=step.limit_s).returncode
+            rc = subprocess.run([python, "-m", "lfm2vl_lab", *argv, "--out", str(out)], stdout=fh,
+                                stderr=subprocess.STDOUT, timeout=limit).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    new = sorted(set(folder.glob(f"{step.name}-*.json")) - before)
+    new = sorted(p for p in folder.glob(f"{step.name}-*.json") if before.get(p) != p.stat().st_mtime)
     return ({"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
              "seconds": round(time.perf_counter() - t0, 1), "date": _now()}, new)
 
 
-def run_record(parts=PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
+def _complete(path: Path) -> bool:
+    """Whether a resumable step's file says it holds all it was asked for."""
+    return bool(json.loads(path.read_text()).get("complete"))
+
+
+def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path, hash_: str, say) -> None:
+    """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
+    not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``)."""
+    man.setdefault("partial", {}).pop(step.role, None)
+    if entry["rc"] == 0 and len(new) == 1 and not (step.resumable and not _complete(new[0])):
+        man["files"][step.role] = {**entry, "code_hash": hash_} if step.beside else entry
+        man["failed"].pop(step.role, None)
+        say(f"   {entry['file']} in {entry['seconds']} s")
+    elif entry["rc"] == 0 and len(new) == 1:
+        man["partial"][step.role] = entry
+        say(f"   {entry['file']} in {entry['seconds']} s: partial, the next call resumes it")
+    else:
+        (folder / "incomplete").mkdir(exist_ok=True)
+        for f in new:  # what a failed step left is kept, but out of the set
+            f.rename(folder / "incomplete" / f.name)
+        man["files"].pop(step.role, None)
+        man["failed"][step.role] = {**entry, "files": [f.name for f in new]}
+        log = folder / "logs" / f"{step.role}.log"
+        say(f"   FAILED (exit {entry['rc']}, {len(new)} file(s)) after {entry['seconds']} s; the end of {log}:")
+        say("   " + "\n   ".join(log.read_text().splitlines()[-8:]))
+    if not man["partial"]:
+        man.pop("partial")
+
+
+def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
                say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False) -> dict:
     """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
     the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
@@ -143,7 +204,8 @@ def run_record(parts=PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEP
     * A role the manifest of the same code already holds is not run again (``again``: run it anyway),
       so calling ``record`` once more finishes a run that was cut short.
     * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
-      next call (never started, so never cut off).
+      next call (never started, so never cut off). A resumable step starts in whatever time is left
+      and stops at it (see the module).
     * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
       file it left moves to ``<out>/<gpu>/incomplete/``, and the run goes on with the next step. The
       manifest is ``complete`` once every role of ``steps`` is recorded and none failed.
@@ -153,31 +215,23 @@ def run_record(parts=PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEP
 
         gpu = torch.cuda.get_device_name(0)
     t_start = time.perf_counter()
-    folder = Path(out) / gpu_slug(gpu)
+    folder, repo_folder = Path(out) / gpu_slug(gpu), Path(repo_root) / gpu_slug(gpu)
     (folder / "logs").mkdir(parents=True, exist_ok=True)
-    man = _base_manifest(folder, Path(repo_root) / gpu_slug(gpu), gpu, code_hash())
+    chosen = [s for s in steps if s.part in parts]
+    hash_ = code_hash()
+    man = _base_manifest(folder, repo_folder, gpu, hash_, beside=bool(chosen) and all(s.beside for s in chosen))
     man.setdefault("failed", {})
-    todo = [s for s in steps if s.part in parts and (again or s.role not in man["files"])]
+    todo = [s for s in chosen if again or s.role not in man["files"]]
     for k, step in enumerate(todo, 1):
         left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
-        if left is not None and step.limit_s > left:
+        if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
             say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, {left:.0f} s left)")
             continue
-        say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s)")
-        entry, new = _run_step(step, folder, out, python)
-        if entry["rc"] == 0 and len(new) == 1:
-            man["files"][step.role] = entry
-            man["failed"].pop(step.role, None)
-            say(f"   {entry['file']} in {entry['seconds']} s")
-        else:
-            (folder / "incomplete").mkdir(exist_ok=True)
-            for f in new:  # what a failed step left is kept, but out of the set
-                f.rename(folder / "incomplete" / f.name)
-            man["files"].pop(step.role, None)
-            man["failed"][step.role] = {**entry, "files": [f.name for f in new]}
-            log = folder / "logs" / f"{step.role}.log"
-            say(f"   FAILED (exit {entry['rc']}, {len(new)} file(s)) after {entry['seconds']} s; the end of {log}:")
-            say("   " + "\n   ".join(log.read_text().splitlines()[-8:]))
+        resume = _partial_file(step, man, (folder, repo_folder))
+        say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s)"
+            + (f", resuming {resume.name}" if resume else ""))
+        entry, new = _run_step(step, folder, out, python, left, resume)
+        _file_step(man, step, entry, new, folder, hash_, say)
         man["finished"] = _now()
         man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
         (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
@@ -191,7 +245,8 @@ def run_record(parts=PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEP
 def add_record_args(p) -> None:
     """Options of ``python -m lfm2vl_lab record``."""
     p.add_argument("--part", action="append", choices=PARTS, default=None,
-                   help=f"only the steps of this part (repeatable; default: all of {', '.join(PARTS)})")
+                   help=f"only the steps of this part (repeatable; default: {', '.join(DEFAULT_PARTS)}; "
+                        f"{', '.join(p for p in PARTS if p not in DEFAULT_PARTS)} only when named)")
     p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for this call: steps whose limit no longer fits are left for the next call")
@@ -203,7 +258,7 @@ def run_record_cli(args) -> int:
     """Record the reference set on this GPU: every file the notebooks, figures and tables read."""
     from .args import UsageError
 
-    parts = tuple(args.part or PARTS)
+    parts = tuple(args.part or DEFAULT_PARTS)
     if args.dry_run:
         for s in STEPS:
             if s.part in parts:

@@ -1,0 +1,181 @@
+"""``python -m lfm2vl_lab vllm``: vLLM PR #44930 measured inside vLLM, beside the kit's own pipeline.
+
+Per preset (:mod:`.vllm_preset`): the preset's seeded weights written as a model folder, the kit's
+references and pipeline on them, then three vLLM engines (encoder graphs off, the PR's graph config,
+the kit's) serving the same requests in rotating turns. Each preset runs in a process of its own, so
+its engines and their GPU memory are gone before the next preset starts; the result file
+(``vllm-<date>.json``) is rewritten after each preset.
+
+``--deadline`` leaves a preset that no longer fits its expected seconds (:data:`EXPECTED_S`) for a
+later call, and ``--resume FILE`` continues such a file: ``complete`` says whether every preset asked
+for is in it. Needs a CUDA GPU and vLLM :data:`~.vllm_release.VLLM_VERSION`
+(``scripts/h200_run.sh vllm`` installs it on the H200).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .args import UsageError, positive_int, preset_arg
+from .results import RESULTS_ROOT, gpu_slug, provenance, save_result
+from .vllm_ab import ARMS, CASES, PRESETS, TOKENS
+from .vllm_release import ENGINE_ENV, VLLM_VERSION
+
+NAME = "vllm"
+# Seconds one preset is expected to take on the H200 (three engine starts, the kit's side and the
+# rounds at the defaults), with room to spare: what --deadline plans with.
+EXPECTED_S = {"lfm2-vl-450m": 260, "lfm2-vl-1.6b": 300, "lfm2-vl-3b": 340}
+FOLDERS = Path(tempfile.gettempdir()) / "lfm2vl-vllm-models"
+BUNDLE_ENV = "LFM2VL_VLLM_BUNDLE"  # bundle.json of the installed bundle (scripts/vllm_bundle.py), for provenance
+
+
+def add_vllm_args(p) -> None:
+    """Options of ``python -m lfm2vl_lab vllm``."""
+    p.add_argument("--preset", action="append", type=preset_arg, default=None,
+                   help=f"preset(s) (repeatable; default: {', '.join(PRESETS)})")
+    p.add_argument("--rounds", type=positive_int, default=12,
+                   help="rounds of the A/B: every case once per engine, the engines in rotating turns (default: 12)")
+    p.add_argument("--kit-repeats", type=int, default=8,
+                   help="rounds of the kit's own pipeline on the same cases (0: leave it out; default: 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds for this call: presets that no longer fit are left for --resume")
+    p.add_argument("--resume", default=None, help="continue this vllm-*.json: run only the presets it lacks")
+    p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
+    p.add_argument("--name", default=NAME, help=f"result file name prefix (default: {NAME})")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    # how the command runs each preset in a process of its own (not for users: no help line)
+    p.add_argument("--one-preset", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--section-out", default=None, help=argparse.SUPPRESS)
+
+
+def _installed_vllm() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return None
+
+
+def _check_machine() -> str:
+    """The vLLM version installed; a :class:`UsageError` (one line) where this machine cannot run it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"vllm needs a CUDA GPU and vLLM {VLLM_VERSION}, and this machine has no GPU; the recorded "
+                         "run is data/results/nvidia-h200/vllm-*.json (scripts/h200_run.sh vllm makes it)")
+    got = _installed_vllm()
+    if got is None:
+        raise UsageError(f"vllm needs vLLM {VLLM_VERSION} installed (scripts/h200_run.sh vllm installs the bundle "
+                         "scripts/vllm_bundle.py builds)")
+    return got
+
+
+def _bundle() -> dict | None:
+    path = os.environ.get(BUNDLE_ENV)
+    if not path or not Path(path).is_file():
+        return None
+    b = json.loads(Path(path).read_text())
+    return {"vllm": b.get("vllm"), "parts": {p["file"]: p["sha256"] for p in b.get("parts", [])}}
+
+
+def new_result(args, command: str, vllm_version: str) -> dict:
+    """An empty ``vllm`` result: provenance (the vLLM release and bundle beside the kit's), the settings."""
+    prov = provenance(command, dtype="bfloat16", preset=",".join(args.preset or PRESETS), vllm=vllm_version,
+                      vllm_bundle=_bundle(), text="full depth, random weights (the kit's seeded presets)")
+    settings = {"arms": list(ARMS), "cases": [list(c) for c in CASES], "tokens": list(TOKENS), "rounds": args.rounds,
+                "kit_repeats": args.kit_repeats, "seed": args.seed, "engine_env": ENGINE_ENV}
+    return {"name": NAME, "provenance": prov, "settings": settings, "presets": {}, "rows": [], "errors": [],
+            "complete": False}
+
+
+def _child(preset: str, args, left: float | None) -> dict:
+    """One preset in a process of its own (its engines die with it); returns its section."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "section.json"
+        cmd = [sys.executable, "-m", "lfm2vl_lab", "vllm", "--one-preset", preset, "--section-out", str(out),
+               "--rounds", str(args.rounds), "--kit-repeats", str(args.kit_repeats), "--seed", str(args.seed)]
+        env = {**os.environ, **ENGINE_ENV}
+        try:
+            rc = subprocess.run(cmd, env=env, timeout=left).returncode
+        except subprocess.TimeoutExpired:
+            return {"error": f"{preset}: stopped at the call's deadline ({left:.0f} s)"}
+        if rc != 0 or not out.is_file():
+            return {"error": f"{preset}: its process ended with exit status {rc} (the log above says why)"}
+        return json.loads(out.read_text())
+
+
+def run_presets(args, result: dict, save) -> dict:
+    """Run each preset the result lacks, in order, while it fits the deadline; save after each."""
+    t0 = time.perf_counter()
+    for preset in args.preset or PRESETS:
+        if preset in result["presets"]:
+            continue
+        left = None if args.deadline is None else args.deadline - (time.perf_counter() - t0)
+        if left is not None and left < EXPECTED_S[preset]:
+            print(f"== {preset}: left for --resume ({left:.0f} s left, about {EXPECTED_S[preset]} s needed)",
+                  flush=True)
+            break
+        print(f"== {preset}", flush=True)
+        t1 = time.perf_counter()
+        sec = _child(preset, args, left)
+        if "error" in sec:
+            result["errors"].append(sec)
+            print("   FAILED:", sec["error"], flush=True)
+            save(result)
+            break
+        sec["seconds"]["total"] = round(time.perf_counter() - t1, 1)
+        result["rows"] += sec.pop("rows") + sec.get("kit", {}).pop("rows", [])
+        result["presets"][preset] = sec
+        save(result)
+    result["complete"] = all(p in result["presets"] for p in args.preset or PRESETS) and not result["errors"]
+    save(result)
+    return result
+
+
+def run_vllm_cli(args) -> int:
+    """vLLM itself on the GPU: encoder graphs off, the PR's config and the kit's, beside the kit's pipeline."""
+    version = _check_machine()
+    if args.one_preset:
+        from .vllm_preset import measure_preset
+
+        say = (lambda s: None) if args.no_progress else (lambda s: print(s, flush=True))
+        sec = measure_preset(args.one_preset, args.rounds, args.kit_repeats, FOLDERS, args.seed, say)
+        Path(args.section_out).write_text(json.dumps(sec, default=str))
+        return 0
+    if version != VLLM_VERSION:
+        print(f"warning: vLLM {version} is installed; the kit pins {VLLM_VERSION}", flush=True)
+    command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
+    saved: dict = {}
+    if args.resume:
+        path = Path(args.resume)
+        if not path.is_file():
+            raise UsageError(f"--resume {args.resume}: no such file")
+        result = json.loads(path.read_text())
+        if result.get("name") != NAME or result["provenance"].get("vllm") != version:
+            raise UsageError(f"--resume {args.resume}: not a vllm result of vLLM {version}")
+        result.setdefault("resumed", []).append({"date": provenance(command)["date"], "command": command})
+        # the file keeps its name, under --out (where this call's results are collected)
+        saved["path"] = Path(args.out) / gpu_slug(result["provenance"]["gpu"]) / path.name
+        saved["path"].parent.mkdir(parents=True, exist_ok=True)
+    else:
+        result = new_result(args, command, version)
+
+    def save(res):
+        saved["path"] = save_result(res, args.out, args.name, saved.get("path"))
+
+    result = run_presets(args, result, save)
+    from .vllm_report import summary_lines
+
+    for line in summary_lines(result):
+        print(line, flush=True)
+    print("results:", saved.get("path"), "(complete)" if result["complete"] else "(incomplete: --resume it)")
+    return 1 if result["errors"] else 0
