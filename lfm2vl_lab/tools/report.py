@@ -35,6 +35,7 @@ from .plots import (
     timeline_figure,
 )
 from .plots_ttft import decode_figure, ttft_breakdown_figure, ttft_grid_figure
+from .plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
 from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, recorded_tag
 from .tables import add_table_args, run_tables
 
@@ -46,6 +47,11 @@ SPECIAL_ROLES = {  # roles with figures of their own: role -> {file suffix: (fig
     "ttft": {"breakdown": (ttft_breakdown_figure, "Time to first token phase by phase, 1x512 x1"),
              "grid": (ttft_grid_figure, "Time to first token against requests"),
              "decode": (decode_figure, "Decode per token against requests")},
+}
+# roles whose figures read the whole file rather than its rows: role -> {file suffix: (figure, short title)}
+WHOLE_FILE_ROLES = {
+    "vllm": {"cuts": (vllm_cuts_figure, "Encoder graphs inside vLLM and in the kit's pipeline: the cuts, paired"),
+             "breakdown": (vllm_breakdown_figure, "Where the first token's time goes, vLLM and the kit's pipeline")},
 }
 NO_TIMELINE = "no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)"
 
@@ -127,6 +133,10 @@ def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
             stem = f"{slug}-{role}" + (f"-{suffix}" if suffix else "")
             title = f"{short} — {res['provenance'].get('dtype')}\n{recorded_tag(res)}"
             jobs.append((stem, partial(make_fig, res.get("rows") or [], title=title), [res]))
+        for suffix, (make_fig, short) in WHOLE_FILE_ROLES.get(role, {}).items():
+            prov = res["provenance"]
+            title = f"{short} — vLLM {prov.get('vllm')}, {prov.get('dtype')}\n{recorded_tag(res)}"
+            jobs.append((f"{slug}-{role}-{suffix}", partial(make_fig, res, title=title), [res]))
     return jobs
 
 

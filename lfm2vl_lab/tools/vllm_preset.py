@@ -10,11 +10,12 @@ In order, so that each part has the GPU to itself:
    prompts (one 512 px image, one tiled image).
 3. **The kit beside vLLM**: the kit's pipeline, text model graphed (the fused engine), encoder eager
    and graphed with both graph configs, on the A/B's cases, timed in turns.
-4. **vLLM**: one engine per arm (:mod:`.vllm_ab`), the parity prompts through each, warm-up, then the
-   rounds; last, each graphed engine's encoder capture measured once more.
+4. **vLLM**: one engine per arm (:mod:`.vllm_ab`), started right after step 1; the parity prompts
+   through each, warm-up, then the rounds; last, each graphed engine's encoder capture measured
+   once more.
 
-The kit's model is freed before the engines start, so each engine sizes its memory on a GPU that
-holds only the others (each takes :data:`MEMORY_FRACTION` of it).
+The engines start first (each takes :data:`MEMORY_FRACTION` of the GPU) and wait idle while the kit
+measures in what is left; the kit's model is freed before vLLM's own requests run.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..serving.engine import TextEngine
 from ..serving.pipeline import VlmPipeline
 from .e2e import IMAGES, generate_once
 from .timing import time_paired
-from .ttft import PhaseClock, request_call
+from .ttft import PhaseClock, median_phases, request_call
 from .vllm_ab import (
     ARMS,
     CASES,
@@ -52,7 +53,7 @@ from .vllm_ab import (
 )
 from .workloads import synthetic_image
 
-MEMORY_FRACTION = 0.28  # of the GPU per engine: three engines side by side
+MEMORY_FRACTION = 0.25  # of the GPU per engine: three engines side by side, and room for the kit's model
 MAX_MODEL_LEN = 4096  # the longest request here is one tiled image (~1,500 positions) and 128 tokens
 
 
@@ -157,7 +158,8 @@ def kit_rounds(model, proc, pipes: dict, text: str, images: Images, repeats: int
                              "ttft_ms": [t - ph.get("decode", 0.0)
                                          for t, (ph, _) in zip(totals[arm], logs[arm][-repeats:])]}
                        for arm in pipes}
-            rows += [dict(r, engine="kit") for r in case_rows(preset, image, n, tokens, samples)]
+            rows += [dict(r, engine="kit", phases_ms=median_phases(logs[r["arm"]], repeats))
+                     for r in case_rows(preset, image, n, tokens, samples)]
     return rows
 
 
@@ -262,7 +264,9 @@ def _ref_summary(r: dict) -> dict:
 
 
 def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed: int = 0, say=print) -> dict:
-    """Everything of one preset (see the module), as one section of the ``vllm`` result."""
+    """Everything of one preset (see the module), as one section of the ``vllm`` result. The engines
+    start right after the model folder is written (a problem with vLLM shows in seconds, not after
+    the kit's side); they wait idle while the kit measures."""
     import gc
     from pathlib import Path
 
@@ -281,9 +285,16 @@ def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed
     folder = write_model_folder(model, Path(folder_root) / preset)
     proc = Lfm2VlProcessor.from_pretrained(folder, local_files_only=True)
     text, images = chat_text(proc), Images(seed + 1000)
+    sec = {"preset": preset, "folder": folder.name, "prompt_text": text, "engines": {}}
     lap("weights and model folder")
+    llms = {}
+    for arm in ARMS:
+        cfg = compilation_config(arm, preset)
+        llms[arm], start_s, worker = start_engine(folder, cfg, MEMORY_FRACTION, MAX_MODEL_LEN)
+        sec["engines"][arm] = {"start_s": round(start_s, 1), "compilation_config": cfg, "worker": worker}
+        lap(f"engine {arm}")
     refs = references(model, proc, text, images)
-    sec = {"preset": preset, "folder": folder.name, "prompt_text": text, "references": [_ref_summary(r) for r in refs]}
+    sec["references"] = [_ref_summary(r) for r in refs]
     lap("references")
     if kit_repeats:
         sec["kit"] = _kit_side(model, proc, text, images, refs, kit_repeats, preset)
@@ -295,17 +306,11 @@ def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
-    llms, sec["engines"] = {}, {}
-    for arm in ARMS:
-        cfg = compilation_config(arm, preset)
-        llms[arm], start_s, worker = start_engine(folder, cfg, MEMORY_FRACTION, MAX_MODEL_LEN)
-        sec["engines"][arm] = {"start_s": round(start_s, 1), "compilation_config": cfg, "worker": worker}
-        lap(f"engine {arm}")
     sec["parity"] = {arm: vllm_parity(llm, text, refs) for arm, llm in llms.items()}
     lap("vLLM parity")
     sec["rows"], sec["breakdown"] = vllm_rows(preset, vllm_rounds(llms, text, images, rounds))
     lap(f"{rounds} rounds")
-    for arm in GRAPHED_ARMS:
+    for arm in GRAPHED_ARMS:  # last: a capture that went wrong could leave an engine unusable
         sec["engines"][arm]["encoder_capture"] = encoder_capture(llms[arm])
     lap("encoder captures")
     clock.pop("start")

@@ -1,0 +1,64 @@
+"""The vllm file's figures and summary, drawn from a synthetic file of the recorded shape (the recorded
+run itself is checked through the reference set: tests/test_tables.py, tests/test_figures_page.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lfm2vl_lab.tools import vllm_ab as ab
+from lfm2vl_lab.tools.plots_common import NoData
+from lfm2vl_lab.tools.plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
+
+
+def fake_result(presets=("lfm2-vl-450m", "lfm2-vl-3b"), rounds: int = 6) -> dict:
+    """A ``vllm`` file's shape with made-up numbers: vLLM's TTFT 40 ms, cut by 35% (PR) and 30% (kit)."""
+    rng = random.Random(0)
+    rows, secs = [], {}
+    for preset in presets:
+        for engine, base in (("vllm", 40.0), ("kit", 8.0)):
+            for image, n in ab.CASES:
+                for tokens in ab.TOKENS:
+                    samples = {arm: {"ttft_ms": [base * k * rng.uniform(0.97, 1.03) for _ in range(rounds)],
+                                     "e2e_ms": [(base + 2.8 * tokens) * (1 - (1 - k) * base / (base + 2.8 * tokens))
+                                                * rng.uniform(0.99, 1.01) for _ in range(rounds)]}
+                               for arm, k in (("off", 1.0), ("pr", 0.65), ("kit", 0.7))}
+                    for r in ab.case_rows(preset, image, n, tokens, samples):
+                        r["engine"] = engine
+                        if engine == "kit":
+                            r["phases_ms"] = {"processor": 3.5, "h2d": 0.2, "encoder": 4.0 if r["arm"] == "off" else 1.0,
+                                              "merge": 0.1, "prefill": 1.2, "sample": 0.1}
+                        rows.append(r)
+        part = {"ttft_ms": 40.0, "processor_ms": 6.0, "queue_ms": 0.5, "scheduled_to_first_ms": 25.0,
+                "encoder_gpu_ms": 9.0, "encoder_host_ms": 9.5, "rest_ms_composed": 8.5}
+        secs[preset] = {"engines": {a: {"start_s": 45.0} for a in ab.ARMS},
+                        "breakdown": {f"{a}/{im}": part for a in ab.ARMS for im in ("1x512", "tiled")}}
+    return {"name": "vllm", "provenance": {"vllm": "0.25.1", "dtype": "bfloat16"}, "presets": secs, "rows": rows}
+
+
+def test_the_cut_figure_draws_every_series_with_its_interval():
+    fig = vllm_cuts_figure(fake_result(), title="t")
+    axes = fig.get_axes()
+    assert len(axes) == 4  # TTFT and whole request, two presets
+    ttft = axes[0]
+    bars = [p for p in ttft.patches if p.get_height() != 0]
+    assert len(bars) == 4 * 6  # four series, six case × token groups
+    assert max(b.get_height() for b in bars) == pytest.approx(35, abs=3)
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert "the PR's claim: 10-20% (e2e, low batch)" in labels and "vLLM, PR config" in labels
+
+
+def test_the_breakdown_figure_stacks_vllms_parts_and_the_kits_phases():
+    fig = vllm_breakdown_figure(fake_result(presets=("lfm2-vl-450m",)), title="t")
+    ax = fig.get_axes()[0]
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert ticks[0] == "vLLM, encoder eager" and ticks[-1] == "kit's pipeline, encoder graphs, kit config"
+    widths = sorted({round(p.get_width(), 3) for p in ax.patches})
+    assert 16.0 in widths  # the rest of vLLM's step: 25 ms from scheduled to the first token, less 9 ms encoder
+    assert any("TTFT 40.0 ms" in t.get_text() for t in ax.texts)
+
+
+def test_a_file_without_an_ab_has_no_figure():
+    with pytest.raises(NoData, match="no vLLM A/B"):
+        vllm_cuts_figure({"presets": {}, "rows": []})
