@@ -1,13 +1,17 @@
-"""The fatbin rules of scripts/vllm_fatbin.py, on synthetic files: they zero exactly the payloads an sm_90 GPU
-never loads. No network, no vLLM."""
+"""The vLLM bundle for the H200 (scripts/vllm_bundle.py, scripts/vllm_fatbin.py), on synthetic files: the
+fatbin rules zero exactly the payloads an sm_90 GPU never loads, the parts unpack to the site they were
+packed from, and a damaged or missing part is named. No network, no vLLM."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import struct
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(name: str):
-    """A script as a module, registered under its name."""
+    """A script as a module, registered under its name (vllm_bundle imports vllm_fatbin by name)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -25,6 +29,7 @@ def load(name: str):
 
 
 fb = load("vllm_fatbin")
+vb = load("vllm_bundle")
 PTX, CUBIN = fb.PTX, fb.CUBIN
 
 
@@ -195,3 +200,137 @@ def test_demangled_real_names_meet_the_rule():
     assert [fb.needed_kernels([n], {64, 96}) for n in names[:3]] == [True, False, True]
     assert names[3].startswith("$void cutlass::device_kernel<flash::enable_sm90_or_later") and names[3].count("$") == 2
     assert fb.MAINLOOP.search(names[3])[1] == "128"  # a clone is read as the kernel it clones
+
+
+# ---- parts: pack and install --------------------------------------------------------------------------
+
+PINS = {"vllm": "0.0.0", "wheels": {"fake": "1.0"}}
+
+
+def fake_site(root: Path) -> Path:
+    """Incompressible files of several sizes in nested folders, an executable, and some text."""
+    site = root / "site"
+    rng = __import__("random").Random(0)
+    for i, size in enumerate([90_000, 60_000, 40_000, 30_000, 20_000, 5_000, 0]):
+        path = site / f"pkg{i % 3}" / "sub" / f"f{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(size))
+    (site / "pkg0" / "tool").write_bytes(b"#!/bin/sh\necho hi\n")
+    (site / "pkg0" / "tool").chmod(0o755)
+    (site / "pkg1" / "mod.py").write_text("print('hello')\n" * 500)
+    return site
+
+
+def contents(root: Path) -> dict[str, tuple[bytes, bool]]:
+    return {p.relative_to(root).as_posix(): (p.read_bytes(), os.access(p, os.X_OK))
+            for p in root.rglob("*") if p.is_file() and p.name != vb.RECORD}
+
+
+def test_pack_then_install_gives_the_site_back(tmp_path):
+    site, out, limit = fake_site(tmp_path), tmp_path / "out", 110_000
+    bundle = vb.pack(site, out, limit, trims=[{"path": "x", "bytes": 1, "done": "dropped"}], pins=PINS)
+    assert len(bundle["parts"]) >= 2 and all(p["bytes"] <= limit for p in bundle["parts"])
+    assert json.loads((out / "bundle.json").read_text()) == bundle
+    assert bundle["vllm"] == "0.0.0" and bundle["trims"][0]["path"] == "x"
+    assert sum(p["files"] for p in bundle["parts"]) == len(contents(site))
+    assert bundle["unpacked_bytes"] == sum(len(b) for b, _ in contents(site).values())
+    rc, line = vb.install(out, tmp_path / "target")
+    assert (rc, line.startswith("complete")) == (0, True)
+    assert contents(tmp_path / "target") == contents(site)
+    for path in site.rglob("*"):
+        os.utime(path, (1e9, 1e9))  # another day, the same files: the same bytes
+    again = vb.pack(site, tmp_path / "out2", limit, pins=PINS)
+    assert [p["sha256"] for p in again["parts"]] == [p["sha256"] for p in bundle["parts"]]
+
+
+def test_parts_over_the_limit_pass_files_on(tmp_path, monkeypatch):
+    """Estimates too low put everything in one part; measuring it moves files on until each part fits."""
+    site = fake_site(tmp_path)
+    monkeypatch.setattr(vb, "xz_size", lambda path: 1)
+    bundle = vb.pack(site, tmp_path / "out", 110_000, pins=PINS)
+    assert len(bundle["parts"]) >= 2 and all(p["bytes"] <= 110_000 for p in bundle["parts"])
+    vb.install(tmp_path / "out", tmp_path / "target")
+    assert contents(tmp_path / "target") == contents(site)
+    with pytest.raises(SystemExit, match="f0.bin"):
+        vb.pack(site, tmp_path / "out3", 50_000, pins=PINS)  # a file alone over the limit cannot travel
+
+
+def test_parts_carried_in_successive_calls_add_up(tmp_path, capsys):
+    site, out = fake_site(tmp_path), tmp_path / "out"
+    bundle = vb.pack(site, out, 110_000, pins=PINS)
+    first, *rest = [p["name"] for p in bundle["parts"]]
+    call = tmp_path / "call"
+    call.mkdir()
+    shutil.copy(out / "bundle.json", call)
+    shutil.copy(out / first, call)
+    target = tmp_path / "target"
+    assert vb.main(["install", "--bundle", str(call), "--target", str(target)]) == 3
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and all(name in line for name in rest) and first not in line.split("(")[0]
+    (call / first).unlink()  # the next call carries only what is left
+    for name in rest:
+        shutil.copy(out / name, call)
+    assert vb.main(["install", "--bundle", str(call), "--target", str(target)]) == 0
+    assert contents(target) == contents(site)
+
+
+def test_a_damaged_part_is_named_and_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    bundle = vb.pack(fake_site(tmp_path), out, 110_000, pins=PINS)
+    name = bundle["parts"][-1]["name"]
+    data = bytearray((out / name).read_bytes())
+    data[len(data) // 2] ^= 1
+    (out / name).write_bytes(data)
+    assert vb.main(["install", "--bundle", str(out), "--target", str(tmp_path / "t")]) == 2
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and name in line and "sha256" in line
+    assert not (tmp_path / "t").exists()  # nothing unpacked from a bundle with a bad part
+    assert vb.install(tmp_path / "nowhere", tmp_path / "t")[0] == 2
+
+
+def test_install_imports_nothing_beyond_the_standard_library(tmp_path):
+    """The H200 runs it before vLLM is there, with its own python3: no torch, no lfm2vl_lab."""
+    out = tmp_path / "out"
+    vb.pack(fake_site(tmp_path), out, 110_000, pins=PINS)
+    code = ("import runpy, sys; m = runpy.run_path(sys.argv[1]); rc = m['main'](['install', '--bundle', sys.argv[2],"
+            " '--target', sys.argv[3]]); print(sorted({n.split('.')[0] for n in sys.modules}"
+            " - set(sys.stdlib_module_names) - {'__main__', '__mp_main__'}), rc)")
+    res = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(ROOT / "scripts" / "vllm_bundle.py"), str(out),
+                          str(tmp_path / "target")], capture_output=True, text=True, check=True)
+    assert res.stdout.strip().splitlines()[-1] == "[] 0"
+
+
+# ---- wheels and pins ------------------------------------------------------------------------------
+
+
+def test_unpack_wheel_is_pip_install_target(tmp_path):
+    whl = tmp_path / "fake-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("fake/__init__.py", "x = 1\n")
+        exe = zipfile.ZipInfo("fake/bin/tool")
+        exe.external_attr = 0o755 << 16
+        z.writestr(exe, "#!/bin/sh\n")
+        z.writestr("fake-1.0.data/purelib/fake_extra.py", "y = 2\n")
+        z.writestr("fake-1.0.data/scripts/fake-cli", "#!python\n")
+    vb.unpack_wheel(whl, tmp_path / "site")
+    assert contents(tmp_path / "site") == {"fake/__init__.py": (b"x = 1\n", False),
+                                           "fake/bin/tool": (b"#!/bin/sh\n", True),
+                                           "fake_extra.py": (b"y = 2\n", False)}
+
+
+def test_download_reuses_the_cache_without_the_network(tmp_path, monkeypatch):
+    rel = vb.release()
+    for name, ver in [("vllm", rel["vllm"]), *rel["wheels"].items()]:
+        (tmp_path / f"{name.replace('-', '_')}-{ver}-py3-none-any.whl").touch()
+    monkeypatch.setattr(vb.subprocess, "run", lambda *a, **k: pytest.fail("pip was called"))
+    assert len(vb.download(tmp_path)) == 1 + len(rel["wheels"])
+
+
+def test_pins_live_in_vllm_release_only():
+    tomllib = pytest.importorskip("tomllib")
+    rel = vb.release()
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    assert extra == [f"vllm=={rel['vllm']}"]
+    for script in ("vllm_bundle.py", "vllm_fatbin.py", "vllm_venv.sh", "h200_run.sh"):
+        text = (ROOT / "scripts" / script).read_text()
+        assert rel["vllm"] not in text and rel["wheels"]["xgrammar"] not in text, f"scripts/{script} repeats a pin"
