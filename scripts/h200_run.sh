@@ -21,6 +21,18 @@
 #   bash scripts/h200_run.sh sanitize    scripts/sanitize_replay.py natively, then under compute-sanitizer's
 #                                        memcheck (must end "ERROR SUMMARY: 0 errors") and initcheck
 #                                        (reports explained in docs/design.md); logs sanitize-*.log
+#   bash scripts/h200_run.sh vllm-stage  unpack the parts of the vLLM bundle this call carried into
+#                                        /tmp/vllm-site, and say which parts are still missing
+#   bash scripts/h200_run.sh vllm        the same; once the bundle is complete, vLLM's part of the reference
+#                                        set (record --part vllm) on the unpacked vLLM, with the ENGINE_ENV
+#                                        of lfm2vl_lab/tools/vllm_release.py
+#
+# vLLM (this machine has no network): `python3 scripts/vllm_bundle.py build` makes .vllm/ here, bundle.json
+# and parts part-N.tar.xz, each sized to fit beside the tree; its last line says whether one call carries
+# them all. If so: `carry: [".vllm"]` with `vllm`. If not, a part per call, bundle.json always with it:
+# call 1 `carry: [".vllm/bundle.json", ".vllm/part-1.tar.xz"]` with `vllm-stage`, then within 30 s (the
+# machine stays warm, /tmp with it, only that long) `carry: [".vllm/bundle.json", ".vllm/part-2.tar.xz"]`,
+# the last part with `vllm`. A call that finds the machine cold finds /tmp empty: "missing parts: ...".
 #
 # The Jupyter wheels (the H200 image has no Jupyter), made once here; then delete the packaging,
 # typing_extensions, pytest, pluggy and iniconfig wheels, which the image already has:
@@ -40,6 +52,13 @@ step() { local t=$1; shift; local l; l=$(left); [ "$t" -gt "$l" ] && t=$l
          tar czf "$OUT/res.tgz" -C "$W" . 2>/dev/null; }
 jupyter_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; }
+vllm_install() {  # the parts this call carried, added to those earlier calls left; exit code 0, 3 or 2
+  python3 scripts/vllm_bundle.py install --bundle .vllm --target /tmp/vllm-site; }
+vllm_env() {  # the unpacked vLLM first on the path, and the engine's environment from vllm_release.py
+  export PYTHONPATH=/tmp/vllm-site:$PWD
+  eval "$(python3 -c 'import runpy, shlex
+env = runpy.run_path("lfm2vl_lab/tools/vllm_release.py")["ENGINE_ENV"]
+print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))')"; }
 sanitize_steps() {
   # The allocator's cache cannot be bypassed (PYTORCH_NO_CUDA_MEMORY_CACHING breaks graph capture), so
   # memcheck sees the allocator's segments, not each tensor; API return codes (cudaErrorNotReady from
@@ -95,6 +114,16 @@ notebooks)
 gpu-tests)
   jupyter_wheels  # nbformat, nbclient: some test modules import them
   LOG=pytest TAILN=8  step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
+vllm-stage)
+  vllm_install; rc=$?; [ "$rc" -eq 3 ] && rc=0; exit "$rc" ;;  # a part still missing is what staging expects
+vllm)
+  vllm_install || exit $?
+  vllm_env
+  out=$(python3 -c 'import vllm; print("== vllm", vllm.__version__, "from", vllm.__file__)' 2>&1) \
+    || { echo "$out" | tail -n 20; exit 1; }
+  echo "$out" | tail -n 1
+  LOG=record-vllm TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --part vllm --out "$R" \
+    --deadline $(( $(left) - 15 )) ;;
 sanitize) sanitize_steps ;;
 verify)
   # the GPU suite, then the sanitizer runs, in one call (one machine start)
@@ -112,6 +141,7 @@ compare)
                                  --workload 1x512 --repeats 5 --cu-rule safe,repeat_last --no-progress \
                                  --figure none --name fused-rules --out "$R"
   LOG=probe  TAILN=8  step 60  python3 scripts/fused_host_probe.py ;;
-*) echo "unknown part $PART (record, notebooks, gpu-tests, sanitize, verify, compare)"; exit 2 ;;
+*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, vllm-stage, vllm)"
+   exit 2 ;;
 esac
 ls -la "$OUT"

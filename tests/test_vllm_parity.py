@@ -1,4 +1,4 @@
-"""Parity with vLLM's own LFM2-VL encoder-graph helpers (vllm==0.33.0, the optional extra).
+"""Parity with vLLM's own LFM2-VL encoder-graph helpers (VLLM_VERSION of lfm2vl_lab/tools/vllm_release.py).
 
 Skipped where vLLM is not installed. CI runs this file in a separate venv that has it
 (see .ci/run). Every comparison uses fresh random inputs; vLLM's methods that only need a
@@ -17,7 +17,7 @@ from lfm2vl_lab.core.config import auto_budgets, auto_max_items, pad_cu_seqlens_
 from lfm2vl_lab.core.manager import pad_default
 from lfm2vl_lab.core.packing import PositionEmbeddingCache, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels
 
-# Not `pip install '.[vllm]'`: that pulls vLLM's own CUDA torch, ~9.4 GB. The script layers vLLM onto .venv (~1.2 GB).
+# Not `pip install '.[vllm]'`: that pulls vLLM's own CUDA torch, GBs. The script layers vLLM onto .venv (~0.9 GB).
 vllm_lfm2 = pytest.importorskip(
     "vllm.model_executor.models.lfm2_vl",
     reason="vLLM is not installed here; build .venv-vllm with scripts/vllm_venv.sh and run this file with it "
