@@ -16,9 +16,10 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 # What the technique may use besides the standard library: torch, transformers, the two packages
 # transformers' image processor itself needs, tokenizers (what transformers' fast tokenizers are
-# made of; model/toy_processor.py builds one), and Triton, torch's own kernel language (installed with
-# CUDA torch; kernels/fused.py imports it lazily and runs plain torch without it).
-THIRD_PARTY = {"torch", "transformers", "numpy", "PIL", "tokenizers", "triton"}
+# made of; model/toy_processor.py builds one), safetensors (transformers' own weight format and
+# dependency; model/folder.py writes a checkpoint's weights with it), and Triton, torch's own kernel
+# language (installed with CUDA torch; kernels/fused.py imports it lazily and runs plain torch without it).
+THIRD_PARTY = {"torch", "transformers", "numpy", "PIL", "tokenizers", "safetensors", "triton"}
 # Which of the package's own packages each may import (besides itself). The instrument, tools/,
 # may import them all; none of them imports tools/.
 MAY_IMPORT = {

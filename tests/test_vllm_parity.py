@@ -3,6 +3,10 @@
 Skipped where vLLM is not installed. CI runs this file in a separate venv that has it
 (see .ci/run). Every comparison uses fresh random inputs; vLLM's methods that only need a
 ``factor`` or a static helper from ``self`` are called with a minimal stand-in object.
+
+The model folder the kit writes (``lfm2vl_lab.model.folder``) is checked against vLLM's own code: its
+model's weight loader (built on the meta device, every preset), its multimodal processor and its
+incremental detokenizer.
 """
 
 from __future__ import annotations
@@ -105,3 +109,139 @@ def test_padding_functions_match_vllm(seed):
     pad_default(ours, data)
     Manager._copy_padded_buffer(theirs, data)
     assert torch.equal(ours, theirs)
+
+
+# -- the model folder (lfm2vl_lab.model.folder): vLLM's own model, processor and detokenizer read it --------
+
+FOLDER_PRESETS = ("tiny", "lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2-vl-3b")
+
+
+@pytest.fixture(scope="module")
+def vllm_on_cpu():
+    """What building vLLM's model needs outside its engine: a platform that picks attention backends
+    (on a machine without a GPU the CUDA wheel finds none, so vLLM's CPU platform stands in) and a
+    one-process gloo group for its tensor-parallel layers."""
+    import socket
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.platforms.cpu import CpuPlatform
+
+    with pytest.MonkeyPatch.context() as mp:
+        if not torch.cuda.is_available():
+            mp.setattr("vllm.platforms.current_platform", CpuPlatform())
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with set_current_vllm_config(VllmConfig()):
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"tcp://127.0.0.1:{port}")
+            initialize_model_parallel(1, 1)
+        yield
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+def vllm_model_on_meta(folder):
+    """vLLM's ``Lfm2VLForConditionalGeneration`` for the folder's config.json, built on the meta device."""
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+
+    config = VllmConfig(model_config=ModelConfig(model=str(folder), skip_tokenizer_init=True),
+                        device_config=DeviceConfig("cpu"))
+    with set_current_vllm_config(config), torch.device("meta"):
+        return VllmLfm2(vllm_config=config)
+
+
+@pytest.mark.parametrize("preset", FOLDER_PRESETS)
+def test_the_folders_weights_are_vllms_parameters(preset, tmp_path, vllm_on_cpu):
+    """vLLM's own loader (names mapped, q/k/v and w1/w3 stacked, shapes checked) takes every tensor
+    the writer would write, and they fill every parameter of vLLM's model: no memory, meta tensors."""
+    from lfm2vl_lab import build_model
+    from lfm2vl_lab.model.folder import checkpoint_tensors, write_config
+
+    model = build_model(preset, device="meta", text_layers="full")
+    write_config(model, tmp_path)
+    theirs = vllm_model_on_meta(tmp_path)
+    loaded = theirs.load_weights(checkpoint_tensors(model).items())
+    assert loaded == {name for name, _ in theirs.named_parameters()}
+
+
+def test_vllm_refuses_other_names_and_shapes(tmp_path, vllm_on_cpu):
+    """The check above can fail: transformers' own layout (no ``vision_model.``) and a wrong shape."""
+    from lfm2vl_lab import build_model
+    from lfm2vl_lab.model.folder import checkpoint_tensors, write_config
+
+    model = build_model("tiny", device="meta", text_layers="full")
+    write_config(model, tmp_path)
+    saved = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    with pytest.raises(ValueError, match="no module or parameter named 'embeddings' in Siglip2Model"):
+        vllm_model_on_meta(tmp_path).load_weights(saved.items())
+    tensors = checkpoint_tensors(model)
+    tensors["model.language_model.layers.0.feed_forward.w1.weight"] = torch.empty(3, 64, device="meta")
+    with pytest.raises((AssertionError, ValueError, RuntimeError)):
+        vllm_model_on_meta(tmp_path).load_weights(tensors.items())
+
+
+@pytest.fixture(scope="module")
+def thumbnail_folder(tmp_path_factory):
+    """The tiny preset written with LFM2-VL-1.6B's image processor (same patches, thumbnail on), so a
+    tiled image's prompt holds every kind of image token."""
+    from lfm2vl_lab import build_model
+    from lfm2vl_lab.model.folder import write_model_folder
+    from lfm2vl_lab.model.inputs import make_processor
+
+    model = build_model("tiny", text_layers="full")
+    model.lab_processor = make_processor("lfm2-vl-1.6b")
+    return write_model_folder(model, tmp_path_factory.mktemp("folder") / "tiny-thumbnail")
+
+
+@pytest.mark.parametrize("size", [(512, 512), (1536, 1024)], ids=["one tile", "tiled"])
+def test_vllms_processor_builds_transformers_prompt(thumbnail_folder, size):
+    """vLLM's multimodal processor for LFM2-VL, on the folder, expands ``<image>`` into the ids
+    transformers' ``Lfm2VlProcessor`` gives for the same chat-template text and image."""
+    from transformers import AutoProcessor
+    from vllm.config import ModelConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from lfm2vl_lab import synthetic_image
+
+    ours = AutoProcessor.from_pretrained(thumbnail_folder, local_files_only=True)
+    theirs = MULTIMODAL_REGISTRY.create_processor(ModelConfig(model=str(thumbnail_folder)))
+    image = synthetic_image(*size)
+    content = [{"type": "image"}, {"type": "text", "text": "describe this image"}]
+    text = ours.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                    tokenize=False)
+    want = ours(text=text, images=[image], return_tensors="pt")["input_ids"][0].tolist()
+    got = theirs(text, theirs.info.parse_mm_data({"image": [image]}))["prompt_token_ids"]
+    assert got == want
+    tokens = set(ours.tokenizer.convert_ids_to_tokens(got))
+    tiled = {"<|img_thumbnail|>", "<|img_row_1_col_1|>"}
+    assert {"<|image_start|>", "<image>", "<|image_end|>"} <= tokens and (tiled <= tokens) == (size != (512, 512))
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_vllms_detokenizer_reads_the_toy_tokenizer(thumbnail_folder, skip_special):
+    """vLLM's incremental detokenizer (the tokenizers library's DecodeStream over the fast tokenizer)
+    streams the word-level toy tokenizer's text: ``decode``'s, but for the space before the first
+    word (the tokenizer joins words with spaces, the prompt's last one included)."""
+    from vllm import SamplingParams
+    from vllm.tokenizers import get_tokenizer
+    from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer, IncrementalDetokenizer
+
+    tok = get_tokenizer(str(thumbnail_folder))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "describe this image"}],
+                                     add_generation_prompt=True, tokenize=True)["input_ids"]
+    answer = torch.randint(0, tok.vocab_size, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    request = SimpleNamespace(request_id="r", prompt_token_ids=prompt,
+                              sampling_params=SamplingParams(max_tokens=64, skip_special_tokens=skip_special))
+    detok = IncrementalDetokenizer.from_new_request(tok, request)
+    assert isinstance(detok, FastIncrementalDetokenizer)
+    for token in answer:
+        detok.update([token], False)
+    text = detok.get_next_output_text(True, False)
+    assert text == " " + tok.decode(answer, skip_special_tokens=skip_special)

@@ -15,4 +15,6 @@ this order:
 * :mod:`.parity` — error measures, and the float32 judge for bf16/fp16 outputs
 * :mod:`.toy_processor` — a stand-in tokenizer and chat template for random-weight models, so that
   :func:`lfm2vl_lab.serving.chat.chat` runs on a preset
+* :mod:`.folder` — a model in memory written as a checkpoint folder in a real one's layout
+  (:func:`~.folder.write_model_folder`), which vLLM, transformers and :func:`~.presets.load_model` all load
 """
