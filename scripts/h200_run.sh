@@ -55,7 +55,7 @@ jupyter_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile -
 vllm_install() {  # the parts this call carried, added to those earlier calls left; exit code 0, 3 or 2
   python3 scripts/vllm_bundle.py install --bundle .vllm --target /tmp/vllm-site; }
 vllm_env() {  # the unpacked vLLM first on the path, and the engine's environment from vllm_release.py
-  export PYTHONPATH=/tmp/vllm-site:$PWD
+  export PYTHONPATH=/tmp/vllm-site:$PWD LFM2VL_VLLM_BUNDLE=$PWD/.vllm/bundle.json
   eval "$(python3 -c 'import runpy, shlex
 env = runpy.run_path("lfm2vl_lab/tools/vllm_release.py")["ENGINE_ENV"]
 print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))')"; }

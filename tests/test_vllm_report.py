@@ -27,8 +27,9 @@ def fake_result(presets=("lfm2-vl-450m", "lfm2-vl-3b"), rounds: int = 6) -> dict
                     for r in ab.case_rows(preset, image, n, tokens, samples):
                         r["engine"] = engine
                         if engine == "kit":
-                            r["phases_ms"] = {"processor": 3.5, "h2d": 0.2, "encoder": 4.0 if r["arm"] == "off" else 1.0,
-                                              "merge": 0.1, "prefill": 1.2, "sample": 0.1}
+                            enc = 4.0 if r["arm"] == "off" else 1.0
+                            r["phases_ms"] = {"processor": 3.5, "h2d": 0.2, "encoder": enc, "merge": 0.1,
+                                              "prefill": 1.2, "sample": 0.1}
                         rows.append(r)
         part = {"ttft_ms": 40.0, "processor_ms": 6.0, "queue_ms": 0.5, "scheduled_to_first_ms": 25.0,
                 "encoder_gpu_ms": 9.0, "encoder_host_ms": 9.5, "rest_ms_composed": 8.5}

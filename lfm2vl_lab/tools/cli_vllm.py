@@ -31,7 +31,7 @@ from .vllm_release import ENGINE_ENV, VLLM_VERSION
 NAME = "vllm"
 # Seconds one preset is expected to take on the H200 (three engine starts, the kit's side and the
 # rounds at the defaults), with room to spare: what --deadline plans with.
-EXPECTED_S = {"lfm2-vl-450m": 260, "lfm2-vl-1.6b": 300, "lfm2-vl-3b": 340}
+EXPECTED_S = {"lfm2-vl-450m": 240, "lfm2-vl-1.6b": 270, "lfm2-vl-3b": 300}
 FOLDERS = Path(tempfile.gettempdir()) / "lfm2vl-vllm-models"
 BUNDLE_ENV = "LFM2VL_VLLM_BUNDLE"  # bundle.json of the installed bundle (scripts/vllm_bundle.py), for provenance
 
@@ -40,10 +40,10 @@ def add_vllm_args(p) -> None:
     """Options of ``python -m lfm2vl_lab vllm``."""
     p.add_argument("--preset", action="append", type=preset_arg, default=None,
                    help=f"preset(s) (repeatable; default: {', '.join(PRESETS)})")
-    p.add_argument("--rounds", type=positive_int, default=12,
-                   help="rounds of the A/B: every case once per engine, the engines in rotating turns (default: 12)")
-    p.add_argument("--kit-repeats", type=int, default=8,
-                   help="rounds of the kit's own pipeline on the same cases (0: leave it out; default: 8)")
+    p.add_argument("--rounds", type=positive_int, default=10,
+                   help="rounds of the A/B: every case once per engine, the engines in rotating turns (default: 10)")
+    p.add_argument("--kit-repeats", type=int, default=6,
+                   help="rounds of the kit's own pipeline on the same cases (0: leave it out; default: 6)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for this call: presets that no longer fit are left for --resume")

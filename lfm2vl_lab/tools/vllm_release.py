@@ -16,7 +16,9 @@ versions, so the bundle ``scripts/vllm_bundle.py`` builds is the same on every r
 ``ENGINE_ENV``: set before vLLM is imported. Without ``VLLM_USE_FLASHINFER_SAMPLER=0`` the sampler
 imports flashinfer (not carried) and the engine dies at start; ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``
 lets ``LLM.collective_rpc`` send the kit's measuring hooks to vLLM's worker process (a local pipe,
-the kit's own functions).
+the kit's own functions). ``TVM_FFI_DISABLE_TORCH_C_DLPACK=1``: tvm_ffi (which xgrammar imports)
+otherwise tries to compile an optional torch addon at import, in every process, from headers the
+bundle leaves out; it is a speed-up for exchanging tensors with TVM, which this path never does.
 """
 
 from __future__ import annotations
@@ -53,4 +55,5 @@ WHEELS: tuple[tuple[str, str], ...] = (
     ("xgrammar", "0.2.9"),
 )
 
-ENGINE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+ENGINE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+              "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1"}
