@@ -140,10 +140,10 @@ BLOCKS = {"reference-set": reference_block}
 
 def blocks() -> dict[str, Callable[[Refs], str]]:
     """Every part a page may mark, by name (imported here: the part modules import this one)."""
-    from . import tables_encoder, tables_engine, tables_goals, tables_graph_configs, tables_request
+    from . import tables_encoder, tables_engine, tables_goals, tables_graph_configs, tables_request, tables_vllm
 
     return {**BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS,
-            **tables_graph_configs.BLOCKS, **tables_request.BLOCKS}
+            **tables_graph_configs.BLOCKS, **tables_request.BLOCKS, **tables_vllm.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
