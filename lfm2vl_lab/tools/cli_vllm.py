@@ -84,7 +84,7 @@ def _bundle() -> dict | None:
     if not path or not Path(path).is_file():
         return None
     b = json.loads(Path(path).read_text())
-    return {"vllm": b.get("vllm"), "parts": {p["file"]: p["sha256"] for p in b.get("parts", [])}}
+    return {"vllm": b.get("vllm"), "parts": {p.get("name"): p.get("sha256") for p in b.get("parts", [])}}
 
 
 def new_result(args, command: str, vllm_version: str) -> dict:
