@@ -55,7 +55,8 @@ DROP = (
     ("tvm_ffi/cython", "tvm_ffi build-time only: Cython sources"),
     ("tvm_ffi/stub", "tvm_ffi build-time only: the stub generator"),
     ("tvm_ffi/testing", "tvm_ffi's test helpers, not imported by tvm_ffi/__init__.py"),
-    ("tvm_ffi/lib/libtvm_ffi_testing.so", "tvm_ffi's test library, loaded by tvm_ffi.testing only"),
+    # (tvm_ffi/lib/libtvm_ffi_testing.so stays: tvm_ffi's core library links it, so `import tvm_ffi`,
+    # which xgrammar does, fails without it; seen on the H200)
 )
 
 

@@ -148,6 +148,10 @@ def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
               python=str(fake), deadline_s=300)
     man = rec.run_record(**kw)
     assert man["partial"]["slow"]["file"] == "slow-20260101-000000.json" and not man["failed"]
+    assert man["partial"]["slow"]["code_hash"] == code_hash()  # beside the set: it names its own code
+    # a reader that takes a partial file finds it, marked; one that does not, does not
+    assert reference.load("slow", gpu="cpu", root=tmp_path, partial=True)["_partial"]
+    assert reference.load("slow", gpu="cpu", root=tmp_path, required=False) is None
     assert "slow" not in man["files"] and "partial, the next call resumes it" in said[-2]
     man = rec.run_record(**kw)
     assert man["files"]["slow"]["file"] == "slow-20260101-000000.json" and "partial" not in man

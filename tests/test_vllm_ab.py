@@ -108,3 +108,12 @@ def test_the_summary_reads_a_result_file():
     assert "vLLM: off 40.0/" in vllm and "pr 24.1/" in vllm and "(TTFT −39.8% [−40.0, −39.5]" in vllm
     assert kit.startswith("the kit's pipeline: off 40.0/")
     assert cut_text({"cut": 0.372, "ci": [0.33, 0.401]}) == "−37.2% [−40.1, −33.0]"
+
+
+def test_vllm_leaves_out_the_tiled_cases_of_a_preset_without_a_thumbnail():
+    """vLLM 0.25.1 counts a thumbnail for every tiled LFM2-VL image; LFM2-VL-450M's processor makes
+    none, so its tiled requests kill the engine (tests/test_vllm_parity.py shows the miscount)."""
+    cases, skipped = ab.vllm_cases("lfm2-vl-450m")
+    assert ("tiled", 1) not in cases and ("1x512", 4) in cases and skipped == {"tiled": ab.NO_THUMBNAIL}
+    for preset in ("lfm2-vl-1.6b", "lfm2-vl-3b"):  # their processors make a thumbnail
+        assert ab.vllm_cases(preset) == (list(ab.CASES), {})

@@ -245,3 +245,27 @@ def test_vllms_detokenizer_reads_the_toy_tokenizer(thumbnail_folder, skip_specia
         detok.update([token], False)
     text = detok.get_next_output_text(True, False)
     assert text == " " + tok.decode(answer, skip_special_tokens=skip_special)
+
+
+def test_vllm_counts_a_thumbnail_the_450m_processor_does_not_make(tmp_path):
+    """Why the ``vllm`` A/B leaves out LFM2-VL-450M's tiled image (``vllm_ab.vllm_cases``): for a tiled
+    image vLLM's LFM2-VL processing counts one item more than transformers' processor makes when the
+    processor has no thumbnail, so the prompt's placeholders outnumber the encoder's features."""
+    from transformers import AutoProcessor
+    from vllm.config import ModelConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from lfm2vl_lab import build_model, synthetic_image
+    from lfm2vl_lab.model.folder import write_model_folder
+    from lfm2vl_lab.model.inputs import make_processor
+
+    for preset, thumbnail in (("lfm2-vl-450m", False), ("lfm2-vl-1.6b", True)):
+        model = build_model("tiny", text_layers="full")
+        model.lab_processor = make_processor(preset)
+        folder = write_model_folder(model, tmp_path / preset)
+        ours = AutoProcessor.from_pretrained(folder, local_files_only=True)
+        info = MULTIMODAL_REGISTRY.create_processor(ModelConfig(model=str(folder))).info
+        items = ours.image_processor(images=[synthetic_image(1024, 768)], return_tensors="pt")["pixel_values"]
+        counted = info.get_num_patches(image_width=1024, image_height=768, processor=info.get_hf_processor(),
+                                       mm_kwargs={})
+        assert counted == items.shape[0] + (0 if thumbnail else 1), preset

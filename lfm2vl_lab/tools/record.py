@@ -180,7 +180,7 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
         man["failed"].pop(step.role, None)
         say(f"   {entry['file']} in {entry['seconds']} s")
     elif entry["rc"] == 0 and len(new) == 1:
-        man["partial"][step.role] = entry
+        man["partial"][step.role] = {**entry, "code_hash": hash_} if step.beside else entry
         say(f"   {entry['file']} in {entry['seconds']} s: partial, the next call resumes it")
     else:
         (folder / "incomplete").mkdir(exist_ok=True)

@@ -54,13 +54,20 @@ def _read(path: Path) -> dict:
     return data
 
 
-def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool = True) -> dict | None:
+def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool = True,
+         partial: bool = False) -> dict | None:
     """The result file that plays ``role`` in ``gpu``'s reference set, with ``_path`` and ``_role``.
 
     ``required``: raise :class:`ReferenceError` (naming the roles there are) when the set or the role
-    is missing; otherwise return None."""
+    is missing; otherwise return None. ``partial``: where the role is not recorded whole, its partial
+    file (a resumable step's, which the manifest lists under ``partial``), marked ``_partial``: for a
+    reader that says what the file still lacks."""
     man = load_manifest(gpu, root)
     entry = (man or {}).get("files", {}).get(role)
+    if entry is None and partial and role in (man or {}).get("partial", {}):
+        data = _read(manifest_path(gpu, root).parent / man["partial"][role]["file"])
+        data.update(_role=role, _partial=True)
+        return data
     if entry is None:
         if not required:
             return None

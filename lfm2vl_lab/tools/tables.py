@@ -49,10 +49,16 @@ class Refs:
                              "(`python -m lfm2vl_lab record` on the GPU writes it)")
         return man
 
-    def __call__(self, role: str) -> dict:
+    def __call__(self, role: str, partial: bool = False) -> dict:
+        """``role``'s file; ``partial``: a resumable role's partial file where it is not recorded whole."""
         if role not in self._cache:
-            self._cache[role] = load(role, self.gpu, self.root)
+            self._cache[role] = load(role, self.gpu, self.root, partial=partial)
         return self._cache[role]
+
+    def has(self, role: str, partial: bool = False) -> bool:
+        """Whether the set holds ``role`` (``partial``: or a partial file of it)."""
+        man = self.manifest
+        return role in man.get("files", {}) or (partial and role in man.get("partial", {}))
 
     def archived(self, name: str) -> dict:
         key = "archive/" + name
@@ -73,8 +79,8 @@ class Refs:
         """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions."""
         parts = []
         for role in roles:
-            res = self(role)
-            parts.append(f"`{self.shown(res)}` (role `{role}`)")
+            res = self._cache.get(role) or self(role)
+            parts.append(f"`{self.shown(res)}` (role `{role}`{', partial' if res.get('_partial') else ''})")
         prov = self(roles[0])["provenance"]
         return (("Files: " if len(roles) > 1 else "File: ") + ", ".join(parts)
                 + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "

@@ -59,6 +59,24 @@ def compilation_config(arm: str, preset: str) -> dict:
             "encoder_cudagraph_max_vision_items_per_batch": items}
 
 
+# vLLM 0.25.1's LFM2-VL processor counts a thumbnail for every tiled image (lfm2_vl.py:
+# `_get_image_feature_grid_size` adds one patch whenever the grid is larger than 1x1, and
+# `get_image_repl` appends the thumbnail's tokens, sized from the last item), whatever the image
+# processor's `use_thumbnail` says. Where it says no (LFM2-VL-450M), a tiled prompt gets one item's
+# placeholders more than the encoder returns, and the engine dies on the first tiled request
+# ("Attempted to assign 1536 = 1536 multimodal tokens to 1792 placeholders").
+NO_THUMBNAIL = ("vLLM 0.25.1's LFM2-VL processor counts a thumbnail for every tiled image, and this preset's "
+                "processor makes none (use_thumbnail: false): its engine dies on a tiled request")
+
+
+def vllm_cases(preset: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
+    """The :data:`CASES` vLLM can serve for ``preset``, and the ones it cannot with the reason (see
+    :data:`NO_THUMBNAIL`); the kit's pipeline runs every case."""
+    if as_preset(preset).processor.get("use_thumbnail", True):
+        return list(CASES), {}
+    return [c for c in CASES if c[0] != "tiled"], {"tiled": NO_THUMBNAIL}
+
+
 def round_orders(arms, rounds: int) -> list[list[str]]:
     """The arms' order in each round: rotated by one each round (off, pr, kit; pr, kit, off; ...)."""
     arms = list(arms)

@@ -76,26 +76,31 @@ def read_hooks(worker) -> dict:
 
 def measure_encoder_capture(worker) -> dict:
     """Capture vLLM's encoder graphs once more, the way its own start-up profiling does (a fresh
-    manager from the runner's config into a pool of its own), timed, with the device memory it took;
-    then release them. None-valued where the engine has no encoder graphs."""
+    manager from the runner's config into a pool of its own), timed, with the memory it took; then
+    release them. None-valued where the engine has no encoder graphs. Memory is read two ways: the
+    allocator's reserved bytes (``reserved_mib``: what the graphs' pool and buffers hold) and the
+    device's free memory (``device_mib``), which stays put where the allocator already held the
+    blocks, so it can read 0 for a capture that took memory (files recorded before ``reserved_mib``
+    existed hold only that device read, as ``memory_mib``)."""
     runner = worker.model_runner
     mgr = runner._create_encoder_cudagraph_manager()
     if mgr is None:
-        return {"graphs": 0, "capture_s": None, "memory_mib": None}
+        return {"graphs": 0, "capture_s": None, "reserved_mib": None, "device_mib": None}
     from vllm.platforms import current_platform
 
     torch.cuda.synchronize()
-    free0 = torch.cuda.mem_get_info()[0]
+    free0, reserved0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
     t0 = time.perf_counter()
     mgr.capture(graph_pool=current_platform.graph_pool_handle())
     torch.cuda.synchronize()
     took = time.perf_counter() - t0
-    used = free0 - torch.cuda.mem_get_info()[0]
+    reserved, device = torch.cuda.memory_reserved() - reserved0, free0 - torch.cuda.mem_get_info()[0]
     graphs = mgr.get_num_graphs_to_capture()
     mgr.clear()
     del mgr
     torch.cuda.empty_cache()
-    return {"graphs": graphs, "capture_s": round(took, 3), "memory_mib": round(max(used, 0) / 2**20, 1)}
+    return {"graphs": graphs, "capture_s": round(took, 3), "reserved_mib": round(max(reserved, 0) / 2**20, 1),
+            "device_mib": round(max(device, 0) / 2**20, 1)}
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from .vllm_ab import (
     case_rows,
     compilation_config,
     round_orders,
+    vllm_cases,
 )
 from .workloads import synthetic_image
 
@@ -186,30 +187,30 @@ def judge(tokens: list[int], top_logits: dict[int, float], ref: dict) -> dict:
             "first_as_fp32": tokens[0] == ref["fp32_tokens"][0], "fp32_top2_margin": float(top2[0] - top2[1])}
 
 
-def vllm_parity(llm, text: str, refs: list[dict]) -> dict:
-    """vLLM on the parity prompts: the prompt ids it built (against the kit's), its greedy tokens and
-    the raw logits of its 20 most likely first tokens, judged by :func:`judge`."""
+def vllm_parity(llm, text: str, refs: list[dict], images=PARITY_IMAGES) -> dict:
+    """vLLM on the parity prompts (those of ``images``): the prompt ids it built (against the kit's),
+    its greedy tokens and the raw logits of its 20 most likely first tokens, judged by :func:`judge`."""
     from .vllm_engine import run_batch
 
     out = {}
-    for r in refs:
+    for r in (r for r in refs if r["image"] in images):
         got = run_batch(llm, text, [r["pil"]], PARITY_TOKENS, logprobs=TOP_LOGITS)["requests"][0]
         out[r["image"]] = {**judge(got["tokens"], got["first_logits"], r),
                            "same_prompt_ids": got["prompt_token_ids"] == r["ids"], "prompt_len": got["prompt_len"]}
     return out
 
 
-def vllm_rounds(llms: dict, text: str, images: Images, rounds: int) -> dict:
+def vllm_rounds(llms: dict, text: str, images: Images, rounds: int, cases=CASES) -> dict:
     """Warm-up (one request per arm and case), then ``rounds`` rounds: every case and token count
     once per arm, the arms rotated per round. Returns, per (case, tokens, arm), each round's result."""
     from .vllm_engine import run_batch
 
     for llm in llms.values():
-        for image, n in CASES:
+        for image, n in cases:
             run_batch(llm, text, images(image, n), 2)
     got: dict = {}
     for order in round_orders(list(llms), rounds):
-        for image, n in CASES:
+        for image, n in cases:
             for tokens in TOKENS:
                 for arm in order:
                     res = run_batch(llms[arm], text, images(image, n), tokens)
@@ -219,11 +220,11 @@ def vllm_rounds(llms: dict, text: str, images: Images, rounds: int) -> dict:
     return got
 
 
-def vllm_rows(preset: str, got: dict) -> tuple[list[dict], dict]:
+def vllm_rows(preset: str, got: dict, cases=CASES) -> tuple[list[dict], dict]:
     """Rows per case (medians, spread, paired cuts with their interval, decode per token) and, per
     arm, where the TTFT of one request of one image went (:func:`breakdown`)."""
     rows, parts = [], {}
-    for image, n in CASES:
+    for image, n in cases:
         for tokens in TOKENS:
             samples = {}
             for arm in ARMS:
@@ -268,6 +269,7 @@ def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed
     start right after the model folder is written (a problem with vLLM shows in seconds, not after
     the kit's side); they wait idle while the kit measures."""
     import gc
+    import shutil
     from pathlib import Path
 
     from transformers import Lfm2VlProcessor
@@ -282,10 +284,12 @@ def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed
         say(f"{preset}: {what} in {clock[what]} s")
 
     model = build_model(preset, dtype=torch.bfloat16, device="cuda", seed=seed, text_layers="full")
+    shutil.rmtree(Path(folder_root) / preset, ignore_errors=True)  # a scratch folder a stopped run may have left
     folder = write_model_folder(model, Path(folder_root) / preset)
     proc = Lfm2VlProcessor.from_pretrained(folder, local_files_only=True)
     text, images = chat_text(proc), Images(seed + 1000)
-    sec = {"preset": preset, "folder": folder.name, "prompt_text": text, "engines": {}}
+    sec = {"preset": preset, "folder": folder.name, "prompt_text": text, "engines": {}, "rounds": rounds,
+           "kit_repeats": kit_repeats}
     lap("weights and model folder")
     llms = {}
     for arm in ARMS:
@@ -306,9 +310,11 @@ def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
-    sec["parity"] = {arm: vllm_parity(llm, text, refs) for arm, llm in llms.items()}
+    cases, sec["skipped"] = vllm_cases(preset)
+    sec["parity"] = {arm: vllm_parity(llm, text, refs, [im for im in PARITY_IMAGES if im not in sec["skipped"]])
+                     for arm, llm in llms.items()}
     lap("vLLM parity")
-    sec["rows"], sec["breakdown"] = vllm_rows(preset, vllm_rounds(llms, text, images, rounds))
+    sec["rows"], sec["breakdown"] = vllm_rows(preset, vllm_rounds(llms, text, images, rounds, cases), cases)
     lap(f"{rounds} rounds")
     for arm in GRAPHED_ARMS:  # last: a capture that went wrong could leave an engine unusable
         sec["engines"][arm]["encoder_capture"] = encoder_capture(llms[arm])
