@@ -14,7 +14,7 @@ import pytest
 
 from lfm2vl_lab.tools import reference
 from lfm2vl_lab.tools.plots import MAX_WIDTH_IN, NoData
-from lfm2vl_lab.tools.report import figure_jobs
+from lfm2vl_lab.tools.report import figure_jobs, reference_sets
 from lfm2vl_lab.tools.results import FIGURES_ROOT, RESULTS_ROOT, shown_command
 from lfm2vl_lab.tools.site import UnexplainedFigure, figure_sources, figures_page, linked_files
 
@@ -35,13 +35,15 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_every_committed_figure_comes_from_one_file_of_the_reference_set(committed):
     assert PNGS and [p for p, _ in committed] == PNGS
-    in_set = set(reference.files())
-    roles = reference.load_manifest()["files"]
+    man = reference.load_manifest()
+    # a resumable role's partial file (vLLM's) is drawn too, and says so in its title
+    roles = {**man["files"], **man.get("partial", {})}
     for png, files in committed:
         assert len(files) == 1, png.name  # one run per figure
         (res,) = files
         name = Path(res["_path"]).name
-        assert name in in_set and roles[res["_role"]]["file"] == name, png.name
+        assert roles[res["_role"]]["file"] == name, png.name
+        assert bool(res.get("_partial")) == (res["_role"] in man.get("partial", {})), png.name
         assert res["provenance"]["gpu"] == "NVIDIA H200", png.name
     by_stem = {p.stem: files[0]["_role"] for p, files in committed}
     assert {by_stem[f"nvidia-h200-ttft-{k}"] for k in ("breakdown", "grid", "decode")} == {"ttft"}
@@ -65,7 +67,7 @@ def test_every_committed_figure_fits_a_page():
 def test_every_figure_names_its_file_and_date_and_has_labelled_axes():
     """Each figure the report draws from the reference set, drawn again: its title names the file and
     the date of the run, each plot has a labelled y axis and the figure a legend."""
-    jobs = figure_jobs(reference.load_all(), "nvidia-h200")
+    jobs = figure_jobs(reference_sets()["nvidia-h200"], "nvidia-h200")  # what `report` draws
     assert {stem for stem, _, _ in jobs} >= {p.stem for p in PNGS}
     for stem, draw, (res,) in jobs:
         try:

@@ -115,7 +115,7 @@ def test_like_for_like_sentence_from_a_file():
     s = request.like_for_like(res)
     assert "LFM2-VL-3B with the PR's graph config" in s and "128 output tokens" in s
     assert "12.3% at 1 request, 10.0% at 2 requests, 5.0% at 4 requests with one 512 px image" in s
-    assert "20.0% at 1 request" in s and "10–20%" in s and "stands in for vLLM's engine" in s
+    assert "20.0% at 1 request" in s and "10–20%" in s and "runs in vLLM's place" in s
     assert "No whole-request rows" in request.like_for_like({"rows": [], "setup": []})
 
 
@@ -152,7 +152,7 @@ def test_tables_read_the_request_file(tmp_path, rows):
     refs = Refs(root=tmp_path)
     table = e2e_requests_block(refs)
     assert table.count("| LFM2-VL-3B |") == 2 and table.count("| LFM2-VL-450M |") == 2
-    assert "measured" in table and "composed" in table and "stands in for vLLM" in table
+    assert "measured" in table and "composed" in table and "in place of vLLM's engine" in table
     flagged = [line for line in table.splitlines() if "% (drift)" in line]
     assert len(flagged) == 1 and flagged[0].startswith("| LFM2-VL-3B | 1x512 | 2 |")
     assert "on LFM2-VL-3B" in like_for_like_block(refs).replace("On LFM2-VL-3B", "on LFM2-VL-3B")

@@ -24,8 +24,8 @@ SERIES = (("vllm", "pr", "vLLM, PR config", "#1f77b4"), ("vllm", "kit", "vLLM, k
           ("kit", "pr", "kit's pipeline, PR config", "#2ca02c"),
           ("kit", "kit", "kit's pipeline, kit config", "#98df8a"))
 VLLM_PARTS = (("processor_ms", "processor (host)", "#e8e8e8"), ("queue_ms", "wait for a step", "#c5b0d5"),
-              ("encoder_gpu_ms", "encoder (GPU stream)", "#2ca02c"), ("step_rest", "rest of the step: prefill, "
-                                                                     "sampling", "#1f77b4"),
+              ("encoder_gpu_ms", "encoder (GPU stream)", "#2ca02c"),
+              ("step_rest", "rest of vLLM's step: prefill, sampling", "#3b5b92"),
               ("rest_ms_composed", "frontend and pipe (composed)", "#ff7f0e"))
 KIT_PARTS = (("processor", "processor (host)", "#e8e8e8"), ("h2d", "upload", "#8c564b"),
              ("encoder", "encoder (GPU stream)", "#2ca02c"), ("merge", "merge", "#bcbd22"),
@@ -49,7 +49,7 @@ def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
     (:data:`SERIES`) with its 95% interval. A cut above 0 is a saving."""
     presets = _presets(res)
     groups = [(case_name(im, n), t) for im, n in CASES for t in TOKENS]
-    fig = Figure(figsize=(page_width(4.2 * len(presets)), 7.2), layout="constrained")
+    fig = Figure(figsize=(page_width(4.2 * len(presets), least=9.0), 7.2), layout="constrained")
     axes = fig.subplots(2, len(presets), squeeze=False, sharey="row")
     width = 0.8 / len(SERIES)
     for col, preset in enumerate(presets):

@@ -135,7 +135,8 @@ def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
             jobs.append((stem, partial(make_fig, res.get("rows") or [], title=title), [res]))
         for suffix, (make_fig, short) in WHOLE_FILE_ROLES.get(role, {}).items():
             prov = res["provenance"]
-            title = f"{short} — vLLM {prov.get('vllm')}, {prov.get('dtype')}\n{recorded_tag(res)}"
+            held = f" (partial: {', '.join(res.get('presets', {}))} so far)" if res.get("_partial") else ""
+            title = f"{short} — vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}\n{recorded_tag(res)}"
             jobs.append((f"{slug}-{role}-{suffix}", partial(make_fig, res, title=title), [res]))
     return jobs
 
@@ -147,9 +148,10 @@ def reference_sets(root=RESULTS_ROOT, say=print) -> dict[str, dict[str, dict]]:
     for man in sorted(Path(root).glob(f"*/{reference.MANIFEST}")):
         gpu = json.loads(man.read_text()).get("gpu", man.parent.name)
         files = {}
-        for role in reference.roles(gpu, root):
+        partial = [r for r in json.loads(man.read_text()).get("partial", {}) if r in WHOLE_FILE_ROLES]
+        for role in [*reference.roles(gpu, root), *partial]:  # a resumable role's partial file, labelled
             try:
-                files[role] = reference.load(role, gpu, root)
+                files[role] = reference.load(role, gpu, root, partial=role in partial)
             except (OSError, ValueError) as exc:
                 say(f"skip role {role} of {man}: {type(exc).__name__}: {exc}")
         out[gpu_slug(gpu)] = files

@@ -2,9 +2,9 @@
 
 The PR's "~10-20% lower e2e latency at low batch size" is about whole requests (processor, upload,
 encoder, prefill and every output token) inside vLLM's engine, whose text model runs under CUDA
-graphs. vLLM cannot run on this project's GPU image: it pins torch 2.14, and the image has 2.11. So the kit's
-pipeline (:mod:`lfm2vl_lab.serving.pipeline`) stands in for vLLM's engine, and every file and
-table made from this module says so (:data:`STAND_IN`).
+graphs. Here the kit's pipeline (:mod:`lfm2vl_lab.serving.pipeline`) runs them in vLLM's place,
+and every file and table made from this module says so (:data:`STAND_IN`); vLLM's own engine is
+measured by ``python -m lfm2vl_lab vllm`` (:mod:`.cli_vllm`).
 
 For each grid cell (image × requests), on top of the TTFT grid's four rows (:func:`.ttft.cell_rows`):
 
@@ -38,8 +38,8 @@ from .timing import time_paired
 from .ttft import PhaseClock, build_pipelines, cell_rows, median_phases, mode_name, prompt_for, request_call
 from .workloads import synthetic_workload
 
-STAND_IN = ("the kit's pipeline (lfm2vl_lab.serving.pipeline) stands in for vLLM's engine: vLLM pins "
-            "torch 2.14 and cannot run on this GPU image")
+STAND_IN = ("the kit's pipeline (lfm2vl_lab.serving.pipeline) in place of vLLM's engine; vLLM's own "
+            "engine is measured by python -m lfm2vl_lab vllm")
 NEW_TOKENS = 128  # output tokens per whole request
 THROUGHPUT_BATCH = 8  # the most requests one batch of the throughput run carries
 PAD_ID = 0  # right padding of the shorter prompts in a throughput batch (never read: lengths say where each ends)
@@ -250,8 +250,8 @@ def like_for_like(result: dict, preset: str = "lfm2-vl-3b") -> str:
     tiled = f"; with one tiled image each, {listed(cuts['tiled'])}" if cuts["tiled"] else ""
     return (f"On {preset.upper()} with {config}, whole requests of {tokens} output tokens with the text model "
             f"graphed: encoder graphs cut the latency by {listed(cuts['1x512'])} with one 512 px image each{tiled}. "
-            f"The PR claimed {PR_CLAIM_TEXT}. The kit's pipeline stands in for vLLM's engine here (vLLM cannot run "
-            "on this GPU image), with random weights of the model's shapes.")
+            f"The PR claimed {PR_CLAIM_TEXT}. The kit's pipeline runs in vLLM's place here, with random weights "
+            "of the model's shapes.")
 
 
 def e2e_text(result: dict, preset: str = "lfm2-vl-3b") -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import reference
-from .report import figure_jobs
+from .report import figure_jobs, reference_sets
 from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, shown_command
 
 REPO_ROOT = RESULTS_ROOT.parents[1]
@@ -39,7 +39,8 @@ def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_
     slug = gpu_slug(gpu)
     if reference.load_manifest(gpu, root) is None:
         raise reference.ReferenceError(f"no reference set of {gpu}: no {reference.manifest_path(gpu, root)}")
-    sources = {stem: files for stem, _draw, files in figure_jobs(reference.load_all(gpu, root), slug)}
+    drawn = reference_sets(root, say=lambda *_: None).get(slug, {})  # what `report` draws, partial roles too
+    sources = {stem: files for stem, _draw, files in figure_jobs(drawn, slug)}
     pngs = sorted(Path(figures).glob(f"{slug}-*.png"))
     unexplained = [p.name for p in pngs if p.stem not in sources]
     if unexplained:
