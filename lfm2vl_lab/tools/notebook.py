@@ -128,13 +128,14 @@ def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, t
     return device, preset, dtype
 
 
-def load_recorded(role: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) -> dict | None:
+def load_recorded(role: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT, partial: bool = False) -> dict | None:
     """The file that plays ``role`` in ``gpu``'s reference set (:mod:`lfm2vl_lab.tools.reference`),
     announced: prints its :func:`recorded_label`, or, when the set lacks it, that the cells reading it
-    skip and which command records it. Returns the result, or None."""
-    res = reference.load(role, gpu, root, required=False)
+    skip and which command records it. ``partial``: a resumable role's partial file where it is not
+    recorded whole, announced as partial. Returns the result, or None."""
+    res = reference.load(role, gpu, root, required=False, partial=partial)
     if res is not None:
-        print(recorded_label(res))
+        print(recorded_label(res))  # a partial file says so itself (its ``complete`` is false)
         return res
     print(f"Not in the reference set: no {role!r} in data/results/{gpu_slug(gpu)}/{reference.MANIFEST} "
           "(`python -m lfm2vl_lab record` on the H200 records it); the cells that read it skip.")

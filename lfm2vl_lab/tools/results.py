@@ -212,7 +212,8 @@ def recorded_label(res: dict) -> str:
     by = f" by `{shown_command(p['command'])}`" if p.get("command") else ""
     return (f"{role}recorded on {p.get('gpu')} on {p.get('date')}{by}\n"
             f"  ({what}; file {Path(res['_path']).name})"
-            + ("\n  partial run: it was stopped before every mode finished" if res.get("complete") is False else ""))
+            + (f"\n  partial run: it was stopped before every {'preset' if 'presets' in res else 'mode'} finished"
+               if res.get("complete") is False else ""))
 
 
 def recorded_tag(res: dict) -> str:

@@ -156,16 +156,21 @@ def claim_block(refs: Refs) -> str:
     if miss:
         return miss
     res = refs(ROLE, partial=True)
+    return "\n".join(claim_lines(res)) + ("\n\nThe PR claimed 10–20% lower end-to-end latency at low batch size. A cut "
+                                          "counts as within, above or below that range only when its whole 95% "
+                                          "interval is; the median and the interval follow each case."
+                                          + partial_note(res) + "\n\n") + refs.source(ROLE)
+
+
+def claim_lines(res: dict) -> list[str]:
+    """The PR's claim judged from a ``vllm`` file, one line per engine and measure (see :func:`claim_block`)."""
     v = res["provenance"].get("vllm")
-    lines = [f"- **Inside vLLM {v}, whole requests** (PR config, cut against encoder eager): "
+    return [f"- **Inside vLLM {v}, whole requests** (PR config, cut against encoder eager): "
              + _verdict(_cases(res, "vllm", "e2e_cut", TOKENS)) + ".",
              f"- **Inside vLLM {v}, first token**: " + _verdict(_cases(res, "vllm", "ttft_cut", TOKENS[:1])) + ".",
              "- **The kit's pipeline, whole requests** (same weights and images): "
              + _verdict(_cases(res, "kit", "e2e_cut", TOKENS)) + ".",
              "- **The kit's pipeline, first token**: " + _verdict(_cases(res, "kit", "ttft_cut", TOKENS[:1])) + "."]
-    return "\n".join(lines) + ("\n\nThe PR claimed 10–20% lower end-to-end latency at low batch size. A cut counts as "
-                               "within, above or below that range only when its whole 95% interval is; the median and "
-                               "the interval follow each case." + partial_note(res) + "\n\n") + refs.source(ROLE)
 
 
 def breakdown_block(refs: Refs) -> str:
