@@ -81,6 +81,6 @@ def tiny_checkpoint(tmp_path_factory):
     """A checkpoint folder in a real one's layout, made here: the tiny preset's shapes with random
     weights (full text depth), a toy word-level tokenizer with LFM2's special tokens and an LFM2-VL
     chat template (lfm2vl_lab.model.toy_processor). No file of it comes from a hub."""
-    from lfm2vl_lab.model.toy_processor import save_toy_checkpoint
+    from lfm2vl_lab.model.folder import save_toy_checkpoint
 
     return save_toy_checkpoint(tmp_path_factory.mktemp("checkpoint") / "LFM2-VL-tiny")

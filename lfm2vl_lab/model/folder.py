@@ -160,3 +160,22 @@ def dtype_name(dtype: torch.dtype) -> str:
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(map(str, DTYPES))}")
     return DTYPES[dtype]
+
+
+def save_toy_checkpoint(folder: str | os.PathLike, preset: str = "tiny", seed: int = 0) -> Path:
+    """A checkpoint folder in a real one's layout (config, weights, tokenizer, chat template, image
+    processor), with random weights in the preset's shapes (full text depth) and :func:`~.toy_processor.toy_processor`:
+    what the tests and the README check run ``load_model`` and ``chat`` on. Written in float32 by
+    :func:`write_model_folder`, so a model loaded from it has the built model's weights
+    exactly. Returns the folder."""
+    from .presets import build_model
+
+    model = build_model(preset, seed=seed, text_layers="full")
+    # At transformers' initial scale (std 0.02) a small random text model answers every prompt with
+    # one token repeated; ten times that scale makes its greedy tokens vary, so a test comparing two
+    # paths' tokens compares sequences, not one id.
+    with torch.no_grad():
+        for p in model.model.language_model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 1.0 if p is model.model.language_model.embed_tokens.weight else 0.2)
+    return write_model_folder(model, folder, dtype=torch.float32)

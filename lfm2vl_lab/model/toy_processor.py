@@ -9,13 +9,10 @@ small one in LFM2-VL's layout: LFM2's special tokens at LFM2's ids (``<|startoft
 ChatML chat template that places ``<image>`` where a message holds an image. Its text is made of
 words, not sub-words: enough for :func:`~lfm2vl_lab.serving.chat.chat` to build a prompt and decode the answer of a
 random-weight model (which means nothing), and for the tests to build a checkpoint folder that
-looks like a real one (:func:`save_toy_checkpoint`) without downloading anything.
+looks like a real one (:func:`~.folder.save_toy_checkpoint`) without downloading anything.
 """
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 # LFM2's own ids for its control tokens (the LFM2 tokenizer's first entries)
 SPECIAL_IDS = {"<|pad|>": 0, "<|startoftext|>": 1, "<|endoftext|>": 2, "<|im_start|>": 6, "<|im_end|>": 7}
@@ -91,25 +88,3 @@ def toy_processor(model):
     cfg = model.config
     tok = toy_tokenizer(cfg.text_config.vocab_size, cfg.image_token_id)
     return Lfm2VlProcessor(image_processor=processor_for(model), tokenizer=tok, chat_template=TOY_CHAT_TEMPLATE)
-
-
-def save_toy_checkpoint(folder: str | os.PathLike, preset: str = "tiny", seed: int = 0) -> Path:
-    """A checkpoint folder in a real one's layout (config, weights, tokenizer, chat template, image
-    processor), with random weights in the preset's shapes (full text depth) and :func:`toy_processor`:
-    what the tests and the README check run ``load_model`` and ``chat`` on. Written in float32 by
-    :func:`~.folder.write_model_folder`, so a model loaded from it has the built model's weights
-    exactly. Returns the folder."""
-    import torch
-
-    from .folder import write_model_folder
-    from .presets import build_model
-
-    model = build_model(preset, seed=seed, text_layers="full")
-    # At transformers' initial scale (std 0.02) a small random text model answers every prompt with
-    # one token repeated; ten times that scale makes its greedy tokens vary, so a test comparing two
-    # paths' tokens compares sequences, not one id.
-    with torch.no_grad():
-        for p in model.model.language_model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 1.0 if p is model.model.language_model.embed_tokens.weight else 0.2)
-    return write_model_folder(model, folder, dtype=torch.float32)
