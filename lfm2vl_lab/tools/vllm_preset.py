@@ -10,12 +10,11 @@ In order, so that each part has the GPU to itself:
    prompts (one 512 px image, one tiled image).
 3. **The kit beside vLLM**: the kit's pipeline, text model graphed (the fused engine), encoder eager
    and graphed with both graph configs, on the A/B's cases, timed in turns.
-4. **vLLM**: one engine per arm (:mod:`.vllm_ab`), started right after step 1; the parity prompts
-   through each, warm-up, then the rounds; last, each graphed engine's encoder capture measured
-   once more.
+4. **vLLM**: one engine per arm (:mod:`.vllm_ab`); the parity prompts through each, warm-up, then
+   the rounds; last, each graphed engine's encoder capture measured once more.
 
-The engines start first (each takes :data:`MEMORY_FRACTION` of the GPU) and wait idle while the kit
-measures in what is left; the kit's model is freed before vLLM's own requests run.
+The kit's side runs first, with the GPU and the host to itself; its model is freed before the engines
+start (each takes :data:`MEMORY_FRACTION` of the GPU).
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ from .vllm_ab import (
 )
 from .workloads import synthetic_image
 
-MEMORY_FRACTION = 0.25  # of the GPU per engine: three engines side by side, and room for the kit's model
+MEMORY_FRACTION = 0.25  # of the GPU per engine: three engines side by side
 MAX_MODEL_LEN = 4096  # the longest request here is one tiled image (~1,500 positions) and 128 tokens
 
 
@@ -265,9 +264,9 @@ def _ref_summary(r: dict) -> dict:
 
 
 def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed: int = 0, say=print) -> dict:
-    """Everything of one preset (see the module), as one section of the ``vllm`` result. The engines
-    start right after the model folder is written (a problem with vLLM shows in seconds, not after
-    the kit's side); they wait idle while the kit measures."""
+    """Everything of one preset (see the module), as one section of the ``vllm`` result. The kit's side
+    runs before any engine starts: in the first recording the engines waited beside the kit's timed
+    rounds, and those rounds came out disturbed (one arm's processor phase seven times the others')."""
     import gc
     import shutil
     from pathlib import Path
@@ -291,12 +290,6 @@ def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed
     sec = {"preset": preset, "folder": folder.name, "prompt_text": text, "engines": {}, "rounds": rounds,
            "kit_repeats": kit_repeats}
     lap("weights and model folder")
-    llms = {}
-    for arm in ARMS:
-        cfg = compilation_config(arm, preset)
-        llms[arm], start_s, worker = start_engine(folder, cfg, MEMORY_FRACTION, MAX_MODEL_LEN)
-        sec["engines"][arm] = {"start_s": round(start_s, 1), "compilation_config": cfg, "worker": worker}
-        lap(f"engine {arm}")
     refs = references(model, proc, text, images)
     sec["references"] = [_ref_summary(r) for r in refs]
     lap("references")
@@ -310,6 +303,12 @@ def measure_preset(preset: str, rounds: int, kit_repeats: int, folder_root, seed
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
+    llms = {}
+    for arm in ARMS:
+        cfg = compilation_config(arm, preset)
+        llms[arm], start_s, worker = start_engine(folder, cfg, MEMORY_FRACTION, MAX_MODEL_LEN)
+        sec["engines"][arm] = {"start_s": round(start_s, 1), "compilation_config": cfg, "worker": worker}
+        lap(f"engine {arm}")
     cases, sec["skipped"] = vllm_cases(preset)
     sec["parity"] = {arm: vllm_parity(llm, text, refs, [im for im in PARITY_IMAGES if im not in sec["skipped"]])
                      for arm, llm in llms.items()}
