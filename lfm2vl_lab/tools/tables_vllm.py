@@ -229,7 +229,10 @@ def engines_block(refs: Refs) -> str:
                          (f"{'pass' if all(c['logits_ok'] for c in par.values()) else 'FAIL'}: "
                           f"{worst['rel_err_vs_fp32']:.1e} ({worst['hf_rel_err_vs_fp32']:.1e})") if worst else None,
                          ", ".join(f"{c['as_fp32']}/{len(c['tokens'])}" for c in par.values()) or None])
-    return "\n\n".join([md_table(head, rows),
+    seconds = "; ".join(f"{preset_label(p)} {res['presets'][p]['seconds'].get('total', 0):.0f} s ("
+                        + ", ".join(f"{k} {v:.0f} s" for k, v in res["presets"][p]["seconds"].items() if k != "total")
+                        + ")" for p in presets(res))
+    return "\n\n".join([md_table(head, rows), f"Seconds per preset on the H200: {seconds}.",
                         "Start-up: `LLM(...)` to ready, compile and CUDA graph capture included. The encoder graphs "
                         "captured once more in the live engine after the rounds, the way vLLM's own start-up "
                         "profiling captures them (a manager of its own into a pool of its own); memory is what the "
