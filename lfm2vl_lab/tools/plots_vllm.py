@@ -16,10 +16,11 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from .plots_common import NoData, page_width, set_title
+from .ttft_summary import PR_CLAIM
 from .vllm_ab import ARMS, CASES, TOKENS, case_name
+from .vllm_report import find as _row
 
 ARM_LABELS = {"off": "encoder eager", "pr": "encoder graphs, PR config", "kit": "encoder graphs, kit config"}
-PR_CLAIM = (0.10, 0.20)  # "~10-20% lower e2e latency at low batch size"
 SERIES = (("vllm", "pr", "vLLM, PR config", "#1f77b4"), ("vllm", "kit", "vLLM, kit config", "#aec7e8"),
           ("kit", "pr", "kit's pipeline, PR config", "#2ca02c"),
           ("kit", "kit", "kit's pipeline, kit config", "#98df8a"))
@@ -38,10 +39,6 @@ def _presets(res: dict) -> list[str]:
         raise NoData("no vLLM A/B in this file (python -m lfm2vl_lab vllm on a GPU with vLLM records it)")
     return presets
 
-
-def _row(res, engine, preset, case, tokens, arm):
-    return next((r for r in res["rows"] if (r.get("engine"), r["preset"], r["case"], r["tokens"], r["arm"])
-                 == (engine, preset, case, tokens, arm)), None)
 
 
 def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:

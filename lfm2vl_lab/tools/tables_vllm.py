@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 from .tables import Refs, md_table, ms, preset_label
+from .ttft_summary import PR_CLAIM
 from .vllm_ab import ARMS, CASES, TOKENS, case_name
+from .vllm_report import find as _row
 
 ROLE = "vllm"
-PR_CLAIM = (0.10, 0.20)  # "~10-20% lower e2e latency for low batch size" (vLLM PR #44930)
 
 
 def _missing(refs: Refs) -> str | None:
@@ -39,10 +40,6 @@ def partial_note(res: dict) -> str:
     return (f" **Partial:** this file holds {', '.join(preset_label(p) for p in presets(res))} so far; "
             f"{', '.join(preset_label(p) for p in left)} still to record (`record --part vllm` resumes it).")
 
-
-def _row(res: dict, engine: str, preset: str, case: str, tokens: int, arm: str) -> dict | None:
-    return next((r for r in res["rows"] if (r.get("engine"), r["preset"], r["case"], r["tokens"], r["arm"])
-                 == (engine, preset, case, tokens, arm)), None)
 
 
 def cut(c: dict | None) -> str | None:
