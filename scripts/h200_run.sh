@@ -25,7 +25,9 @@
 #                                        /tmp/vllm-site, and say which parts are still missing
 #   bash scripts/h200_run.sh vllm        the same; once the bundle is complete, vLLM's part of the reference
 #                                        set (record --part vllm) on the unpacked vLLM, with the ENGINE_ENV
-#                                        of lfm2vl_lab/tools/vllm_release.py
+#                                        of lfm2vl_lab/tools/vllm_release.py; call it again (within 30 s,
+#                                        carrying only .vllm/bundle.json) until the role is complete; with
+#                                        NOTEBOOKS and NB_S, the last call then runs those notebooks
 #
 # vLLM (this machine has no network): `python3 scripts/vllm_bundle.py build` makes .vllm/ here, bundle.json
 # and parts part-N.tar.xz, each sized to fit beside the tree; its last line says whether one call carries
@@ -122,8 +124,23 @@ vllm)
   out=$(python3 -c 'import vllm; print("== vllm", vllm.__version__, "from", vllm.__file__)' 2>&1) \
     || { echo "$out" | tail -n 20; exit 1; }
   echo "$out" | tail -n 1
-  LOG=record-vllm TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --part vllm --out "$R" \
-    --deadline $(( $(left) - 15 )) ;;
+  # A warm machine keeps /tmp: the next call resumes what this one recorded from there, so nothing has
+  # to be carried back in between (a cold one resumes from the repo's copy, if that was carried).
+  [ -d /tmp/h200-res ] && cp -r /tmp/h200-res/. "$R"/
+  LOG=record-vllm TAILN=40 step $(( $(left) - ${NB_S:-0} )) python3 -m lfm2vl_lab record --part vllm \
+    --out "$R" --deadline $(( $(left) - ${NB_S:-0} - 15 ))
+  rm -rf /tmp/h200-res && cp -r "$R" /tmp/h200-res
+  # NB_S seconds kept for NOTEBOOKS (carry ".whl"), run once the role is complete, against this call's set
+  [ -n "${NOTEBOOKS:-}" ] || exit 0
+  python3 - "$R" <<'PY' || exit 1
+import json, sys, pathlib
+man = json.loads(next(pathlib.Path(sys.argv[1]).glob("*/reference.json")).read_text())
+ok = "vllm" in man["files"] and "vllm" not in man.get("partial", {})
+print("== vllm role", "complete" if ok else "INCOMPLETE: the notebooks are not run")
+sys.exit(0 if ok else 1)
+PY
+  jupyter_wheels && cp -r "$R"/. data/results/
+  LOG=nb TAILN=12 step "$(left)" python3 scripts/run_notebooks.py $NOTEBOOKS --out "$W/nb" ;;
 sanitize) sanitize_steps ;;
 verify)
   # the GPU suite, then the sanitizer runs, in one call (one machine start)

@@ -157,3 +157,25 @@ def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
     assert man["files"]["slow"]["file"] == "slow-20260101-000000.json" and "partial" not in man
     assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 2
     assert any("resuming slow-20260101-000000.json" in s for s in said)
+
+
+def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
+    """A file names one code version: a partial file that other code left is started afresh, not
+    continued by this code (its sections would be credited to code that did not make them)."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE)
+    fake.chmod(0o755)
+    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True)
+    said = []
+    kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
+              python=str(fake), deadline_s=300)
+    rec.run_record(**kw)
+    path = tmp_path / "cpu" / "reference.json"
+    man = json.loads(path.read_text())
+    man["partial"]["slow"]["code_hash"] = "sha256:other"
+    path.write_text(json.dumps(man))
+    man = rec.run_record(**kw)
+    assert any("recorded by other code (sha256:other): starting afresh" in s for s in said)
+    assert not any("resuming" in s for s in said)
+    assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 1
+    assert man["partial"]["slow"]["code_hash"] == code_hash()

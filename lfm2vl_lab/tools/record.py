@@ -136,10 +136,14 @@ def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str, beside
             "finished": None, "complete": False, "files": {}}
 
 
-def _partial_file(step: Step, man: dict, folders) -> Path | None:
-    """The partial file a resumable step left in an earlier call (under ``--out`` or in the repo)."""
+def _partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | None:
+    """The partial file a resumable step left in an earlier call (under ``--out`` or in the repo), if
+    the same code recorded it: a file holds one code version, so other code starts the step afresh."""
     entry = man.get("partial", {}).get(step.role)
     if not step.resumable or entry is None:
+        return None
+    if entry.get("code_hash", man.get("code_hash")) != hash_:
+        say(f"   {entry['file']} is partial but recorded by other code ({entry.get('code_hash')}): starting afresh")
         return None
     return next((f / entry["file"] for f in folders if (f / entry["file"]).is_file()), None)
 
@@ -227,7 +231,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
         if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
             say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, {left:.0f} s left)")
             continue
-        resume = _partial_file(step, man, (folder, repo_folder))
+        resume = _partial_file(step, man, (folder, repo_folder), hash_, say)
         say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s)"
             + (f", resuming {resume.name}" if resume else ""))
         entry, new = _run_step(step, folder, out, python, left, resume)
