@@ -41,14 +41,21 @@ def _presets(res: dict) -> list[str]:
 
 
 
+# A few paired intervals of six kit repeats reach far below zero (one disturbed round); the axis stops
+# here so the medians stay readable, and a marker on the floor shows each interval that goes on.
+Y_FLOOR = -50.0
+
+
 def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
     """Rows: TTFT, whole request; columns: presets; per case and token count, one bar per series
-    (:data:`SERIES`) with its 95% interval. A cut above 0 is a saving."""
+    (:data:`SERIES`) with its 95% interval. A cut above 0 is a saving; an interval that reaches below
+    :data:`Y_FLOOR` ends there in a marker."""
     presets = _presets(res)
     groups = [(case_name(im, n), t) for im, n in CASES for t in TOKENS]
     fig = Figure(figsize=(page_width(4.2 * len(presets), least=9.0), 7.2), layout="constrained")
     axes = fig.subplots(2, len(presets), squeeze=False, sharey="row")
     width = 0.8 / len(SERIES)
+    clipped_seen = False
     for col, preset in enumerate(presets):
         for row, (key, what) in enumerate((("ttft_cut", "TTFT"), ("e2e_cut", "whole request"))):
             ax = axes[row][col]
@@ -67,15 +74,24 @@ def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
                     err[0].append(100 * (c["cut"] - c["ci"][0]))
                     err[1].append(100 * (c["ci"][1] - c["cut"]))
                 if xs:
+                    clipped = [x for x, y, e in zip(xs, ys, err[0]) if y - e < Y_FLOOR]
+                    err[0] = [min(e, y - Y_FLOOR) for y, e in zip(ys, err[0])]
                     ax.bar(xs, ys, width, color=color, label=label, yerr=err, capsize=2, ecolor="#444444")
+                    ax.plot(clipped, [Y_FLOOR + 2] * len(clipped), "v", color="#444444", ms=4,
+                            label=None if clipped_seen else f"interval reaches below {Y_FLOOR:.0f}%")
+                    clipped_seen = clipped_seen or bool(clipped)
             ax.axhline(0, color="black", lw=0.8)
-            ax.set_xticks(range(len(groups)), [f"{c}\n{t} tokens" for c, t in groups], fontsize=8)
+            ax.set_ylim(bottom=Y_FLOOR)
+            ax.set_xticks(range(len(groups)), [f"{c}\n{t} tok" for c, t in groups], fontsize=8)
             ax.set_title(f"{preset}: {what}", fontsize=10)
             if col == 0:
                 ax.set_ylabel(f"{what} cut by encoder graphs (%)\n(whisker: 95% interval)")
             ax.grid(axis="y", alpha=0.3)
-    handles, labels = axes[1][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
+    legend = {}  # label -> handle, over every panel (the floor's marker may show in one only)
+    for ax in (axes[1][0], *axes.flat):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(lab, h)
+    fig.legend(legend.values(), legend.keys(), loc="outside lower center", ncols=3, fontsize=8)
     set_title(fig, title)
     return fig
 
