@@ -82,6 +82,7 @@ def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
                     clipped_seen = clipped_seen or bool(clipped)
             ax.axhline(0, color="black", lw=0.8)
             ax.set_ylim(bottom=Y_FLOOR)
+            ax.tick_params(labelleft=True)  # every panel keeps its own scale readable
             ax.set_xticks(range(len(groups)), [f"{c}\n{t} tok" for c, t in groups], fontsize=8)
             ax.set_title(f"{preset}: {what}", fontsize=10)
             if col == 0:
