@@ -26,8 +26,8 @@ from .core.capture import recover_from_failed_capture
 from .core.config import EncoderGraphConfig, GraphOptions, auto_budgets
 from .core.encoder import PackedVisionEncoder, SplitProjector
 from .core.graphed_encoder import GraphedEncoder
-from .core.manager import plan_batches, plan_stats
 from .core.packing import PackedBatch, pack_inputs
+from .core.plan import plan_batches, plan_stats
 from .model.hf import hf_image_features
 from .model.inputs import image_limits, item_image, process_images, processor_for, to_rgb
 from .model.parity import max_rel_error, rel_error

@@ -10,7 +10,7 @@ import pytest
 
 from lfm2vl_lab.core.config import EncoderGraphConfig
 from lfm2vl_lab.core.dense import DenseGraphConfig
-from lfm2vl_lab.core.manager import plan_config, plan_stats
+from lfm2vl_lab.core.plan import plan_config, plan_stats
 from lfm2vl_lab.tools import explorer as ex
 from lfm2vl_lab.tools import reference
 

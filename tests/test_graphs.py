@@ -24,8 +24,9 @@ from lfm2vl_lab.core.config import pad_cu_seqlens_repeat_last, safe_cu_seqlens
 from lfm2vl_lab.core.dense import DenseGraphConfig, leading_full_items, parse_variant, variant_name
 from lfm2vl_lab.core.encoder import PackedVisionEncoder
 from lfm2vl_lab.core.lfm2vl import check_finite_items
-from lfm2vl_lab.core.manager import GraphStats, pad_default, plan_config
+from lfm2vl_lab.core.manager import GraphStats, pad_default
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx, tokens_for
+from lfm2vl_lab.core.plan import plan_config
 from lfm2vl_lab.core.staging import PixelItems, row_offsets
 from lfm2vl_lab.model.parity import float32_reference, judge_replay
 from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes

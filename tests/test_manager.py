@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from lfm2vl_lab.core.capture import capture_graph, eager_stand_in
-from lfm2vl_lab.core.manager import EncoderGraphManager, Replay, pad_default, plan_batches
+from lfm2vl_lab.core.manager import EncoderGraphManager, Replay, pad_default
+from lfm2vl_lab.core.plan import plan_batches
 
 DIM = 8
 

@@ -15,8 +15,8 @@ import pytest
 from lfm2vl_lab.core.capture import EagerStandIn, eager_stand_in
 from lfm2vl_lab.core.config import GRAPH_CONFIGS, GraphOptions
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
-from lfm2vl_lab.core.manager import plan_config
 from lfm2vl_lab.core.packing import tokens_for
+from lfm2vl_lab.core.plan import plan_config
 from lfm2vl_lab.model.hf import hf_image_features
 from lfm2vl_lab.model.parity import rel_error
 from lfm2vl_lab.tools import bench, modes

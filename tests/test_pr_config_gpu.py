@@ -11,8 +11,8 @@ import torch
 
 from lfm2vl_lab.core.config import GraphOptions
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
-from lfm2vl_lab.core.manager import plan_config
 from lfm2vl_lab.core.packing import tokens_for
+from lfm2vl_lab.core.plan import plan_config
 from lfm2vl_lab.model.hf import hf_image_features
 from lfm2vl_lab.model.parity import float32_reference, lowp_parity, max_rel_error
 from lfm2vl_lab.model.presets import Preset, build_model

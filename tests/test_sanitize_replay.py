@@ -9,8 +9,8 @@ import pytest
 
 from lfm2vl_lab import GraphedEncoder
 from lfm2vl_lab.core.capture import eager_stand_in
-from lfm2vl_lab.core.manager import plan_config
 from lfm2vl_lab.core.packing import tokens_for
+from lfm2vl_lab.core.plan import plan_config
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("sanitize_replay", ROOT / "scripts" / "sanitize_replay.py")

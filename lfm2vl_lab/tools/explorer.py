@@ -1,7 +1,7 @@
 """The budget explorer: what a budget set and an item limit do to the kit's request stream.
 
-Host arithmetic only, so it runs anywhere: the manager's own planner (:func:`~..core.manager.plan_config`,
-:func:`~..core.manager.plan_stats`) over the bench's stream of mixed requests (:func:`stream_tokens`,
+Host arithmetic only, so it runs anywhere: the manager's own planner (:func:`~..core.plan.plan_config`,
+:func:`~..core.plan.plan_stats`) over the bench's stream of mixed requests (:func:`stream_tokens`,
 the seeded :func:`~.workloads.synthetic_workload` the ``stream`` workload serves), served
 ``per_call`` requests per encoder call. The one GPU number it shows is each budget's graph memory,
 read from the reference set (role ``bench-450m``: its ``lab-graph`` rows carry ``capture_info``); a
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from ..core.config import GraphOptions, auto_budgets, auto_max_items, check_budgets
 from ..core.dense import DenseGraphConfig
-from ..core.manager import plan_config, plan_stats
 from ..core.packing import MIN_IMAGE_TOKENS, tokens_for
+from ..core.plan import plan_config, plan_stats
 from . import reference
 from .results import RESULTS_ROOT
 from .workloads import synthetic_workload
