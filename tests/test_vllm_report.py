@@ -63,3 +63,16 @@ def test_the_breakdown_figure_stacks_vllms_parts_and_the_kits_phases():
 def test_a_file_without_an_ab_has_no_figure():
     with pytest.raises(NoData, match="no vLLM A/B"):
         vllm_cuts_figure({"presets": {}, "rows": []})
+
+
+@pytest.mark.parametrize(("cap", "shown"), [
+    ({"graphs": 6, "pool_mib": 412.0, "reserved_mib": 0.0}, "412"),
+    ({"graphs": 6, "reserved_mib": 96.0}, "96"),
+    ({"graphs": 6, "reserved_mib": 0.0, "device_mib": 0.0}, "not seen"),
+    ({"graphs": 0, "reserved_mib": None}, None),
+])
+def test_the_engines_table_never_shows_an_unseen_capture_as_0_mib(cap, shown):
+    # A capture into blocks the allocator already held reserves nothing new: 0 there is no size.
+    from lfm2vl_lab.tools.tables_vllm import _capture_mib
+
+    assert _capture_mib(cap) == shown

@@ -201,6 +201,15 @@ def breakdown_block(refs: Refs) -> str:
                         "is upload, encoder, merge, prefill and sampling.", refs.source(ROLE)])
 
 
+def _capture_mib(cap: dict) -> str | None:
+    """The encoder graphs' memory: their pool's segments, else a reserved-bytes growth that saw some."""
+    if cap.get("pool_mib") is not None:
+        return ms(cap["pool_mib"], 0)
+    if cap.get("reserved_mib"):
+        return ms(cap["reserved_mib"], 0)
+    return "not seen" if cap.get("graphs") else None
+
+
 def engines_block(refs: Refs) -> str:
     """Per preset and engine: start-up, the encoder graphs (count, capture, memory, hits) and parity."""
     miss = _missing(refs)
@@ -221,7 +230,7 @@ def engines_block(refs: Refs) -> str:
             worst = max(par.values(), key=lambda c: c["rel_err_vs_fp32"]) if par else None
             rows.append([preset_label(preset), arm, ms(e["start_s"], 0),
                          ", ".join(map(str, e["worker"].get("budgets", []))) or None, cap.get("graphs") or None,
-                         ms(cap.get("capture_s"), 2), ms(cap.get("reserved_mib"), 0),
+                         ms(cap.get("capture_s"), 2), _capture_mib(cap),
                          f"{stats['graph_hits']} / {stats['graph_misses']}" if stats else None,
                          (f"{'pass' if all(c['logits_ok'] for c in par.values()) else 'FAIL'}: "
                           f"{worst['rel_err_vs_fp32']:.1e} ({worst['hf_rel_err_vs_fp32']:.1e})") if worst else None,
@@ -232,9 +241,11 @@ def engines_block(refs: Refs) -> str:
     return "\n\n".join([md_table(head, rows), f"Seconds per preset on the H200: {seconds}.",
                         "Start-up: `LLM(...)` to ready, compile and CUDA graph capture included. The encoder graphs "
                         "captured once more in the live engine after the rounds, the way vLLM's own start-up "
-                        "profiling captures them (a manager of its own into a pool of its own); memory is what the "
-                        "allocator reserved for them, where the file has it (a file that read only the device's "
-                        "free memory, which the allocator's cache hides, shows a dash). Parity: each "
+                        "profiling captures them (a manager of its own into a pool of its own); memory is what that "
+                        "pool holds after the capture. A file without that read shows the growth of the "
+                        "allocator's reserved bytes where it is above 0, and otherwise \"not seen\": a capture "
+                        "that fits in blocks the allocator already holds reserves nothing new, so 0 there says "
+                        "nothing of the graphs' size. Parity: each "
                         "engine's raw logits of its 20 most likely first tokens against a float32 copy of the same "
                         "weights, passing within 1e-2 or no worse than 1.05 × transformers' bf16; tokens: how many "
                         "of its greedy tokens follow the float32 copy's, per parity prompt (one 512 px image, one "

@@ -25,6 +25,8 @@ import time
 
 import torch
 
+from .meter import pool_bytes
+
 ENCODER_LOG = "_lab_encoder_log"  # the worker's list of (start, end, host_s, items) per encoder call
 
 
@@ -77,30 +79,33 @@ def read_hooks(worker) -> dict:
 def measure_encoder_capture(worker) -> dict:
     """Capture vLLM's encoder graphs once more, the way its own start-up profiling does (a fresh
     manager from the runner's config into a pool of its own), timed, with the memory it took; then
-    release them. None-valued where the engine has no encoder graphs. Memory is read two ways: the
-    allocator's reserved bytes (``reserved_mib``: what the graphs' pool and buffers hold) and the
-    device's free memory (``device_mib``), which stays put where the allocator already held the
-    blocks, so it can read 0 for a capture that took memory (files recorded before ``reserved_mib``
-    existed hold only that device read, as ``memory_mib``)."""
+    release them. None-valued where the engine has no encoder graphs. Memory is read three ways:
+    the segments of the capture's own pool (``pool_mib``, the kit's ``pool_bytes``: what the graphs
+    keep, whatever the allocator held before), the growth of the allocator's reserved bytes
+    (``reserved_mib``) and of the device's used memory (``device_mib``). The last two stay at 0 when
+    the capture fits in blocks the allocator already held, as they did in every engine of the first
+    recorded run; files from before ``reserved_mib`` hold only the device read, as ``memory_mib``."""
     runner = worker.model_runner
     mgr = runner._create_encoder_cudagraph_manager()
     if mgr is None:
-        return {"graphs": 0, "capture_s": None, "reserved_mib": None, "device_mib": None}
+        return {"graphs": 0, "capture_s": None, "pool_mib": None, "reserved_mib": None, "device_mib": None}
     from vllm.platforms import current_platform
 
     torch.cuda.synchronize()
     free0, reserved0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
     t0 = time.perf_counter()
-    mgr.capture(graph_pool=current_platform.graph_pool_handle())
+    pool = current_platform.graph_pool_handle()
+    mgr.capture(graph_pool=pool)
     torch.cuda.synchronize()
     took = time.perf_counter() - t0
     reserved, device = torch.cuda.memory_reserved() - reserved0, free0 - torch.cuda.mem_get_info()[0]
+    held = pool_bytes(torch.cuda.memory_snapshot(), pool)
     graphs = mgr.get_num_graphs_to_capture()
     mgr.clear()
     del mgr
     torch.cuda.empty_cache()
-    return {"graphs": graphs, "capture_s": round(took, 3), "reserved_mib": round(max(reserved, 0) / 2**20, 1),
-            "device_mib": round(max(device, 0) / 2**20, 1)}
+    return {"graphs": graphs, "capture_s": round(took, 3), "pool_mib": round(held / 2**20, 1),
+            "reserved_mib": round(max(reserved, 0) / 2**20, 1), "device_mib": round(max(device, 0) / 2**20, 1)}
 
 
 # --------------------------------------------------------------------------------------------
