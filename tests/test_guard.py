@@ -58,10 +58,10 @@ def test_a_move_to_where_the_model_already_is_changes_nothing():
     assert stamp.current()
 
 
-def test_sentinel_catches_a_swap_no_hook_sees():
+def test_the_pointer_check_catches_a_swap_no_hook_sees():
     net = _net()
     stamp = WeightStamp({"net": net})
-    net[0].weight.data = torch.zeros_like(net[0].weight)  # bypasses nn.Module: only the sentinel sees it
+    net[0].weight.data = torch.zeros_like(net[0].weight)  # bypasses nn.Module: only the pointer check sees it
     assert not stamp.current()
     assert stamp.changes() == ["net.0.weight was replaced by new storage (cpu float32)"]
 
@@ -166,3 +166,98 @@ def test_text_engine_follows_a_moved_model_and_keeps_its_state():
     assert torch.equal(eng.decode(4), ref.decode(4))
     assert eng.stats.recaptures == 1 and set(eng.graphs) == {"prefill 1x64", "sample 1", "decode 1"}
     assert eng.stats.replays["decode 1"] == 4 and not eng.stats.eager  # the recaptured stand-ins ran
+
+
+# -- what bypasses nn.Module, and parts swapped after capture ------------------------------------------
+
+
+def test_stamp_sees_data_swaps_list_rekeying_and_parts_replaced_above_it():
+    outer = nn.Sequential(_net(), nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]))
+    stamp = WeightStamp(lambda: {"net": outer[0], "list": outer[1]}, holders=[outer])
+    for change in (lambda: setattr(outer[0][2].bias, "data", torch.zeros(4)),   # no hook fires
+                   lambda: outer[1].insert(0, nn.Linear(4, 4)),                   # re-keys in place
+                   lambda: outer[1].__delitem__(0),                               # a new dict, no hook
+                   lambda: outer.__setitem__(0, _net())):                         # a part replaced above it
+        assert stamp.current()
+        change()
+        assert not stamp.current() and stamp.changes()
+        stamp = WeightStamp(lambda: {"net": outer[0], "list": outer[1]}, holders=[outer])
+
+
+def _vision_data_swap(m):
+    fc1 = m.model.vision_tower.encoder.layers[1].mlp.fc1
+    fc1.weight.data = fc1.weight.detach().clone() * 2
+
+
+def _projector_data_swap(m):
+    lin = m.model.multi_modal_projector.linear_1
+    lin.weight.data = lin.weight.detach().clone().flip(0)
+
+
+def _vision_layer_swapped(m):
+    new = build_model("tiny", seed=11).model.vision_tower.encoder.layers[1]
+    m.model.vision_tower.encoder.layers[1] = new
+
+
+def _projector_replaced(m):
+    m.model.multi_modal_projector = build_model("tiny", seed=12).model.multi_modal_projector
+
+
+@pytest.mark.parametrize("change", [_vision_data_swap, _projector_data_swap, _vision_layer_swapped,
+                                    _projector_replaced])
+def test_graphed_encoder_follows_what_bypasses_or_replaces_modules(fresh_tiny, change):
+    """Each change ends in the changed model's output (the packed eager encoder on it, and
+    transformers'), from graphs captured again, never from what the graphs read before."""
+    from lfm2vl_lab.model.hf import hf_image_features
+
+    genc = GraphedEncoder(fresh_tiny, budgets=[64, 256], record=eager_stand_in)
+    genc.capture()
+    inputs = random_processor_output([(16, 16), (8, 12)], fresh_tiny, seed=3)
+    before = genc.encode(inputs)
+    change(fresh_tiny)
+    with pytest.warns(UserWarning, match="weights changed since capture"):
+        after = genc.encode(inputs)
+    assert genc.stats.recaptures == 1
+    assert max_rel_error(after, hf_image_features(fresh_tiny, inputs)) <= 1e-4
+    assert max_rel_error(after, before) > 1e-2  # the change reached the output
+    assert max_rel_error(genc.encode(inputs), after) == 0 and genc.stats.recaptures == 1
+
+
+def _conv_data_swap(m):
+    conv = m.model.language_model.layers[0].conv.conv
+    conv.weight.data = torch.randn(conv.weight.shape, generator=torch.Generator().manual_seed(2)) * 5
+
+
+def _head_data_swap(m):
+    m.lm_head.weight.data = m.lm_head.weight.detach().clone().roll(1, 0)
+
+
+def _text_layer_swapped(m):
+    m.model.language_model.layers[1] = build_model("tiny", text_layers="full", seed=13).model.language_model.layers[1]
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("change", [_conv_data_swap, _head_data_swap, _text_layer_swapped])
+def test_text_engine_follows_what_bypasses_or_replaces_modules(change, fuse):
+    if fuse and not torch.cuda.is_available():
+        pytest.skip("the fused engine compiles with inductor: on the GPU (tests/test_guard_gpu.py)")
+    model = build_model("tiny", text_layers="full", seed=3)
+    if model.lm_head.weight is model.model.language_model.embed_tokens.weight and change is _head_data_swap:
+        model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())  # untie: the head alone
+    eng = TextEngine(model, max_batch=1, max_len=64, fuse=fuse)
+    eng.capture([(1, 20)], record=eager_stand_in)
+    emb = torch.randn(1, 20, model.config.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
+    eng.prefill([20], emb)
+    eng.sample()
+    before = eng.logits[:1].clone()
+    change(model)
+    with pytest.warns(UserWarning, match="text model's weights changed"):
+        eng.prefill([20], emb)
+    got = torch.cat([eng.sample()[:, None], eng.decode(6)], 1)
+    fresh = TextEngine(model, max_batch=1, max_len=64)  # built on the changed model
+    fresh.prefill([20], emb)
+    want = torch.cat([fresh.sample()[:, None], fresh.decode(6)], 1)
+    eng.prefill([20], emb), fresh.prefill([20], emb), eng.sample(), fresh.sample()
+    assert eng.stats.recaptures == 1 and torch.equal(got, want)
+    assert max_rel_error(eng.logits[:1], fresh.logits[:1]) <= 1e-4  # the changed model's logits ...
+    assert max_rel_error(eng.logits[:1], before) > 1e-3  # ... not the ones from before the change

@@ -126,3 +126,61 @@ def test_check_records_model_changes_and_the_stamp_cost():
     assert res["encode_stamp_us"] < 5 and res["engine_stamp_us"] < 5
     q = res["fused_qkv"]
     assert q["freed_mib"] < 0.5 * q["qkv_mib"] <= q["kept_mib"]
+
+
+# What bypasses nn.Module (``.data``) and parts swapped after capture: on the 450M preset, bf16.
+ENCODER_SWAPS = {
+    "vision fc1 .data": lambda m: setattr(m.model.vision_tower.encoder.layers[3].mlp.fc1.weight, "data",
+                                          m.model.vision_tower.encoder.layers[3].mlp.fc1.weight.detach().flip(0).clone()),
+    "projector .data": lambda m: setattr(m.model.multi_modal_projector.linear_1.weight, "data",
+                                         m.model.multi_modal_projector.linear_1.weight.detach().flip(0).clone()),
+    "vision layer swapped": lambda m: m.model.vision_tower.encoder.layers.__setitem__(
+        3, build_model(PRESET, dtype=torch.bfloat16, device="cuda", seed=5).model.vision_tower.encoder.layers[3]),
+    "projector replaced": lambda m: setattr(m.model, "multi_modal_projector", build_model(
+        PRESET, dtype=torch.bfloat16, device="cuda", seed=6).model.multi_modal_projector),
+}
+
+
+@pytest.mark.parametrize("change", list(ENCODER_SWAPS))
+def test_encoder_graphs_follow_data_swaps_and_swapped_modules(change):
+    model = build_model(PRESET, dtype=torch.bfloat16, device="cuda")
+    genc = GraphedEncoder(model, budgets=[256, 1024])
+    genc.capture()
+    inputs = random_processor_output([(32, 32), (24, 20), (8, 8)], PRESET, seed=1)
+    before = genc.encode(inputs)
+    ENCODER_SWAPS[change](model)
+    with pytest.warns(UserWarning, match="changed since capture"):
+        verdict = _judged(genc, model, inputs)
+    torch.cuda.synchronize()
+    assert verdict["pass"], (change, verdict)  # against float32 on the changed model: no stale structure
+    assert genc.stats.recaptures == 1 and sum(genc.stats.replays.values()) > 0
+    assert max(((a.float() - b.float()).norm() / b.float().norm()).item()
+               for a, b in zip(genc.encode(inputs), before)) > 0.05  # the change reached the graphs
+
+
+TEXT_SWAPS = {
+    "conv .data": lambda m: setattr(m.model.language_model.layers[0].conv.conv.weight, "data",
+                                    torch.randn_like(m.model.language_model.layers[0].conv.conv.weight) * 5),
+    "LM head .data": lambda m: setattr(m.lm_head.weight, "data", m.lm_head.weight.detach().roll(1, 0)),
+    "text layer swapped": lambda m: m.model.language_model.layers.__setitem__(1, build_model(
+        "tiny", dtype=torch.bfloat16, device="cuda", text_layers="full", seed=13).model.language_model.layers[1]),
+}
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("change", list(TEXT_SWAPS))
+def test_text_engine_graphs_follow_data_swaps_and_swapped_layers(change, fuse):
+    model = build_model("tiny", dtype=torch.bfloat16, device="cuda", text_layers="full")
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # its own, not the embedding's
+    eng = TextEngine(model, max_batch=1, max_len=256, fuse=fuse)
+    eng.capture([(1, 64)])
+    emb = torch.randn(1, 64, model.config.text_config.hidden_size, device="cuda", dtype=torch.bfloat16)
+    _, before = _tokens(eng, emb, [64])
+    TEXT_SWAPS[change](model)
+    with pytest.warns(UserWarning, match="text model's weights changed"):
+        graphed, logits = _tokens(eng, emb, [64])
+    torch.cuda.synchronize()
+    ref, ref_logits = _tokens(TextEngine(model, max_batch=1, max_len=256, fuse=fuse), emb, [64])
+    assert eng.stats.recaptures == 1 and torch.equal(graphed, ref)
+    assert (logits - ref_logits).norm() / ref_logits.norm() < 1e-2
+    assert (logits - before).norm() / before.norm() > 1e-2

@@ -85,11 +85,16 @@ def test_import_lfm2vl_lab_loads_no_instrument():
 def test_manager_knows_nothing_of_lfm2vl():
     found = imports(PKG / "core" / "manager.py")
     relative = {mod for level, mod in found if level}
-    assert relative <= {"capture", "guard"}, f"the generic manager imports {relative}: only .capture and .guard"
+    generic = {"capture", "guard", "plan", "serial"}
+    assert relative <= generic, f"the generic manager imports {relative}: only .{', .'.join(sorted(generic))}"
     absolute = {mod.split(".")[0] for level, mod in found if not level}
     assert absolute <= {"__future__", "collections", "dataclasses", "typing", "torch", "warnings"}, absolute
     guard = imports(PKG / "core" / "guard.py")  # the weight stamp is as generic as the manager
     assert {mod.split(".")[0] for level, mod in guard} <= {"__future__", "types", "weakref", "torch"}, guard
+    for helper, allowed in (("plan", {"__future__"}), ("serial", {"__future__", "contextlib", "functools",
+                                                                  "threading", "torch"})):
+        mods = imports(PKG / "core" / f"{helper}.py")  # as generic as the manager that calls them
+        assert not any(level for level, _ in mods) and {m.split(".")[0] for _, m in mods} <= allowed, (helper, mods)
     text = (PKG / "core" / "manager.py").read_text(encoding="utf-8")
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     tree = ast.parse(code)

@@ -11,7 +11,9 @@ Imports torch and transformers (plus numpy and PIL, which transformers' image pr
 * :mod:`.encoder`  — the packed split-forward encoder on transformers' own weights
 * :mod:`.capture`  — one capture recipe, and recovery after a failed capture
 * :mod:`.guard`    — the weight stamp: what the graphs read, and how a change is noticed
-* :mod:`.manager`  — the protocol a model implements, planning, and the generic manager
+* :mod:`.serial`   — one caller at a time: the lock, the hand-over between streams, requests
+* :mod:`.plan`     — which items replay together, and what that costs (pure host logic)
+* :mod:`.manager`  — the protocol a model implements, and the generic manager
 * :mod:`.lfm2vl`   — LFM2-VL's side of the protocol: one varlen graph per budget
 * :mod:`.staging`  — optimisations of the input path: staged pixel rows, cached batch layouts
 * :mod:`.dense`    — an optimisation on top: dense graph variants and the run budget

@@ -218,3 +218,13 @@ def capture_failed(exc: BaseException, what: str, stream=None, cuda: bool = True
     if oom is not None:
         return torch.OutOfMemoryError(oom_message(what, oom, advice) + repair)
     return RuntimeError(message(exc)) if message is not None else exc
+
+
+def encoder_capture_failure(budget: int, exc: BaseException) -> str:
+    """The message of a failed capture. When the body raised inside ``torch.cuda.graph``,
+    ``capture_end()`` raises too, and the body's error is its context: name that one."""
+    cause = exc.__context__ if exc.__context__ is not None else exc
+    first_line = (str(cause).strip().splitlines() or [""])[0][:200]
+    return (f"capturing the {budget}-token encoder graph failed ({type(cause).__name__}: {first_line}). "
+            "No graphs are installed; encode() runs the eager path. Usually something in the encoder body "
+            "needs the host during capture (a .item(), .tolist() or a CPU tensor).")

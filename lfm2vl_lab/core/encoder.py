@@ -114,6 +114,7 @@ class PackedVisionEncoder(nn.Module):
                  fuse_elementwise: bool = GraphOptions.fuse_elementwise):
         super().__init__()
         vt, proj, cfg = lfm2vl_parts(model)
+        object.__setattr__(self, "root", model)  # the model itself (not registered: its parts are)
         self.vision = vt
         self.factor = cfg.downsample_factor
         self.projector = SplitProjector(proj, self.factor)
@@ -138,11 +139,33 @@ class PackedVisionEncoder(nn.Module):
 
     def _fuse_qkv(self) -> None:
         self._qkv = [fused_qkv(layer.self_attn) for layer in self.vision.encoder.layers]
+        self._qkv_pointers = self._projection_pointers()
+
+    def _projection_pointers(self) -> list[int]:
+        return [t.data_ptr() for layer in self.vision.encoder.layers
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+                for t in (proj.weight, proj.bias) if t is not None]
 
     def _qkv_current(self) -> bool:
-        """False when the model was moved/cast since fusing (``.to`` breaks the shared storage)."""
-        sa = self.vision.encoder.layers[0].self_attn
-        return bool(self._qkv) and sa.q_proj.weight.data_ptr() == self._qkv[0][0].data_ptr()
+        """False when any layer's q/k/v parameters no longer view the fused storage: the model was
+        moved or cast (``.to`` breaks the views), a layer was swapped, or a weight given new storage."""
+        return bool(self._qkv) and self._projection_pointers() == self._qkv_pointers
+
+    def rebind(self) -> None:
+        """Everything derived from the model, built again from the model as it is now (the manager
+        calls it before every capture): the vision tower and projector it holds now, the position
+        cache of its position embedding, the attention function, and every layer's fused q/k/v. A
+        recapture then reads nothing of a module the model no longer holds."""
+        vt, proj, _ = lfm2vl_parts(self.root)
+        if vt is not self.vision:
+            self.vision = vt
+        if proj is not self.projector.inner:
+            self.projector.inner = proj
+        if self.pos_cache.embedding is not vt.embeddings.position_embedding:
+            self.pos_cache = PositionEmbeddingCache(vt.embeddings.position_embedding, self.pos_cache.max_bytes)
+        self._attn_cache = None
+        if self.fuse_qkv:
+            self._fuse_qkv()
 
     # -- properties that follow the shared weights --------------------------------------------
     @property

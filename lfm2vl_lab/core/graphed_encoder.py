@@ -76,8 +76,10 @@ class GraphedEncoder(EncoderGraphManager):
         """The processor's output on this encoder's device, the way ``encode`` reads it: only the
         real rows, in the model's dtype, queued from pinned memory (see :mod:`~.staging`). This is
         what an engine uploads before the encoder runs (the pipeline's ``h2d`` phase); ``encode``
-        takes the result as it is and does no second upload."""
-        return self.adapter.read_items(inputs)[0]
+        takes the result as it is and does no second upload. Under the encoder's lock, as
+        ``encode`` is: the pinned staging buffers take turns (:mod:`~.serial`)."""
+        with self.serial.hold(self.graph_device):
+            return self.adapter.read_items(inputs)[0]
 
     def installed(self, model=None):
         """Within the block, ``model`` (default: the one this encoder wraps) computes its image

@@ -15,14 +15,22 @@ a ``dirty`` flag that two kinds of hook raise:
 * torch's global parameter / buffer / submodule registration hooks: assigning a new parameter
   (``assign=True`` loading, ``fused_qkv`` re-pointing the q/k/v weights) marks them too.
 
-Why hooks and not a comparison per call: the 450M encoder's graphs read about 200 tensors, the
-1.6B's about 440, and reading that many pointers in Python costs tens of µs per ``encode``, more
-than the check may cost. So the hot path (:meth:`WeightStamp.current`) reads the flag and the
-pointer of one sentinel tensor per watched part; only when one of them says "changed" does
-:meth:`WeightStamp.changes` compare every tensor, and name what moved.
+Hooks alone miss what bypasses ``nn.Module``: ``param.data = other`` (many loaders and quantisation
+helpers do it) or ``torch.utils.swap_tensors`` on one tensor. So the hot path
+(:meth:`WeightStamp.current`) also compares every tensor's storage pointer with the one recorded, in
+one C++ call over the whole list (``torch._C._tensors_data_ptrs_at_indices_equal``, what inductor's
+CUDA-graph trees use for the same purpose): no Python per tensor. The 450M encoder's graphs read about
+200 tensors, the 1.6B's about 440. Only when the flag or a pointer says "changed" does
+:meth:`WeightStamp.changes` compare every tensor in Python, and name what moved.
 
-Not seen: ``param.data = other`` or ``torch.utils.swap_tensors`` on a single tensor other than a
-sentinel, done by hand. Everything that goes through ``nn.Module`` is seen.
+A stamp reads its parts through a callable, so the slow path sees the model *as it is now*: a part
+replaced on the module above it (``model.model.multi_modal_projector = new``) is found, because the
+modules above the parts (``holders``) are watched for registrations too. ``ModuleList`` methods that
+re-key the list without a registration (``insert``, ``del``, ``pop``) are seen by the list's own
+dictionary and length, checked with the pointers.
+
+Not seen: a tensor given the *same* storage under another shape or stride (``p.data = p.data.t()``),
+which keeps its pointer.
 """
 
 from __future__ import annotations
@@ -41,8 +49,8 @@ Record = tuple[int, torch.dtype, torch.device]
 
 
 def _mark(module: nn.Module) -> None:
-    for stamp in _WATCHED.get(module, ()):
-        stamp.dirty = True
+    for stamp in list(_WATCHED.get(module, ())):
+        stamp.drop()
 
 
 def _on_register(module, name, value):
@@ -80,38 +88,64 @@ def where(rec: Record) -> str:
     return f"{rec[2]} {str(rec[1]).removeprefix('torch.')}"
 
 
+def _pointers_equal(tensors: list, pointers: list, indices: list) -> bool:
+    return torch._C._tensors_data_ptrs_at_indices_equal(tensors, pointers, indices)
+
+
+def _as_reader(parts):
+    """``parts`` as a callable that returns them (a dict is taken as it is, once)."""
+    if callable(parts):
+        return parts
+    fixed = dict(parts)
+    return lambda: fixed
+
+
 class WeightStamp:
-    """The storage pointer, dtype and device of every tensor of ``parts`` at capture, and a flag that
-    says when one may have changed since. ``parts`` maps a name to a module the graphs read."""
+    """The storage pointer, dtype and device of every tensor of the graphs' parts at capture, and a
+    check of them on every call. ``parts``: a dict of name → module the graphs read, or a callable
+    that returns it as the model is now (re-read on the slow path); ``holders``: modules above the
+    parts, whose attribute assignments can put another module in a part's place."""
 
-    def __init__(self, parts: dict[str, nn.Module]):
-        self.parts = dict(parts)
-        self.recorded = self._read()
+    def __init__(self, parts, holders=()):
+        self.read_parts = _as_reader(parts)
+        now = self.read_parts()
+        tensors = named_tensors(now)
+        self.recorded = {name: (t.data_ptr(), t.dtype, t.device) for name, t in tensors.items()}
         self.dirty = False
-        self._sentinels = self._first_tensors()
+        self._arm(now, tensors)
         _install_hooks()
-        for part in self.parts.values():
-            for m in part.modules():
-                _WATCHED.setdefault(m, weakref.WeakSet()).add(self)
-                if "_apply" not in m.__dict__:
-                    m.__dict__["_apply"] = types.MethodType(_apply, m)
+        for m in [*holders, *(m for part in now.values() for m in part.modules())]:
+            _WATCHED.setdefault(m, weakref.WeakSet()).add(self)
+            if "_apply" not in m.__dict__:
+                m.__dict__["_apply"] = types.MethodType(_apply, m)
 
-    def _read(self) -> dict[str, Record]:
-        return {name: (t.data_ptr(), t.dtype, t.device) for name, t in named_tensors(self.parts).items()}
+    def _arm(self, parts: dict, tensors: dict) -> None:
+        """What :meth:`current` compares: the tensors in the recorded order with their recorded
+        pointers, and each ``ModuleList``'s dictionary and length."""
+        names = list(self.recorded)
+        self._tensors = [tensors[n] for n in names]
+        self._pointers = [self.recorded[n][0] for n in names]
+        self._indices = list(range(len(names)))
+        self._lists = [(m, m._modules, len(m._modules)) for part in parts.values() for m in part.modules()
+                       if isinstance(m, nn.ModuleList)]
 
-    def _first_tensors(self) -> list[tuple[torch.Tensor, int]]:
-        firsts = [next(iter(p.parameters()), None) for p in self.parts.values()]
-        return [(t, t.data_ptr()) for t in firsts if t is not None]
+    def drop(self) -> None:
+        """Raise the flag and let go of the tensors (a model moved off the GPU frees its memory at
+        once, not at the next call)."""
+        self.dirty, self._tensors, self._pointers, self._indices, self._lists = True, [], [], [], []
 
     def current(self) -> bool:
-        """The hot-path check: False when a hook fired or a sentinel's storage moved (then ask
-        :meth:`changes` what, if anything, changed)."""
+        """The hot-path check: False when a hook fired, a list was re-keyed or any tensor's storage
+        moved (then ask :meth:`changes` what, if anything, changed)."""
         if self.dirty:
             return False
-        for t, ptr in self._sentinels:
-            if t.data_ptr() != ptr:
+        for m, modules, n in self._lists:
+            if m._modules is not modules or len(modules) != n:
                 return False
-        return True
+        return _pointers_equal(self._tensors, self._pointers, self._indices)
+
+    def _read(self) -> dict[str, Record]:
+        return {name: (t.data_ptr(), t.dtype, t.device) for name, t in named_tensors(self.read_parts()).items()}
 
     def changes(self) -> list[str]:
         """What differs from the recorded stamp, one line per tensor (empty: nothing that matters,
@@ -129,9 +163,11 @@ class WeightStamp:
         return out
 
     def rearm(self) -> None:
-        """After :meth:`changes` found nothing: clear the flag (and take the sentinels again)."""
+        """After :meth:`changes` found nothing: clear the flag and take the tensors again."""
+        parts = self.read_parts()
+        self._arm(parts, named_tensors(parts))
         self.dirty = False
-        self._sentinels = self._first_tensors()
+
 
 def change_warning(owner, whose: str, changes: list[str], on_gpu: bool, off_gpu: str) -> str | None:
     """What ``owner`` (a manager with a ``warned_change`` flag) says when the weights under its graphs

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .config import EncoderGraphConfig, GraphOptions
-from .encoder import PackedVisionEncoder
+from .encoder import PackedVisionEncoder, lfm2vl_parts
 from .manager import Replay
 from .packing import (
     Shape,
@@ -97,9 +97,23 @@ class Lfm2VlGraphModel:
                 "layout_cache_hits": self.layouts.hits, "layout_cache_misses": self.layouts.misses}
 
     def weights(self) -> dict:
-        """What the graphs read but do not own: the vision tower (the fused q/k/v weights the graphs
-        read are views its q/k/v parameters hold, so moving those moves these) and the projector."""
-        return {"vision_tower": self.encoder.vision, "projector": self.encoder.projector.inner}
+        """What the graphs read but do not own, as the model holds it now: the vision tower (the
+        fused q/k/v weights the graphs read are what its q/k/v parameters view, so moving those moves
+        these) and the projector."""
+        vision, projector, _ = lfm2vl_parts(self.encoder.root)
+        return {"vision_tower": vision, "projector": projector}
+
+    def holders(self) -> list:
+        """The modules that hold the parts: assigning a new vision tower or projector to them is a
+        change too."""
+        root = self.encoder.root
+        return [root] + ([root.model] if hasattr(root, "model") else [])
+
+    def refresh(self) -> None:
+        """Before every capture: the encoder's parts and what it derived from them, from the model as
+        it is now (:meth:`~.encoder.PackedVisionEncoder.rebind`), and no grids held in old buffers."""
+        self.encoder.rebind()
+        self.resident.clear()
 
     # -- inputs ------------------------------------------------------------------------------------
     def _stager(self) -> RowStager | None:

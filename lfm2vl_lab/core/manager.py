@@ -35,8 +35,10 @@ from typing import Any, Protocol
 
 import torch
 
-from .capture import WARMUP_ITERS, capture_failed, capture_graph, prepare_capture
+from .capture import WARMUP_ITERS, capture_failed, capture_graph, encoder_capture_failure, prepare_capture
 from .guard import WeightStamp, change_summary, change_warning
+from .plan import plan_config
+from .serial import Serial
 
 # What a capture that ran out of memory tells the user to do.
 OOM_ADVICE = ("Capture fewer or smaller budgets (budgets=, max_budget=), fewer run items (max_run_items=), "
@@ -48,7 +50,10 @@ class EncoderGraphModel(Protocol):
 
     ``config`` (an :class:`~.config.EncoderGraphConfig`, or anything with its ``budgets``,
     ``graph_budgets``, ``max_items``, ``budget_for``, ``out_hidden_size``, ``buffer_keys`` and
-    ``padding_logics``). Optional: ``describe(budget) -> dict`` and ``counters() -> dict``.
+    ``padding_logics``). Optional: ``describe(budget) -> dict``, ``counters() -> dict``,
+    ``holders() -> list`` (the modules above :meth:`weights`' parts, which can put another module in
+    a part's place) and ``refresh()`` (rebuild what the model side derived from the model, before
+    every capture, so a recapture reads nothing of modules the model no longer holds).
     """
 
     config: Any
@@ -82,8 +87,9 @@ class EncoderGraphModel(Protocol):
         """Items ``batch`` without a graph: their output rows, concatenated in ``batch`` order."""
 
     def weights(self) -> dict[str, torch.nn.Module]:
-        """The modules whose parameters and buffers the graphs read but do not own, by name: the
-        manager stamps them at capture (:class:`~.guard.WeightStamp`) and recaptures when one moved."""
+        """The modules whose parameters and buffers the graphs read but do not own, by name, as the
+        model holds them now: the manager stamps them at capture (:class:`~.guard.WeightStamp`), checks
+        the stamp on every call and recaptures when one moved."""
 
 
 @dataclass
@@ -118,65 +124,6 @@ def pad_default(dst: torch.Tensor, src) -> None:
         dst[:n].copy_(src[0] if isinstance(src, (list, tuple)) else src, non_blocking=True)
     if n < dst.shape[0]:  # a full buffer has no tail: skip the launch
         dst[n:].zero_()
-
-
-def plan_batches(tokens: list[int], max_budget: int, max_items: int, run_tokens: int | None = None,
-                 max_run_items: int = 0) -> tuple[list[list[int]], list[int]]:
-    """Greedy packing of item indices into replay batches.
-
-    Items are taken largest first; a batch grows while its tokens stay ≤ ``max_budget`` and its
-    items < ``max_items``. Items larger than ``max_budget`` are returned separately (eager).
-
-    Runs: a batch made only of items of exactly ``run_tokens`` tokens (full-length items, which come
-    first because they are the largest) may instead grow to ``max_run_items`` items, so 8 tiles make
-    one replay with large GEMMs, not two. It closes at the first other item that would break the
-    regular limits; the rest is packed as usual.
-    """
-    order = sorted(range(len(tokens)), key=lambda i: -tokens[i])
-    eager = [i for i in order if tokens[i] > max_budget]
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    cur_tokens, pure = 0, True  # pure: every item of cur is a full-length run item
-    for i in order:
-        if tokens[i] > max_budget:
-            continue
-        run = run_tokens is not None and tokens[i] == run_tokens
-        regular_full = cur_tokens + tokens[i] > max_budget or len(cur) >= max_items
-        full = regular_full and not (pure and run and len(cur) < max_run_items)
-        if cur and full:
-            batches.append(cur)
-            cur, cur_tokens, pure = [], 0, True
-        cur.append(i)
-        cur_tokens += tokens[i]
-        pure = pure and run
-    if cur:
-        batches.append(cur)
-    return batches, eager
-
-
-def plan_config(tokens: list[int], config) -> tuple[list[list[int]], list[int]]:
-    """:func:`plan_batches` with a config's limits; runs only where it has a run budget to hold them
-    (without one, a run would only grow past ``max_items``, which no graph has the slots for)."""
-    run_items = getattr(config, "max_run_items", 0) if getattr(config, "run_budget", None) is not None else 0
-    return plan_batches(tokens, max(config.budgets), config.max_items, getattr(config, "run_tokens", None), run_items)
-
-
-def plan_stats(calls: list[list[int]], config, dense_runs: bool = True) -> dict:
-    """Host-only preview of what a config does to a stream of calls (each a list of item tokens):
-    replays, real and padded tokens, items left to eager, and the padding waste (padded / real).
-    ``dense_runs``: a batch made only of ``config.run_tokens``-token items runs graphs that compute
-    exactly its items (LFM2-VL's dense graphs), so it pads nothing."""
-    replays = real = padded = eager_items = 0
-    run_tokens = getattr(config, "run_tokens", None)
-    for toks in calls:
-        batches, eager = plan_config(toks, config)
-        eager_items += len(eager)
-        for b in batches:
-            t = sum(toks[i] for i in b)
-            exact = dense_runs and run_tokens is not None and all(toks[i] == run_tokens for i in b)
-            replays, real, padded = replays + 1, real + t, padded + (0 if exact else config.budget_for(t, len(b)) - t)
-    return {"replays": replays, "real": real, "padded": padded, "eager_items": eager_items,
-            "waste": padded / real if real else 0.0}
 
 
 @dataclass
@@ -247,6 +194,8 @@ class EncoderGraphManager:
         self.capture_args: tuple = (None, WARMUP_ITERS)  # capture()'s (hook, warmup_iters), for a recapture
         self.last_change: str | None = None  # what moved, the last time the stamp said so
         self.warned_change = False
+        self.serial = Serial()  # one caller at a time: the buffers and the output rows are shared
+        self.graph_device: torch.device | None = None  # where the graphs run (the streams handed over)
         self.reset_stats()
         if record is capture_graph and model.device.type == "cuda" and torch.cuda.is_available():
             prepare_capture(model.device)
@@ -266,7 +215,6 @@ class EncoderGraphManager:
                  **self.capture_extra.get(b, {})} for b in sorted(self.graphs, reverse=True)]
 
     # -- capture -----------------------------------------------------------------------------------
-    @torch.no_grad()
     def capture(self, hook=None, warmup_iters: int = WARMUP_ITERS) -> list[dict]:
         """Capture every budget, largest first (smaller graphs reuse its pool blocks); all or nothing.
 
@@ -280,13 +228,20 @@ class EncoderGraphManager:
         row. The instrument's ``lfm2vl_lab.tools.meter.CaptureMeter`` times each capture and reads
         the pool's memory through it; the manager itself measures nothing.
         """
+        with self.serial.hold(self.graph_device):  # one caller at a time: encode() meanwhile waits
+            return self._capture(hook, warmup_iters)
+
+    @torch.no_grad()
+    def _capture(self, hook=None, warmup_iters: int = WARMUP_ITERS) -> list[dict]:
         real = self.record is capture_graph
         self.capture_args, self.stamp = (hook, warmup_iters), None
         if real and (self.adapter.device.type != "cuda" or not torch.cuda.is_available()):
             raise RuntimeError(f"capture() needs the model on a CUDA device (it is on {self.adapter.device}); "
                                "encode() works without capture and runs the packed eager path")
+        getattr(self.adapter, "refresh", lambda: None)()  # nothing derived from modules the model dropped
         self.graphs, self.capture_extra = {}, {}
         self.pool = torch.cuda.graph_pool_handle() if real else None
+        self.graph_device = self.adapter.device if real else None
         for budget in sorted(self.config.graph_budgets, reverse=True):
             caller_stream, g = torch.cuda.current_stream() if real else None, BudgetGraph(budget, {})
             try:
@@ -301,12 +256,13 @@ class EncoderGraphManager:
                 g.graphs.clear(), g.buffers.clear()  # the failed body, kept by the traceback, still reaches g
                 g.out = None
                 err = capture_failed(exc, f"the {budget}-token encoder graph", caller_stream, cuda=real,
-                                     message=lambda e, b=budget: _capture_failure(b, e), advice=OOM_ADVICE)
+                                     message=lambda e, b=budget: encoder_capture_failure(b, e), advice=OOM_ADVICE)
                 if err is exc:
                     raise
                 raise err from exc
             self.graphs[budget], self.capture_extra[budget] = g, dict(extra or {})
-        self.stamp = WeightStamp(self.adapter.weights())  # after the warm-ups, which may re-derive weights
+        # after the warm-ups, which may re-derive weights; re-read from the model on the slow path
+        self.stamp = WeightStamp(self.adapter.weights, getattr(self.adapter, "holders", list)())
         return self.capture_info()
 
     def follow_model(self) -> None:
@@ -318,7 +274,7 @@ class EncoderGraphManager:
             self.stamp.rearm()  # e.g. .to() to where the model already was: nothing to do
             return
         self.last_change = change_summary(changes)
-        self.graphs, self.stamp, self.pool = {}, None, None
+        self.graphs, self.stamp, self.pool, self.graph_device = {}, None, None, None
         on_gpu = self.adapter.device.type == "cuda" or self.record is not capture_graph
         said = change_warning(self, "encoder graphs: the model's", changes, on_gpu, "encode() runs eagerly")
         if said:
@@ -366,9 +322,14 @@ class EncoderGraphManager:
         self.stats.hits += len(batch)
         return g.out[:total].clone()  # the buffer belongs to the graph: the next replay overwrites it
 
-    @torch.no_grad()
     def encode(self, inputs) -> list[torch.Tensor]:
-        """Inputs → one output tensor per item, in input order: replays where a graph fits, eager elsewhere."""
+        """Inputs → one output tensor per item, in input order: replays where a graph fits, eager
+        elsewhere. One caller at a time: a second thread waits for the first's call to end."""
+        with self.serial.hold(self.graph_device):  # read once per capture: the model's device costs µs
+            return self._encode(inputs)
+
+    @torch.no_grad()
+    def _encode(self, inputs) -> list[torch.Tensor]:
         if self.stamp is not None and not self.stamp.current():
             self.follow_model()  # before reading the inputs: they are staged for where the model is now
         items, tokens = self.adapter.read_items(inputs)
@@ -388,13 +349,3 @@ class EncoderGraphManager:
             results[i] = self.adapter.forward_eager(items, [i])
             self.stats.misses += 1
         return results
-
-
-def _capture_failure(budget: int, exc: BaseException) -> str:
-    """The message of a failed capture. When the body raised inside ``torch.cuda.graph``,
-    ``capture_end()`` raises too, and the body's error is its context: name that one."""
-    cause = exc.__context__ if exc.__context__ is not None else exc
-    first_line = (str(cause).strip().splitlines() or [""])[0][:200]
-    return (f"capturing the {budget}-token encoder graph failed ({type(cause).__name__}: {first_line}). "
-            "No graphs are installed; encode() runs the eager path. Usually something in the encoder body "
-            "needs the host during capture (a .item(), .tolist() or a CPU tensor).")

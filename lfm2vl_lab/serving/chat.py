@@ -27,6 +27,7 @@ tokenizer (:mod:`lfm2vl_lab.model.toy_processor`) and the reply says that its te
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -149,11 +150,20 @@ def build_prompt(proc, images: list, prompt: str) -> tuple[torch.Tensor, dict]:
     return out["input_ids"], inputs
 
 
+_BUILDING = threading.Lock()  # chat_graphs: one thread builds the graphs a model keeps
+
+
 def chat_graphs(model, prompt_len: int, new_tokens: int) -> tuple[GraphedEncoder, TextEngine, float]:
     """The graphed encoder and text engine chat runs ``model`` with, built once and kept on the model
     (an engine of :data:`CHAT_MAX_LEN` positions, more when the prompt and its answer need them). On
     CUDA they are captured here: the encoder's budgets once, the text model for this prompt's length
-    bucket (sample and decode once). Returns them and the ms that capture took (0 when nothing new)."""
+    bucket (sample and decode once). Returns them and the ms that capture took (0 when nothing new).
+    Two threads' first turns build and capture them once: the second waits for the first."""
+    with _BUILDING:
+        return _chat_graphs(model, prompt_len, new_tokens)
+
+
+def _chat_graphs(model, prompt_len: int, new_tokens: int) -> tuple[GraphedEncoder, TextEngine, float]:
     cache = model.__dict__.setdefault(_GRAPH_CACHE, {})
     cuda = model.device.type == "cuda"
     t0, captured = time.perf_counter(), False
@@ -198,7 +208,8 @@ def chat(model, images, prompt: str, max_new_tokens: int = 64, graphs: bool = Tr
     when given); ``graphs=False``: transformers' eager encoder and text model. ``processor``: an
     ``Lfm2VlProcessor`` instead of the model's own (:func:`chat_processor`). At most
     ``max_new_tokens`` tokens; decoding stops at the end-of-turn token (checked every
-    ``check_every`` steps)."""
+    ``check_every`` steps). From several threads at once: one turn at a time on a model's graphs
+    (:meth:`VlmPipeline.run`), each thread getting its own answer."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
     if max_new_tokens < 1:

@@ -30,6 +30,7 @@ warning once and counting it in ``stats.recaptures``; on a CPU it keeps no graph
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ import torch
 
 from ..core.capture import capture_failed, capture_graph, prepare_capture
 from ..core.guard import WeightStamp, change_warning
+from ..core.serial import Serial, serialised
 from .cache import (
     BATCH_BUCKETS,
     LEN_BUCKET,
@@ -92,6 +94,7 @@ class TextEngine:
 
     def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET,
                  fuse: bool = False):
+        self.model = model
         self.lm, self.lm_head = lfm2_text_parts(model)
         w = self.lm_head.weight
         self.device, self.dtype = w.device, w.dtype
@@ -117,6 +120,9 @@ class TextEngine:
         self.stamp: WeightStamp | None = None  # the text model's weights as the graphs read them
         self.captured: list[tuple] = []  # every capture() call's (shapes, decode, record), for a recapture
         self.warned_change = False
+        # one call at a time, one thread's request at a time: the buffers, the cache and the pool are shared
+        self.serial = Serial("TextEngine")
+        self._prompt_by = self._prefilled_by = None  # the threads that last called prompt() and prefill()
         if self.device.type == "cuda":
             prepare_capture(self.device)
 
@@ -134,15 +140,25 @@ class TextEngine:
     # -- the model under the graphs -------------------------------------------------------------------
     FLOAT_BUFFERS, INDEX_BUFFERS = ("embeds", "hidden", "logits"), ("last", "ids", "pos", "positions", "conv_offsets")
 
+    def _parts(self) -> dict:
+        """The text model and LM head the graphs read, as the model holds them now."""
+        return dict(zip(("language_model", "lm_head"), lfm2_text_parts(self.model)))
+
+    def _stamp(self) -> WeightStamp:
+        inner = getattr(self.model, "model", None)
+        return WeightStamp(self._parts, [self.model] + ([inner] if inner is not None else []))
+
     def follow_model(self) -> None:
-        """Before every call: when the text model's weights moved since capture, move the engine's
-        buffers after them and capture the same graphs again (graphs never replay old addresses)."""
+        """Before every call: when the text model's weights moved since capture, or a part of it was
+        replaced, take the parts the model holds now, move the engine's buffers after them and
+        capture the same graphs again (graphs never replay old addresses)."""
         if self.stamp is None or self.stamp.current():
             return
         changes = self.stamp.changes()
         if not changes:
             self.stamp.rearm()
             return
+        self.lm, self.lm_head = lfm2_text_parts(self.model)
         self.device, self.dtype = self.lm_head.weight.device, self.lm_head.weight.dtype
         for name in self.FLOAT_BUFFERS:
             setattr(self, name, getattr(self, name).to(self.device, self.dtype))
@@ -159,6 +175,13 @@ class TextEngine:
             for shapes, decode, record in self.captured:
                 self.capture(shapes, decode, record)
             self.stats.recaptures += 1
+
+    def request(self):
+        """One whole request (``prompt`` → ``prefill`` → ``sample`` → ``decode``) for the calling
+        thread, as a ``with`` block: another thread's request waits until it ends. Threads that
+        share an engine wrap every request in it (``VlmPipeline.run`` and ``chat`` do); outside it,
+        the engine belongs to the first thread that starts a request, and others are refused."""
+        return self.serial.request(self.device)
 
     # -- the bodies (what a graph captures) ----------------------------------------------------------
     def _layers(self, x, pos_ids, B: int, prefill: bool):
@@ -212,6 +235,7 @@ class TextEngine:
         return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
 
     # -- the API ------------------------------------------------------------------------------------
+    @serialised(request=False)
     @torch.no_grad()
     def capture(self, shapes, decode: bool = True, record=capture_graph) -> dict:
         """Capture the graphs for ``shapes``, a list of ``(requests, prompt_len)``: prefill for each
@@ -255,7 +279,7 @@ class TextEngine:
         self.pool = pool
         if (list(shapes), decode, record) not in self.captured:
             self.captured.append((list(shapes), decode, record))
-        self.stamp = WeightStamp({"language_model": self.lm, "lm_head": self.lm_head})
+        self.stamp = self._stamp()
         return {"captured": sorted(new), "cache_mib": self.cache.nbytes() / 2**20, **seconds}
 
     def _capture_one(self, fn, record, pool, seconds: dict):
@@ -285,14 +309,18 @@ class TextEngine:
     def _prefilled(self, what: str) -> None:
         if getattr(self, "n", None) is None:
             raise RuntimeError(f"TextEngine.{what}() before prefill(): there is no prompt to continue")
+        self.serial.check_request(what, self._prefilled_by)
 
+    @serialised(request=True)
     def prompt(self, n: int, length: int) -> torch.Tensor:
         """Where ``n`` prompts of up to ``length`` positions are written before :meth:`prefill`."""
         self.follow_model()
         n, length = read_count("n", n), read_count("length", length)
         self._shape(n, [length])
+        self._prompt_by = threading.get_ident()
         return self.embeds[:n, :length]
 
+    @serialised(request=True)
     @torch.no_grad()
     def prefill(self, lengths, embeds: torch.Tensor | None = None) -> None:
         """Run the prompts in ``embeds[:n]`` (request ``i`` holds ``lengths[i]`` positions) and fill the
@@ -306,11 +334,15 @@ class TextEngine:
             check_embeds(embeds, lengths, self.embeds.shape[-1], self.max_len)
         if embeds is not None and embeds.data_ptr() != self.embeds.data_ptr():
             self.embeds[: embeds.shape[0], : embeds.shape[1]].copy_(embeds)
+            self._prompt_by = threading.get_ident()  # the prompt buffer holds this thread's prompt now
+        else:  # the prompt is what was written through prompt(): this thread's, or refused
+            self.serial.check_request("prefill", self._prompt_by)
         last = torch.tensor(lengths + [lengths[0]] * (B - len(lengths))) - 1  # bucket rows repeat request 0
         self.last[:B].copy_(upload(last, self.device))
-        self.n, self.lengths = len(lengths), lengths
+        self.n, self.lengths, self._prefilled_by = len(lengths), lengths, threading.get_ident()
         self._run(f"prefill {B}x{T}", lambda: self._prefill_body(B, T))
 
+    @serialised(request=True)
     @torch.no_grad()
     def sample(self) -> torch.Tensor:
         """The first token of every request (greedy), on the device; the logits stay in ``logits``."""
@@ -320,6 +352,7 @@ class TextEngine:
         self._run(f"sample {B}", lambda: self._sample_body(B))
         return self.ids[: self.n].clone()
 
+    @serialised(request=True)
     @torch.no_grad()
     def decode(self, steps: int) -> torch.Tensor:
         """``steps`` more tokens per request after :meth:`sample`: ``[n, steps]`` on the device."""

@@ -22,10 +22,13 @@ phase, which is where the instrument (:mod:`lfm2vl_lab.tools.ttft`) records its 
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ..core.encoder import lfm2vl_parts
 from ..core.packing import lfm2vl_check_shapes, lfm2vl_read_inputs
+from ..core.serial import Serial, serialised
 from ..model.hf import hf_image_features
 from ..model.inputs import image_limits
 from .cache import check_embeds, read_count, read_lengths, upload
@@ -44,14 +47,34 @@ class HfText:
     batch must have the same length (``generate`` would pad them; this reference does not)."""
 
     def __init__(self, model):
-        self.lm, self.lm_head = lfm2_text_parts(model)
-        w = self.lm_head.weight
-        self.device, self.dtype = w.device, w.dtype
-        self.stats = None
+        self.model, self.stats = model, None
+        self.serial = Serial("HfText")  # its cache and last token are one request's, as a TextEngine's
+        self._prefilled_by = None
+
+    @property
+    def lm(self):  # the parts the model holds now (a replaced text model is the one that runs)
+        return lfm2_text_parts(self.model)[0]
+
+    @property
+    def lm_head(self):
+        return lfm2_text_parts(self.model)[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def request(self):
+        """One whole request for the calling thread (:meth:`~.engine.TextEngine.request`)."""
+        return self.serial.request(self.device)
 
     def prompt(self, n: int, length: int) -> torch.Tensor:
         return torch.empty(n, length, self.lm.config.hidden_size, dtype=self.dtype, device=self.device)
 
+    @serialised(request=True)
     @torch.no_grad()
     def prefill(self, lengths, embeds: torch.Tensor) -> None:
         lengths = read_lengths(lengths)
@@ -61,15 +84,20 @@ class HfText:
         embeds = embeds[:, : lengths[0]].to(self.device, self.dtype)
         out = self.lm(inputs_embeds=embeds, use_cache=True)
         self.cache, self.hidden = out.past_key_values, out.last_hidden_state[:, -1]
+        self._prefilled_by = threading.get_ident()
 
+    @serialised(request=True)
     @torch.no_grad()
     def sample(self) -> torch.Tensor:
+        self.serial.check_request("sample", self._prefilled_by)
         self.logits = self.lm_head(self.hidden)
         self.ids = self.logits.argmax(-1)
         return self.ids
 
+    @serialised(request=True)
     @torch.no_grad()
     def decode(self, steps: int) -> torch.Tensor:
+        self.serial.check_request("decode", self._prefilled_by)
         out = []
         for _ in range(steps):
             h = self.lm(inputs_embeds=self.lm.embed_tokens(self.ids)[:, None], past_key_values=self.cache,
@@ -143,10 +171,14 @@ class VlmPipeline:
         self.model, self.genc = model, genc
         self.encoder_mode, self.text_mode = encoder_mode, text_mode
         self.text = engine if text_mode == "graphed" else HfText(model)
-        self.embed = lfm2_text_parts(model)[0].embed_tokens
         self.image_token_id = model.config.image_token_id
         self.patch_dim = lfm2vl_parts(model)[0].embeddings.patch_embedding.in_features
         self.limits = image_limits(model)  # what the eager encoder mode checks processor output against
+
+    @property
+    def embed(self):
+        """The token embedding the model holds now."""
+        return lfm2_text_parts(self.model)[0].embed_tokens
 
     @property
     def name(self) -> str:
@@ -212,7 +244,15 @@ class VlmPipeline:
         Each check reads the tokens on the host: one sync per chunk.
 
         ``lengths``: the prompts' lengths where they differ (right-padded ids; :meth:`merge`). Only
-        the graphed text model runs such a batch: transformers' (``HfText``) refuses it."""
+        the graphed text model runs such a batch: transformers' (``HfText``) refuses it.
+
+        Threads: one request at a time. The whole request holds the text model's lock
+        (``text.request()``), which every pipeline sharing that engine shares, so a second thread's
+        request waits for the first to end; the encoder's own lock covers ``h2d`` and ``encoder``."""
+        with self.text.request():
+            return self._request(input_ids, inputs, new_tokens, mark, stop_ids, check_every, lengths)
+
+    def _request(self, input_ids, inputs, new_tokens, mark, stop_ids, check_every, lengths) -> torch.Tensor:
         new_tokens = read_count("new_tokens", new_tokens, 1)
         input_ids = read_input_ids(input_ids, self.embed.num_embeddings)
         mark = mark or (lambda phase: None)
