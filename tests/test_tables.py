@@ -237,11 +237,38 @@ def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatc
         {"target": "a goal nobody explains ms", "value": 2.0, "limit": 1.0, "ok": False, "detail": ""}])
     monkeypatch.setattr(tables_goals, "ttft_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "engine_goals", lambda refs: [])
+    monkeypatch.setattr(tables_goals, "guard_goals", lambda refs: [])
     out = tables_goals.misses_block(None)
     assert "### a goal nobody explains ms: 2.00 ms, aimed for ≤ 1 ms" in out and "No explanation" in out
     assert "450M 1x512" not in out
     monkeypatch.setattr(tables_goals, "encoder_goals", lambda refs: [])
     assert tables_goals.misses_block(None) == "Every goal is reached in this reference set."
+
+
+class _CheckRefs:
+    """A reference set that holds only a ``check`` file with the given model-change entries."""
+
+    def __init__(self, *changes):
+        self.res = {"presets": [{"preset": "lfm2-vl-450m", "model_changes": c} for c in changes]}
+
+    def __call__(self, role):
+        assert role == "check"
+        return self.res
+
+
+def test_the_pointer_check_goal_is_judged_by_its_run_or_named_not_measured():
+    old = tables_goals.guard_goals(_CheckRefs({"encode_stamp_us": 0.46, "stamped_tensors": 203}))
+    assert [(t["value"], t["ok"]) for t in old] == [(None, False)]  # a file from before the goal judges nothing
+    assert tables_goals._aim_and_value(old[0]) == ("≤ 2 µs", "not measured")
+    assert "recorded before" in tables_goals.explain_pointer_check(_CheckRefs({"encode_stamp_us": 0.46}))
+    target = {"target": "450M pointer check per encode µs", "limit": 2.0, "value": 6.1, "ok": False, "detail": ""}
+    new = {"stamp_check": "every pointer", "encode_stamp_us": 6.1, "stamped_tensors": 203, "serial_us": 0.3,
+           "targets": [target]}
+    assert tables_goals.guard_goals(_CheckRefs(new)) == [target]
+    assert tables_goals._aim_and_value(target) == ("≤ 2 µs", "6.10 µs")
+    assert tables_goals.explainer(target["target"]) is tables_goals.explain_pointer_check
+    why = tables_goals.explain_pointer_check(_CheckRefs(new))
+    assert "6.10 µs for 203 tensors, 30 ns per tensor" in why and "adds 0.30 µs" in why
 
 
 def test_every_goal_a_judge_can_miss_has_an_explanation_or_is_named():

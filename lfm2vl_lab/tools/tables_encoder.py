@@ -292,9 +292,12 @@ def model_changes_block(refs: Refs) -> str:
             rows.append([preset_label(p["preset"]), f"`{c['change']}`", c["recaptures"],
                          f"{c['rel_err']:.2e} ({c['hf_rel_err']:.2e})", "pass" if c["pass"] else "**fail**"])
         q = moved["fused_qkv"]
-        notes.append(f"- {preset_label(p['preset'])}: the stamp check costs {moved['encode_stamp_us']:.2f} µs per "
+        how = ("comparing every pointer" if moved.get("stamp_check") == "every pointer"
+               else "the earlier check, a flag and one pointer per part,")
+        lock = f" The lock each call takes costs {moved['serial_us']:.2f} µs." if "serial_us" in moved else ""
+        notes.append(f"- {preset_label(p['preset'])}: {how} costs {moved['encode_stamp_us']:.2f} µs per "
                      f"`encode` and {moved['engine_stamp_us']:.2f} µs per text-engine call "
-                     f"({moved['stamped_tensors']} encoder tensors stamped). Fusing q/k/v adds "
+                     f"({moved['stamped_tensors']} encoder tensors stamped).{lock} Fusing q/k/v adds "
                      f"{q['freed_mib']:.1f} MiB; keeping the separate tensors alive, as an unstamped kit must, "
                      f"adds {q['kept_mib']:.1f} MiB (the q/k/v weights are {q['qkv_mib']:.1f} MiB).")
     if not rows:
