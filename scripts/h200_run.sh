@@ -6,7 +6,9 @@
 #
 #   bash scripts/h200_run.sh record      the reference set (python -m lfm2vl_lab record); call it
 #                                        again until it says "complete": each call records what the
-#                                        last one left, from the same code
+#                                        last one left, from the same code (RECORD_CHANGED=1: only the
+#                                        roles whose own files changed); then, here, `python -m
+#                                        lfm2vl_lab record --take <the unpacked res>`
 #   bash scripts/h200_run.sh notebooks   every notebook executed against the reference set (NOTEBOOKS:
 #                                        some of them), then the GPU test suite (GPU_TESTS: a subset);
 #                                        carry the Jupyter wheels: `carry: [".whl"]`
@@ -89,9 +91,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 case "$PART" in
 record)
   # record stops starting steps 15 s before this step's end, so none is ever cut off (RECORD_PART: one
-  # part of the steps, encoder or engine)
+  # part of the steps, encoder or engine; RECORD_CHANGED=1: only the roles whose own files changed)
   LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) \
-    ${RECORD_PART:+--part "$RECORD_PART"} ;;
+    ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed} ;;
 finish)
   # what the reference set still lacks (steps of RECORD_LIMIT seconds at most), then every notebook
   # against it, then the GPU tests (GPU_TESTS) in the time left; carry the Jupyter wheels

@@ -2,6 +2,7 @@
 code hash that names the code a run came from, recomputed from git's objects."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 from lfm2vl_lab.tools import record as rec
 from lfm2vl_lab.tools import reference
 from lfm2vl_lab.tools.results import REPO_ROOT, blob_sha1, code_hash, hash_code_entries
+from lfm2vl_lab.tools.role_code import role_code
 
 TINY = ("bench", "--preset", "tiny", "--mode", "lab-eager", "--workload", "1x256", "--repeats", "1", "--warmup", "0",
         "--device", "cpu", "--no-progress", "--figure", "none")
@@ -31,7 +33,9 @@ def test_record_keeps_a_manifest_resumes_and_sets_failures_aside(tmp_path):
     assert man["failed"]["t-two"]["rc"] == 2 and not man["complete"]
     assert man["code_hash"] == code_hash()
     assert "still to record: t-two" in said[-1]
-    assert "no-such-preset" in (folder / "logs" / "t-two.log").read_text()  # the step's own one-line error
+    log = (folder / "logs" / "t-two.log").read_text()
+    assert "no-such-preset" in log  # the step's own one-line error
+    assert all(re.match(r"\[ *\d+\.\d s\] ", line) for line in log.splitlines())  # each line with its second
     # the next call records only what is missing, into the same manifest
     man2 = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path / "r")
     assert man2["complete"] and man2["failed"] == {} and man2["started"] == man["started"]
@@ -49,14 +53,58 @@ def test_record_leaves_steps_that_do_not_fit_the_deadline(tmp_path):
     assert sum("left for the next call" in s for s in said) == 2
 
 
-def test_record_replaces_a_manifest_of_other_code(tmp_path):
+def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(tmp_path):
+    """A set may hold roles of several code versions: a call records the roles this tree has not, and
+    each entry it writes names this tree's code and the files the role measures."""
     folder = tmp_path / "cpu"
     folder.mkdir()
     (folder / "reference.json").write_text(json.dumps({"gpu": "cpu", "code_hash": "sha256:old", "files": {
-        "t-one": {"file": "gone.json"}}}))
-    man = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False)[:1], say=lambda s: None,
+        "t-one": {"file": "gone.json"}, "t-two": {"file": "kept.json"}}}))
+    man = rec.run_record(parts=("encoder",), out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=lambda s: None,
                          repo_root=tmp_path)
-    assert man["code_hash"] == code_hash() and man["files"]["t-one"]["file"] != "gone.json"
+    one = man["files"]["t-one"]
+    assert man["code_hash"] == code_hash() and man["format"] == rec.FORMAT and one["file"] != "gone.json"
+    assert one["code_hash"] == code_hash() and one["role_hash"] == role_code(("lfm2vl_lab.tools.bench",))["role_hash"]
+    assert "lfm2vl_lab/tools/bench.py" in one["measures"]
+    assert man["files"]["t-two"] == {"file": "kept.json", "code_hash": "sha256:old"}  # not chosen: kept, as it was
+
+
+def test_changed_records_only_the_roles_whose_own_files_changed(tmp_path):
+    steps = _steps(bad=False)
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=lambda s: None, repo_root=tmp_path)
+    path = tmp_path / "cpu" / "reference.json"
+    # as if the manifest had been written by other code, whose bench.py differed and whose other files did not
+    man["code_hash"] = "sha256:other"
+    for entry in man["files"].values():
+        entry["code_hash"] = "sha256:other"
+    man["files"]["t-two"]["measures"]["lfm2vl_lab/tools/bench.py"] = "0" * 40
+    man["files"]["t-two"]["role_hash"] = "sha256:other-files"
+    path.write_text(json.dumps(man))
+    assert rec.stale(man, steps[0], True, code_hash()) is None
+    assert rec.stale(man, steps[1], True, code_hash()) == ["lfm2vl_lab/tools/bench.py"]
+    assert rec.stale(man, steps[0], False, code_hash()) == ["code other"]  # a full record runs both
+    said = []
+    new = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=said.append, repo_root=tmp_path, changed=True)
+    assert new["files"]["t-one"] == man["files"]["t-one"]  # its files are as they were: kept
+    assert new["files"]["t-two"]["code_hash"] == code_hash() != man["files"]["t-two"]["code_hash"]
+    assert any("t-two" in s and "why: lfm2vl_lab/tools/bench.py" in s for s in said)
+    assert not any("t-one:" in s for s in said)
+
+
+def test_take_brings_a_call_in_and_archives_what_its_manifest_no_longer_names(tmp_path):
+    src, dst = tmp_path / "out" / "cpu", tmp_path / "repo" / "cpu"
+    (src / "logs").mkdir(parents=True)
+    dst.mkdir(parents=True)
+    (src / "a-2.json").write_text("{}")
+    (src / "logs" / "a.log").write_text("log")
+    (src / "reference.json").write_text(json.dumps({"gpu": "cpu", "code_hash": "x", "files": {
+        "a": {"file": "a-2.json"}, "b": {"file": "b-1.json"}}}))
+    (dst / "a-1.json").write_text("{}")  # the file a-2 replaces
+    (dst / "b-1.json").write_text("{}")  # kept: the new manifest still names it
+    done = rec.take(tmp_path / "out", tmp_path / "repo", say=lambda s: None)
+    assert sorted(p.name for p in dst.glob("*.json")) == ["a-2.json", "b-1.json", "reference.json"]
+    assert (dst / "archive" / "a-1.json").is_file() and (dst / "logs" / "a.log").read_text() == "log"
+    assert "archived cpu/a-1.json" in done
 
 
 def test_record_cli_says_what_it_needs():
@@ -106,8 +154,8 @@ def test_reference_load_names_what_is_missing(tmp_path):
 
 
 def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path):
-    """vLLM's role is recorded apart, by code that differs from the set's: it joins the set there,
-    which keeps its own code hash, and its entry names the code that recorded it."""
+    """vLLM's role is recorded apart, when its part is named, by code that may differ from the rest of
+    the set's: it joins the set there, whose other roles keep the code that recorded them."""
     folder = tmp_path / "cpu"
     folder.mkdir()
     old = {"gpu": "cpu", "code_hash": "sha256:old", "started": "2026-01-01T00:00:00+00:00", "files": {
@@ -116,12 +164,13 @@ def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path):
     beside = rec.Step("t-b", "b", "t-b", (*TINY, "--name", "t-b"), 120, beside=True)
     man = rec.run_record(parts=("b",), out=tmp_path, gpu="cpu", steps=(*_steps(bad=False)[:1], beside),
                          say=lambda s: None, repo_root=tmp_path)
-    assert man["code_hash"] == "sha256:old" and man["files"]["t-one"] == old["files"]["t-one"]
+    assert man["files"]["t-one"] == {**old["files"]["t-one"], "code_hash": "sha256:old"}
     assert man["files"]["t-b"]["code_hash"] == code_hash() and man["complete"]
-    # a step of the set itself, run by other code, still starts a set of its own
-    man = rec.run_record(parts=("encoder",), out=tmp_path, gpu="cpu", steps=_steps(bad=False)[:1],
+    assert man["started"] == old["started"]
+    # a step of the set, run by this code, replaces only its own role
+    man = rec.run_record(parts=("encoder",), out=tmp_path, gpu="cpu", steps=(*_steps(bad=False)[:1], beside),
                          say=lambda s: None, repo_root=tmp_path)
-    assert man["code_hash"] == code_hash() and "t-b" not in man["files"]
+    assert man["files"]["t-one"]["code_hash"] == code_hash() and "t-b" in man["files"]
 
 
 FAKE = '''import json, sys, pathlib, datetime
@@ -142,7 +191,8 @@ def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
     fake = tmp_path / "fake-python"
     fake.write_text(f"#!{sys.executable}\n" + FAKE)
     fake.chmod(0o755)
-    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True)
+    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True,
+                    measures=("lfm2vl_lab.tools.bench",))
     said = []
     kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
               python=str(fake), deadline_s=300)
@@ -165,7 +215,8 @@ def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
     fake = tmp_path / "fake-python"
     fake.write_text(f"#!{sys.executable}\n" + FAKE)
     fake.chmod(0o755)
-    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True)
+    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True,
+                    measures=("lfm2vl_lab.tools.bench",))
     said = []
     kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
               python=str(fake), deadline_s=300)

@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 
 from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.record import STEPS
+from lfm2vl_lab.tools.record import FORMAT, STEPS, stale
 from lfm2vl_lab.tools.results import REPO_ROOT
 
 MAN = reference.load_manifest()
@@ -35,12 +35,9 @@ def test_the_reference_set_holds_every_role_and_each_file_is_of_its_code_version
         prov = res["provenance"]
         if role in partial:
             assert res["complete"] is False, role
-        # a role beside the set names the code that recorded it (a partial entry of an earlier record
-        # named none: its file's own provenance does, and the test below recovers that code)
-        assert prov["code_hash"] == entry.get("code_hash", prov["code_hash"] if STEP[role].beside
-                                              else MAN["code_hash"]), role
-        # only a step beside the set may carry code of its own
-        assert "code_hash" not in entry or STEP[role].beside, role
+        # each entry names the code that recorded it (a set recorded before entries did: the set's,
+        # except for a role beside it, which always named its own)
+        assert prov["code_hash"] == entry.get("code_hash", MAN["code_hash"]), role
         assert prov["gpu"] == reference.REFERENCE_GPU, role
         assert start <= datetime.fromisoformat(prov["date"]) <= end, role
         assert entry["rc"] == 0 and entry["file"].startswith(role + "-"), role
@@ -74,3 +71,16 @@ def test_the_code_of_the_reference_run_is_recoverable():
         if versions <= trees:
             break
     assert versions <= trees, f"no commit that wrote {manifest} holds the code of {sorted(versions - trees)}"
+
+
+def test_each_role_describes_the_code_of_this_tree():
+    """The set describes the code beside it: every role's own files (``measures``) are as they were
+    when it was recorded. A change to them makes the role stale until `record --changed` on the H200
+    records it again (docs/gpu.md); a change elsewhere (a table, a figure) leaves it current."""
+    if MAN.get("format", 1) < FORMAT:
+        pytest.skip("the set was recorded before each role named its own code: the next `record` or "
+                    "`record --changed` on the H200 writes it")
+    behind = {s.role: stale(MAN, s, True, MAN["code_hash"]) for s in STEPS if s.role in MAN["files"]}
+    behind = {role: files for role, files in behind.items() if files}
+    assert not behind, ("roles recorded by other code than this tree's (`python -m lfm2vl_lab record --changed "
+                        f"--dry-run` lists them): {behind}")

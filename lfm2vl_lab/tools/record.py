@@ -6,35 +6,40 @@ time limit (so a hang or a crashed CUDA context costs one step, not the run), an
 manifest ``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.tools.reference`): a run cut
 short keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
 
-The whole run takes about ten minutes on the H200. Where a machine is lent for less at a time, the
-run is resumable: ``--deadline`` leaves the steps that no longer fit for the next call, and a call
-that finds a manifest of the *same code* (same ``code_hash``) under ``--out`` or in the repo's
-``data/results/<gpu>/`` records only the roles it lacks. Calls of one code version make one
-reference run; a manifest of other code is replaced, never mixed with. ``--part`` (``encoder``:
-the encoder's benchmarks, checks and probes; ``engine``: the text model's peers and time to first
-token) picks steps by kind.
+Each entry of the manifest says how many seconds its step took. Where a machine is lent for less
+time than the whole run takes, the run is resumable: ``--deadline`` leaves the steps that no longer fit for
+the next call, and a call records only the roles that this tree has not recorded yet (under ``--out``
+or in the repo's ``data/results/<gpu>/``). ``--part`` (``encoder``: the encoder's benchmarks, checks
+and probes; ``engine``: the text model's peers and time to first token) picks steps by kind.
 
-Two kinds of step go further. A step *beside* the set (``vllm``: vLLM itself, which the kit's code
-only drives) is recorded only when its part is named (``--part vllm``), and joins the set that is
-there whatever code recorded it: its manifest entry carries its own ``code_hash``, and the set then
-holds two code versions, each recoverable from the commit that recorded it
-(``tests/test_reference_set.py``). A *resumable* step (``vllm`` again: about five minutes a preset)
-can take more than one call: it gets ``--deadline`` and, once it has left a partial file,
-``--resume`` with it; its file joins the set when it says ``"complete": true``, and until then the
-manifest lists it under ``partial``.
+Each role names its code (:mod:`.role_code`): its manifest entry holds the code hash of the whole
+tree that recorded it, and the files its numbers depend on with their blob ids (``measures``,
+``role_hash``). So a set may hold roles of several code versions, and ``--changed`` re-records only
+the roles whose own files changed since: a change to ``check`` re-runs ``check``, a change to the
+encoder's core every role that runs it. ``--take DIR`` brings a device call's ``--out`` into the repo
+and moves the files the new manifest no longer names into ``archive/``.
+
+A step *beside* the set (``vllm``: vLLM itself, which the kit's code only drives) is recorded only
+when its part is named (``--part vllm``). A *resumable* step (``vllm`` again: about five minutes a
+preset) can take more than one call: it gets ``--deadline`` and, once it has left a partial file of
+the same code, ``--resume`` with it; its file joins the set when it says ``"complete": true``, and
+until then the manifest lists it under ``partial``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .results import RESULTS_ROOT, code_hash, gpu_slug
+from .results import REPO_ROOT, RESULTS_ROOT, code_hash, gpu_slug
+from .role_code import changed_files, command_modules, role_code
 
 
 @dataclass(frozen=True)
@@ -47,12 +52,18 @@ class Step:
     name: str
     argv: tuple[str, ...]
     limit_s: int
-    beside: bool = False  # joins a set of other code, recorded only when its part is named
+    beside: bool = False  # recorded only when its part is named
     resumable: bool = False  # may take several calls: gets --deadline, and --resume with its partial file
+    measures: tuple[str, ...] = ()  # the modules its command runs (default: role_code.COMMAND_MODULES)
 
     @property
     def command(self) -> str:
         return "python -m lfm2vl_lab " + " ".join(self.argv)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The modules whose closure this step's numbers depend on (:mod:`.role_code`)."""
+        return self.measures or command_modules(self.argv[0])
 
 
 PRESETS = ("lfm2-vl-450m", "lfm2-vl-1.6b")
@@ -115,6 +126,10 @@ STEPS: tuple[Step, ...] = (
     Step("vllm", "vllm", "vllm", ("vllm",), 1500, beside=True, resumable=True),
 )
 PARTS = tuple(dict.fromkeys(s.part for s in STEPS))
+# Manifest format 2: every entry names the code that recorded it (``code_hash``, the whole tree) and
+# the files its numbers depend on (``measures``, ``role_hash``), so roles of several code versions can
+# share one set, each checked against the tree on its own.
+FORMAT = 2
 # what a plain `record` runs: every part but those beside the set
 DEFAULT_PARTS = tuple(dict.fromkeys(s.part for s in STEPS if not s.beside))
 
@@ -123,17 +138,33 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str, beside: bool = False) -> dict:
-    """The manifest this run adds to: one of the same code under ``folder`` or the repo, else a new
-    one. ``beside`` (only steps beside the set run): the one there, whatever its code."""
+def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str) -> dict:
+    """The manifest this call adds to: the one under ``folder``, else the repo's, else a new one. A
+    manifest from before each role named its own code gets its set's code in each entry."""
     for where in (folder, repo_folder):
         path = where / "reference.json"
         if path.is_file():
             man = json.loads(path.read_text())
-            if man.get("gpu") == gpu and (beside or man.get("code_hash") == hash_):
+            if man.get("gpu") == gpu:
+                for entry in [*man.get("files", {}).values(), *man.get("partial", {}).values()]:
+                    entry.setdefault("code_hash", man["code_hash"])
                 return man
-    return {"gpu": gpu, "code_hash": hash_, "command": "python -m lfm2vl_lab record", "started": _now(),
-            "finished": None, "complete": False, "files": {}}
+    return {"format": FORMAT, "gpu": gpu, "code_hash": hash_, "command": "python -m lfm2vl_lab record",
+            "started": _now(), "finished": None, "complete": False, "files": {}}
+
+
+def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_ROOT) -> list[str] | None:
+    """Why ``step``'s role must be recorded (again) by this tree; None: it need not be. A missing role
+    must be. Otherwise, ``changed``: when the files it measures differ from those that recorded it
+    (the files, or every file where its entry names none); else when any code differs (a full record:
+    every role of exactly this tree, which also resumes a full record cut short)."""
+    entry = man["files"].get(step.role)
+    if entry is None:
+        return ["not recorded"]
+    if not changed:
+        return None if entry.get("code_hash") == hash_ else [f"code {str(entry.get('code_hash'))[7:19]}"]
+    files = changed_files(entry, step.modules, root)
+    return ["recorded before roles named their code"] if files is None else files or None
 
 
 def _partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | None:
@@ -160,14 +191,33 @@ def _run_step(step: Step, folder: Path, out, python: str, left: float | None = N
     before = {p: p.stat().st_mtime for p in folder.glob(f"{step.name}-*.json")}
     t0 = time.perf_counter()
     with (folder / "logs" / f"{step.role}.log").open("a" if resume else "w") as fh:
-        try:
-            rc = subprocess.run([python, "-m", "lfm2vl_lab", *argv, "--out", str(out)], stdout=fh,
-                                stderr=subprocess.STDOUT, timeout=limit).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+        rc = _logged([python, "-m", "lfm2vl_lab", *argv, "--out", str(out)], fh, limit)
     new = sorted(p for p in folder.glob(f"{step.name}-*.json") if before.get(p) != p.stat().st_mtime)
     return ({"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
              "seconds": round(time.perf_counter() - t0, 1), "date": _now()}, new)
+
+
+def _logged(cmd: list[str], fh, limit: float) -> int | str:
+    """Run ``cmd``, each line of its output written to ``fh`` after the seconds since its start
+    (``[  12.3 s] …``: where a step's time goes, read off its log); its exit status, or "timeout"."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def copy():
+        for line in proc.stdout:
+            fh.write(f"[{time.perf_counter() - t0:7.1f} s] {line}")
+            fh.flush()
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = "timeout"
+    reader.join(timeout=5)
+    return rc
 
 
 def _complete(path: Path) -> bool:
@@ -179,12 +229,13 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
     """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
     not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``)."""
     man.setdefault("partial", {}).pop(step.role, None)
+    entry = {**entry, "code_hash": hash_, **role_code(step.modules)}
     if entry["rc"] == 0 and len(new) == 1 and not (step.resumable and not _complete(new[0])):
-        man["files"][step.role] = {**entry, "code_hash": hash_} if step.beside else entry
+        man["files"][step.role] = entry
         man["failed"].pop(step.role, None)
         say(f"   {entry['file']} in {entry['seconds']} s")
     elif entry["rc"] == 0 and len(new) == 1:
-        man["partial"][step.role] = {**entry, "code_hash": hash_} if step.beside else entry
+        man["partial"][step.role] = entry
         say(f"   {entry['file']} in {entry['seconds']} s: partial, the next call resumes it")
     else:
         (folder / "incomplete").mkdir(exist_ok=True)
@@ -200,13 +251,16 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
 
 
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
-               say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False) -> dict:
+               say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False,
+               changed: bool = False) -> dict:
     """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
     the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
 
     * ``gpu``: the device name the files are filed under (default: CUDA device 0's).
-    * A role the manifest of the same code already holds is not run again (``again``: run it anyway),
-      so calling ``record`` once more finishes a run that was cut short.
+    * Which roles run (:func:`stale`): those missing, and those recorded by other code than this
+      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``.
+      A role recorded by this code is not run again, so calling ``record`` once more finishes a run
+      that was cut short. Each role that runs replaces its entry; the others keep theirs.
     * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
       next call (never started, so never cut off). A resumable step starts in whatever time is left
       and stops at it (see the module).
@@ -221,29 +275,63 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     t_start = time.perf_counter()
     folder, repo_folder = Path(out) / gpu_slug(gpu), Path(repo_root) / gpu_slug(gpu)
     (folder / "logs").mkdir(parents=True, exist_ok=True)
-    chosen = [s for s in steps if s.part in parts]
     hash_ = code_hash()
-    man = _base_manifest(folder, repo_folder, gpu, hash_, beside=bool(chosen) and all(s.beside for s in chosen))
+    man = _base_manifest(folder, repo_folder, gpu, hash_)
     man.setdefault("failed", {})
-    todo = [s for s in chosen if again or s.role not in man["files"]]
+    why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
+    todo = [s for s in steps if why.get(s.role)]
     for k, step in enumerate(todo, 1):
         left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
         if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
             say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, {left:.0f} s left)")
             continue
         resume = _partial_file(step, man, (folder, repo_folder), hash_, say)
-        say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s)"
-            + (f", resuming {resume.name}" if resume else ""))
+        say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
+            f"{_why(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
         entry, new = _run_step(step, folder, out, python, left, resume)
         _file_step(man, step, entry, new, folder, hash_, say)
-        man["finished"] = _now()
+        man.update(format=FORMAT, code_hash=hash_, finished=_now())
         man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
         (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
     missing = [s.role for s in steps if s.role not in man["files"]]
+    behind = [s.role for s in steps if s.role not in missing and stale(man, s, True, hash_)]
     say(f"reference set: {folder / 'reference.json'}: {len(man['files'])} of {len(steps)} roles"
         + (f", still to record: {', '.join(missing)}" if missing else ", complete")
-        + f" (code {man['code_hash']})")
+        + (f"; of other code than this tree's: {', '.join(behind)}" if behind else "") + f" (code {hash_})")
     return man
+
+
+def _why(files: list[str]) -> str:
+    """A role's reasons to run, shortened for one line."""
+    return ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+
+
+def take(src, dst=RESULTS_ROOT, say=print) -> list[str]:
+    """Bring a device call's results (``src/<gpu>/``, the ``--out`` of its ``record``) into the repo's
+    ``dst/<gpu>/``: the manifest, every file it names, and the logs; then move each result file the
+    new manifest no longer names into ``archive/``, where earlier runs live (nothing stale stays beside
+    the set, where a reader could take it by its name). Returns what it did, a line each."""
+    import shutil
+
+    done = []
+    for man_path in sorted(Path(src).glob("*/reference.json")):
+        man, there = json.loads(man_path.read_text()), Path(dst) / man_path.parent.name
+        named = {e["file"] for e in [*man["files"].values(), *man.get("partial", {}).values()]}
+        (there / "logs").mkdir(parents=True, exist_ok=True)
+        for f in sorted(named) + ["reference.json"]:
+            if (man_path.parent / f).is_file():
+                shutil.copy2(man_path.parent / f, there / f)
+                done.append(f"took {there.name}/{f}")
+        for log in sorted((man_path.parent / "logs").glob("*")):
+            shutil.copy2(log, there / "logs" / log.name)
+            done.append(f"took {there.name}/logs/{log.name}")
+        for old in sorted(p for p in there.glob("*.json") if p.name not in named | {"reference.json"}):
+            (there / "archive").mkdir(exist_ok=True)
+            old.rename(there / "archive" / old.name)
+            done.append(f"archived {there.name}/{old.name}")
+    for line in done:
+        say(line)
+    return done
 
 
 def add_record_args(p) -> None:
@@ -255,7 +343,14 @@ def add_record_args(p) -> None:
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for this call: steps whose limit no longer fits are left for the next call")
     p.add_argument("--again", action="store_true", help="run steps the manifest of this code already holds too")
-    p.add_argument("--dry-run", action="store_true", help="print the steps and their limits, run nothing")
+    p.add_argument("--changed", action="store_true",
+                   help="a partial re-record: only the roles missing or whose own files changed since they were "
+                        "recorded (default: every role not recorded by exactly this tree)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the steps, their limits and whether each would run (and why), run nothing")
+    p.add_argument("--take", metavar="DIR", default=None,
+                   help="no GPU: bring a device call's --out DIR into data/results, moving the files its manifest "
+                        "no longer names into archive/")
 
 
 def run_record_cli(args) -> int:
@@ -263,15 +358,27 @@ def run_record_cli(args) -> int:
     from .args import UsageError
 
     parts = tuple(args.part or DEFAULT_PARTS)
+    if args.take:
+        if not list(Path(args.take).glob("*/reference.json")):
+            raise UsageError(f"--take {args.take}: no <gpu>/reference.json under it (give the --out of a record)")
+        take(args.take, args.out)
+        return 0
     if args.dry_run:
+        from .reference import load_manifest
+
+        man, hash_ = load_manifest(root=args.out) or {"files": {}}, code_hash()
+        for e in man["files"].values():
+            e.setdefault("code_hash", man.get("code_hash"))
         for s in STEPS:
             if s.part in parts:
-                print(f"{s.part:>8} {s.role:<16} {s.limit_s:>4} s  {s.command}")
+                why = ["--again"] if args.again else stale(man, s, args.changed, hash_)
+                print(f"{s.part:>8} {s.role:<16} {s.limit_s:>4} s  {'runs: ' + _why(why) if why else 'kept'}  "
+                      f"{s.command}")
         return 0
     import torch
 
     if not torch.cuda.is_available():
         raise UsageError("record needs a CUDA GPU and none is available: the reference set is a GPU run "
                          "(`--dry-run` lists its steps)")
-    man = run_record(parts, args.out, deadline_s=args.deadline, again=args.again)
+    man = run_record(parts, args.out, deadline_s=args.deadline, again=args.again, changed=args.changed)
     return 0 if not man["failed"] else 1

@@ -128,20 +128,54 @@ def preset_label(preset: str) -> str:
 def reference_block(refs: Refs) -> str:
     """The manifest: when and from which code the run was recorded, and each role's file."""
     man = refs.manifest
-    rows = [[f"`{role}`", f"`{e['file']}`", e.get("part"), e.get("rc"), ms(e.get("seconds"), 0)]
-            for role, e in man["files"].items()]
+    code = {role: e.get("code_hash", man["code_hash"]) for role, e in man["files"].items()}
+    rows = [[f"`{role}`", f"`{e['file']}`", e.get("part"), e.get("rc"), ms(e.get("seconds"), 0),
+             f"`{code[role][7:19]}`"] for role, e in man["files"].items()]
     prov = refs(next(iter(man["files"])))["provenance"]
     failed = ", ".join(man.get("failed") or {}) or "none"
+    versions = sorted(set(code.values()), key=list(code.values()).index)
     return "\n\n".join([
         f"`{man['command']}` on one {man['gpu']}, {man['started'][:16].replace('T', ' ')} to "
-        f"{str(man['finished'])[:16].replace('T', ' ')} UTC; code `{man['code_hash'][:19]}…`; "
-        f"{'complete' if man['complete'] else 'incomplete'}, failed steps: {failed}. torch {prov.get('torch')}, "
+        f"{str(man['finished'])[:16].replace('T', ' ')} UTC; "
+        + (f"code `{versions[0][:19]}…`; " if len(versions) == 1 else
+           f"{len(versions)} code versions, each role's in the table (each recoverable from the commit that "
+           f"recorded it); ")
+        + f"{'complete' if man['complete'] else 'incomplete'}, failed steps: {failed}. torch {prov.get('torch')}, "
         f"CUDA {prov.get('cuda')}, transformers {prov.get('transformers')}, Python {prov.get('python')}.",
-        md_table(["role", "file", "part", "exit status", "seconds"], rows),
+        md_table(["role", "file", "part", "exit status", "seconds", "code"], rows),
         f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
 
 
-BLOCKS = {"reference-set": reference_block}
+def record_cost_block(refs: Refs) -> str:
+    """What a re-record costs: every role, then what `record --changed` re-runs after a change to each
+    group of files (the files that move the same roles), with the seconds those roles took in the set."""
+    from .record import STEPS
+    from .role_code import measured_files
+
+    man, groups = refs.manifest, {}
+    recorded = [s for s in STEPS if s.role in man["files"]]
+    seconds = {s.role: man["files"][s.role].get("seconds") or 0 for s in recorded}
+    closure = {s.role: set(measured_files(s.modules)) for s in recorded}
+    for f in sorted(set().union(*closure.values())):
+        groups.setdefault(tuple(r for r in closure if f in closure[r]), []).append(f)
+    own = [s.role for s in recorded if not s.beside]
+    rows = [[f"every role of the kit's own ({len(own)})", "a full `record`", f"{sum(seconds[r] for r in own):.0f}"]]
+    rows += [[f"`{s.role}` (beside the set, timed apart)", f"`record --part {s.part}`", f"{seconds[s.role]:.0f}"]
+             for s in recorded if s.beside]
+    for roles, files in sorted(groups.items(), key=lambda kv: (-sum(seconds[r] for r in kv[0]), kv[1])):
+        shown = ", ".join(f"`{f.removeprefix('lfm2vl_lab/')}`" for f in files[:6])
+        rows.append([shown + (f" and {len(files) - 6} more" if len(files) > 6 else ""),
+                     "all" if len(roles) == len(recorded) else ", ".join(f"`{r}`" for r in roles),
+                     f"{sum(seconds[r] for r in roles):.0f}"])
+    return "\n\n".join([
+        md_table(["a change to", "re-records", "seconds of steps"], rows),
+        "Seconds of steps: what each role's step took when the set was recorded (the manifest's `seconds`), "
+        "summed; a call adds the machine's start and the copy of the tree. Which roles a file moves is the "
+        "import closure of each role's command (`lfm2vl_lab.tools.role_code`); a file in no row (a table, a "
+        "figure, the site) moves none.", f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
+
+
+BLOCKS = {"reference-set": reference_block, "record-cost": record_cost_block}
 
 
 def blocks() -> dict[str, Callable[[Refs], str]]:
