@@ -199,6 +199,28 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
         man.pop("partial")
 
 
+def _derive(man: dict, before: str, out, repo_root, say) -> None:
+    """Redraw what is derived from the set (``python -m lfm2vl_lab report``: the figures, the docs'
+    generated tables, the goals page) when this call changed a role or the set is complete. Only when
+    the run writes into the repo's results folder (``repo_root``; the figures go to the ``figures/``
+    beside it): files recorded elsewhere (``--out``, a lent machine's output) are derived by
+    ``report`` in the repo once they are there, and the pages describe the repo's set only."""
+    changed = json.dumps([man["files"], man.get("partial")]) != before
+    if not (changed or man.get("complete")) or Path(out).resolve() != Path(repo_root).resolve():
+        return
+    from argparse import Namespace
+
+    from .report import report
+    from .tables import run_tables
+
+    figures = Path(repo_root).parent / "figures"
+    try:  # the recorded files and the manifest stand whatever happens here: `report` can redo this
+        run_tables(Namespace(root=str(out), tables_only=False, check=False))
+        say(f"figures: {len(report(out, figures, verbose=False))} drawn from the set into {figures}")
+    except Exception as exc:
+        say(f"figures and tables: not redrawn ({type(exc).__name__}: {exc}); `python -m lfm2vl_lab report` redoes it")
+
+
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
                say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False) -> dict:
     """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
@@ -213,6 +235,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
       file it left moves to ``<out>/<gpu>/incomplete/``, and the run goes on with the next step. The
       manifest is ``complete`` once every role of ``steps`` is recorded and none failed.
+    * At the end, the figures and the docs' generated tables are redrawn from the set (:func:`_derive`).
     """
     if gpu is None:
         import torch
@@ -225,6 +248,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     hash_ = code_hash()
     man = _base_manifest(folder, repo_folder, gpu, hash_, beside=bool(chosen) and all(s.beside for s in chosen))
     man.setdefault("failed", {})
+    before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
     todo = [s for s in chosen if again or s.role not in man["files"]]
     for k, step in enumerate(todo, 1):
         left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
@@ -239,6 +263,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
         man["finished"] = _now()
         man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
         (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
+    _derive(man, before, out, repo_root, say)
     missing = [s.role for s in steps if s.role not in man["files"]]
     say(f"reference set: {folder / 'reference.json'}: {len(man['files'])} of {len(steps)} roles"
         + (f", still to record: {', '.join(missing)}" if missing else ", complete")
@@ -251,7 +276,9 @@ def add_record_args(p) -> None:
     p.add_argument("--part", action="append", choices=PARTS, default=None,
                    help=f"only the steps of this part (repeatable; default: {', '.join(DEFAULT_PARTS)}; "
                         f"{', '.join(p for p in PARTS if p not in DEFAULT_PARTS)} only when named)")
-    p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
+    p.add_argument("--out", default=str(RESULTS_ROOT),
+                   help="results root (default: data/results; there, record ends by redrawing the figures and the "
+                        "docs' tables: `report` does that for another root once its files are in the repo)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for this call: steps whose limit no longer fits are left for the next call")
     p.add_argument("--again", action="store_true", help="run steps the manifest of this code already holds too")
