@@ -12,6 +12,7 @@ import torch
 
 from lfm2vl_lab.tools.bench import run_bench
 from lfm2vl_lab.tools.cli import SUBCOMMANDS, main
+from lfm2vl_lab.tools.figure_source import read_sources
 from lfm2vl_lab.tools.results import gpu_slug, load_results, save_result
 from lfm2vl_lab.tools.table import format_table
 from lfm2vl_lab.tools.timing import summarize
@@ -40,6 +41,9 @@ def test_cli_bench_writes_result_json(tmp_path):
 
     res = json.loads(files[0].read_text())
     prov = res["provenance"]
+    # the figure names the file it is drawn from, which is in no reference set
+    assert read_sources(tmp_path / "fig.png") == [{"file": files[0].name, "role": None,
+                                                    "code_hash": prov["code_hash"]}]
     assert PROVENANCE_KEYS <= set(prov)
     assert prov["gpu"] == "cpu" and prov["preset"] == "tiny" and prov["dtype"] == "float32"
     assert prov["torch"] == torch.__version__
@@ -122,6 +126,7 @@ def fixture_result() -> dict:
 
 
 def test_report_draws_pngs_from_fixture(tmp_path, capsys):
+    manifest = json.loads((FIX / "results" / "nvidia-h200" / "reference.json").read_text())
     assert main(["report", "--root", str(FIX / "results"), "--out", str(tmp_path)]) == 0
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     kinds = ["floor-share", "graph-memory", "latency", "padding-waste", "speedup", "timeline"]
@@ -129,6 +134,9 @@ def test_report_draws_pngs_from_fixture(tmp_path, capsys):
     for p in tmp_path.glob("*.png"):
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        # each names its file of the set, with the role and the manifest's code hash
+        assert read_sources(p) == [{"file": "fixture-20261101-120000.json", "role": "bench-450m",
+                                    "code_hash": manifest["code_hash"]}], p.name
 
 
 def test_report_draws_each_figure_from_its_reference_file_only(tmp_path):

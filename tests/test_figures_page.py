@@ -1,6 +1,7 @@
 """The docs site's figures page (lfm2vl_lab.tools.site): each committed figure with the one file of the
-reference set it is drawn from, its provenance read from the JSON when the page is built; and the
-committed figures themselves: one run each, named in the title, sized for a page."""
+reference set it is drawn from, as the PNG itself names it, its provenance read from the JSON when the
+page is built; and the committed figures themselves: one run each, named in the title and in the PNG,
+sized for a page, and what `report` draws today, so a fresh clone's `report` changes no file."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ import struct
 from pathlib import Path
 
 import pytest
+from matplotlib.figure import Figure
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
 
 from lfm2vl_lab.tools import reference
+from lfm2vl_lab.tools.figure_source import SOURCE_KEY, png_bytes, save_figure
 from lfm2vl_lab.tools.plots import MAX_WIDTH_IN, NoData
-from lfm2vl_lab.tools.report import figure_jobs, reference_sets
+from lfm2vl_lab.tools.report import figure_jobs, reference_sets, report
 from lfm2vl_lab.tools.results import FIGURES_ROOT, RESULTS_ROOT, shown_command
 from lfm2vl_lab.tools.site import UnexplainedFigure, figure_sources, figures_page, linked_files
 
 PNGS = sorted(FIGURES_ROOT.glob("nvidia-h200-*.png"))
+MAN = reference.load_manifest()
 DPI = 120  # what `python -m lfm2vl_lab report` saves at
 
 
@@ -103,22 +109,29 @@ def test_page_gives_each_source_files_provenance(committed):
     assert {Path(p).resolve() for p in linked_files(committed)} >= {p.resolve() for p, _ in committed}
 
 
-def test_page_is_generated_from_the_json(tmp_path):
-    """Change a result file and the page says what the file says (the command without its --out)."""
+def attention_set(tmp_path: Path, code: str = MAN["code_hash"], torch: str = "9.9.9+test") -> tuple[Path, Path]:
+    """A reference set under ``tmp_path / "results"`` holding the committed attention figure's file
+    (its provenance's torch version and command changed) and that figure: ``(folder, figures)``."""
+    name = MAN["files"]["attention"]["file"]
     res = {k: v for k, v in reference.load("attention").items() if not k.startswith("_")}
-    res["provenance"].update(torch="9.9.9+test", command="python -m lfm2vl_lab attention --out /somewhere/else")
+    res["provenance"].update(torch=torch, command="python -m lfm2vl_lab attention --out /somewhere/else")
     folder = tmp_path / "results" / "nvidia-h200"
     folder.mkdir(parents=True)
-    (folder / "attention-x.json").write_text(json.dumps(res))
-    manifest = {"gpu": "NVIDIA H200", "code_hash": "sha256:" + "0" * 64,
-                "files": {"attention": {"file": "attention-x.json"}}}
+    (folder / name).write_text(json.dumps(res))
+    manifest = {"gpu": "NVIDIA H200", "code_hash": code, "files": {"attention": {"file": name}}}
     (folder / reference.MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "figures").mkdir()
     shutil.copy(FIGURES_ROOT / "nvidia-h200-attention.png", tmp_path / "figures")
-    sources = figure_sources("nvidia-h200", tmp_path / "figures", tmp_path / "results")
+    return folder, tmp_path / "figures"
+
+
+def test_page_is_generated_from_the_json(tmp_path):
+    """Change a result file and the page says what the file says (the command without its --out)."""
+    folder, figures = attention_set(tmp_path)
+    sources = figure_sources("nvidia-h200", figures, tmp_path / "results")
     page = figures_page(sources, link=lambda path: Path(path).name)
     assert "torch 9.9.9+test ·" in page and "  `python -m lfm2vl_lab attention`\n" in page
-    assert "(reference set: `attention`)" in page
+    assert "(reference set: `attention`)" in page and f"code `{MAN['code_hash'][7:19]}`" in page
     assert "/somewhere/else" not in page and "[![nvidia-h200-attention](nvidia-h200-attention.png)]" in page
     # a file beside the manifest that it does not name explains no figure
     (folder / reference.MANIFEST).write_text(json.dumps({"gpu": "NVIDIA H200", "code_hash": "sha256:0", "files": {}}))
@@ -133,3 +146,93 @@ def test_a_figure_without_a_source_file_is_an_error(tmp_path):
         figure_sources("nvidia-h200", tmp_path / "figures", RESULTS_ROOT)
     with pytest.raises(reference.ReferenceError, match="no reference set"):
         figure_sources("nvidia-h200", tmp_path / "figures", tmp_path / "no-results")
+
+
+def test_every_committed_figure_names_the_sets_file_for_its_role():
+    """Each committed PNG's own ``Source`` chunk names, for each of its roles, the file the manifest
+    gives that role today and the code hash that recorded it (a role beside the set, vLLM's, has its
+    own): a figure drawn from an earlier run fails here. Read straight from the PNG and the manifest."""
+    assert PNGS
+    for png in PNGS:
+        with Image.open(png) as im:
+            text = dict(im.text)
+        assert set(text) == {SOURCE_KEY}, (png.name, set(text))  # no Software (version) or date chunk
+        sources = json.loads(text[SOURCE_KEY])
+        assert sources, png.name
+        for src in sources:
+            entry = MAN["files"].get(src["role"]) or MAN.get("partial", {}).get(src["role"])
+            assert entry is not None and src["file"] == entry["file"], (png.name, src)
+            assert src["code_hash"] == entry.get("code_hash", MAN["code_hash"]), (png.name, src)
+
+
+def test_report_redraws_the_committed_figures_as_they_are(tmp_path):
+    """``report`` into a copy of data/figures draws exactly the committed figures and leaves each
+    file's bytes as they are: a fresh clone's ``report`` leaves ``git status`` clean. A redraw that
+    equals a file in content (its text chunks and decoded pixels) keeps that file, so only another
+    picture or another source would change the bytes (lfm2vl_lab/tools/figure_source.py says why
+    content, not bytes, decides; the test below shows a changed picture is rewritten)."""
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    for png in PNGS:
+        shutil.copy(png, figures)
+    drawn = report(RESULTS_ROOT, figures, verbose=False)
+    assert sorted(p.name for p in drawn) == [p.name for p in PNGS]
+    assert sorted(p.name for p in figures.iterdir()) == [p.name for p in PNGS]
+    changed = [p.name for p in PNGS if (figures / p.name).read_bytes() != p.read_bytes()]
+    assert not changed, f"redrawn otherwise: {changed} (`python -m lfm2vl_lab report`, then commit data/figures)"
+
+
+def _small_figure() -> Figure:
+    fig = Figure(figsize=(2, 1.5))
+    fig.add_subplot().plot([0, 1], [1, 0])
+    return fig
+
+
+def _chunks(data: bytes) -> list[str]:
+    out, pos = [], 8
+    while pos < len(data):
+        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8].decode()
+        out.append(kind)
+        pos += 12 + length
+    return out
+
+
+def test_saved_figures_are_deterministic_and_an_equal_picture_is_kept(tmp_path):
+    fig, src = _small_figure(), [{"file": "x-20260101-000000.json", "role": "x", "code_hash": "sha256:0"}]
+    first = png_bytes(fig, src)
+    assert png_bytes(_small_figure(), src) == first  # drawn twice: the same bytes
+    assert set(_chunks(first)) <= {"IHDR", "pHYs", "tEXt", "iTXt", "IDAT", "IEND"}  # no tIME
+    path = tmp_path / "f.png"
+    assert save_figure(fig, path, src) and path.read_bytes() == first
+    with Image.open(path) as im:  # the same picture compressed otherwise (another zlib or Pillow)
+        info = PngInfo()
+        info.add_text(SOURCE_KEY, im.text[SOURCE_KEY])
+        im.save(path, pnginfo=info, compress_level=1)
+    other_bytes = path.read_bytes()
+    assert other_bytes != first
+    assert not save_figure(fig, path, src) and path.read_bytes() == other_bytes  # kept: same content
+    assert save_figure(fig, path, [dict(src[0], file="x-20260202-000000.json")])  # another source
+    fig.axes[0].plot([0, 1], [0, 1])
+    assert save_figure(fig, path, [dict(src[0], file="x-20260202-000000.json")])  # another picture
+    assert path.read_bytes() == png_bytes(fig, [dict(src[0], file="x-20260202-000000.json")])
+
+
+def test_the_page_captions_a_figure_with_the_file_its_png_names(tmp_path):
+    """The page takes a figure's source from the PNG: one that names another file than the set's for
+    its role, other code, a role the set lacks, or nothing, is refused, naming the figure."""
+    _folder, figures = attention_set(tmp_path)
+    png, name, fig = figures / "nvidia-h200-attention.png", MAN["files"]["attention"]["file"], _small_figure()
+    ok = {"file": name, "role": "attention", "code_hash": MAN["code_hash"]}
+    save_figure(fig, png, [ok])
+    ((got, (res,)),) = figure_sources("nvidia-h200", figures, tmp_path / "results")
+    assert got == png and Path(res["_path"]).name == name and res["provenance"]["torch"] == "9.9.9+test"
+    for src, why in ((dict(ok, file="attention-20260101-000000.json"),
+                      "is drawn from attention-20260101-000000.json, and the set's 'attention' is " + name),
+                     (dict(ok, code_hash="sha256:" + "1" * 64), "names code sha256:" + "1" * 64),
+                     (dict(ok, role="e2e"), "is drawn from " + name + " as role 'e2e', which the set does not hold")):
+        save_figure(fig, png, [src])
+        with pytest.raises(UnexplainedFigure, match=re.escape(f"nvidia-h200-attention.png {why}")):
+            figure_sources("nvidia-h200", figures, tmp_path / "results")
+    fig.savefig(png)  # matplotlib's own PNG: no source
+    with pytest.raises(UnexplainedFigure, match="nvidia-h200-attention.png names no source file"):
+        figure_sources("nvidia-h200", figures, tmp_path / "results")

@@ -230,3 +230,41 @@ def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
     assert not any("resuming" in s for s in said)
     assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 1
     assert man["partial"]["slow"]["code_hash"] == code_hash()
+
+
+FAST = '''import json, sys, pathlib
+args = sys.argv[3:]  # -m lfm2vl_lab <name> ... --out <root>
+out = pathlib.Path(args[args.index("--out") + 1]) / "cpu"
+(out / f"{args[0]}-20260101-000000.json").write_text(json.dumps({"provenance": {"gpu": "cpu"}}))
+'''
+
+
+def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeypatch):
+    """A call that records a role into the repo's results folder ends with the report step: the figures
+    (into the figures folder beside it) and the docs' tables, from that set. A call that changes
+    nothing in a set still incomplete redraws nothing, and neither does one that writes elsewhere."""
+    from lfm2vl_lab.tools import report, tables
+
+    drawn, tabled = [], []
+    monkeypatch.setattr(report, "report", lambda root, out, verbose=True: drawn.append((str(root), str(out))) or [])
+    monkeypatch.setattr(tables, "run_tables", lambda args: tabled.append(args.root) or 0)
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!{sys.executable}\n" + FAST)
+    fake.chmod(0o755)
+    kit = ("lfm2vl_lab.tools.bench",)  # fake commands: the code they stand for
+    steps = (rec.Step("fast", "encoder", "fast", ("fast",), 60, measures=kit),
+             rec.Step("long", "encoder", "long", ("long",), 900, measures=kit))
+    repo = tmp_path / "data" / "results"
+    said = []
+    kw = dict(gpu="cpu", steps=steps, say=said.append, python=str(fake), deadline_s=300)  # "long" never fits
+    man = rec.run_record(out=repo, repo_root=repo, **kw)
+    assert list(man["files"]) == ["fast"] and not man["complete"]
+    assert drawn == [(str(repo), str(tmp_path / "data" / "figures"))] and tabled == [str(repo)]
+    assert f"figures: 0 drawn from the set into {tmp_path / 'data' / 'figures'}" in said
+    rec.run_record(out=repo, repo_root=repo, **kw)  # nothing new, still incomplete
+    man = rec.run_record(out=tmp_path / "device", repo_root=repo, again=True, **kw)  # recorded, not into the repo
+    assert man["files"]["fast"]["rc"] == 0 and (tmp_path / "device" / "cpu" / "fast-20260101-000000.json").is_file()
+    assert len(drawn) == 1 and len(tabled) == 1
+    # once complete, every call leaves the figures and tables drawn from the set
+    man = rec.run_record(out=repo, repo_root=repo, **dict(kw, deadline_s=None))
+    assert man["complete"] and drawn[1:] == [(str(repo), str(tmp_path / "data" / "figures"))] and len(tabled) == 2

@@ -140,7 +140,10 @@ def bench_graph_configs(args) -> list[str] | None:
     return list(dict.fromkeys(args.graph_config))
 
 
-def _save_figure(result: dict, figure: str) -> Path:
+def _save_figure(result: dict, figure: str, source: Path) -> Path:
+    """This run's latency figure, naming its result file ``source`` in the PNG (no role: a file of no
+    reference set)."""
+    from .figure_source import save_figure, source_of
     from .plots import latency_figure
 
     p = result["provenance"]
@@ -148,7 +151,7 @@ def _save_figure(result: dict, figure: str) -> Path:
     path = auto if figure == "auto" else Path(figure)
     path.parent.mkdir(parents=True, exist_ok=True)
     title = f"Encoder latency per mode: {p['preset']}, {p['dtype']}, {p['gpu']} (whisker: p90)"
-    latency_figure(result["rows"], title).savefig(path, dpi=110)
+    save_figure(latency_figure(result["rows"], title), path, [source_of({**result, "_path": source})], dpi=110)
     return path
 
 
@@ -171,9 +174,10 @@ def run_bench_cli(args) -> int:
         progress=not args.no_progress, seed=args.seed, trace_dir=args.trace_dir,
         command=_command() if from_main else None, name=args.name, on_job=checkpoint)
     print_table(result)
-    print(f"results: {save_result(result, args.out, args.name, saved.get('path'))}")
+    path = save_result(result, args.out, args.name, saved.get("path"))
+    print(f"results: {path}")
     if args.figure != "none" and result["rows"]:
-        print(f"figure: {_save_figure(result, args.figure)}")
+        print(f"figure: {_save_figure(result, args.figure, path)}")
     return 1 if result["errors"] else 0
 
 

@@ -250,6 +250,28 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
         man.pop("partial")
 
 
+def _derive(man: dict, before: str, out, repo_root, say) -> None:
+    """Redraw what is derived from the set (``python -m lfm2vl_lab report``: the figures, the docs'
+    generated tables, the goals page) when this call changed a role or the set is complete. Only when
+    the run writes into the repo's results folder (``repo_root``; the figures go to the ``figures/``
+    beside it): files recorded elsewhere (``--out``, a lent machine's output) are derived by
+    ``report`` in the repo once they are there, and the pages describe the repo's set only."""
+    changed = json.dumps([man["files"], man.get("partial")]) != before
+    if not (changed or man.get("complete")) or Path(out).resolve() != Path(repo_root).resolve():
+        return
+    from argparse import Namespace
+
+    from .report import report
+    from .tables import run_tables
+
+    figures = Path(repo_root).parent / "figures"
+    try:  # the recorded files and the manifest stand whatever happens here: `report` can redo this
+        run_tables(Namespace(root=str(out), tables_only=False, check=False))
+        say(f"figures: {len(report(out, figures, verbose=False))} drawn from the set into {figures}")
+    except Exception as exc:
+        say(f"figures and tables: not redrawn ({type(exc).__name__}: {exc}); `python -m lfm2vl_lab report` redoes it")
+
+
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
                say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False,
                changed: bool = False) -> dict:
@@ -267,6 +289,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
       file it left moves to ``<out>/<gpu>/incomplete/``, and the run goes on with the next step. The
       manifest is ``complete`` once every role of ``steps`` is recorded and none failed.
+    * At the end, the figures and the docs' generated tables are redrawn from the set (:func:`_derive`).
     """
     if gpu is None:
         import torch
@@ -278,6 +301,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     hash_ = code_hash()
     man = _base_manifest(folder, repo_folder, gpu, hash_)
     man.setdefault("failed", {})
+    before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
     why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
     todo = [s for s in steps if why.get(s.role)]
     for k, step in enumerate(todo, 1):
@@ -293,6 +317,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
         man.update(format=FORMAT, code_hash=hash_, finished=_now())
         man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
         (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
+    _derive(man, before, out, repo_root, say)
     missing = [s.role for s in steps if s.role not in man["files"]]
     behind = [s.role for s in steps if s.role not in missing and stale(man, s, True, hash_)]
     say(f"reference set: {folder / 'reference.json'}: {len(man['files'])} of {len(steps)} roles"
@@ -339,7 +364,9 @@ def add_record_args(p) -> None:
     p.add_argument("--part", action="append", choices=PARTS, default=None,
                    help=f"only the steps of this part (repeatable; default: {', '.join(DEFAULT_PARTS)}; "
                         f"{', '.join(p for p in PARTS if p not in DEFAULT_PARTS)} only when named)")
-    p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
+    p.add_argument("--out", default=str(RESULTS_ROOT),
+                   help="results root (default: data/results; there, record ends by redrawing the figures and the "
+                        "docs' tables: `report` does that for another root once its files are in the repo)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for this call: steps whose limit no longer fits are left for the next call")
     p.add_argument("--again", action="store_true", help="run steps the manifest of this code already holds too")
@@ -362,6 +389,8 @@ def run_record_cli(args) -> int:
         if not list(Path(args.take).glob("*/reference.json")):
             raise UsageError(f"--take {args.take}: no <gpu>/reference.json under it (give the --out of a record)")
         take(args.take, args.out)
+        for man in Path(args.out).glob("*/reference.json"):  # then what derives from the set, as record does
+            _derive(json.loads(man.read_text()), "", args.out, args.out, print)
         return 0
     if args.dry_run:
         from .reference import load_manifest

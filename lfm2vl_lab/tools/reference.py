@@ -48,6 +48,13 @@ def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
     return list(man["files"]) if man else []
 
 
+def role_code_hash(man: dict, role: str) -> str | None:
+    """The code hash that recorded ``role``'s file: its manifest entry's own (a role beside the set,
+    such as ``vllm``), else the set's."""
+    entry = man.get("files", {}).get(role) or man.get("partial", {}).get(role) or {}
+    return entry.get("code_hash", man.get("code_hash"))
+
+
 def _read(path: Path) -> dict:
     data = json.loads(path.read_text())
     data["_path"] = str(path)
@@ -56,7 +63,8 @@ def _read(path: Path) -> dict:
 
 def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool = True,
          partial: bool = False) -> dict | None:
-    """The result file that plays ``role`` in ``gpu``'s reference set, with ``_path`` and ``_role``.
+    """The result file that plays ``role`` in ``gpu``'s reference set, with ``_path``, ``_role`` and
+    ``_code_hash`` (:func:`role_code_hash`).
 
     ``required``: raise :class:`ReferenceError` (naming the roles there are) when the set or the role
     is missing; otherwise return None. ``partial``: where the role is not recorded whole, its partial
@@ -66,7 +74,7 @@ def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool 
     entry = (man or {}).get("files", {}).get(role)
     if entry is None and partial and role in (man or {}).get("partial", {}):
         data = _read(manifest_path(gpu, root).parent / man["partial"][role]["file"])
-        data.update(_role=role, _partial=True)
+        data.update(_role=role, _partial=True, _code_hash=role_code_hash(man, role))
         return data
     if entry is None:
         if not required:
@@ -75,7 +83,7 @@ def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool 
         raise ReferenceError(f"the reference set of {gpu} has no {role!r} (roles recorded: {there}); "
                              "`python -m lfm2vl_lab record` on that GPU records it")
     data = _read(manifest_path(gpu, root).parent / entry["file"])
-    data["_role"] = role
+    data.update(_role=role, _code_hash=role_code_hash(man, role))
     return data
 
 

@@ -12,6 +12,11 @@ with its date in the figure's title, and no rows of other files come in:
 
 Figures are named ``<gpu-slug>-<preset>-<dtype>-<figure>.png`` and ``<gpu-slug>-<role>[-<part>].png``.
 A figure without data is skipped and the reason printed.
+
+Each PNG carries its source in a text chunk: the file(s) it is drawn from, their role(s) and the code
+hash the manifest gives them (:mod:`lfm2vl_lab.tools.figure_source`); the docs site's figures page
+captions each figure from it. The PNGs hold no date or version, so a second ``report`` rewrites
+nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from . import reference
+from .figure_source import save_figure, source_of
 from .plots import (
     NoData,
     attention_figure,
@@ -158,34 +164,36 @@ def reference_sets(root=RESULTS_ROOT, say=print) -> dict[str, dict[str, dict]]:
     return out
 
 
-def _save(fig, path: Path, written: list[Path], say) -> None:
-    fig.savefig(path, dpi=120)
+def _save(fig, path: Path, files: list[dict], written: list[Path], say) -> None:
+    """Save one figure with its source files in the PNG (:mod:`lfm2vl_lab.tools.figure_source`); a
+    file already there with the same content is kept, bytes and all."""
+    changed = save_figure(fig, path, [source_of(res) for res in files])
     written.append(path)
-    say(f"wrote {path}")
+    say(f"{'wrote' if changed else 'unchanged'} {path}")
 
 
 def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Path]:
     """Draw every figure of the reference set(s) under ``root`` (one per GPU: ``<root>/<gpu>/
     reference.json``) into ``out``, each from one file (:func:`figure_jobs`). Files beside the
     manifests and in ``archive/`` are not read. A figure without data is skipped and the reason
-    printed. Returns the paths written."""
+    printed. Each PNG names its source file(s) (:func:`~lfm2vl_lab.tools.figure_source.save_figure`),
+    and one whose content is what is there already is left untouched. Returns the figures' paths."""
     say = print if verbose else (lambda *a, **k: None)
     sets = reference_sets(root, say)
     if not sets:
         say(f"report: no reference set under {root} (no */{reference.MANIFEST}; "
             "`python -m lfm2vl_lab record` on a GPU records one)")
         return []
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out)  # made by the first figure saved
     written: list[Path] = []
     for slug, files in sets.items():
-        for stem, make, _files in figure_jobs(files, slug):
+        for stem, make, sources in figure_jobs(files, slug):
             try:
                 fig = make()
             except NoData as exc:
                 say(f"skip {stem}: {exc}")
                 continue
-            _save(fig, out / f"{stem}.png", written, say)
+            _save(fig, out / f"{stem}.png", sources, written, say)
     return written
 
 
