@@ -144,6 +144,20 @@ def test_rows_busier_than_their_wall_time_are_listed(tmp_path):
     assert out.startswith("No row") and "the closest is `bench-450m` lab-graph 1x512, busy 80.0% of its median" in out
 
 
+def test_the_machine_caveat_says_what_the_two_files_share_and_where_they_differ():
+    base = {"gpu": "NVIDIA H200", "platform": "Linux-x", "host_cpu": "Xeon", "cpu_count": 16, "torch": "2.11",
+            "cuda": "13.0", "transformers": "5.17", "python": "3.12.3"}
+    now = {"provenance": {**base, "code_hash": "sha256:" + "ab" * 32, "date": "2030-01-02T12:00:00+00:00"}}
+    then = {"provenance": {**base, "git_commit": "11ddfb88aa-dirty", "date": "2030-01-02T00:00:00+00:00"}}
+    out = tables_encoder.machine_sentence(now, then)
+    assert out.startswith("Both files record the same GPU NVIDIA H200, platform Linux-x, CPU Xeon, CPU count 16,")
+    assert "they differ in the kit's code (commit `11ddfb8` with uncommitted changes earlier, code " \
+           "`sha256:abababababab…` in this set), and the earlier run is 12.0 h older" in out
+    then["provenance"].update(cpu_count=8, code_hash=now["provenance"]["code_hash"], git_commit=None)
+    out = tables_encoder.machine_sentence(now, then)
+    assert "they differ in CPU count (8 earlier, 16 in this set)," in out and "kit's code" not in out
+
+
 def graph_config_row(name, workload, median, **kw):
     kit = name == "kit"
     capture = [{"budget": b, "variants": ["varlen", "dense1"]} for b in ([64, 1024, 2048] if kit else [64, 4096])]
