@@ -222,13 +222,18 @@ def test_the_pr_claim_leaves_out_and_names_the_cases_with_decode_drift(tmp_path)
     rows = (ttft_case_rows("1x512", 1, 10.0, 2.0, cut_g=0.6) + ttft_case_rows("1x512", 2, 10.0, 2.0, cut_g=0.15)
             + ttft_case_rows("tiled", 1, 10.0, 2.0, cut_e=0.9, drift_e=0.2))
     e2e = [{"preset": "lfm2-vl-450m", "image": "1x512", "requests": 1, "mode": "lab-graph",
-            "ttft_reduction_paired": 0.12, "decode_drift": 0.01}]
+            "ttft_reduction_paired": 0.12, "decode_drift": 0.01},
+           {"preset": "lfm2-vl-450m", "image": "1x512", "requests": 4, "mode": "lab-graph",
+            "ttft_reduction_paired": 0.15, "decode_drift": -0.2},
+           {"preset": "lfm2-vl-450m", "image": "tiled", "requests": 1, "mode": "lab-graph",
+            "ttft_reduction_paired": 0.25, "decode_drift": 0.1}]
     out = tables_engine.pr_claim_block(make_set(tmp_path, {"ttft": {"rows": rows}, "e2e": {"rows": e2e}}))
     assert "**60.0%** on LFM2-VL-450M (above the PR's range)" in out
     assert "the other cases: 15.0%–50.0% over 2 cases, 1 of them within 10%–20%." in out
-    assert "every case: 30.0% over 2 cases, 0 of them within 10%–20%; left out for decode drift: " \
-           "LFM2-VL-450M tiled ×1." in out
-    assert "Inside `generate` (paired): 12.0% over 1 case, 1 of them within" in out
+    assert "every case: 30.0% over 2 cases, 0 of them within 10%–20%; left out for decode drift: 90.0% over " \
+           "1 case, 0 of them within 10%–20% (LFM2-VL-450M tiled ×1)." in out
+    assert "Inside `generate` (paired): 12.0% over 1 case, 1 of them within 10%–20%; left out for decode drift: " \
+           "15.0%–25.0% over 2 cases, 1 of them within 10%–20% (LFM2-VL-450M 1x512 ×4, LFM2-VL-450M tiled ×1)." in out
 
 
 # --------------------------------------------------------------------------------------------

@@ -184,14 +184,20 @@ def _range(cuts: list[tuple]) -> str:
 
 
 def _claim_line(what: str, cuts: list[tuple]) -> str:
-    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: …``
-    from ``(cut, (preset, image, requests), disturbed)`` tuples."""
+    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
+    their range, j of them within it (named)`` from ``(cut, (preset, image, requests), disturbed)`` tuples.
+    What the decode control leaves out is shown as the kept cases are, so a reader sees what it removed."""
     lo, hi = PR_CLAIM
+
+    def within(xs):
+        return sum(claim_verdict(c[0]) == "within" for c in xs)
+
     kept, off = [c for c in cuts if not c[2]], [c for c in cuts if c[2]]
-    line = (f"- {what}: {_range(kept)}, {sum(claim_verdict(c[0]) == 'within' for c in kept)} of them within "
-            f"{pct(lo, 0)}–{pct(hi, 0)}")
+    line = f"- {what}: {_range(kept)}, {within(kept)} of them within {pct(lo, 0)}–{pct(hi, 0)}"
     if off:
-        line += "; left out for decode drift: " + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
+        line += (f"; left out for decode drift: {_range(off)}, {within(off)} of them within "
+                 f"{pct(lo, 0)}–{pct(hi, 0)} (" + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
+                 + ")")
     return line + "."
 
 
