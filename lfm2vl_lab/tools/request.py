@@ -53,6 +53,22 @@ def composed_e2e(row: dict, tokens: int) -> float:
     return row["request_ms"] + (tokens - 1) * row["decode_ms_per_token"]
 
 
+def composition_check(eager: dict, graphed: dict) -> dict | None:
+    """Where a cell's whole requests were measured with the encoder eager and graphed, the same cell
+    composed from its parts (``e2e_composed_ms``) beside them: how far the composition is off. None
+    where either row is not measured (there is nothing to check it against).
+
+    ``composed_ms``: (eager, graphed); ``ms_error``: each composed / measured - 1; ``cut``: the cut the
+    composition gives; ``cut_error``: that cut less the measured (paired) one, in fractions (×100: points).
+    """
+    if eager.get("e2e_source") != "measured" or graphed.get("e2e_source") != "measured":
+        return None
+    ce, cg = eager["e2e_composed_ms"], graphed["e2e_composed_ms"]
+    cut = 1 - cg / ce
+    return {"composed_ms": (ce, cg), "ms_error": (ce / eager["e2e_ms"] - 1, cg / graphed["e2e_ms"] - 1),
+            "cut": cut, "cut_error": cut - graphed["e2e_cut"]}
+
+
 def whole_request_rows(model, pipes: dict, image: str, n: int, repeats: int, decode_tokens: int,
                        new_tokens: int = NEW_TOKENS) -> list[dict]:
     """The four TTFT rows of one cell, each with its whole-request latency (see the module)."""
@@ -256,7 +272,8 @@ def like_for_like(result: dict, preset: str = "lfm2-vl-3b") -> str:
 
 def e2e_text(result: dict, preset: str = "lfm2-vl-3b") -> str:
     """A request file's whole requests as lines: per image and request count, encoder eager → graphed
-    at each text mode, with the cut and where the number comes from (measured or composed)."""
+    at each text mode, with the cut and where the number comes from (measured or composed); where it
+    was measured, the cut the composition from parts gives and how far that is off."""
     lines = []
     cells = sorted({(r["image"], r["requests"]) for r in result["rows"] if r["preset"] == preset and "e2e_ms" in r})
     for image, n in cells:
@@ -264,7 +281,9 @@ def e2e_text(result: dict, preset: str = "lfm2-vl-3b") -> str:
         parts = []
         for t in MODES:
             e, g = by[mode_name(t, "eager")], by[mode_name(t, "graphed")]
+            check = composition_check(e, g)
             parts.append(f"text {t}: {e['e2e_ms']:8.1f} → {g['e2e_ms']:8.1f} ms, cut {100 * g['e2e_cut']:5.1f}% "
-                         f"({g['e2e_source']})")
+                         f"({g['e2e_source']}" + (f"; composed {100 * check['cut']:.1f}%, "
+                                                  f"{100 * check['cut_error']:+.1f} points)" if check else ")"))
         lines.append(f"{image:>6} ×{n}  " + "  |  ".join(parts))
     return "\n".join(lines) or f"no whole-request rows of {preset}"
