@@ -296,7 +296,18 @@ def test_every_goal_a_judge_can_miss_has_an_explanation_or_is_named():
     for engine_goal in ("decode ms per token, lfm2-vl-450m engine-fused", "prefill+sample ms, lfm2-vl-450m engine",
                         "TTFT ms, both graphed"):
         assert tables_goals.explainer(engine_goal) is tables_goals.explain_text_engine
+    assert tables_goals.explainer("the PR's budget set captures in s, lfm2-vl-3b") is tables_goals.explain_pr_capture
     assert tables_goals.explainer("something new") is None
+
+
+def test_the_pr_budget_set_is_held_to_the_kit_s_one_capture_limit():
+    from lfm2vl_lab.tools import floor, request
+
+    assert request.TARGETS["pr_capture_s"] == floor.TARGETS["capture_s"]
+    older = {"targets": [{"target": "the PR's budget set captures in s, lfm2-vl-3b", "value": 3.7, "limit": 5.0,
+                          "ok": True, "detail": ""}]}
+    (t,) = request.goals_of(older)
+    assert (t["limit"], t["ok"], t["recorded_limit"]) == (floor.TARGETS["capture_s"], False, 5.0)
 
 
 def test_idle_gaps_are_the_stretches_between_gpu_entries():
