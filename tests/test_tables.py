@@ -300,6 +300,15 @@ def test_every_goal_a_judge_can_miss_has_an_explanation_or_is_named():
     assert tables_goals.explainer("something new") is None
 
 
+def test_a_capture_goal_shows_the_compile_before_the_capture(tmp_path):
+    rows = [{"preset": "lfm2-vl-450m", "mode": m, "requests": 1, "first_call": {"compile_s": c, "capture_s": 0.1}}
+            for m, c in (("engine", 0.0), ("engine-fused", 27.46))]
+    targets = [{"target": f"capture s of every graph, lfm2-vl-450m {m}", "value": 0.1, "limit": 3.0, "ok": True,
+                "detail": ""} for m in ("engine", "engine-fused")]
+    refs = make_set(tmp_path, {"engine": {"rows": rows, "targets": targets}})
+    assert [t["detail"] for t in tables_goals.engine_goals(refs)] == ["", "after a 27.5 s first compile"]
+
+
 def test_the_pr_budget_set_is_held_to_the_kit_s_one_capture_limit():
     from lfm2vl_lab.tools import floor, request
 

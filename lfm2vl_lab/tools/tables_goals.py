@@ -30,7 +30,20 @@ def ttft_goals(refs: Refs) -> list[dict]:
 
 
 def engine_goals(refs: Refs) -> list[dict]:
-    return refs("engine").get("targets") or []
+    """The engine run's targets; a capture goal's note gets the first compile before the capture where
+    the file's verdict has none (files recorded before :func:`~.engine_measure.compile_note`)."""
+    from .engine_measure import compile_note
+
+    res = refs("engine")
+    first = {f"{r['preset']} {r['mode']}": r["first_call"] for r in res["rows"]
+             if r.get("requests") == 1 and r.get("first_call")}
+    out = []
+    for t in res.get("targets") or []:
+        what = t["target"].removeprefix("capture s of every graph, ")
+        if what != t["target"] and not t.get("detail") and what in first:
+            t = dict(t, detail=compile_note(first[what]))
+        out.append(t)
+    return out
 
 
 def request_goals(refs: Refs) -> list[dict]:
