@@ -198,6 +198,14 @@ def test_the_pr_config_table_puts_each_named_config_on_a_row(tmp_path):
     assert out.endswith("recorded 2030-01-02.") and "(role `pr-config`)" in out
 
 
+def test_the_pr_config_part_labels_the_other_run_s_capture_of_the_same_set(tmp_path):
+    cap = [{"budget": 64, "capture_s": 1.25, "total_mb": 500.0}, {"budget": 4096, "capture_s": 2.5, "total_mb": 257.0}]
+    request = {"rows": [], "setup": [{"preset": "lfm2-vl-450m", "graph_config": "pr", "encoder_capture": cap}]}
+    out = tables_graph_configs.pr_config_block(make_set(tmp_path, {"pr-config": PR_CONFIG, "request-3b": request}))
+    assert "captured again in the whole-request run (`request-3b`, another process): 3.75 s, 757 MiB." in out
+    assert "(role `pr-config`), `" in out and "(role `request-3b`)" in out
+
+
 def test_the_pr_config_part_says_so_while_its_role_is_missing(tmp_path):
     out = tables.render_text("<!-- table:pr-config -->\n<!-- /table:pr-config -->\n",
                              make_set(tmp_path, {"bench-450m": BENCH}))
