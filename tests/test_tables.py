@@ -229,11 +229,14 @@ def ttft_case_rows(image, n, eager_decode, graphed_decode, cut_g=0.5, cut_e=0.3,
 
 
 def test_the_decode_ratio_is_computed_with_the_cases_at_either_end(tmp_path):
-    rows = ttft_case_rows("1x512", 1, 10.0, 2.0) + ttft_case_rows("tiled", 1, 12.0, 4.0)
+    rows = (ttft_case_rows("1x512", 1, 10.0, 2.0) + ttft_case_rows("tiled", 1, 12.0, 4.0)
+            + ttft_case_rows("1x512", 2, 10.0, 5.0, drift_e=0.2))  # its decode control fails: left out
     refs = make_set(tmp_path, {"ttft": {"rows": rows}})
     assert tables_engine.decode_ratio_block(refs) == (
         "Decode per token is 3.0× (LFM2-VL-450M tiled ×1) to 5.0× (LFM2-VL-450M 1x512 ×1) faster with both "
-        "graphed than all eager, over 2 cases: 2.00–4.00 ms per token graphed against 10.00–12.00 ms eager.")
+        "graphed than all eager, over the 2 cases whose decode control holds: 2.00–4.00 ms per token graphed "
+        "against 10.00–12.00 ms eager. Left out, their decode control failing: 1 case of 2.0× "
+        "(LFM2-VL-450M 1x512 ×2).")
 
 
 def test_the_pr_claim_leaves_out_and_names_the_cases_with_decode_drift(tmp_path):
