@@ -263,6 +263,13 @@ def test_the_command_prints_each_part_and_saves_the_file(monkeypatch, tmp_path, 
     assert out.rstrip().splitlines()[-1].startswith("results: ")
 
 
+def test_a_live_run_says_it_is_live_and_not_the_reference_set(monkeypatch, capsys):
+    monkeypatch.setitem(ga.RECORDERS, "reduce_overhead", lambda device: {"rows": []})
+    assert ga.live_or_recorded("reduce_overhead", "cuda") == {"rows": []}
+    assert capsys.readouterr().out == ("measured now on cuda: this machine's live run, not the reference set's "
+                                       "`graph-apis` file\n")
+
+
 def test_without_a_reference_set_the_notebook_says_so(tmp_path, capsys):
     assert ga.live_or_recorded("trace", "cpu", root=tmp_path) is None
     assert capsys.readouterr().out.startswith("Not in the reference set: no 'graph-apis' in data/results/nvidia-h200/")

@@ -13,6 +13,13 @@ PKG = Path(__file__).resolve().parents[1] / "lfm2vl_lab"
 CORE = sorted((PKG / "core").glob("*.py"))
 ALL = sorted(PKG.rglob("*.py"))
 MAX_MODULE_LINES = 400
+# A module is split by meaning, never to stay under a cap: one that holds a single idea may run past
+# MAX_MODULE_LINES when it is named here with that idea (a review reads the list; a split only to
+# shrink a file, re-exported from the old name, is what this replaces).
+ONE_IDEA = {
+    "tools/record.py": "the reference run: its steps, which roles a call must record, running them, and bringing "
+                       "a call's files into the repo",
+}
 MAX_FUNCTION_LINES = 60
 # What the technique may use besides the standard library: torch, transformers, the two packages
 # transformers' image processor itself needs, tokenizers (what transformers' fast tokenizers are
@@ -107,7 +114,9 @@ def test_manager_knows_nothing_of_lfm2vl():
 def test_module_and_function_sizes(path):
     text = path.read_text(encoding="utf-8")
     lines = text.count("\n")
-    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(PKG)} has {lines} lines (limit {MAX_MODULE_LINES})"
+    name = path.relative_to(PKG).as_posix()
+    assert lines <= MAX_MODULE_LINES or name in ONE_IDEA, (
+        f"{name} has {lines} lines (over {MAX_MODULE_LINES}): split it by meaning, or name its one idea in ONE_IDEA")
     functions = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in functions
             if n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]

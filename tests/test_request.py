@@ -4,6 +4,7 @@ different lengths in one batch giving each request's own tokens, the throughput 
 PR-claim sentence and tables computed from a file."""
 
 import json
+import re
 import warnings
 
 import pytest
@@ -119,14 +120,37 @@ def test_like_for_like_sentence_from_a_file():
     assert "No whole-request rows" in request.like_for_like({"rows": [], "setup": []})
 
 
+def test_the_composition_is_checked_against_a_measured_cell_only():
+    eager = _row("lfm2-vl-3b", "1x512", 1, "graphed", "eager", 200.0)
+    graphed = _row("lfm2-vl-3b", "1x512", 1, "graphed", "graphed", 180.0, cut=0.12)
+    eager["e2e_composed_ms"], graphed["e2e_composed_ms"] = 210.0, 168.0
+    c = request.composition_check(eager, graphed)
+    assert c["composed_ms"] == (210.0, 168.0) and c["cut"] == pytest.approx(0.2)
+    assert c["ms_error"] == pytest.approx((0.05, -1 / 15)) and c["cut_error"] == pytest.approx(0.08)
+    composed = _row("lfm2-vl-3b", "1x512", 1, "eager", "graphed", 180.0, cut=0.1)
+    assert request.composition_check(_row("lfm2-vl-3b", "1x512", 1, "eager", "eager", 200.0), composed) is None
+    lines = request.e2e_text({"rows": [eager, graphed, _row("lfm2-vl-3b", "1x512", 1, "eager", "eager", 200.0),
+                                       composed]})
+    assert "cut  12.0% (measured; composed 20.0%, +8.0 points)" in lines and "cut  10.0% (composed)" in lines
+
+
 def test_judge_requests_pr_capture(rows):
     res = {"rows": rows, "setup": [{"preset": "tiny", "graph_config": "pr",
                                     "encoder_capture": [{"capture_s": 2.0, "total_mb": 10.0},
                                                         {"capture_s": 4.0, "total_mb": 5.0}]}]}
     by = {t["target"]: t for t in request.judge_requests(res)}
-    assert not by["whole requests at 1, 2 and 4 requests, encoder graphs on and off, tiny"]["ok"]  # no 4 here
+    assert list(by) == ["the PR's budget set captures in s, tiny"]  # only goals a measurement can miss
     cap = by["the PR's budget set captures in s, tiny"]
     assert cap["value"] == 6.0 and not cap["ok"] and "15 MiB" in cap["detail"]
+
+
+def test_goals_of_an_older_file_leave_out_what_only_said_it_was_recorded():
+    old = [{"target": "whole requests at 1, 2 and 4 requests, encoder graphs on and off, x", "value": True,
+            "limit": True, "ok": True}, {"target": "the PR's budget set's graph memory is reported, MiB, x",
+                                         "value": 7.0, "limit": 0, "ok": True},
+           {"target": "every mode passes parity (tokens vs generate, logits vs fp32)", "value": False, "limit": True,
+            "ok": False}]
+    assert [t["target"] for t in request.goals_of({"targets": old})] == [old[2]["target"]]
 
 
 def test_tables_read_the_request_file(tmp_path, rows):
@@ -153,6 +177,11 @@ def test_tables_read_the_request_file(tmp_path, rows):
     table = e2e_requests_block(refs)
     assert table.count("| LFM2-VL-3B |") == 2 and table.count("| LFM2-VL-450M |") == 2
     assert "measured" in table and "composed" in table and "in place of vLLM's engine" in table
+    # a measured row carries its composition and the error of the composed cut; a composed row has none
+    measured = next(line for line in table.splitlines() if line.startswith("| LFM2-VL-3B | 1x512 | 1 |"))
+    assert re.search(r"\| measured \| [\d.]+ → [\d.]+, -?[\d.]+% \([+-][\d.]+ points\) \|", measured), measured
+    assert "| composed | – |" in next(line for line in table.splitlines() if line.startswith("| LFM2-VL-450M |"))
+    assert "On the 2 measured rows the composition lands within " in table
     flagged = [line for line in table.splitlines() if "% (drift)" in line]
     assert len(flagged) == 1 and flagged[0].startswith("| LFM2-VL-3B | 1x512 | 2 |")
     assert "on LFM2-VL-3B" in like_for_like_block(refs).replace("On LFM2-VL-3B", "on LFM2-VL-3B")

@@ -370,12 +370,13 @@ RECORDERS: dict[str, Callable[..., dict]] = {
 
 
 def live_or_recorded(part: str, device, root=RESULTS_ROOT) -> dict | None:
-    """``part`` of :data:`RECORDERS` run now on a CUDA ``device``; elsewhere the reference set's
-    ``graph-apis`` file's ``part``, announced by ``load_recorded`` (None: not recorded, or that part
-    failed in the recorded run)."""
+    """``part`` of :data:`RECORDERS` run now on a CUDA ``device``, announced as this machine's live run
+    (its numbers are not the reference set's); elsewhere the reference set's ``graph-apis`` file's
+    ``part``, announced by ``load_recorded`` (None: not recorded, or that part failed in the recorded run)."""
     from .notebook import load_recorded
 
     if torch.device(device).type == "cuda":
+        print(f"measured now on {device}: this machine's live run, not the reference set's `{NAME}` file", flush=True)
         return RECORDERS[part](device)
     rec = load_recorded(NAME, root=root)
     return None if rec is None else rec.get(part)

@@ -34,6 +34,7 @@ from ..model.inputs import process_images
 from ..serving.cache import bucket_len
 from ..serving.pipeline import MODES
 from .e2e import build_prompt, grid_rows, paired_reduction
+from .floor import TARGETS as ENCODER_TARGETS
 from .timing import time_paired
 from .ttft import PhaseClock, build_pipelines, cell_rows, median_phases, mode_name, prompt_for, request_call
 from .workloads import synthetic_workload
@@ -43,14 +44,33 @@ STAND_IN = ("the kit's pipeline (lfm2vl_lab.serving.pipeline) in place of vLLM's
 NEW_TOKENS = 128  # output tokens per whole request
 THROUGHPUT_BATCH = 8  # the most requests one batch of the throughput run carries
 PAD_ID = 0  # right padding of the shorter prompts in a throughput batch (never read: lengths say where each ends)
-# The targets judged from a request file, stated once.
-TARGETS = {"pr_capture_s": 5.0}  # the PR's budget set captures in at most this (3B)
+# The targets judged from a request file, stated once. The PR's budget set is held to the one capture
+# limit of every encoder graph set the kit captures (floor.TARGETS, its own budgets on each preset):
+# capture is a start-up cost whichever budgets it serves, and a larger set is no reason to allow more.
+TARGETS = {"pr_capture_s": ENCODER_TARGETS["capture_s"]}
+CAPTURE_GOAL = "the PR's budget set captures in s"  # the goal's name, before its preset
 
 
 def composed_e2e(row: dict, tokens: int) -> float:
     """A whole request of ``tokens`` output tokens composed from a TTFT row's measured parts: the
     request to its first token (processor included), then ``tokens - 1`` decode steps."""
     return row["request_ms"] + (tokens - 1) * row["decode_ms_per_token"]
+
+
+def composition_check(eager: dict, graphed: dict) -> dict | None:
+    """Where a cell's whole requests were measured with the encoder eager and graphed, the same cell
+    composed from its parts (``e2e_composed_ms``) beside them: how far the composition is off. None
+    where either row is not measured (there is nothing to check it against).
+
+    ``composed_ms``: (eager, graphed); ``ms_error``: each composed / measured - 1; ``cut``: the cut the
+    composition gives; ``cut_error``: that cut less the measured (paired) one, in fractions (×100: points).
+    """
+    if eager.get("e2e_source") != "measured" or graphed.get("e2e_source") != "measured":
+        return None
+    ce, cg = eager["e2e_composed_ms"], graphed["e2e_composed_ms"]
+    cut = 1 - cg / ce
+    return {"composed_ms": (ce, cg), "ms_error": (ce / eager["e2e_ms"] - 1, cg / graphed["e2e_ms"] - 1),
+            "cut": cut, "cut_error": cut - graphed["e2e_cut"]}
 
 
 def whole_request_rows(model, pipes: dict, image: str, n: int, repeats: int, decode_tokens: int,
@@ -196,27 +216,40 @@ def print_throughput(tp: dict) -> None:
 
 
 def judge_requests(result: dict) -> list[dict]:
-    """The request file's own targets: whole-request rows at 1, 2 and 4 requests with the encoder
-    graphs on and off, and where the PR's budget set ran on a GPU, its capture time and memory."""
+    """The request file's own targets: where the PR's budget set ran on a GPU, its capture time (the
+    graphs' memory in its note). A goal here is one a measurement can miss; whether the rows were
+    recorded at all is the run's output, not a goal."""
     from .results import target_row
 
     out = []
     for setup in result.get("setup", []):
         preset = setup["preset"]
-        rows = [r for r in result.get("rows", []) if r["preset"] == preset and "e2e_ms" in r]
-        if rows:
-            have = {(r["requests"], r["encoder_mode"]) for r in rows}
-            want = {(n, e) for n in (1, 2, 4) for e in MODES}
-            out.append(target_row(f"whole requests at 1, 2 and 4 requests, encoder graphs on and off, {preset}",
-                                  not (want - have), True, not (want - have)))
         cap = setup.get("encoder_capture")
         if setup.get("graph_config") == "pr" and cap:
             secs = sum(r["capture_s"] for r in cap)
             mib = sum(r["total_mb"] for r in cap)
             lim = TARGETS["pr_capture_s"]
-            out.append(target_row(f"the PR's budget set captures in s, {preset}", secs, lim, secs <= lim,
-                                  f"graphs hold {mib:.0f} MiB"))
-            out.append(target_row(f"the PR's budget set's graph memory is reported, MiB, {preset}", mib, 0, mib >= 0))
+            out.append(target_row(f"{CAPTURE_GOAL}, {preset}", secs, lim, secs <= lim, f"graphs hold {mib:.0f} MiB"))
+    return out
+
+
+# Rows that files recorded before :func:`judge_requests` dropped them judged: they said only that
+# something was recorded, so no measurement could miss them.
+NOT_GOALS = ("whole requests at 1, 2 and 4 requests", "the PR's budget set's graph memory is reported")
+
+
+def goals_of(result: dict) -> list[dict]:
+    """A request file's goals as docs/goals.md shows them: its stored ``targets`` less :data:`NOT_GOALS`,
+    with the capture time judged against today's :data:`TARGETS` (a file recorded under another limit
+    keeps that limit as ``recorded_limit``)."""
+    out = []
+    for t in result.get("targets") or []:
+        if t["target"].startswith(NOT_GOALS):
+            continue
+        lim = TARGETS["pr_capture_s"]
+        if t["target"].startswith(CAPTURE_GOAL) and t["value"] is not None and t["limit"] != lim:
+            t = dict(t, limit=lim, ok=t["value"] <= lim, recorded_limit=t["limit"])
+        out.append(t)
     return out
 
 
@@ -256,7 +289,8 @@ def like_for_like(result: dict, preset: str = "lfm2-vl-3b") -> str:
 
 def e2e_text(result: dict, preset: str = "lfm2-vl-3b") -> str:
     """A request file's whole requests as lines: per image and request count, encoder eager → graphed
-    at each text mode, with the cut and where the number comes from (measured or composed)."""
+    at each text mode, with the cut and where the number comes from (measured or composed); where it
+    was measured, the cut the composition from parts gives and how far that is off."""
     lines = []
     cells = sorted({(r["image"], r["requests"]) for r in result["rows"] if r["preset"] == preset and "e2e_ms" in r})
     for image, n in cells:
@@ -264,7 +298,9 @@ def e2e_text(result: dict, preset: str = "lfm2-vl-3b") -> str:
         parts = []
         for t in MODES:
             e, g = by[mode_name(t, "eager")], by[mode_name(t, "graphed")]
+            check = composition_check(e, g)
             parts.append(f"text {t}: {e['e2e_ms']:8.1f} → {g['e2e_ms']:8.1f} ms, cut {100 * g['e2e_cut']:5.1f}% "
-                         f"({g['e2e_source']})")
+                         f"({g['e2e_source']}" + (f"; composed {100 * check['cut']:.1f}%, "
+                                                  f"{100 * check['cut_error']:+.1f} points)" if check else ")"))
         lines.append(f"{image:>6} ×{n}  " + "  |  ".join(parts))
     return "\n".join(lines) or f"no whole-request rows of {preset}"

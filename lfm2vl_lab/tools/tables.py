@@ -11,8 +11,10 @@ the reference set (:mod:`lfm2vl_lab.tools.reference`); ``report --check`` only s
 stale and exits 1 (``tests/test_tables.py`` runs that check on the committed pages). A part is a
 table or a few sentences whose numbers are all computed here: prose outside the markers holds no
 measured number. The parts themselves live by topic: :mod:`~lfm2vl_lab.tools.tables_encoder`,
-:mod:`~lfm2vl_lab.tools.tables_engine`, :mod:`~lfm2vl_lab.tools.tables_graph_configs` and
-:mod:`~lfm2vl_lab.tools.tables_goals` (the goals page).
+:mod:`~lfm2vl_lab.tools.tables_engine`, :mod:`~lfm2vl_lab.tools.tables_graph_configs`,
+:mod:`~lfm2vl_lab.tools.tables_request`, :mod:`~lfm2vl_lab.tools.tables_vllm`,
+:mod:`~lfm2vl_lab.tools.tables_goals` (the goals page) and :mod:`~lfm2vl_lab.tools.tables_claim` (the one
+verdict on the PR's claim, on the goals page).
 """
 
 from __future__ import annotations
@@ -180,10 +182,18 @@ BLOCKS = {"reference-set": reference_block, "record-cost": record_cost_block}
 
 def blocks() -> dict[str, Callable[[Refs], str]]:
     """Every part a page may mark, by name (imported here: the part modules import this one)."""
-    from . import tables_encoder, tables_engine, tables_goals, tables_graph_configs, tables_request, tables_vllm
+    from . import (
+        tables_claim,
+        tables_encoder,
+        tables_engine,
+        tables_goals,
+        tables_graph_configs,
+        tables_request,
+        tables_vllm,
+    )
 
     return {**BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS,
-            **tables_graph_configs.BLOCKS, **tables_request.BLOCKS, **tables_vllm.BLOCKS}
+            **tables_graph_configs.BLOCKS, **tables_request.BLOCKS, **tables_vllm.BLOCKS, **tables_claim.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:

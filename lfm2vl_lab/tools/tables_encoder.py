@@ -4,6 +4,8 @@ sweeps, the correctness check, and the caveats read off the same files."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from . import plots_common
 from .floor import busy_over_wall, kernel_breakdown
 from .tables import DASH, Refs, md_table, ms, pct, preset_label, span, times
@@ -11,8 +13,11 @@ from .workloads import NXS, TILED_SIZE
 
 ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-eager", "packed, eager"),
                  ("lab-graph", "lab-graph"))
-# The archived run the caveat on host-bound modes compares with (an earlier lease of the same GPU).
+# The archived run the caveat on host-bound modes compares with (the same bench command, run earlier).
 EARLIER_BENCH = "floor-20261201-015028.json"
+# What a result file records of the machine and libraries it ran on, compared field by field.
+MACHINE_FIELDS = (("gpu", "GPU"), ("platform", "platform"), ("host_cpu", "CPU"), ("cpu_count", "CPU count"),
+                  ("torch", "torch"), ("cuda", "CUDA"), ("transformers", "transformers"), ("python", "Python"))
 KERNEL_OPTIONS = tuple(plots_common.KERNEL_OPTIONS)  # the kernel options' row names
 DEFAULT_GRAPH = ("budget_set", "cu_rule", "max_seqlen_mode", "attention", *KERNEL_OPTIONS)
 
@@ -212,9 +217,34 @@ def same_config_block(refs: Refs) -> str:
             "two processes is not a finding.")
 
 
+def code_of(prov: dict) -> str:
+    """The kit's code a file was recorded with, as its provenance names it: a commit (``-dirty``: with
+    uncommitted changes) or a hash of the package's source."""
+    commit = prov.get("git_commit")
+    if commit:
+        return (f"commit `{commit[:7]}` with uncommitted changes" if commit.endswith("-dirty")
+                else f"commit `{commit[:7]}`")
+    return f"code `{str(prov.get('code_hash'))[:19]}…`" if prov.get("code_hash") else "code not recorded"
+
+
+def machine_sentence(now: dict, then: dict) -> str:
+    """What two files' provenance shares and where it differs: machine, libraries, the kit's code, time."""
+    a, b = now["provenance"], then["provenance"]
+    same = [f"{label} {a[k]}" for k, label in MACHINE_FIELDS if a.get(k) is not None and a.get(k) == b.get(k)]
+    differ = [f"{label} ({b.get(k)} earlier, {a.get(k)} in this set)" for k, label in MACHINE_FIELDS
+              if a.get(k) != b.get(k)]
+    if code_of(a) != code_of(b):
+        differ.append(f"the kit's code ({code_of(b)} earlier, {code_of(a)} in this set)")
+    hours = (datetime.fromisoformat(a["date"]) - datetime.fromisoformat(b["date"])).total_seconds() / 3600
+    return (f"Both files record the same {', '.join(same) or 'nothing'}; they differ in "
+            f"{'; '.join(differ) or 'nothing they record'}, and the earlier run is {hours:.1f} h older. Whether "
+            "one physical host ran both, the files do not record.")
+
+
 def machine_block(refs: Refs) -> str:
     """Each mode's median at a few workloads, this reference set against an earlier run of the same
-    command on another lease of the GPU: the host-bound modes move, the graphed one does not."""
+    bench command, and what the two files record of machine, libraries and code: the host-bound modes
+    move between the runs, the graphed one hardly does."""
     now, then = refs("bench-450m"), refs.archived(EARLIER_BENCH)
     a, b = by_mode(now["rows"]), by_mode(then["rows"])
     ws = [w for w in ("1x512", "tiled", "16x512", "stream") if any(k[1] == w for k in a)]
@@ -230,7 +260,7 @@ def machine_block(refs: Refs) -> str:
     return "\n\n".join([md_table(head, rows),
                         f"Median ms. This set: `{refs.shown(now)}` ({str(now['provenance']['date'])[:10]}); earlier: "
                         f"`{refs.shown(then)}` ({str(then['provenance']['date'])[:10]}, an archived run of the same "
-                        "bench command, read here only for this comparison)."])
+                        "bench command, read here only for this comparison). " + machine_sentence(now, then)])
 
 
 def busy_over_wall_block(refs: Refs) -> str:

@@ -9,7 +9,7 @@ from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case
 from .tables import Refs, md_table, ms, pct, preset_label, span, times
 from .ttft import mode_name
 from .ttft_findings import e2e_cuts, encoder_cuts
-from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, text_graph_cuts
+from .ttft_summary import PR_CLAIM, case_disturbed, claim_verdict, drift_beyond, text_graph_cuts
 from .ttft_summary import drift_fails as disturbed  # the decode control, stated once
 from .ttft_summary import ttft_cases as cases
 
@@ -99,21 +99,29 @@ def ttft_grid_block(refs: Refs) -> str:
 
 
 def decode_ratio_block(refs: Refs) -> str:
-    """Decode per token all eager / both graphed over the grid, with the cases at either end."""
+    """Decode per token all eager / both graphed over the grid's cases whose decode control holds, with
+    the cases at either end; the cases it fails in are left out and shown the same way."""
     rows = refs("ttft")["rows"]
-    ratios = []
+    ratios, off = [], []
     for c in cases(rows):
         by = ttft_case(rows, *c)
         if BOTH_EAGER in by and BOTH_GRAPHED in by:
             e, g = by[BOTH_EAGER]["decode_ms_per_token"], by[BOTH_GRAPHED]["decode_ms_per_token"]
-            ratios.append((e / g, c, e, g))
-    lo, hi = min(ratios), max(ratios)
+            (off if case_disturbed(rows, *c) else ratios).append((e / g, c, e, g))
 
     def where(c):
         return f"{preset_label(c[0])} {c[1]} ×{c[2]}"
-    return (f"Decode per token is {times(lo[0])} ({where(lo[1])}) to {times(hi[0])} ({where(hi[1])}) faster with "
-            f"both graphed than all eager, over {len(ratios)} cases: {span([r[3] for r in ratios])} ms per token "
-            f"graphed against {span([r[2] for r in ratios])} ms eager.")
+    if not ratios:
+        return f"No case of the grid passes the decode control ({len(off)} fail it)."
+    lo, hi = min(ratios), max(ratios)
+    out = (f"Decode per token is {times(lo[0])} ({where(lo[1])}) to {times(hi[0])} ({where(hi[1])}) faster with "
+           f"both graphed than all eager, over the {len(ratios)} cases whose decode control holds: "
+           f"{span([r[3] for r in ratios])} ms per token graphed against {span([r[2] for r in ratios])} ms eager.")
+    if off:  # what the decode control leaves out, shown as the kept cases are
+        out += (f" Left out, their decode control failing: {len(off)} case{'s' * (len(off) > 1)} of "
+                f"{span([r[0] for r in off], times)} ("
+                + ", ".join(where(r[1]) for r in off) + ").")
+    return out
 
 
 def text_cuts_block(refs: Refs) -> str:
@@ -184,14 +192,20 @@ def _range(cuts: list[tuple]) -> str:
 
 
 def _claim_line(what: str, cuts: list[tuple]) -> str:
-    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: …``
-    from ``(cut, (preset, image, requests), disturbed)`` tuples."""
+    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
+    their range, j of them within it (named)`` from ``(cut, (preset, image, requests), disturbed)`` tuples.
+    What the decode control leaves out is shown as the kept cases are, so a reader sees what it removed."""
     lo, hi = PR_CLAIM
+
+    def within(xs):
+        return sum(claim_verdict(c[0]) == "within" for c in xs)
+
     kept, off = [c for c in cuts if not c[2]], [c for c in cuts if c[2]]
-    line = (f"- {what}: {_range(kept)}, {sum(claim_verdict(c[0]) == 'within' for c in kept)} of them within "
-            f"{pct(lo, 0)}–{pct(hi, 0)}")
+    line = f"- {what}: {_range(kept)}, {within(kept)} of them within {pct(lo, 0)}–{pct(hi, 0)}"
     if off:
-        line += "; left out for decode drift: " + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
+        line += (f"; left out for decode drift: {_range(off)}, {within(off)} of them within "
+                 f"{pct(lo, 0)}–{pct(hi, 0)} (" + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
+                 + ")")
     return line + "."
 
 

@@ -10,7 +10,7 @@ of output tokens; the 3B file's graphed rows carry both, which says how close th
 from __future__ import annotations
 
 from .e2e import DECODE_DRIFT_WARN
-from .request import NEW_TOKENS, STAND_IN, composed_e2e, like_for_like
+from .request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
 from .tables import Refs, md_table, ms, pct, preset_label, times
 from .ttft import mode_name
 
@@ -47,13 +47,23 @@ def e2e_cells(refs: Refs) -> list[dict]:
     return [{"case": k, "modes": v} for k, v in cells.items()]
 
 
+def _check_cell(check: dict | None) -> str | None:
+    """A measured row's composition beside it: composed ms eager → graphed, the cut it gives, its error."""
+    if check is None:
+        return None
+    (ce, cg), err = check["composed_ms"], check["cut_error"]
+    return f"{ms(ce, 1)} → {ms(cg, 1)}, {pct(check['cut'])} ({100 * err:+.1f} points)"
+
+
 def e2e_requests_block(refs: Refs) -> str:
-    """Whole requests with decode at 1, 2 and 4 requests: encoder eager → graphed, text graphed and eager."""
+    """Whole requests with decode at 1, 2 and 4 requests: encoder eager → graphed, text graphed and eager.
+    Each text-graphed row says whether it was measured or composed from parts; a measured row also gives
+    what the composition makes of it, so the composed rows beside it carry a known error."""
     miss = _missing(refs, REQUEST_ROLE)
     if miss:
         return miss
     tokens = _tokens(refs)
-    out = []
+    out, checks = [], []
     for cell in e2e_cells(refs):
         (preset, image, n), m = cell["case"], cell["modes"]
         row = [preset_label(preset), image, n]
@@ -63,20 +73,28 @@ def e2e_requests_block(refs: Refs) -> str:
             if cut and abs(g.get("decode_drift") or 0) > DECODE_DRIFT_WARN:
                 cut += " (drift)"  # the decode control failed: the two decodes differ by more than the saving
             row += [f"{ms(e and e['e2e_ms'], 1)} → {ms(g and g['e2e_ms'], 1)}", cut]
-        row.append("measured" if m.get(mode_name("graphed", "graphed"), {}).get("e2e_source") == "measured"
-                   else "composed")
+            if t == "graphed":
+                check = composition_check(e, g) if e and g else None
+                checks += [check] if check else []
+                row += ["measured" if (g or {}).get("e2e_source") == "measured" else "composed", _check_cell(check)]
         out.append(row)
     head = ["preset", "image", "requests", "text graphed: ms, encoder eager → graphed", "cut",
-            "text eager: ms, encoder eager → graphed", "cut", "text-graphed rows"]
-    check = [r for r in refs(REQUEST_ROLE)["rows"] if r.get("e2e_source") == "measured"]
-    gap = max((abs(r["e2e_composed_ms"] / r["e2e_ms"] - 1) for r in check), default=None)
+            "text graphed: measured or composed",
+            "text graphed, composed from the measured rows' parts: ms, cut (error)",
+            "text eager (composed): ms, encoder eager → graphed", "cut"]
+    ms_gap = max((abs(x) for c in checks for x in c["ms_error"]), default=None)
+    cut_gap = max((abs(c["cut_error"]) for c in checks), default=None)
+    check_note = (f"On the {len(checks)} measured rows the composition lands within {pct(ms_gap)} of each measured "
+                  f"whole request, and its cut is off by up to {100 * cut_gap:.1f} points (the error in brackets); "
+                  "the composed rows of the other presets have no measurement beside them. " if checks else
+                  "No row was measured, so the composition's error is not known here. ")
     note = (f"Whole requests of {tokens} output tokens, bf16, medians; processor to tokens on the host. "
             f"Measured: whole requests in paired turns (text model graphed, the `{REQUEST_ROLE}` file). "
             "Composed: the request to its first token plus the decode steps, each measured "
-            f"(`request.composed_e2e`); on the measured rows the composition is within {pct(gap)} of the measurement. "
-            "The text model eager is transformers' own. (drift): the cell's decode control fails, its two "
-            f"encoder modes decoded more than {pct(DECODE_DRIFT_WARN, 0)} apart although decode never runs the "
-            "encoder, so that cut is not the encoder alone. "
+            f"(`request.composed_e2e`). {check_note}"
+            "The text model eager is transformers' own, and its rows are composed on every preset. (drift): the "
+            f"cell's decode control fails, its two encoder modes decoded more than {pct(DECODE_DRIFT_WARN, 0)} "
+            "apart although decode never runs the encoder, so that cut is not the encoder alone. "
             f"{STAND_IN[0].upper() + STAND_IN[1:]}.")
     return md_table(head, out) + "\n\n" + note + "\n\n" + refs.source(REQUEST_ROLE, "ttft")
 
