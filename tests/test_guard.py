@@ -4,7 +4,6 @@ encoder's and the text engine's answer to a moved model, on a CPU (``eager_stand
 import copy
 import gc
 import io
-import os
 import pickle
 import warnings
 import weakref
@@ -60,22 +59,6 @@ def test_a_move_to_where_the_model_already_is_changes_nothing():
     assert not stamp.current() and stamp.changes() == []
     stamp.rearm()
     assert stamp.current()
-
-
-@pytest.fixture(scope="session")
-def built_pointer_check(tmp_path_factory):
-    """The C++ pointer check, built once per test run into a folder of its own (the user's torch
-    extension cache is left alone); skipped where it cannot be built."""
-    reason = ptrcheck.cannot_build()
-    if reason is not None:
-        pytest.skip(f"the C++ pointer check cannot be built here: {reason}")
-    saved, chosen = os.environ.get("TORCH_EXTENSIONS_DIR"), dict(ptrcheck._CHOSEN)
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(tmp_path_factory.mktemp("torch_extensions"))
-    try:
-        return ptrcheck.build_pointer_check(), os.environ["TORCH_EXTENSIONS_DIR"]
-    finally:
-        os.environ.pop("TORCH_EXTENSIONS_DIR") if saved is None else os.environ.update(TORCH_EXTENSIONS_DIR=saved)
-        ptrcheck._CHOSEN.clear(), ptrcheck._CHOSEN.update(chosen)
 
 
 @pytest.fixture(params=[ptrcheck.TORCH, ptrcheck.EXTENSION])
