@@ -14,7 +14,7 @@ graphs read still have the storage pointer it had at capture? Same comparison, s
 The extension is built by the host's C++ compiler through ``torch.utils.cpp_extension`` (with ninja;
 no CUDA code, so no nvcc), into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``) under a name made from the source, torch's version and Python's, so a
-build for another torch is never loaded. Building takes tens of seconds, so it never happens unasked:
+build for another torch is never loaded. Building it is a C++ compile, so it never happens unasked:
 
 * :func:`build_pointer_check` builds it now (or loads the build already there);
 * ``LFM2VL_PTRCHECK=build``: the first stamp of the process builds it if it is not built yet (and
@@ -46,6 +46,7 @@ SOURCE = Path(__file__).with_name("ptrcheck.cpp")
 TORCH, EXTENSION = "torch", "extension"
 
 _CHOSEN: dict = {}  # "ext": the extension module or None, decided once per process (or by a build)
+_LOADED: dict = {}  # the built file -> its module
 
 
 def extension_name() -> str:
@@ -82,18 +83,19 @@ def cannot_build() -> str | None:
 
 def load_built():
     """The extension module if it is already built here, else None: never compiles."""
-    lib = extension_dir() / f"{extension_name()}.so"
-    if not lib.exists():
-        return None
-    spec = importlib.util.spec_from_file_location(extension_name(), lib)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    name = extension_name()
+    lib = extension_dir() / f"{name}.so"
+    if lib not in _LOADED and lib.exists():  # loaded once per process and file
+        spec = importlib.util.spec_from_file_location(name, lib)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _LOADED[lib] = module
+    return _LOADED.get(lib)
 
 
 def build_pointer_check(verbose: bool = False):
-    """Build the extension if it is not built yet (tens of seconds), load it, and let every stamp
-    armed from now on use it. Returns the module; a one-line ``RuntimeError`` when it cannot be built."""
+    """Build the extension if it is not built yet (a C++ compile), load it, and let every stamp armed
+    from now on use it. Returns the module; a one-line ``RuntimeError`` when it cannot be built."""
     module = load_built()
     if module is None:
         reason = cannot_build()
@@ -106,10 +108,10 @@ def build_pointer_check(verbose: bool = False):
         try:
             module = load(extension_name(), [str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"],
                           verbose=verbose)
-        except Exception as e:  # the compiler's own output is printed above the error
-            lines = [line for line in str(e).splitlines() if line.strip()]
-            raise RuntimeError(f"the pointer-check extension did not build in {folder}: "
-                               f"{lines[-1] if lines else type(e).__name__}") from e
+        except Exception as e:  # the compiler's first "error:" line; its whole output stays in the chained error
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            first = next((line for line in lines if "error:" in line), lines[-1] if lines else repr(e))
+            raise RuntimeError(f"the pointer-check extension did not build in {folder}: {first}") from e
     _CHOSEN["ext"] = module
     return module
 
@@ -143,7 +145,7 @@ def make_check(tensors: list, pointers: list):
 
 def use_pointer_check(which: str) -> None:
     """Make every stamp armed from now on use ``which``: ``"extension"`` (built first if it is not
-    yet: tens of seconds) or ``"torch"``. A stamp armed earlier keeps its check until it is re-armed."""
+    yet) or ``"torch"``. A stamp armed earlier keeps its check until it is re-armed."""
     if which not in (TORCH, EXTENSION):
         raise ValueError(f"pointer check {which!r}: use {TORCH!r} or {EXTENSION!r}")
     _CHOSEN["ext"] = build_pointer_check() if which == EXTENSION else None
