@@ -4,8 +4,9 @@ Builds the preset with random weights on ``--device``, stamps what the encoder's
 graph manager does at capture), and times one call with ``timeit`` (the median, and the fastest, of
 ``--rounds`` rounds of ``--calls`` calls): torch's ``_tensors_data_ptrs_at_indices_equal`` on the
 stamp's lists, the kit's ``PointerCheck.equal``, and the whole ``WeightStamp.current()`` with each.
-It also times building the extension (``--cold``: into a fresh folder, so the compiler runs) and
-loading the build from a fresh process, and checks that both ways see a ``.data`` swap and a
+It also times building the extension (``--cold``: into a fresh folder, so the compiler runs; without
+it, ``build_pointer_check()`` as a user calls it, into torch's extension cache, where later stamps find
+it) and loading the build from a fresh process, and checks that both ways see a ``.data`` swap and a
 ``torch.utils.swap_tensors``. A host-side measurement: its numbers are not a GPU result file.
 
     python scripts/ptrcheck_bench.py --preset lfm2-vl-450m --cold --json ptrcheck.json
