@@ -28,6 +28,7 @@ from .core.encoder import PackedVisionEncoder, SplitProjector
 from .core.graphed_encoder import GraphedEncoder
 from .core.packing import PackedBatch, pack_inputs
 from .core.plan import plan_batches, plan_stats
+from .core.ptrcheck import build_pointer_check
 from .model.hf import hf_image_features
 from .model.inputs import image_limits, item_image, process_images, processor_for, to_rgb
 from .model.parity import max_rel_error, rel_error
@@ -48,11 +49,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ChatReply", "EncoderGraphConfig", "GraphOptions", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder",
-    "Preset", "SplitProjector", "auto_budgets", "available_presets", "build_model", "chat", "checkpoint_from_env",
-    "count_params", "hf_image_features", "image_limits", "item_image", "load_model", "load_sample_images",
-    "max_rel_error", "model_for", "pack_inputs", "plan_batches", "plan_stats", "process_images", "processor_for",
-    "random_processor_output", "recover_from_failed_capture", "rel_error", "synthetic_image", "synthetic_workload",
-    "TextEngine", "to_rgb", "VlmPipeline",
+    "Preset", "SplitProjector", "auto_budgets", "available_presets", "build_model", "build_pointer_check", "chat",
+    "checkpoint_from_env", "count_params", "hf_image_features", "image_limits", "item_image", "load_model",
+    "load_sample_images", "max_rel_error", "model_for", "pack_inputs", "plan_batches", "plan_stats", "process_images",
+    "processor_for", "random_processor_output", "recover_from_failed_capture", "rel_error", "synthetic_image",
+    "synthetic_workload", "TextEngine", "to_rgb", "VlmPipeline",
 ]
 
 # every module of lfm2vl_lab/tools/, read off the folder (importing none of them)

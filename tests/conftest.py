@@ -14,6 +14,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # committed outputs: a user's own checkpoint (README, "Real weights") must not change them. The
 # tests that need a checkpoint make one (the tiny_checkpoint fixture) and set the variable themselves.
 os.environ.pop("LFM2VL_CHECKPOINT", None)
+# Nor may a user's choice of pointer check (core/ptrcheck.py): with LFM2VL_PTRCHECK=build the suite would
+# compile into their extension cache. The tests that need the C++ check build their own (built_pointer_check).
+os.environ.pop("LFM2VL_PTRCHECK", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -66,6 +69,29 @@ def model_450m():
     from lfm2vl_lab import build_model
 
     return build_model("lfm2-vl-450m")
+
+
+@pytest.fixture(scope="session")
+def built_pointer_check(tmp_path_factory):
+    """The C++ pointer check (core/ptrcheck.py), built once per test run into a folder of its own
+    (the user's torch extension cache is left alone): ``(module, folder)``; skipped where it cannot
+    be built. Tens of seconds on two cores, the first time in a run."""
+    from lfm2vl_lab.core import ptrcheck
+
+    reason = ptrcheck.cannot_build()
+    if reason is not None:
+        pytest.skip(f"the C++ pointer check cannot be built here: {reason}")
+    saved, chosen = os.environ.get("TORCH_EXTENSIONS_DIR"), dict(ptrcheck._CHOSEN)
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(tmp_path_factory.mktemp("torch_extensions"))
+    try:
+        return ptrcheck.build_pointer_check(), os.environ["TORCH_EXTENSIONS_DIR"]
+    finally:  # what the build changed, back: each test picks its check itself
+        if saved is None:
+            del os.environ["TORCH_EXTENSIONS_DIR"]
+        else:
+            os.environ["TORCH_EXTENSIONS_DIR"] = saved
+        ptrcheck._CHOSEN.clear()
+        ptrcheck._CHOSEN.update(chosen)
 
 
 @pytest.fixture(scope="session")

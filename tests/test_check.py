@@ -68,3 +68,31 @@ def test_judge_replay_nan_never_passes(bf16_case):
     bad[0][0, 0] = float("nan")
     assert not judge_replay(bad, eager, inp, 1e-2, ref_model)["pass"]
     assert not judge_replay(bad, eager, inp, 1e-2)["pass"]  # fp32 path: literal verdict
+
+
+def test_check_measures_the_stamp_with_each_pointer_check(built_pointer_check, monkeypatch, tmp_path):
+    """The check run times the stamp with torch's pointer check and with the C++ one, and its file says
+    which one the recorded cost is; where the C++ one cannot be built it says why, and torch's is timed."""
+    from lfm2vl_lab.core import ptrcheck
+    from lfm2vl_lab.core.capture import eager_stand_in
+    from lfm2vl_lab.serving.engine import TextEngine
+    from lfm2vl_lab.tools import check
+
+    monkeypatch.setitem(ptrcheck._CHOSEN, "ext", None)  # the run's choice changes: put it back afterwards
+    model = build_model("tiny")
+    genc = GraphedEncoder(model, budgets=[64, 256], record=eager_stand_in)
+    genc.capture()
+    eng = TextEngine(model, max_batch=1, max_len=64)
+    eng.capture([(1, 20)], decode=False, record=eager_stand_in)
+    seen = []  # what each timed call answered: the stamps must be current under both checks
+    monkeypatch.setattr(check, "per_call_us", lambda fn: seen.append((genc.stamp.pointer_check, fn())) or 1.5)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", built_pointer_check[1])
+    costs = check.stamp_costs(genc, eng)
+    assert costs["pointer_check"] == genc.stamp.pointer_check == eng.stamp.pointer_check == "extension"
+    assert set(costs["pointer_checks"]) == {"torch", "extension"} and costs["pointer_check_error"] is None
+    assert seen == [("torch", True), ("torch", None), ("extension", True), ("extension", None)]
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # nothing built there, and no compiler
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    costs = check.stamp_costs(genc, eng)
+    assert costs["pointer_check"] == genc.stamp.pointer_check == "torch" and set(costs["pointer_checks"]) == {"torch"}
+    assert costs["pointer_check_error"].startswith("no C++ compiler") and costs["encode_stamp_us"] == 1.5

@@ -2,14 +2,17 @@
 encoder's and the text engine's answer to a moved model, on a CPU (``eager_stand_in`` graphs)."""
 
 import copy
+import gc
 import io
 import pickle
 import warnings
+import weakref
 
 import pytest
 import torch
 from torch import nn
 
+from lfm2vl_lab.core import ptrcheck
 from lfm2vl_lab.core.capture import eager_stand_in
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.guard import WeightStamp, change_summary
@@ -58,12 +61,76 @@ def test_a_move_to_where_the_model_already_is_changes_nothing():
     assert stamp.current()
 
 
-def test_the_pointer_check_catches_a_swap_no_hook_sees():
+@pytest.fixture(params=[ptrcheck.TORCH, ptrcheck.EXTENSION])
+def check_path(request, monkeypatch):
+    """Each stamp the test makes uses this pointer check: torch's, or the C++ one."""
+    module = request.getfixturevalue("built_pointer_check")[0] if request.param == ptrcheck.EXTENSION else None
+    monkeypatch.setitem(ptrcheck._CHOSEN, "ext", module)
+    return request.param
+
+
+def test_the_pointer_check_catches_a_swap_no_hook_sees(check_path):
     net = _net()
     stamp = WeightStamp({"net": net})
+    assert stamp.pointer_check == check_path and stamp.current()
     net[0].weight.data = torch.zeros_like(net[0].weight)  # bypasses nn.Module: only the pointer check sees it
     assert not stamp.current()
     assert stamp.changes() == ["net.0.weight was replaced by new storage (cpu float32)"]
+
+
+def test_the_pointer_check_follows_swap_tensors_and_a_resized_storage(check_path):
+    net = _net()
+    stamp = WeightStamp({"net": net})
+    torch.utils.swap_tensors(net[2].bias, nn.Parameter(torch.zeros(4)))  # another TensorImpl under the same object
+    assert not stamp.current() and stamp.changes() == ["net.2.bias was replaced by new storage (cpu float32)"]
+    stamp = WeightStamp({"net": net})
+    with torch.no_grad():
+        net[1].weight.untyped_storage().resize_(64)  # same tensor, same storage object, new memory
+    assert not stamp.current() and stamp.changes() == ["net.1.weight was replaced by new storage (cpu float32)"]
+
+
+def test_a_dropped_stamp_lets_go_of_the_tensors(check_path):
+    net = _net()
+    stamp = WeightStamp({"net": net})
+    weight = weakref.ref(net[0].weight)
+    net[0].weight = nn.Parameter(torch.zeros(8, 4))  # a registration: the stamp is dropped at once
+    gc.collect()
+    assert stamp.dirty and weight() is None
+    assert stamp.changes() == ["net.0.weight was replaced by new storage (cpu float32)"]
+
+
+def test_stamps_use_the_cpp_check_only_once_built_and_never_build_unasked(monkeypatch, tmp_path, recwarn):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.delenv(ptrcheck.ENV, raising=False)
+    monkeypatch.delitem(ptrcheck._CHOSEN, "ext", raising=False)
+    assert WeightStamp({"net": _net()}).pointer_check == ptrcheck.TORCH  # not built here: torch's, no compile
+    assert list(tmp_path.iterdir()) == [] and not recwarn.list
+    for bad in ("yes", "Build"):
+        monkeypatch.setenv(ptrcheck.ENV, bad)
+        monkeypatch.delitem(ptrcheck._CHOSEN, "ext", raising=False)
+        with pytest.raises(ValueError, match=f"LFM2VL_PTRCHECK='{bad}': set it to 'build'"):
+            WeightStamp({"net": _net()})
+    monkeypatch.setenv(ptrcheck.ENV, "build")
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    no_compiler = "cannot be built here: no C\\+\\+ compiler .'no-such-compiler'.*torch's pointer check"
+    with pytest.warns(UserWarning, match=no_compiler):
+        assert WeightStamp({"net": _net()}).pointer_check == ptrcheck.TORCH
+    with pytest.raises(ValueError, match="pointer check 'c'"):
+        ptrcheck.use_pointer_check("c")
+
+
+def test_a_built_cpp_check_is_used_unless_torch_is_asked_for(built_pointer_check, monkeypatch):
+    module, folder = built_pointer_check
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", folder)
+    for env, want in (("", ptrcheck.EXTENSION), ("build", ptrcheck.EXTENSION), ("torch", ptrcheck.TORCH)):
+        monkeypatch.setenv(ptrcheck.ENV, env)
+        monkeypatch.delitem(ptrcheck._CHOSEN, "ext", raising=False)
+        assert WeightStamp({"net": _net()}).pointer_check == want, env
+    monkeypatch.setitem(ptrcheck._CHOSEN, "ext", module)
+    with pytest.raises(TypeError, match="item 1 is a str, not a tensor"):
+        module.PointerCheck([torch.zeros(1), "w"], [0, 0])
+    with pytest.raises(ValueError, match="2 tensors but 1 pointers"):
+        module.PointerCheck([torch.zeros(1), torch.zeros(1)], [0])
 
 
 def test_stamp_with_fake_pointers_reports_each_kind_of_change():

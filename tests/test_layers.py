@@ -97,9 +97,11 @@ def test_manager_knows_nothing_of_lfm2vl():
     absolute = {mod.split(".")[0] for level, mod in found if not level}
     assert absolute <= {"__future__", "collections", "dataclasses", "typing", "torch", "warnings"}, absolute
     guard = imports(PKG / "core" / "guard.py")  # the weight stamp is as generic as the manager
-    assert {mod.split(".")[0] for level, mod in guard} <= {"__future__", "types", "weakref", "torch"}, guard
+    assert {mod.split(".")[0] for level, mod in guard} <= {"__future__", "types", "weakref", "torch", "ptrcheck"}, guard
     for helper, allowed in (("plan", {"__future__"}), ("serial", {"__future__", "contextlib", "functools",
-                                                                  "threading", "torch"})):
+                                                                  "threading", "torch"}),
+                            ("ptrcheck", {"__future__", "functools", "hashlib", "importlib", "os", "pathlib", "shutil",
+                                          "sys", "sysconfig", "warnings", "torch"})):
         mods = imports(PKG / "core" / f"{helper}.py")  # as generic as the manager that calls them
         assert not any(level for level, _ in mods) and {m.split(".")[0] for _, m in mods} <= allowed, (helper, mods)
     text = (PKG / "core" / "manager.py").read_text(encoding="utf-8")

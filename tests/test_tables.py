@@ -309,6 +309,31 @@ def test_the_pointer_check_goal_is_judged_by_its_run_or_named_not_measured():
     assert tables_goals.explainer(target["target"]) is tables_goals.explain_pointer_check
     why = tables_goals.explain_pointer_check(_CheckRefs(new))
     assert "6.10 µs for 203 tensors, 30 ns per tensor" in why and "adds 0.30 µs" in why
+    assert "_tensors_data_ptrs_at_indices_equal" in why and "not built" not in why
+    unbuilt = tables_goals.explain_pointer_check(_CheckRefs({**new, "pointer_check": "torch",
+                                                             "pointer_check_error": "no C++ compiler ('c++' ...)"}))
+    assert "the kit's C++ pointer check was not built (no C++ compiler ('c++' ...))" in unbuilt
+    fast = {**new, "pointer_check": "extension", "encode_stamp_us": 1.2,
+            "pointer_checks": {"torch": {"encode_us": 14.3}, "extension": {"encode_us": 1.2}}}
+    why = tables_goals.explain_pointer_check(_CheckRefs(fast))
+    assert "1.20 µs for 203 tensors, 6 ns per tensor in the kit's C++ pointer check" in why
+    assert "torch's function took 14.30 µs in the same run" in why
+
+
+def test_model_change_notes_name_the_pointer_check_they_timed():
+    class Refs(_CheckRefs):
+        def source(self, role):
+            return "File: check.json"
+
+    row = {"change": "to(float16)", "recaptures": 1, "rel_err": 1e-3, "hf_rel_err": 1e-3, "pass": True}
+    moved = {"changes": [row], "stamp_check": "every pointer", "pointer_check": "torch", "encode_stamp_us": 14.3,
+             "engine_stamp_us": 15.0, "stamped_tensors": 203, "serial_us": 0.3,
+             "fused_qkv": {"freed_mib": 0.0, "kept_mib": 40.0, "qkv_mib": 40.0}}
+    assert "comparing every pointer costs 14.30 µs per `encode`" in tables_encoder.model_changes_block(Refs(moved))
+    fast = {**moved, "pointer_check": "extension", "encode_stamp_us": 1.2,
+            "pointer_checks": {"torch": {"encode_us": 14.3}, "extension": {"encode_us": 1.2}}}
+    assert ("comparing every pointer in the kit's C++ pointer check (torch's function: 14.30 µs per `encode`) "
+            "costs 1.20 µs per `encode`") in tables_encoder.model_changes_block(Refs(fast))
 
 
 def test_every_goal_a_judge_can_miss_has_an_explanation_or_is_named():

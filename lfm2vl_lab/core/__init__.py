@@ -11,6 +11,7 @@ Imports torch and transformers (plus numpy and PIL, which transformers' image pr
 * :mod:`.encoder`  — the packed split-forward encoder on transformers' own weights
 * :mod:`.capture`  — one capture recipe, and recovery after a failed capture
 * :mod:`.guard`    — the weight stamp: what the graphs read, and how a change is noticed
+* :mod:`.ptrcheck` — the stamp's per-call pointer check: torch's, or a small C++ one built on request
 * :mod:`.serial`   — one caller at a time: the lock, the hand-over between streams, requests
 * :mod:`.plan`     — which items replay together, and what that costs (pure host logic)
 * :mod:`.manager`  — the protocol a model implements, and the generic manager

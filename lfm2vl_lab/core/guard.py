@@ -18,8 +18,10 @@ a ``dirty`` flag that two kinds of hook raise:
 Hooks alone miss what bypasses ``nn.Module``: ``param.data = other`` (many loaders and quantisation
 helpers do it) or ``torch.utils.swap_tensors`` on one tensor. So the hot path
 (:meth:`WeightStamp.current`) also compares every tensor's storage pointer with the one recorded, in
-one C++ call over the whole list (``torch._C._tensors_data_ptrs_at_indices_equal``, what inductor's
-CUDA-graph trees use for the same purpose): no Python per tensor. The 450M encoder's graphs read about
+C++ with no Python per tensor: torch's ``torch._C._tensors_data_ptrs_at_indices_equal`` (what inductor's
+CUDA-graph trees use for the same purpose), or, once it is built, the kit's own ``PointerCheck``, which
+takes the tensors once instead of converting its argument lists on every call (core/ptrcheck.py says
+how to build it; ``pointer_check`` says which one a stamp uses). The 450M encoder's graphs read about
 200 tensors, the 1.6B's about 440. Only when the flag or a pointer says "changed" does
 :meth:`WeightStamp.changes` compare every tensor in Python, and name what moved.
 
@@ -40,6 +42,8 @@ import weakref
 
 import torch
 from torch import nn
+
+from .ptrcheck import make_check
 
 # module → the stamps that watch it (weak both ways: a stamp dies with its manager, a module with its model)
 _WATCHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -88,10 +92,6 @@ def where(rec: Record) -> str:
     return f"{rec[2]} {str(rec[1]).removeprefix('torch.')}"
 
 
-def _pointers_equal(tensors: list, pointers: list, indices: list) -> bool:
-    return torch._C._tensors_data_ptrs_at_indices_equal(tensors, pointers, indices)
-
-
 def _as_reader(parts):
     """``parts`` as a callable that returns them (a dict is taken as it is, once)."""
     if callable(parts):
@@ -123,16 +123,16 @@ class WeightStamp:
         """What :meth:`current` compares: the tensors in the recorded order with their recorded
         pointers, and each ``ModuleList``'s dictionary and length."""
         names = list(self.recorded)
-        self._tensors = [tensors[n] for n in names]
-        self._pointers = [self.recorded[n][0] for n in names]
-        self._indices = list(range(len(names)))
+        # which: "extension" or "torch" (core/ptrcheck.py); _equal: the comparison, with no arguments
+        self.pointer_check, self._equal = make_check([tensors[n] for n in names],
+                                                     [self.recorded[n][0] for n in names])
         self._lists = [(m, m._modules, len(m._modules)) for part in parts.values() for m in part.modules()
                        if isinstance(m, nn.ModuleList)]
 
     def drop(self) -> None:
         """Raise the flag and let go of the tensors (a model moved off the GPU frees its memory at
         once, not at the next call)."""
-        self.dirty, self._tensors, self._pointers, self._indices, self._lists = True, [], [], [], []
+        self.dirty, self._equal, self._lists = True, None, []
 
     def current(self) -> bool:
         """The hot-path check: False when a hook fired, a list was re-keyed or any tensor's storage
@@ -142,7 +142,7 @@ class WeightStamp:
         for m, modules, n in self._lists:
             if m._modules is not modules or len(modules) != n:
                 return False
-        return _pointers_equal(self._tensors, self._pointers, self._indices)
+        return self._equal()
 
     def _read(self) -> dict[str, Record]:
         return {name: (t.data_ptr(), t.dtype, t.device) for name, t in named_tensors(self.read_parts()).items()}

@@ -5,7 +5,8 @@ For each preset: transformers eager vs our packed eager (parity, no NaN), the pa
 rules and both max_seqlen modes, replay vs eager on fresh random inputs sized for *every* budget,
 aliasing (earlier results unchanged after later replays), the oversize fallback, capture
 time/memory per budget, and graphs after the model changed under them (recaptured, right, and what
-the stamp check costs per call). Writes one JSON file with provenance.
+the stamp check costs per call, with torch's pointer check and with the kit's C++ one, which this run
+builds where it is not built yet: core/ptrcheck.py). Writes one JSON file with provenance.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ def check_model_changes(name: str, dtype, seed: int = 0) -> dict:
     genc.capture()
     eng = TextEngine(model, max_batch=1, max_len=128)
     eng.capture([(1, 64)], decode=False)
-    stamp_us = per_call_us(genc.stamp.current)
+    costs = stamp_costs(genc, eng)
+    stamp_us = costs["encode_stamp_us"]
 
     def lock_and_hand_over():  # what every call adds for threads: the lock and the stream comparison
         with genc.serial.hold(genc.graph_device):
@@ -201,12 +203,38 @@ def check_model_changes(name: str, dtype, seed: int = 0) -> dict:
     limit = STAMP_TARGET.get(name)
     targets = [] if limit is None else [{"target": f"{preset_short(name)} pointer check per encode µs",
                                          "limit": limit, "value": stamp_us, "ok": stamp_us <= limit,
-                                         "detail": f"{len(genc.stamp.recorded)} tensors"}]
-    return {"changes": rows, "stamp_check": "every pointer", "encode_stamp_us": stamp_us,
-            "engine_stamp_us": per_call_us(eng.follow_model), "stamped_tensors": len(genc.stamp.recorded),
+                                         "detail": f"{len(genc.stamp.recorded)} tensors, "
+                                                   f"{costs['pointer_check']} pointer check"}]
+    return {"changes": rows, "stamp_check": "every pointer", **costs, "stamped_tensors": len(genc.stamp.recorded),
             "serial_us": per_call_us(lock_and_hand_over), "targets": targets,
             "fused_qkv": fused_qkv_memory(name, dtype),
             "pass": all(r["pass"] and r["recaptures"] == int("in place" not in r["change"]) for r in rows)}
+
+
+def stamp_costs(genc, eng) -> dict:
+    """The stamp check per ``encode`` and per text-engine call with each pointer check
+    (core/ptrcheck.py): torch's function, then the kit's C++ one where it is built or builds here
+    (this run builds it: measuring it is what the run is for). ``encode_stamp_us`` and
+    ``engine_stamp_us`` are the last one measured, named by ``pointer_check``; ``pointer_checks``
+    holds each, and ``pointer_check_error`` why the C++ one was not measured, if it was not."""
+    from ..core import ptrcheck
+
+    error = None if ptrcheck.load_built() is not None else ptrcheck.cannot_build()
+    costs = {}
+    for which in (ptrcheck.TORCH, ptrcheck.EXTENSION) if error is None else (ptrcheck.TORCH,):
+        try:
+            ptrcheck.use_pointer_check(which)
+        except RuntimeError as e:  # the compiler failed: torch's stays the one measured
+            error = str(e)
+            ptrcheck.use_pointer_check(ptrcheck.TORCH)
+            break
+        genc.stamp.rearm(), eng.stamp.rearm()  # nothing changed: the same tensors, with this check
+        assert genc.stamp.pointer_check == eng.stamp.pointer_check == which
+        costs[which] = {"encode_us": per_call_us(genc.stamp.current), "engine_us": per_call_us(eng.follow_model)}
+    genc.stamp.rearm(), eng.stamp.rearm()
+    which = genc.stamp.pointer_check
+    return {"pointer_check": which, "encode_stamp_us": costs[which]["encode_us"],
+            "engine_stamp_us": costs[which]["engine_us"], "pointer_checks": costs, "pointer_check_error": error}
 
 
 def _vision(model):
@@ -278,7 +306,8 @@ def main(presets=PRESETS, dtype: str = "bf16", out_dir=None, command: str = "") 
         moved = r["model_changes"]
         print(f"{'':>16} model changes: " + ", ".join(f"{c['change']} -> {c['recaptures']} recapture(s) "
                                                       f"pass={c['pass']}" for c in moved["changes"]))
-        print(f"{'':>16} pointer check per encode {moved['encode_stamp_us']:.2f} us, lock {moved['serial_us']:.2f} us, "
+        print(f"{'':>16} pointer check ({moved['pointer_check']}) per encode {moved['encode_stamp_us']:.2f} us "
+              f"(torch's {moved['pointer_checks']['torch']['encode_us']:.2f} us), lock {moved['serial_us']:.2f} us, "
               f"per engine call "
               f"{moved['engine_stamp_us']:.2f} us; fused QKV extra memory {moved['fused_qkv']['freed_mib']:.1f} MiB "
               f"(kept copy: {moved['fused_qkv']['kept_mib']:.1f} MiB)")

@@ -322,8 +322,12 @@ def model_changes_block(refs: Refs) -> str:
             rows.append([preset_label(p["preset"]), f"`{c['change']}`", c["recaptures"],
                          f"{c['rel_err']:.2e} ({c['hf_rel_err']:.2e})", "pass" if c["pass"] else "**fail**"])
         q = moved["fused_qkv"]
-        how = ("comparing every pointer" if moved.get("stamp_check") == "every pointer"
-               else "the earlier check, a flag and one pointer per part,")
+        how = "comparing every pointer"
+        if moved.get("pointer_check") == "extension":  # the same run timed torch's function too
+            how += (" in the kit's C++ pointer check (torch's function: "
+                    f"{moved['pointer_checks']['torch']['encode_us']:.2f} µs per `encode`)")
+        if moved.get("stamp_check") != "every pointer":
+            how = "the earlier check, a flag and one pointer per part,"
         lock = f" The lock each call takes costs {moved['serial_us']:.2f} µs." if "serial_us" in moved else ""
         notes.append(f"- {preset_label(p['preset'])}: {how} costs {moved['encode_stamp_us']:.2f} µs per "
                      f"`encode` and {moved['engine_stamp_us']:.2f} µs per text-engine call "

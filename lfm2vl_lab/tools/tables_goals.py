@@ -334,9 +334,20 @@ def explain_pointer_check(refs: Refs) -> str:
                 "does not judge this goal. `python -m lfm2vl_lab check` measures it, and the set's next recording "
                 "of its `check` role holds it.")
     return "\n".join(f"- {preset_label(name)}: {m['encode_stamp_us']:.2f} µs for {m['stamped_tensors']} tensors, "
-                     f"{1000 * m['encode_stamp_us'] / m['stamped_tensors']:.0f} ns per tensor in one C++ call "
-                     "(`torch._C._tensors_data_ptrs_at_indices_equal`, which unpacks each tensor from its Python "
-                     f"list); the lock around the call adds {m['serial_us']:.2f} µs." for name, m in measured)
+                     f"{1000 * m['encode_stamp_us'] / m['stamped_tensors']:.0f} ns per tensor {_which_check(m)}; "
+                     f"the lock around the call adds {m['serial_us']:.2f} µs." for name, m in measured)
+
+
+def _which_check(m: dict) -> str:
+    """How the recorded stamp cost compared the pointers, and what the other check cost in the same run."""
+    torch_fn = ("in one C++ call (`torch._C._tensors_data_ptrs_at_indices_equal`, which unpacks each tensor "
+                "from its Python list)")
+    if m.get("pointer_check") != "extension":
+        why = m.get("pointer_check_error")
+        return torch_fn + (f"; the kit's C++ pointer check was not built ({why})" if why else "")
+    other = m["pointer_checks"]["torch"]["encode_us"]
+    return ("in the kit's C++ pointer check (`core/ptrcheck.cpp`, which holds the tensors and compares with no "
+            f"conversion per call); torch's function took {other:.2f} µs in the same run")
 
 
 EXPLAIN = {
