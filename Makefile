@@ -17,6 +17,8 @@ export TRANSFORMERS_OFFLINE := 1
 # The repo root on the path too, so notebook kernels (cwd notebooks/) import the package even in a
 # venv that was made by hand without the editable install.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+# The venv's own tools first on the path: ninja (which torch's C++ extension builds call by name).
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Material for MkDocs prints a banner about MkDocs 2.0 and its own end of life on every build;
 # README.md ("Docs site") says what that means for this site.
 export NO_MKDOCS_2_WARNING := 1
