@@ -246,18 +246,6 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     return man
 
 
-def add_record_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab record``."""
-    p.add_argument("--part", action="append", choices=PARTS, default=None,
-                   help=f"only the steps of this part (repeatable; default: {', '.join(DEFAULT_PARTS)}; "
-                        f"{', '.join(p for p in PARTS if p not in DEFAULT_PARTS)} only when named)")
-    p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
-    p.add_argument("--deadline", type=float, default=None,
-                   help="seconds for this call: steps whose limit no longer fits are left for the next call")
-    p.add_argument("--again", action="store_true", help="run steps the manifest of this code already holds too")
-    p.add_argument("--dry-run", action="store_true", help="print the steps and their limits, run nothing")
-
-
 def run_record_cli(args) -> int:
     """Record the reference set on this GPU: every file the notebooks, figures and tables read."""
     from .args import UsageError
