@@ -219,14 +219,21 @@ def main(argv: list[str] | None = None) -> int:
 
     Bad input never ends in a traceback: argparse's types reject bad values (usage line, one
     ``error:`` line, exit 2), and a subcommand that finds a problem only after parsing (``check``
-    without CUDA) raises ``UsageError``, reported the same way. Other exceptions are real bugs and
-    keep their traceback.
+    without CUDA) raises ``UsageError``, reported the same way; so is a checkpoint folder that does
+    not load (``LFM2VL_CHECKPOINT``, :class:`~lfm2vl_lab.model.presets.CheckpointError`), whichever
+    command loads it. Other exceptions are real bugs and keep their traceback.
     """
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except UsageError as exc:
         args._parser.error(str(exc))  # prints usage + "error: ..." to stderr, exits 2
+    except ValueError as exc:
+        from ..model.presets import CheckpointError  # loaded already where a checkpoint was read
+
+        if not isinstance(exc, CheckpointError):
+            raise
+        args._parser.error(str(exc))
 
 
 
