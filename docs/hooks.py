@@ -5,7 +5,8 @@
 * generates ``figures.md`` from ``data/results/`` (:mod:`lfm2vl_lab.tools.site` writes it);
 * in notebook pages: checks every relative link and image, points ``.ipynb``/``.md`` links at their
   pages, wraps cells tagged ``solution`` in a closed ``<details>`` (plain HTML: no script needed),
-  drops the nbval markers (``# NBVAL_CHECK_OUTPUT``, a test's business) from the code cells and builds
+  drops the nbval markers (``# NBVAL_CHECK_OUTPUT``, a test's business) from the code cells, shows a
+  line saying a widget is live in JupyterLab where a widget output holds no picture of itself, and builds
   the table of contents from the page's headings (mkdocs-jupyter's drops their inline code);
 * keeps the site offline: nbconvert's CDN loaders are dropped, and any page that would still fetch
   a script, stylesheet, font or image from the network is reported.
@@ -50,6 +51,13 @@ NBVAL_LEFT = re.compile(r"<span class=\"c1\">#\s*NBVAL_[A-Z_]+")
 # What a page's scripts would fetch later: a widget manager or other module from a public CDN.
 REMOTE_LOADER = re.compile(r"https?://(?:unpkg\.com|cdn\.jsdelivr\.net|cdnjs\.cloudflare\.com)/[^\"'\s]*", re.I)
 LOCAL_REF = re.compile(r"\s(src|href)=\"(?![a-z][a-z0-9+.-]*:|//|#)([^\"]+)\"", re.I)
+# A widget output is a live view of a kernel's widget: a page cannot run it. One that carries a picture of
+# itself (text/html, an image) shows that; one that carries only ipywidgets' repr ("VBox(children=...") shows
+# WIDGET_NOTE instead.
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+PICTURE_MIMES = ("text/html", "text/markdown", "image/png", "image/svg+xml", "image/jpeg")
+WIDGET_NOTE = ("An interactive widget: it runs live in JupyterLab (<code>make lab</code>), and this output holds "
+               "no picture of it.")
 
 
 def _settings(config) -> dict:
@@ -171,6 +179,33 @@ def _hide_solutions(html: str) -> str:
     return str(soup)
 
 
+def _bare_widget_reprs(path: str) -> set[str]:
+    """The text/plain reprs of a notebook's widget outputs that carry no picture of themselves."""
+    reprs = set()
+    for cell in json.loads(Path(path).read_text(encoding="utf-8"))["cells"]:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_VIEW in data and not any(m in data for m in PICTURE_MIMES):
+                text = data.get("text/plain", "")
+                reprs.add(("".join(text) if isinstance(text, list) else text).strip())
+    return reprs - {""}
+
+
+def _widget_notes(html: str, page) -> str:
+    """Each widget output with no picture of itself shows :data:`WIDGET_NOTE`, not the widget's repr."""
+    reprs = _bare_widget_reprs(page.file.abs_src_path)
+    if not reprs:
+        return html
+    soup = BeautifulSoup(html, "html.parser")
+    for out in soup.select('.jp-OutputArea-output[data-mime-type="text/plain"]'):
+        if out.get_text().strip() in reprs:
+            out.clear()
+            note = soup.new_tag("p", attrs={"class": "lab-widget-note"})
+            note.append(BeautifulSoup(WIDGET_NOTE, "html.parser"))
+            out.append(note)
+    return str(soup)
+
+
 def _notebook_title(path: str) -> str | None:
     """A notebook's first ``# `` heading as plain text (mkdocs-jupyter drops its code spans)."""
     for cell in json.loads(Path(path).read_text(encoding="utf-8"))["cells"]:
@@ -221,7 +256,7 @@ def on_page_content(html, page, config, files):
         log.warning(f"{page.file.src_uri}: has a mermaid diagram, and the site vendors no mermaid.js")
     html = MERMAID_BLOCK.sub("", html)
     page.toc = get_toc(_headings_toc(html))
-    html = _strip_nbval_markers(html, page)
+    html = _strip_nbval_markers(_widget_notes(html, page), page)
     return _hide_solutions(_notebook_refs(html, page, files))
 
 

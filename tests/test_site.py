@@ -71,9 +71,11 @@ def small_project(tmp: Path, pages: dict[str, str], notebook=None, assets: bool 
 
 def solution_notebook(image: str = "img/ok.png", prose: str = "Add two numbers."):
     """Cells: a markdown cell with ``prose`` and ``image``, a heading with inline code, a plain cell
-    with an nbval marker, two ``solution`` cells in a row, a plain cell, a lone ``solution`` cell."""
+    with an nbval marker, two ``solution`` cells in a row, a plain cell, a lone ``solution`` cell,
+    then two widget outputs: one with only ipywidgets' repr, one with a picture of itself."""
     v4 = nbformat.v4
     tagged = {"tags": ["solution"]}
+    view = {"application/vnd.jupyter.widget-view+json": {"model_id": "0", "version_major": 2, "version_minor": 0}}
     return v4.new_notebook(cells=[
         v4.new_markdown_cell(f"# Fixture: exercises\n\n{prose} ![a red box]({image})"),
         v4.new_markdown_cell("## 2.1 `torch.cuda.graph` and `x`\n\nA heading with code in it."),
@@ -83,6 +85,11 @@ def solution_notebook(image: str = "img/ok.png", prose: str = "Add two numbers."
                          outputs=[v4.new_output("stream", name="stdout", text="2\n")]),
         v4.new_code_cell("print('visible between solutions')", outputs=[]),
         v4.new_code_cell("second_answer = 2 * 2", metadata=tagged, outputs=[]),
+        v4.new_code_cell("bare", outputs=[v4.new_output("execute_result", execution_count=1, data={
+            **view, "text/plain": "VBox(children=(IntSlider(value=4),))"})]),
+        v4.new_code_cell("pictured", outputs=[v4.new_output("execute_result", execution_count=2, data={
+            **view, "text/html": "<pre>padding waste 5.2%</pre>",
+            "text/plain": "VBox(children=(IntSlider(value=5),))"})]),
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
 
 
@@ -129,6 +136,19 @@ def test_solution_cells_sit_behind_a_closed_toggle(fixture_site):
     plain = [c for c in soup.select(".jp-Cell") if c.find_parent("details") is None]
     assert any("visible between solutions" in c.get_text() for c in plain)
     assert not any("print(1 + 1)" in c.get_text() for c in plain)
+
+
+def test_a_widget_shows_its_picture_or_says_where_it_is_live(fixture_site):
+    """A page cannot run a widget: one that carries a picture (the budget explorer's first state) shows
+    it, one that carries only ipywidgets' repr says it is live in JupyterLab instead of "VBox(...)"."""
+    from bs4 import BeautifulSoup
+
+    page = (fixture_site / "fixture.html").read_text()
+    soup = BeautifulSoup(page, "html.parser")
+    assert "VBox(children" not in soup.get_text()
+    notes = soup.select(".jp-OutputArea-output p.lab-widget-note")
+    assert len(notes) == 1 and "live in JupyterLab (make lab)" in notes[0].get_text()
+    assert "padding waste 5.2%" in soup.get_text()
 
 
 def test_toc_keeps_inline_code_and_code_cells_lose_nbval_markers(fixture_site):
