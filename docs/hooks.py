@@ -8,6 +8,8 @@
   drops the nbval markers (``# NBVAL_CHECK_OUTPUT``, a test's business) from the code cells, shows a
   line saying a widget is live in JupyterLab where a widget output holds no picture of itself, and builds
   the table of contents from the page's headings (mkdocs-jupyter's drops their inline code);
+* notebook pages take the window's width (no navigation sidebar, no width limit: ``site.css``), and
+  every figure on them is a link that opens it at full size (an output's PNG becomes a file beside the page);
 * keeps the site offline: nbconvert's CDN loaders are dropped, and any page that would still fetch
   a script, stylesheet, font or image from the network is reported.
 
@@ -16,6 +18,7 @@ Problems are logged as warnings: ``mkdocs build --strict`` (``make docs``) fails
 
 from __future__ import annotations
 
+import base64
 import html as html_lib
 import json
 import logging
@@ -56,6 +59,9 @@ LOCAL_REF = re.compile(r"\s(src|href)=\"(?![a-z][a-z0-9+.-]*:|//|#)([^\"]+)\"", 
 # WIDGET_NOTE instead.
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PICTURE_MIMES = ("text/html", "text/markdown", "image/png", "image/svg+xml", "image/jpeg")
+# An output's embedded figure (matplotlib's PNG): docs/hooks.py writes it beside its page, to open at full size.
+EMBEDDED_PNG = re.compile(r"data:image/png;base64,(?P<data>[A-Za-z0-9+/=\s]+)")
+NOTEBOOK_BODY_CLASS = "lab-notebook"  # on a notebook page's <body>: docs/web/assets/site.css widens it
 WIDGET_NOTE = ("An interactive widget: it runs live in JupyterLab (<code>make lab</code>), and this output holds "
                "no picture of it.")
 
@@ -206,6 +212,27 @@ def _widget_notes(html: str, page) -> str:
     return str(soup)
 
 
+def _figure_links(html: str, page, config) -> str:
+    """Every figure of a notebook page opens at full size: each output's embedded PNG is written beside the
+    page (``notebooks/<name>/figure-<n>.png``) and shown from there, and each figure, a markdown cell's
+    too, is a link to its file (browsers refuse to open a data: URL from a link)."""
+    soup = BeautifulSoup(html, "html.parser")
+    stem = posixpath.splitext(posixpath.basename(page.file.dest_uri))[0]
+    folder = Path(config.site_dir) / posixpath.dirname(page.file.dest_uri) / stem
+    count = 0
+    for img in soup.select("img"):
+        m = EMBEDDED_PNG.fullmatch(img.get("src", ""))
+        if m is not None:
+            count += 1
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"figure-{count}.png").write_bytes(base64.b64decode(m["data"]))
+            img["src"] = f"{stem}/figure-{count}.png"
+        if img.find_parent("a") is None and not img["src"].startswith("data:"):
+            img.wrap(soup.new_tag("a", attrs={"href": img["src"], "class": "lab-figure",
+                                              "title": "the figure at full size"}))
+    return str(soup)
+
+
 def _notebook_title(path: str) -> str | None:
     """A notebook's first ``# `` heading as plain text (mkdocs-jupyter drops its code spans)."""
     for cell in json.loads(Path(path).read_text(encoding="utf-8"))["cells"]:
@@ -257,10 +284,15 @@ def on_page_content(html, page, config, files):
     html = MERMAID_BLOCK.sub("", html)
     page.toc = get_toc(_headings_toc(html))
     html = _strip_nbval_markers(_widget_notes(html, page), page)
-    return _hide_solutions(_notebook_refs(html, page, files))
+    # the page's whole width for wide outputs: no navigation sidebar (the table of contents stays), and
+    # site.css lifts the width limit under the body class on_post_page adds
+    page.meta["hide"] = sorted({*page.meta.get("hide", []), "navigation"})
+    return _figure_links(_hide_solutions(_notebook_refs(html, page, files)), page, config)
 
 
 def on_post_page(output, page, config):
+    if page.file.src_uri.endswith(".ipynb"):
+        output = output.replace("<body ", f'<body class="{NOTEBOOK_BODY_CLASS}" ', 1)
     for m in REMOTE_FETCH.finditer(output):
         log.warning(f"{page.file.src_uri}: would fetch from the network: {output[m.start():m.start() + 120]!r}")
     for m in REMOTE_LOADER.finditer(output):
