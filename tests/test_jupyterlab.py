@@ -320,7 +320,9 @@ def test_the_stderr_check_sees_what_cpp_writes_to_fd_2(lab, browser):
     """C++ libraries (torch's profiler among them) log to file descriptor 2, not to ``sys.stderr``: a
     learner sees those lines as stderr boxes, so the notebook check must see them too. ipykernel stops
     forwarding fd 2 when it finds ``PYTEST_CURRENT_TEST`` in its environment, so the lab must start without it."""
-    name = one_cell_notebook(lab.folder, "zz-fd-stderr.ipynb", 'import os\nos.write(2, b"written to fd 2\\n")')
+    # the sleep: run_in_lab waits to see the cell queued, which a cell done within one poll never is
+    source = 'import os, time\ntime.sleep(2)\nos.write(2, b"written to fd 2\\n")'
+    name = one_cell_notebook(lab.folder, "zz-fd-stderr.ipynb", source)
     cells = run_in_lab(lab, browser, name, SHOTS / "zz-fd-stderr.png")["cells"]
     assert any("written to fd 2" in box for box in cells[0]["stderr"]), cells[0]
 
