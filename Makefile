@@ -39,13 +39,14 @@ bench: | $(VPY)
 	$(VPY) -m lfm2vl_lab bench
 
 # ruff first (seconds; its settings are in pyproject.toml), then the CPU tests, then every notebook;
-# -rs lists why each skipped test skipped (most need a CUDA GPU: docs/gpu.md).
+# -rs lists why each skipped test skipped (most need a CUDA GPU: docs/gpu.md), --durations=15 the
+# slowest tests (where the run's minutes go).
 test: | $(VPY)
 	$(VENV)/bin/ruff check .
 ifneq ($(NOTEBOOKS),)
-	$(VPY) -m pytest -q -rs tests --nbval-lax --nbval-current-env notebooks/
+	$(VPY) -m pytest -q -rs --durations=15 tests --nbval-lax --nbval-current-env notebooks/
 else
-	$(VPY) -m pytest -q -rs
+	$(VPY) -m pytest -q -rs --durations=15
 endif
 
 # JupyterLab refuses to start as root ("Running as root is not recommended. Use --allow-root"), and

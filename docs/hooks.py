@@ -5,8 +5,11 @@
 * generates ``figures.md`` from ``data/results/`` (:mod:`lfm2vl_lab.tools.site` writes it);
 * in notebook pages: checks every relative link and image, points ``.ipynb``/``.md`` links at their
   pages, wraps cells tagged ``solution`` in a closed ``<details>`` (plain HTML: no script needed),
-  drops the nbval markers (``# NBVAL_CHECK_OUTPUT``, a test's business) from the code cells and builds
+  drops the nbval markers (``# NBVAL_CHECK_OUTPUT``, a test's business) from the code cells, shows a
+  line saying a widget is live in JupyterLab where a widget output holds no picture of itself, and builds
   the table of contents from the page's headings (mkdocs-jupyter's drops their inline code);
+* notebook pages take the window's width (no navigation sidebar, no width limit: ``site.css``), and
+  every figure on them is a link that opens it at full size (an output's PNG becomes a file beside the page);
 * keeps the site offline: nbconvert's CDN loaders are dropped, and any page that would still fetch
   a script, stylesheet, font or image from the network is reported.
 
@@ -15,6 +18,7 @@ Problems are logged as warnings: ``mkdocs build --strict`` (``make docs``) fails
 
 from __future__ import annotations
 
+import base64
 import html as html_lib
 import json
 import logging
@@ -50,6 +54,16 @@ NBVAL_LEFT = re.compile(r"<span class=\"c1\">#\s*NBVAL_[A-Z_]+")
 # What a page's scripts would fetch later: a widget manager or other module from a public CDN.
 REMOTE_LOADER = re.compile(r"https?://(?:unpkg\.com|cdn\.jsdelivr\.net|cdnjs\.cloudflare\.com)/[^\"'\s]*", re.I)
 LOCAL_REF = re.compile(r"\s(src|href)=\"(?![a-z][a-z0-9+.-]*:|//|#)([^\"]+)\"", re.I)
+# A widget output is a live view of a kernel's widget: a page cannot run it. One that carries a picture of
+# itself (text/html, an image) shows that; one that carries only ipywidgets' repr ("VBox(children=...") shows
+# WIDGET_NOTE instead.
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+PICTURE_MIMES = ("text/html", "text/markdown", "image/png", "image/svg+xml", "image/jpeg")
+# An output's embedded figure (matplotlib's PNG): docs/hooks.py writes it beside its page, to open at full size.
+EMBEDDED_PNG = re.compile(r"data:image/png;base64,(?P<data>[A-Za-z0-9+/=\s]+)")
+NOTEBOOK_BODY_CLASS = "lab-notebook"  # on a notebook page's <body>: docs/web/assets/site.css widens it
+WIDGET_NOTE = ("An interactive widget: it runs live in JupyterLab (<code>make lab</code>), and this output holds "
+               "no picture of it.")
 
 
 def _settings(config) -> dict:
@@ -171,6 +185,54 @@ def _hide_solutions(html: str) -> str:
     return str(soup)
 
 
+def _bare_widget_reprs(path: str) -> set[str]:
+    """The text/plain reprs of a notebook's widget outputs that carry no picture of themselves."""
+    reprs = set()
+    for cell in json.loads(Path(path).read_text(encoding="utf-8"))["cells"]:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_VIEW in data and not any(m in data for m in PICTURE_MIMES):
+                text = data.get("text/plain", "")
+                reprs.add(("".join(text) if isinstance(text, list) else text).strip())
+    return reprs - {""}
+
+
+def _widget_notes(html: str, page) -> str:
+    """Each widget output with no picture of itself shows :data:`WIDGET_NOTE`, not the widget's repr."""
+    reprs = _bare_widget_reprs(page.file.abs_src_path)
+    if not reprs:
+        return html
+    soup = BeautifulSoup(html, "html.parser")
+    for out in soup.select('.jp-OutputArea-output[data-mime-type="text/plain"]'):
+        if out.get_text().strip() in reprs:
+            out.clear()
+            note = soup.new_tag("p", attrs={"class": "lab-widget-note"})
+            note.append(BeautifulSoup(WIDGET_NOTE, "html.parser"))
+            out.append(note)
+    return str(soup)
+
+
+def _figure_links(html: str, page, config) -> str:
+    """Every figure of a notebook page opens at full size: each output's embedded PNG is written beside the
+    page (``notebooks/<name>/figure-<n>.png``) and shown from there, and each figure, a markdown cell's
+    too, is a link to its file (browsers refuse to open a data: URL from a link)."""
+    soup = BeautifulSoup(html, "html.parser")
+    stem = posixpath.splitext(posixpath.basename(page.file.dest_uri))[0]
+    folder = Path(config.site_dir) / posixpath.dirname(page.file.dest_uri) / stem
+    count = 0
+    for img in soup.select("img"):
+        m = EMBEDDED_PNG.fullmatch(img.get("src", ""))
+        if m is not None:
+            count += 1
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"figure-{count}.png").write_bytes(base64.b64decode(m["data"]))
+            img["src"] = f"{stem}/figure-{count}.png"
+        if img.find_parent("a") is None and not img["src"].startswith("data:"):
+            img.wrap(soup.new_tag("a", attrs={"href": img["src"], "class": "lab-figure",
+                                              "title": "the figure at full size"}))
+    return str(soup)
+
+
 def _notebook_title(path: str) -> str | None:
     """A notebook's first ``# `` heading as plain text (mkdocs-jupyter drops its code spans)."""
     for cell in json.loads(Path(path).read_text(encoding="utf-8"))["cells"]:
@@ -221,11 +283,16 @@ def on_page_content(html, page, config, files):
         log.warning(f"{page.file.src_uri}: has a mermaid diagram, and the site vendors no mermaid.js")
     html = MERMAID_BLOCK.sub("", html)
     page.toc = get_toc(_headings_toc(html))
-    html = _strip_nbval_markers(html, page)
-    return _hide_solutions(_notebook_refs(html, page, files))
+    html = _strip_nbval_markers(_widget_notes(html, page), page)
+    # the page's whole width for wide outputs: no navigation sidebar (the table of contents stays), and
+    # site.css lifts the width limit under the body class on_post_page adds
+    page.meta["hide"] = sorted({*page.meta.get("hide", []), "navigation"})
+    return _figure_links(_hide_solutions(_notebook_refs(html, page, files)), page, config)
 
 
 def on_post_page(output, page, config):
+    if page.file.src_uri.endswith(".ipynb"):
+        output = output.replace("<body ", f'<body class="{NOTEBOOK_BODY_CLASS}" ', 1)
     for m in REMOTE_FETCH.finditer(output):
         log.warning(f"{page.file.src_uri}: would fetch from the network: {output[m.start():m.start() + 120]!r}")
     for m in REMOTE_LOADER.finditer(output):

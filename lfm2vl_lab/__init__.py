@@ -14,36 +14,61 @@ Five packages, the technique first:
 The first four use torch and transformers only and never import the instrument
 (``tests/test_layers.py`` checks which package may import which). The names below are the public
 API; the instrument's modules are also reachable as ``lfm2vl_lab.bench``, ``lfm2vl_lab.e2e`` …, and
-its workload helpers as ``lfm2vl_lab.load_sample_images`` … (each loaded on first use:
-``import lfm2vl_lab`` imports no module of the instrument).
+its workload helpers as ``lfm2vl_lab.load_sample_images`` … Every name loads on first use:
+``import lfm2vl_lab`` imports no torch and no module of the instrument.
 """
 
 import importlib
 import pkgutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .core.capture import recover_from_failed_capture
-from .core.config import EncoderGraphConfig, GraphOptions, auto_budgets
-from .core.encoder import PackedVisionEncoder, SplitProjector
-from .core.graphed_encoder import GraphedEncoder
-from .core.packing import PackedBatch, pack_inputs
-from .core.plan import plan_batches, plan_stats
-from .core.ptrcheck import build_pointer_check
-from .model.hf import hf_image_features
-from .model.inputs import image_limits, item_image, process_images, processor_for, to_rgb
-from .model.parity import max_rel_error, rel_error
-from .model.presets import (
-    Preset,
-    available_presets,
-    build_model,
-    checkpoint_from_env,
-    count_params,
-    load_model,
-    model_for,
-)
-from .serving.chat import ChatReply, chat
-from .serving.engine import TextEngine
-from .serving.pipeline import VlmPipeline
+# The public API, by module. Each name loads on first use (``lab.GraphedEncoder`` imports
+# lfm2vl_lab.core.graphed_encoder then), so ``import lfm2vl_lab``, and with it the command line's
+# ``--help``, imports no torch. The same names under TYPE_CHECKING below are what type checkers and
+# the API reference read; tests/test_cli_lazy.py keeps the two lists equal.
+API = {
+    "core.capture": ("recover_from_failed_capture",),
+    "core.config": ("EncoderGraphConfig", "GraphOptions", "auto_budgets"),
+    "core.encoder": ("PackedVisionEncoder", "SplitProjector"),
+    "core.graphed_encoder": ("GraphedEncoder",),
+    "core.packing": ("PackedBatch", "pack_inputs"),
+    "core.plan": ("plan_batches", "plan_stats"),
+    "core.ptrcheck": ("build_pointer_check",),
+    "model.hf": ("hf_image_features",),
+    "model.inputs": ("image_limits", "item_image", "process_images", "processor_for", "to_rgb"),
+    "model.parity": ("max_rel_error", "rel_error"),
+    "model.presets": ("Preset", "available_presets", "build_model", "checkpoint_from_env", "count_params",
+                      "load_model", "model_for"),
+    "serving.chat": ("ChatReply", "chat"),
+    "serving.engine": ("TextEngine",),
+    "serving.pipeline": ("VlmPipeline",),
+}
+API_NAMES = {name: module for module, names in API.items() for name in names}
+
+if TYPE_CHECKING:
+    from .core.capture import recover_from_failed_capture
+    from .core.config import EncoderGraphConfig, GraphOptions, auto_budgets
+    from .core.encoder import PackedVisionEncoder, SplitProjector
+    from .core.graphed_encoder import GraphedEncoder
+    from .core.packing import PackedBatch, pack_inputs
+    from .core.plan import plan_batches, plan_stats
+    from .core.ptrcheck import build_pointer_check
+    from .model.hf import hf_image_features
+    from .model.inputs import image_limits, item_image, process_images, processor_for, to_rgb
+    from .model.parity import max_rel_error, rel_error
+    from .model.presets import (
+        Preset,
+        available_presets,
+        build_model,
+        checkpoint_from_env,
+        count_params,
+        load_model,
+        model_for,
+    )
+    from .serving.chat import ChatReply, chat
+    from .serving.engine import TextEngine
+    from .serving.pipeline import VlmPipeline
 
 __version__ = "0.1.0"
 
@@ -64,8 +89,13 @@ TOOL_NAMES = {"load_sample_images": "workloads", "random_processor_output": "wor
 
 
 def __getattr__(name: str):
-    """``from lfm2vl_lab import e2e`` (the README's GPU tour) loads ``lfm2vl_lab.tools.e2e``;
-    ``lfm2vl_lab.load_sample_images`` loads ``lfm2vl_lab.tools.workloads``."""
+    """``lab.GraphedEncoder`` loads ``lfm2vl_lab.core.graphed_encoder`` (:data:`API`); ``from lfm2vl_lab
+    import e2e`` (the README's GPU tour) loads ``lfm2vl_lab.tools.e2e``; ``lfm2vl_lab.load_sample_images``
+    loads ``lfm2vl_lab.tools.workloads``."""
+    if name in API_NAMES:
+        value = getattr(importlib.import_module(f".{API_NAMES[name]}", __name__), name)
+        globals()[name] = value  # the next lookup finds it without this function
+        return value
     if name in TOOL_NAMES:
         return getattr(importlib.import_module(f".tools.{TOOL_NAMES[name]}", __name__), name)
     if name in TOOL_MODULES:
@@ -74,4 +104,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *TOOL_NAMES, *TOOL_MODULES})
+    return sorted({*globals(), *API_NAMES, *TOOL_NAMES, *TOOL_MODULES})

@@ -37,6 +37,10 @@ def test_cli_bench_writes_result_json(tmp_path):
     assert len(files) == 1
     assert f"results: {files[0]}" in proc.stdout
     assert "lab-eager" in proc.stdout and "median ms" in proc.stdout  # the table
+    # a CPU table says what its timings are not, and shows no speedup
+    assert "CPU timings do not measure LFM2-VL" in proc.stdout
+    (head,) = [line for line in proc.stdout.splitlines() if "median ms" in line]
+    assert "speedup" not in head and "err vs hf" in head
     assert (tmp_path / "fig.png").stat().st_size > 1000 and f"figure: {tmp_path / 'fig.png'}" in proc.stdout
 
     res = json.loads(files[0].read_text())
@@ -79,6 +83,22 @@ def test_graph_modes_skipped_on_cpu_and_profile_rows():
     assert row["speedup_vs_hf"] is None  # no hf-eager row to compare with
     table = format_table(res)
     assert "skipped lab-graph" in table and "skipped compile" in table
+
+
+def test_cpu_rows_get_no_speedup_and_a_note_saying_why():
+    row = {"mode": "lab-eager", "workload": "1x512", "n_items": 1, "preset": "tiny", "median_ms": 2.0,
+           "p90_ms": 2.5, "p99_ms": 3.0, "speedup_vs_hf": 4.0, "max_rel_err_vs_hf": 0.0}
+    cpu, gpu = dict(row, device="cpu"), dict(row, device="cuda", preset="lfm2-vl-450m")
+    lines = format_table([cpu]).splitlines()
+    assert lines[0].startswith("CPU timings do not measure LFM2-VL: these rows (preset tiny)")
+    (head,) = [line for line in lines if line.startswith("mode ")]
+    assert "speedup" not in head and "4.00x" not in "\n".join(lines)
+    gpu_table = format_table([gpu])
+    assert gpu_table.startswith("mode ") and "speedup" in gpu_table and "4.00x" in gpu_table
+    assert "CPU timings" not in gpu_table
+    # a table of both keeps the column for the GPU row only
+    mixed = format_table([gpu, cpu])
+    assert "CPU timings do not measure LFM2-VL" in mixed and mixed.count("4.00x") == 1
 
 
 def test_expand_workloads():

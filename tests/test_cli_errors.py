@@ -3,6 +3,7 @@ input still parses. In-process through ``__main__.main`` (cheap: argparse reject
 any model is built), plus one real subprocess for the real exit code."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lfm2vl_lab.model.presets import CHECKPOINT_ENV
 from lfm2vl_lab.tools.bench import run_bench
 from lfm2vl_lab.tools.cli import build_parser, main
 from lfm2vl_lab.tools.e2e import run_e2e
@@ -74,6 +76,58 @@ def test_bad_input_exit_code_in_a_real_process(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == \
         "python -m lfm2vl_lab bench: error: argument --repeats: expected an integer >= 1, got '0'"
     assert list(tmp_path.iterdir()) == []  # no result file (before: one full of "-", and exit 0)
+
+
+def _error_lines(capsys) -> list[str]:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return [line for line in err.splitlines() if "error:" in line]
+
+
+def _checkpoint_folders(tmp_path, tiny_checkpoint) -> dict:
+    """LFM2VL_CHECKPOINT values that name no loadable checkpoint -> what the error line must say."""
+    empty, other, broken = tmp_path / "empty", tmp_path / "llama", tmp_path / "bad-tokenizer"
+    empty.mkdir()
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "llama"}')
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    return {str(tmp_path / "missing"): f"{CHECKPOINT_ENV}='{tmp_path / 'missing'}' is not a folder",
+            str(empty): f"{CHECKPOINT_ENV}='{empty}' has no config.json",
+            str(other): f"{CHECKPOINT_ENV}='{other}' holds a 'llama' checkpoint, not an LFM2-VL one",
+            str(broken): f"{CHECKPOINT_ENV}: '{broken}': its tokenizer files do not load"}
+
+
+def test_a_bad_checkpoint_folder_is_one_error_line_in_every_command_that_loads_it(monkeypatch, capsys, tmp_path,
+                                                                                  tiny_checkpoint):
+    """bench and check load LFM2VL_CHECKPOINT's folder (README, "Real weights"): whatever is wrong
+    with it, each says so in one ``error:`` line naming the value, exit status 2."""
+    # check runs only on a GPU: a stand-in that holds until the model would move to it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for value, needle in _checkpoint_folders(tmp_path, tiny_checkpoint).items():
+        monkeypatch.setenv(CHECKPOINT_ENV, value)
+        for argv in (["bench", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "out")],
+                     ["check", "--out", str(tmp_path / "out")]):
+            with pytest.raises(SystemExit) as exc:
+                main(argv)
+            assert exc.value.code == 2, (argv, value)
+            (line,) = _error_lines(capsys)
+            assert line.startswith(f"python -m lfm2vl_lab {argv[0]}: error: {needle}"), (argv, line)
+            assert line.endswith("or unset it to use the random-weight presets"), line
+    assert not (tmp_path / "out").exists()  # nothing measured, no result file
+
+
+def test_a_bad_checkpoint_folder_in_a_real_process(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", **{CHECKPOINT_ENV: "/nonexistent"})
+    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "bench", "--out", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"python -m lfm2vl_lab bench: error: {CHECKPOINT_ENV}='/nonexistent' is not a folder; set it to the folder "
+        "you fetched the checkpoint into, or unset it to use the random-weight presets")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_good_input_still_parses():

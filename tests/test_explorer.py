@@ -4,6 +4,7 @@ when the item limit moves."""
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -180,3 +181,21 @@ def test_widget_default_moves_with_every_other_item_limit():
         waste[v] = w.text.split("padding waste ")[1].split(" ")[0]
     default = waste.pop(ex.DEFAULT_MAX_ITEMS)
     assert default.endswith("%") and default not in waste.values()
+
+
+def test_where_widgets_cannot_run_the_explorer_is_a_picture_of_its_first_state():
+    """The displayed bundle keeps the widget (JupyterLab ranks it first) and adds the first state as
+    HTML and text, under a line saying it is live in JupyterLab: nbconvert and the docs site show
+    that instead of ipywidgets' ``VBox(children=...)``."""
+    pytest.importorskip("ipywidgets")
+    w = ex.budget_explorer(stream=STREAM, budgets=BUDGETS, max_items=4, per_call=1, memory=EMPTY)
+    bundle = w._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert "application/vnd.jupyter.widget-view+json" in data
+    first = ex.explore_text(ex.explore(BUDGETS, 4, STREAM, per_call=1, memory=EMPTY))
+    assert data["text/plain"] == f"{ex.LIVE_NOTE}\n{first}" and "VBox" not in data["text/plain"]
+    assert "live in JupyterLab (make lab)" in ex.LIVE_NOTE
+    assert f"<pre>{html.escape(first)}</pre>" in data["text/html"] and html.escape(ex.LIVE_NOTE) in data["text/html"]
+    w.max_items.value = 1  # a later display shows the state it is displayed in
+    later = w._repr_mimebundle_()
+    assert "max items 1" in (later[0] if isinstance(later, tuple) else later)["text/plain"]

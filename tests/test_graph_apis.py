@@ -15,8 +15,9 @@ import torch
 
 from lfm2vl_lab.tools import graph_apis as ga
 from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.cli import FORMATTERS, main
-from lfm2vl_lab.tools.cli import record_graph_apis as record
+from lfm2vl_lab.tools.cli import main
+from lfm2vl_lab.tools.cli_graph_apis import FORMATTERS
+from lfm2vl_lab.tools.cli_graph_apis import record_graph_apis as record
 from lfm2vl_lab.tools.results import RESULTS_ROOT
 from lfm2vl_lab.tools.trace_analysis import GRAPH_APIS, PHASE_PREFIX, collapse, phase_calls
 

@@ -5,8 +5,9 @@
 These tests run ``make lab`` itself (the copies in a temporary folder, JupyterLab
 headless on a free port with a random token), open every notebook in Debian's Chromium through
 Playwright (never a browser Playwright downloads), click Run > Run All Cells and wait until every cell
-ran. A notebook passes when every code cell ran in order, no output is an error or a stderr box, and
-the first cell printed its environment check. One screenshot per notebook lands in
+ran. A notebook passes when every code cell ran in order, no output is an error or a stderr box (what C++
+code writes to file descriptor 2 included: the server starts without pytest's variables, as a learner's
+does), and the first cell printed its environment check. One screenshot per notebook lands in
 ``lab-screenshots/`` (git-ignored). Then: notebook 03's budget explorer answers its slider, tqdm's
 progress bar renders as a widget, and ``git status`` of the repository is what it was before, although
 every notebook ran and was saved. Without Chromium or Playwright they skip, saying so; under
@@ -76,7 +77,11 @@ class Lab:
         settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
         settings.mkdir(parents=True)  # no news and update checks: nothing from the network, no toast over cells
         (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-        env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+        # The environment a learner's `make lab` gets: none of pytest's variables. With PYTEST_CURRENT_TEST
+        # set, ipykernel stops forwarding what C++ writes to file descriptor 2, and those stderr lines,
+        # which a learner sees, would never reach the page.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        env.update(JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                    JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
         venv = Path(sys.executable).parent.parent  # the venv running the tests, wherever it is
         args = f"--no-browser --port {port} --IdentityProvider.token={self.token}"
@@ -287,13 +292,17 @@ show()
 display(w.VBox([items, out]))"""
 
 
+def one_cell_notebook(folder: Path, name: str, source: str) -> str:
+    """A throwaway notebook of one code cell ``source`` in ``folder`` (the lab's working copies)."""
+    meta = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)], metadata=meta), folder / name)
+    return name
+
+
 def explorer_notebook(folder: Path, name: str, value: str) -> str:
     """A notebook with a stand-in for notebook 03's explorer (the contract: an IntSlider described as
     ``max items`` and ``padding waste NN%`` in its output) whose number is ``value`` (Python)."""
-    meta = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-    cells = [nbformat.v4.new_code_cell(EXPLORER.replace("{value}", value))]
-    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=meta), folder / name)
-    return name
+    return one_cell_notebook(folder, name, EXPLORER.replace("{value}", value))
 
 
 @pytest.mark.browser
@@ -307,11 +316,22 @@ def test_the_slider_check_sees_whether_the_numbers_move(lab, browser):
 
 
 @pytest.mark.browser
+def test_the_stderr_check_sees_what_cpp_writes_to_fd_2(lab, browser):
+    """C++ libraries (torch's profiler among them) log to file descriptor 2, not to ``sys.stderr``: a
+    learner sees those lines as stderr boxes, so the notebook check must see them too. ipykernel stops
+    forwarding fd 2 when it finds ``PYTEST_CURRENT_TEST`` in its environment, so the lab must start without it."""
+    # the sleep: run_in_lab waits to see the cell queued, which a cell done within one poll never is
+    source = 'import os, time\ntime.sleep(2)\nos.write(2, b"written to fd 2\\n")'
+    name = one_cell_notebook(lab.folder, "zz-fd-stderr.ipynb", source)
+    cells = run_in_lab(lab, browser, name, SHOTS / "zz-fd-stderr.png")["cells"]
+    assert any("written to fd 2" in box for box in cells[0]["stderr"]), cells[0]
+
+
+@pytest.mark.browser
 def test_progress_bars_render_as_widgets(lab, browser):
     """tqdm.auto in JupyterLab draws an ipywidgets bar, not the "IProgress not found" warning."""
-    cell = nbformat.v4.new_code_cell("from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='steps'):\n    pass")
-    meta = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-    nbformat.write(nbformat.v4.new_notebook(cells=[cell], metadata=meta), lab.folder / "zz-progress-bar.ipynb")
+    one_cell_notebook(lab.folder, "zz-progress-bar.ipynb",
+                      "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='steps'):\n    pass")
     bars = []
     result = run_in_lab(lab, browser, "zz-progress-bar.ipynb", SHOTS / "zz-progress-bar.png",
                         then=lambda page: bars.append(page.locator(".jp-OutputArea .widget-hprogress").count()))

@@ -11,6 +11,7 @@ screenshot per page goes to ``site-screenshots/`` (git-ignored).
 
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
 import importlib.util
@@ -69,11 +70,28 @@ def small_project(tmp: Path, pages: dict[str, str], notebook=None, assets: bool 
     return path
 
 
+WIDE_FIGURE = (1600, 120)  # pixels: wider than a notebook page's column at 1280 px
+
+
+def wide_png() -> bytes:
+    """A PNG of :data:`WIDE_FIGURE`, the fixture notebook's figure."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", WIDE_FIGURE, (30, 90, 200)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def solution_notebook(image: str = "img/ok.png", prose: str = "Add two numbers."):
     """Cells: a markdown cell with ``prose`` and ``image``, a heading with inline code, a plain cell
-    with an nbval marker, two ``solution`` cells in a row, a plain cell, a lone ``solution`` cell."""
+    with an nbval marker, two ``solution`` cells in a row, a plain cell, a lone ``solution`` cell,
+    then two widget outputs: one with only ipywidgets' repr, one with a picture of itself, and a figure
+    wider than any column (:data:`WIDE_FIGURE`)."""
     v4 = nbformat.v4
     tagged = {"tags": ["solution"]}
+    view = {"application/vnd.jupyter.widget-view+json": {"model_id": "0", "version_major": 2, "version_minor": 0}}
     return v4.new_notebook(cells=[
         v4.new_markdown_cell(f"# Fixture: exercises\n\n{prose} ![a red box]({image})"),
         v4.new_markdown_cell("## 2.1 `torch.cuda.graph` and `x`\n\nA heading with code in it."),
@@ -83,6 +101,13 @@ def solution_notebook(image: str = "img/ok.png", prose: str = "Add two numbers."
                          outputs=[v4.new_output("stream", name="stdout", text="2\n")]),
         v4.new_code_cell("print('visible between solutions')", outputs=[]),
         v4.new_code_cell("second_answer = 2 * 2", metadata=tagged, outputs=[]),
+        v4.new_code_cell("bare", outputs=[v4.new_output("execute_result", execution_count=1, data={
+            **view, "text/plain": "VBox(children=(IntSlider(value=4),))"})]),
+        v4.new_code_cell("pictured", outputs=[v4.new_output("execute_result", execution_count=2, data={
+            **view, "text/html": "<pre>padding waste 5.2%</pre>",
+            "text/plain": "VBox(children=(IntSlider(value=5),))"})]),
+        v4.new_code_cell("figure", outputs=[v4.new_output("display_data", data={
+            "image/png": base64.b64encode(wide_png()).decode(), "text/plain": "<Figure size 1600x120>"})]),
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
 
 
@@ -129,6 +154,32 @@ def test_solution_cells_sit_behind_a_closed_toggle(fixture_site):
     plain = [c for c in soup.select(".jp-Cell") if c.find_parent("details") is None]
     assert any("visible between solutions" in c.get_text() for c in plain)
     assert not any("print(1 + 1)" in c.get_text() for c in plain)
+
+
+def test_a_widget_shows_its_picture_or_says_where_it_is_live(fixture_site):
+    """A page cannot run a widget: one that carries a picture (the budget explorer's first state) shows
+    it, one that carries only ipywidgets' repr says it is live in JupyterLab instead of "VBox(...)"."""
+    from bs4 import BeautifulSoup
+
+    page = (fixture_site / "fixture.html").read_text()
+    soup = BeautifulSoup(page, "html.parser")
+    assert "VBox(children" not in soup.get_text()
+    notes = soup.select(".jp-OutputArea-output p.lab-widget-note")
+    assert len(notes) == 1 and "live in JupyterLab (make lab)" in notes[0].get_text()
+    assert "padding waste 5.2%" in soup.get_text()
+
+
+def test_figures_are_files_beside_the_page_and_links_to_themselves(fixture_site):
+    """An output's PNG is a file beside its page, shown from there and linked to itself; so is a
+    markdown cell's image. A notebook page's body carries the class that widens it (site.css)."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup((fixture_site / "fixture.html").read_text(), "html.parser")
+    assert "lab-notebook" in soup.body["class"]
+    links = {a["href"]: a.img["src"] for a in soup.select(".jupyter-wrapper a.lab-figure") if a.img}
+    assert links == {"fixture/figure-1.png": "fixture/figure-1.png", "img/ok.png": "img/ok.png"}, links
+    assert (fixture_site / "fixture" / "figure-1.png").read_bytes() == wide_png()
+    assert "data:image/png" not in str(soup.select_one(".jupyter-wrapper"))
 
 
 def test_toc_keeps_inline_code_and_code_cells_lose_nbval_markers(fixture_site):
@@ -264,6 +315,39 @@ def test_solution_toggle_opens_on_click(fixture_site, browser):
         assert answer.is_visible()
         page.screenshot(path=str(SHOTS / "fixture-solution-toggle.png"), full_page=True)  # first open, second closed
         assert not page.locator("details.solution").nth(1).locator("pre", has_text="second_answer").is_visible()
+        page.close()
+    finally:
+        httpd.shutdown()
+    assert not problems, problems
+
+
+NOTEBOOK_WIDTH_JS = """() => ({
+  content: document.querySelector('.md-content').getBoundingClientRect().width,
+  nav: document.querySelector('.md-sidebar--primary').getBoundingClientRect().width,
+  toc: document.querySelector('.md-sidebar--secondary').getBoundingClientRect().width})"""
+
+
+@pytest.mark.browser
+def test_notebook_pages_use_the_window_and_figures_open_at_full_size(fixture_site, browser):
+    """A notebook page has no navigation sidebar and no width limit: at 1920 px its content column is
+    the window less the table of contents (Material's own limit leaves 61rem for all three). A click
+    on a figure opens its PNG at full size."""
+    httpd, base = serve(fixture_site)
+    try:
+        problems, page = visit(browser, base + "fixture.html")
+        problems = list(problems)  # the page's own (the PNG's tab asks for a favicon the site has not got)
+        page.set_viewport_size({"width": 1920, "height": 900})
+        size = page.evaluate(NOTEBOOK_WIDTH_JS)
+        assert size["nav"] == 0 and size["toc"] > 0 and size["content"] >= 1920 - size["toc"] - 64, size
+        page.set_viewport_size({"width": 1280, "height": 900})
+        figure = page.locator("a.lab-figure img[src='fixture/figure-1.png']")
+        shown = figure.bounding_box()["width"]
+        assert shown < WIDE_FIGURE[0], "the figure should fit the column"
+        with page.expect_navigation():
+            figure.click()
+        assert page.url == base + "fixture/figure-1.png"
+        full = page.evaluate("() => [document.images[0].naturalWidth, document.images[0].naturalHeight]")
+        assert tuple(full) == WIDE_FIGURE
         page.close()
     finally:
         httpd.shutdown()

@@ -199,6 +199,11 @@ def match_preset(cfg) -> Preset | None:
     return None
 
 
+class CheckpointError(ValueError):
+    """A folder the kit cannot load as an LFM2-VL checkpoint, said in one line that names it.
+    ``python -m lfm2vl_lab`` reports it as a usage error: one ``error:`` line, exit status 2."""
+
+
 # transformers reads an image processor's settings from either file: the classic one, or the
 # newer combined processor file (its "image_processor" entry).
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -218,7 +223,7 @@ def _folder_processor(folder: Path, cfg):
     for what, ours, model_value in (("patch size", proc.encoder_patch_size, cfg.vision_config.patch_size),
                                     ("downsample factor", proc.downsample_factor, cfg.downsample_factor)):
         if ours != model_value:
-            raise ValueError(f"{str(folder)!r}: the image processor's {what} is {ours} "
+            raise CheckpointError(f"{str(folder)!r}: the image processor's {what} is {ours} "
                              f"but the model's is {model_value}")
     return proc
 
@@ -226,6 +231,20 @@ def _folder_processor(folder: Path, cfg):
 # A folder holds a tokenizer when it ships either file (transformers reads both).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 CHECKPOINT_ENV = "LFM2VL_CHECKPOINT"  # the folder of a real checkpoint, set by the user: checkpoint_from_env
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """What keeps ``folder`` from being an LFM2-VL checkpoint, in a few words (None: it looks like one,
+    a folder whose config.json says ``lfm2_vl``). Reads only that file: no transformers, no weights."""
+    if not folder.is_dir():
+        return "is not a folder"
+    if not (folder / "config.json").is_file():
+        return "has no config.json (not a transformers checkpoint)"
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return "has a config.json that is no JSON object"
+    return None if model_type == "lfm2_vl" else f"holds a {model_type!r} checkpoint, not an LFM2-VL one"
 
 
 def checkpoint_info(folder: Path) -> dict:
@@ -250,7 +269,7 @@ def _folder_chat_processor(folder: Path, image_processor):
         return Lfm2VlProcessor(image_processor=image_processor, tokenizer=tok, chat_template=tok.chat_template)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{str(folder)!r}: its tokenizer files do not load ({first})") from exc
+        raise CheckpointError(f"{str(folder)!r}: its tokenizer files do not load ({first})") from exc
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, device="cpu"):
@@ -270,13 +289,11 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, dev
 
     check_device(device, "load_model")
     folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise ValueError(f"checkpoint folder {str(folder)!r} does not exist (load_model never downloads)")
-    if not (folder / "config.json").exists():
-        raise ValueError(f"{str(folder)!r} has no config.json; is it a transformers checkpoint?")
+    problem = checkpoint_problem(folder)
+    if problem is not None:
+        never = " (load_model reads local folders only, it never downloads)" if not folder.is_dir() else ""
+        raise CheckpointError(f"checkpoint folder {str(folder)!r} {problem}{never}")
     cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
-    if getattr(cfg, "model_type", None) != "lfm2_vl":
-        raise ValueError(f"{str(folder)!r} holds a {cfg.model_type!r} checkpoint, not an LFM2-VL one")
     processor = _folder_processor(folder, cfg)
     preset = match_preset(cfg)
     if processor is None:
@@ -303,27 +320,35 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, dev
     return model.to(device).eval()
 
 
+UNSET_HINT = "set it to the folder you fetched the checkpoint into, or unset it to use the random-weight presets"
+
+
 def checkpoint_from_env() -> Path | None:
     """The checkpoint folder ``LFM2VL_CHECKPOINT`` names (``~`` expanded), or None when it is unset or
-    empty. A value that is no folder is a one-line ``ValueError``."""
+    empty. A value that names no LFM2-VL checkpoint (:func:`checkpoint_problem`) is a one-line
+    :class:`CheckpointError` naming the value."""
     value = os.environ.get(CHECKPOINT_ENV, "").strip()
     if not value:
         return None
     folder = Path(value).expanduser()
-    if not folder.is_dir():
-        raise ValueError(f"{CHECKPOINT_ENV}={value!r} is not a folder; set it to the folder you fetched "
-                         "the checkpoint into, or unset it to use the random-weight presets")
+    problem = checkpoint_problem(folder)
+    if problem is not None:
+        raise CheckpointError(f"{CHECKPOINT_ENV}={value!r} {problem}; {UNSET_HINT}")
     return folder
 
 
 def model_for(preset: str | Preset, dtype: torch.dtype = torch.float32, device="cpu", **build_kw):
     """The model the notebooks and the benchmark run: the checkpoint ``LFM2VL_CHECKPOINT`` names when
     it is set (:func:`load_model`: real weights, full depth), else ``build_model(preset, ...)`` with
-    ``build_kw`` (seed, text_layers, ...)."""
+    ``build_kw`` (seed, text_layers, ...). A folder that does not load is a one-line
+    :class:`CheckpointError` naming the variable."""
     folder = checkpoint_from_env()
-    if folder is not None:
+    if folder is None:
+        return build_model(preset, dtype=dtype, device=device, **build_kw)
+    try:
         return load_model(folder, dtype=dtype, device=device)
-    return build_model(preset, dtype=dtype, device=device, **build_kw)
+    except CheckpointError as exc:  # its processor or tokenizer: say where the folder came from
+        raise CheckpointError(f"{CHECKPOINT_ENV}: {exc}; {UNSET_HINT}") from None
 
 
 def count_params(model) -> dict[str, int]:

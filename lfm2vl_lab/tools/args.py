@@ -4,20 +4,23 @@ behind them (usable from Python too).
 A bad value is argparse's one-line ``error: argument --x: <message>`` and exit status 2, before
 anything is built. A problem found only after parsing (a GPU-only command on a machine without
 CUDA) is a :class:`UsageError`, which ``python -m lfm2vl_lab`` reports the same way.
+
+Importing this module imports no torch (``--help`` must not wait for it): the parsers that need it
+import it when they run.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from .workloads import expand_workloads
-
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp32": torch.float32, "float32": torch.float32}
+# a dtype's names on the command line -> its name in torch
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
 ON_OFF = {"on": True, "off": False}
 
 
@@ -34,10 +37,12 @@ def check_choice(kind: str, value, allowed) -> None:
 
 def parse_dtype(dtype) -> torch.dtype:
     """``"bf16"``, ``"float32"``, … (case-insensitive) or a ``torch.dtype`` → the ``torch.dtype``."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         return dtype
     check_choice("dtype", str(dtype).lower(), DTYPES)
-    return DTYPES[str(dtype).lower()]
+    return getattr(torch, DTYPES[str(dtype).lower()])
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -48,6 +53,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 def parse_device(spec) -> torch.device:
     """``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a ``torch.device``) → ``torch.device``. A CUDA device
     on a machine without CUDA, or an index past the last GPU, is a ``ValueError`` naming it."""
+    import torch
+
     try:
         dev = torch.device(spec)
     except (RuntimeError, TypeError):
@@ -137,9 +144,15 @@ def flatten(lists) -> list:
     return [v for values in lists or [] for v in values]
 
 
+def _workloads(text: str) -> list[str]:
+    from .workloads import expand_workloads  # imports torch: only once a value is parsed
+
+    return expand_workloads(text)
+
+
 on_off_list = list_arg(lambda t: ON_OFF[choice_arg("value", tuple(ON_OFF), lower=True)(t)])
 device_arg = arg_type(parse_device, "device")
 budgets_arg = arg_type(parse_budgets, "budget set")
-workloads_arg = arg_type(expand_workloads, "workloads")
+workloads_arg = arg_type(_workloads, "workloads")
 dtype_arg = choice_arg("dtype", tuple(DTYPES), lower=True)
 positive_int = int_arg(1)

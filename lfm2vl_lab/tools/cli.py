@@ -2,12 +2,14 @@
 
 ``SUBCOMMANDS`` maps each command to ``(add_args, run)``: ``add_args(parser)`` adds its options and
 ``run(args) -> int`` does the work and returns the exit status (the first line of ``run.__doc__`` is
-the help text). The encoder's commands live here, their options beside their run: ``bench``,
-``check``, ``attention`` and ``graph-apis``; the whole-request ones, ``e2e`` and ``ttft``, in
-:mod:`.cli_serving`; the text model's peers, ``engine``, in :mod:`.cli_engine`; vLLM itself,
-``vllm``, in :mod:`.cli_vllm`; ``report`` and
-``record`` beside what they drive (:mod:`.report`, :mod:`.record`). The measurements themselves
-(:mod:`.bench`, :mod:`.check`, ...) know no argparse.
+the help text). Every ``add_args`` lives in :mod:`.cli_options`, which imports no torch, so ``--help``
+answers at once; each run imports what it needs when it runs. The encoder's runs live here:
+``bench``, ``check`` and ``attention``; the others are loaded by name (:func:`lazy`) when they run:
+``graph-apis`` from :mod:`.cli_graph_apis`, the whole-request ones, ``e2e`` and ``ttft``, from
+:mod:`.cli_serving`, the text model's peers, ``engine``, from :mod:`.cli_engine`, vLLM itself,
+``vllm``, from :mod:`.cli_vllm`, ``report`` and ``record`` from beside what they drive
+(:mod:`.report`, :mod:`.record`). The measurements themselves (:mod:`.bench`, :mod:`.check`, ...)
+know no argparse.
 
 Examples::
 
@@ -20,46 +22,33 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.config import CU_SEQLENS_RULES, GRAPH_CONFIGS, MAX_SEQLEN_MODES, GraphOptions
-from ..kernels.attention import ATTENTION_BACKENDS
-from .args import (
-    UsageError,
-    budgets_arg,
-    choice_arg,
-    device_arg,
-    dtype_arg,
-    flatten,
-    int_arg,
-    list_arg,
-    on_off_list,
-    positive_int,
-    preset_arg,
-    workloads_arg,
+from .args import UsageError, flatten
+from .cli_options import (
+    CHECK_PRESETS,
+    DEFAULT_MODES,
+    DEFAULT_WORKLOADS,
+    add_attention_args,
+    add_bench_args,
+    add_check_args,
+    add_e2e_args,
+    add_engine_args,
+    add_graph_apis_args,
+    add_record_args,
+    add_report_args,
+    add_ttft_args,
+    add_vllm_args,
 )
-from .check import PRESETS as CHECK_PRESETS  # check and attention run both presets by default
-from .cli_engine import add_engine_args, run_engine_cli
-from .cli_serving import add_e2e_args, add_ttft_args, run_e2e_cli, run_ttft_cli
-from .cli_vllm import add_vllm_args, run_vllm_cli
-from .graph_apis import NAME, RECORDERS, graphed_lines, reduce_overhead_lines, trace_lines
-from .modes import COMPILE_MODES, DEFAULT_MODES, MODES
-from .record import add_record_args, run_record_cli
-from .report import add_report_args, run_report_cli
-from .results import RESULTS_ROOT, gpu_slug, provenance, save_result
-from .workloads import DEFAULT_WORKLOADS
+from .results import RESULTS_ROOT, gpu_slug
 
 
-def _command() -> str:
+def command_line() -> str:
+    """The command as typed: how result files name the run."""
     return "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
-
-
-def _on_off(v: bool) -> str:
-    return "on" if v else "off"
 
 
 # --------------------------------------------------------------------------------------------
@@ -71,58 +60,6 @@ def _on_off(v: bool) -> str:
 BENCH_SWEEPS = {"budgets": "budgets", "cu_rule": "cu_seqlens_rule", "max_seqlen_mode": "max_seqlen_mode",
                 "attention": "attention", "fuse_qkv": "fuse_qkv", "fuse_elementwise": "fuse_elementwise",
                 "dense_graphs": "dense_graphs"}
-
-
-def add_bench_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab bench``. Every value is checked here (argparse types), so
-    a bad one is a one-line error with exit status 2 before anything is built."""
-    add, d = p.add_argument, GraphOptions
-    add("--preset", type=preset_arg, default=None, help="model preset (default: lfm2-vl-450m on CUDA, tiny on CPU)")
-    add("--mode", action="append", type=list_arg(choice_arg("mode", MODES)), default=None,
-        help=f"mode(s), repeatable or comma list: {', '.join(MODES)} (default: all but "
-             f"{' and '.join(m for m in MODES if m not in DEFAULT_MODES)})")
-    add("--workload", action="append", type=workloads_arg, default=None,
-        help=f"workload(s), repeatable or comma list: NxS (4x512), A..BxS (1..16x512), tiled, stream "
-             f"(default: {','.join(DEFAULT_WORKLOADS)})")
-    add("--dtype", type=dtype_arg, default=None, help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
-    add("--repeats", type=positive_int, default=None, help="timed calls per row (default: 50 CUDA / 5 CPU)")
-    add("--warmup", type=int_arg(0), default=None, help="untimed calls before timing (default: 10 CUDA / 3 CPU)")
-    add("--device", type=device_arg, default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
-    add("--stream-n", type=positive_int, default=200, help="requests in the stream workload (default: 200)")
-    add("--budgets", action="append", type=budgets_arg, default=None,
-        help="graph budget set, repeatable to sweep: 'auto' or a comma list of token counts (default: auto)")
-    add("--cu-rule", type=list_arg(choice_arg("cu rule", CU_SEQLENS_RULES)), default=d.cu_seqlens_rule,
-        help=f"cu_seqlens padding rule(s), comma list: {', '.join(CU_SEQLENS_RULES)} (default: {d.cu_seqlens_rule})")
-    add("--max-seqlen-mode", type=list_arg(choice_arg("max-seqlen mode", MAX_SEQLEN_MODES)),
-        default=d.max_seqlen_mode,
-        help=f"max_seqlen mode(s), comma list: {', '.join(MAX_SEQLEN_MODES)} (default: {d.max_seqlen_mode})")
-    add("--fused-compile-mode", dest="compile_mode", metavar="FUSED_COMPILE_MODE",
-        type=choice_arg("compile mode", COMPILE_MODES),
-        default="default", help="torch.compile mode of the lab-graph-fused body (default: default; the "
-                                "max-autotune ones compile for minutes)")
-    add("--attention", type=list_arg(choice_arg("attention backend", ("auto", *ATTENTION_BACKENDS))),
-        default=d.attention, help=f"attention backend(s) of the lab modes, comma list: auto, "
-                                  f"{', '.join(ATTENTION_BACKENDS)} (default: {d.attention})")
-    add("--fuse-qkv", type=on_off_list, default=None,
-        help=f"fused q/k/v GEMM in the lab modes, comma list: off, on (default: {_on_off(d.fuse_qkv)})")
-    add("--fuse-elementwise", type=on_off_list, default=None,
-        help="lab modes: residual add + LayerNorm in one Triton kernel and bias + GELU in the GEMM epilogue, "
-             f"comma list: off, on (default: {_on_off(d.fuse_elementwise)})")
-    add("--dense-graphs", type=on_off_list, default=None,
-        help="lab-graph: dense-attention graph variants for runs of full-length items, comma list: off, on "
-             f"(default: {_on_off(d.dense_graphs)})")
-    add("--graph-config", type=list_arg(choice_arg("graph config", GRAPH_CONFIGS)), default=None,
-        help=f"graph modes: named graph config(s), comma list: {', '.join(GRAPH_CONFIGS)} (pr: the budgets and "
-             "item limit vLLM PR #44930 measured with; a named config sets the budgets, so not with --budgets; "
-             "default: none named)")
-    add("--profile", action="store_true", help="add torch.profiler metrics (GPU-busy, kernels, launches, timeline)")
-    add("--trace-dir", default=None, help="with --profile: keep the Chrome traces here")
-    add("--seed", type=int, default=0, help="seed of the random weights and the synthetic images (default: 0)")
-    add("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
-    add("--name", default="bench", help="result file name prefix (default: bench)")
-    add("--no-progress", action="store_true", help="no progress bars")
-    add("--figure", default="auto",
-        help="PNG of this run's latencies (default: data/figures/last-bench-<device>.png; 'none' to skip)")
 
 
 def bench_sweep(args) -> dict[str, list]:
@@ -158,6 +95,7 @@ def _save_figure(result: dict, figure: str, source: Path) -> Path:
 def run_bench_cli(args) -> int:
     """Benchmark encoder modes on workloads; print a table and write a result JSON."""
     from .bench import run_bench
+    from .results import save_result
     from .table import print_table
 
     from_main = sys.argv and sys.argv[0].endswith("__main__.py")
@@ -172,7 +110,7 @@ def run_bench_cli(args) -> int:
         warmup=args.warmup, device=args.device, stream_n=args.stream_n, sweep=bench_sweep(args),
         graph_configs=bench_graph_configs(args), compile_mode=args.compile_mode, profile=args.profile,
         progress=not args.no_progress, seed=args.seed, trace_dir=args.trace_dir,
-        command=_command() if from_main else None, name=args.name, on_job=checkpoint)
+        command=command_line() if from_main else None, name=args.name, on_job=checkpoint)
     print_table(result)
     path = save_result(result, args.out, args.name, saved.get("path"))
     print(f"results: {path}")
@@ -186,7 +124,8 @@ def run_bench_cli(args) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _need_cuda(what: str) -> None:
+def need_cuda(what: str) -> None:
+    """A :class:`UsageError` naming ``what`` where this machine has no CUDA GPU."""
     import torch
 
     if not torch.cuda.is_available():
@@ -197,38 +136,24 @@ _NO_CUDA_HINT = {"check": "; on a CPU run the test suite instead (make test)",
                  "graph-apis": "; without one, notebook 02 reads the recorded graph-apis-*.json from data/results/"}
 
 
-def add_check_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab check``."""
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help=f"preset(s) to check (repeatable; default: {' and '.join(CHECK_PRESETS)})")
-    p.add_argument("--dtype", type=dtype_arg, default="bf16", help="bf16 | fp16 | fp32 (default: bf16)")
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
-
-
 def run_check_cli(args) -> int:
     """Correctness on the GPU: parity, no host sync, replay vs eager for every budget and rule."""
     from .check import main
 
-    _need_cuda("check")
+    need_cuda("check")
     result = main(presets=tuple(args.preset or CHECK_PRESETS), dtype=args.dtype, out_dir=args.out,
-                  command=_command())
+                  command=command_line())
     return 0 if result["pass"] else 1
-
-
-def add_attention_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab attention``."""
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help=f"preset(s) (default: {', '.join(CHECK_PRESETS)})")
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
 
 
 def run_attention_cli(args) -> int:
     """Time the capturable attention kernels inside CUDA graphs (GPU only)."""
     from .attention_probe import probe
+    from .results import provenance, save_result
 
-    _need_cuda("the attention probe")
+    need_cuda("the attention probe")
     rows = [r for name in args.preset or CHECK_PRESETS for r in probe(name)]
-    result = {"name": "attention", "provenance": provenance(_command(), dtype="bfloat16"), "rows": rows}
+    result = {"name": "attention", "provenance": provenance(command_line(), dtype="bfloat16"), "rows": rows}
     for r in rows:
         what = (f"{1000 * r['graph_ms_per_layer']:8.1f} us/layer  err {r['rel_err_vs_fp32']:.1e}"
                 if "error" not in r else f"FAILED {r['error'][:90]}")
@@ -237,89 +162,43 @@ def run_attention_cli(args) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------------------------
-# graph-apis: notebook 02's demos recorded on a GPU
-# --------------------------------------------------------------------------------------------
-
-
-# each part's result as the terminal shows it
-FORMATTERS: dict[str, Callable] = {
-    "trace": trace_lines, "graphed_callables": graphed_lines, "reduce_overhead": reduce_overhead_lines,
-    "capture_errors": lambda errs: "\n".join(
-        f"capture of {name:<24} {'captured' if o['captured'] else o['error']}" for name, o in errs.items())}
-
-
-def record_graph_apis(root=None, command: str | None = None, device="cuda",
-                      recorders: dict | None = None) -> tuple[dict, Path]:
-    """Run ``recorders`` (default: every part of :data:`~.graph_apis.RECORDERS`: the API calls of
-    capture and replay, the ``make_graphed_callables`` demo, the ``reduce-overhead`` demo, what
-    breaks a capture) on ``device`` in turn; return the result and the path of the
-    ``graph-apis-<date>.json`` that holds it, rewritten after each part. ``seconds`` says how long
-    each part took; ``errors`` lists the parts that failed (their entry is then ``None``), each
-    with its traceback, while the next part runs."""
-    prov = provenance(command or "python -m lfm2vl_lab graph-apis", device=device, preset="toy-mlp",
-                      dtype="float32")
-    result: dict = {"name": NAME, "provenance": prov, "seconds": {}, "errors": []}
-    path = None
-    for part, fn in (RECORDERS if recorders is None else recorders).items():
-        t0 = time.perf_counter()
-        try:
-            result[part] = fn(device)
-        except Exception as exc:  # recorded with its traceback, then the next part
-            result[part] = None
-            result["errors"].append({"part": part, "error": repr(exc), "traceback": traceback.format_exc(),
-                                     "recovery": _recover()})
-        result["seconds"][part] = round(time.perf_counter() - t0, 2)
-        path = save_result(result, root if root is not None else RESULTS_ROOT, NAME, path)
-    return result, path
-
-
-def _recover() -> str:
-    """After a failed part, put torch's stream and CUDA RNG back in case it failed inside a capture
-    (see :func:`~lfm2vl_lab.core.capture.recover_from_failed_capture`), so the next part can run.
-    Returns what that did, or why it could not: the next part then shows what is still broken."""
-    from ..core.capture import recover_from_failed_capture
-
-    try:
-        return str(recover_from_failed_capture())
-    except Exception as exc:  # recorded, not raised: the run goes on
-        return f"recovery failed: {exc!r}"
-
-
-def add_graph_apis_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab graph-apis``."""
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
-
-
-def run_graph_apis_cli(args) -> int:
-    """Record the graph-API demos of notebook 02 (capture trace, make_graphed_callables, reduce-overhead)."""
-    _need_cuda("graph-apis")
-    result, path = record_graph_apis(args.out, _command())
-    for part, fmt in FORMATTERS.items():
-        if result.get(part) is not None:
-            print(fmt(result[part]), flush=True)
-    for err in result["errors"]:
-        print(f"{err['part']} FAILED: {err['error']}\n{err['traceback']}", flush=True)
-    print("results:", path)
-    return 1 if result["errors"] else 0
-
 
 # --------------------------------------------------------------------------------------------
 # The parser
 # --------------------------------------------------------------------------------------------
 
+
+def lazy(module: str, function: str, help: str) -> Callable:
+    """A subcommand's ``run(args)`` that imports ``.<module>`` only when it runs, then calls its
+    ``function``; ``help`` is that function's first docstring line (tests/test_cli_lazy.py checks)."""
+
+    def run(args) -> int:
+        return getattr(importlib.import_module(f".{module}", __package__), function)(args)
+
+    run.__doc__, run.__name__, run.target = help, function, (module, function)
+    return run
+
+
 # name → (add_args(parser), run(args) -> exit status). Add new subcommands here (see module docstring).
 SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "bench": (add_bench_args, run_bench_cli),
-    "report": (add_report_args, run_report_cli),
+    "report": (add_report_args, lazy("report", "run_report_cli",
+                                     "Draw every figure of the reference set, and rewrite the docs' tables from it.")),
     "check": (add_check_args, run_check_cli),
-    "e2e": (add_e2e_args, run_e2e_cli),
+    "e2e": (add_e2e_args, lazy("cli_serving", "run_e2e_cli", "End to end: generate() TTFT and latency, "
+                               "transformers' image path vs the graphed encoder.")),
     "attention": (add_attention_args, run_attention_cli),
-    "ttft": (add_ttft_args, run_ttft_cli),
-    "engine": (add_engine_args, run_engine_cli),
-    "graph-apis": (add_graph_apis_args, run_graph_apis_cli),
-    "record": (add_record_args, run_record_cli),
-    "vllm": (add_vllm_args, run_vllm_cli),
+    "ttft": (add_ttft_args, lazy("cli_serving", "run_ttft_cli", "TTFT like an engine: text eager/graphed x encoder "
+                                 "eager/graphed, phases, decode, parity.")),
+    "engine": (add_engine_args, lazy("cli_engine", "run_engine_cli", "The text model's peers: generate, "
+                                     "transformers' static compile, torch.compile, the engine, fused.")),
+    "graph-apis": (add_graph_apis_args, lazy("cli_graph_apis", "run_graph_apis_cli",
+                                             "Record the graph-API demos of notebook 02 (capture trace, "
+                                             "make_graphed_callables, reduce-overhead).")),
+    "record": (add_record_args, lazy("record", "run_record_cli", "Record the reference set on this GPU: every file "
+                                     "the notebooks, figures and tables read.")),
+    "vllm": (add_vllm_args, lazy("cli_vllm", "run_vllm_cli", "vLLM itself on the GPU: encoder graphs off, the PR's "
+                                 "config and the kit's, beside the kit's pipeline.")),
 }
 
 
@@ -344,14 +223,22 @@ def main(argv: list[str] | None = None) -> int:
 
     Bad input never ends in a traceback: argparse's types reject bad values (usage line, one
     ``error:`` line, exit 2), and a subcommand that finds a problem only after parsing (``check``
-    without CUDA) raises ``UsageError``, reported the same way. Other exceptions are real bugs and
-    keep their traceback.
+    without CUDA) raises ``UsageError``, reported the same way; so is a checkpoint folder that does
+    not load (``LFM2VL_CHECKPOINT``, :class:`~lfm2vl_lab.model.presets.CheckpointError`), whichever
+    command loads it. Other exceptions are real bugs and keep their traceback.
     """
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except UsageError as exc:
         args._parser.error(str(exc))  # prints usage + "error: ..." to stderr, exits 2
+    except ValueError as exc:
+        from ..model.presets import CheckpointError  # loaded already where a checkpoint was read
+
+        if not isinstance(exc, CheckpointError):
+            raise
+        args._parser.error(str(exc))
+
 
 
 if __name__ == "__main__":

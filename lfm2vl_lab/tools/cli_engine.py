@@ -14,29 +14,10 @@ import traceback
 import torch
 
 from ..model.presets import build_model
-from .args import choice_arg, dtype_arg, list_arg, positive_int, preset_arg
 from .cli_serving import start_run
 from .engine_measure import judge_engine, measure_preset, summary_lines
-from .engine_peers import MODES, PROMPT_SOURCE
+from .engine_peers import PROMPT_SOURCE
 from .results import RESULTS_ROOT, save_result, target_line
-
-
-def add_engine_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab engine``."""
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
-    p.add_argument("--modes", type=list_arg(choice_arg("mode", MODES)), default=",".join(MODES),
-                   help=f"modes, comma list of: {', '.join(MODES)} (default: all)")
-    p.add_argument("--repeats", type=positive_int, default=30, help="timed rounds, the modes in turns (default: 30)")
-    p.add_argument("--decode-tokens", type=positive_int, default=16,
-                   help="tokens after the first in the decode calls (decode ms per token; default: 16)")
-    p.add_argument("--dtype", type=dtype_arg, default=None,
-                   help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--profile", action="store_true",
-                   help="also profile one prefill and one decode step per mode (kernels, kernel classes)")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines")
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
-    p.add_argument("--name", default="engine", help="result file name prefix (default: engine)")
 
 
 def run_engine_cli(args) -> int:

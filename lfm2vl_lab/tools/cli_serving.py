@@ -20,13 +20,13 @@ import traceback
 
 import torch
 
-from ..core.config import GRAPH_CONFIGS, GraphOptions
+from ..core.config import GraphOptions
 from ..core.graphed_encoder import GraphedEncoder
 from ..model.presets import build_model
 from ..serving.cache import bucket_len
 from ..serving.engine import TextEngine
-from .args import choice_arg, dtype_arg, dtype_name, int_arg, list_arg, parse_dtype, positive_int, preset_arg
-from .e2e import IMAGES, NO_GRAPHS_NOTE, lab_mode, logits_parity, parity_line, print_profile, profile_ttft, run_e2e
+from .args import dtype_name, parse_dtype
+from .e2e import NO_GRAPHS_NOTE, lab_mode, logits_parity, parity_line, print_profile, profile_ttft, run_e2e
 from .e2e import print_row as print_e2e_row
 from .meter import measured_capture
 from .request import (
@@ -42,7 +42,6 @@ from .request import (
 from .results import RESULTS_ROOT, provenance, save_result
 from .results import target_line as results_target_line
 from .ttft import (
-    DECODE_TOKENS,
     PARITY_CASES,
     build_pipelines,
     capture_engine,
@@ -73,27 +72,6 @@ def start_run(name: str, args, **sections) -> tuple:
 # --------------------------------------------------------------------------------------------
 # e2e
 # --------------------------------------------------------------------------------------------
-
-
-def add_e2e_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab e2e``."""
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
-    p.add_argument("--image", type=list_arg(choice_arg("image", tuple(IMAGES))), default="1x512,tiled",
-                   help="images, comma list of: " + ", ".join(IMAGES))
-    p.add_argument("--requests", type=list_arg(positive_int), default="1,2,4",
-                   help="requests per generate call, comma list")
-    p.add_argument("--new-tokens", type=list_arg(positive_int), default="16,64",
-                   help="new tokens for the total-latency columns, comma list")
-    p.add_argument("--repeats", type=positive_int, default=5,
-                   help="timed rounds per row, the two modes in turns (default: 5)")
-    p.add_argument("--dtype", type=dtype_arg, default=None,
-                   help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--profile", action="store_true",
-                   help="also profile one TTFT call per mode (1x512, one request): encoder vs text model, "
-                        "GPU-busy vs wall")
 
 
 def run_e2e_cli(args) -> int:
@@ -140,40 +118,6 @@ TTFT_NO_GRAPHS_NOTE = (
     "      ran (lab-eager: the kit's packed encoder or text engine, without graphs; the result file\n"
     "      keeps the modes' names, with a note on each row)")
 JUDGED_ON = "lfm2-vl-450m, 1x512, one request"  # judge_ttft's rows
-
-
-def add_ttft_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab ttft``."""
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help="preset(s) (repeatable; default: lfm2-vl-450m on CUDA, tiny on CPU)")
-    p.add_argument("--image", type=list_arg(choice_arg("image", tuple(IMAGES))), default="1x512,tiled",
-                   help="images, comma list of: " + ", ".join(IMAGES))
-    p.add_argument("--requests", type=list_arg(positive_int), default="1,2,4,8", help="requests per call, comma list")
-    p.add_argument("--repeats", type=positive_int, default=5,
-                   help="timed rounds per row, the modes in turns (default: 5)")
-    p.add_argument("--decode-tokens", type=positive_int, default=DECODE_TOKENS,
-                   help="tokens after the first in the decode calls (decode ms per token)")
-    p.add_argument("--dtype", type=dtype_arg, default=None,
-                   help="bf16 | fp16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--out", default=None, help="results root (default: data/results)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--profile", action="store_true", help="also profile one 1x512 request per mode (GPU-busy vs wall)")
-    p.add_argument("--image-path", action="store_true",
-                   help="also time encode() from the CPU processor output vs GPU-resident input, and the "
-                        "processor on the CPU vs on the GPU")
-    p.add_argument("--fuse", choices=("on", "off"), default="off",
-                   help="the graphed text model's engine: fused (TextEngine(fuse=True): inductor-compiled layers "
-                        "inside its graphs; the first capture compiles, tens of seconds per preset) or not")
-    p.add_argument("--graph-config", choices=tuple(GRAPH_CONFIGS), default="kit",
-                   help="the encoder graphs' named config: kit (the kit's defaults) or pr (the budgets and item "
-                        "limit vLLM PR #44930 was benchmarked with); default: kit")
-    p.add_argument("--request-tokens", type=int_arg(0), default=0,
-                   help="also time whole requests of this many output tokens (e.g. 128; 0: off): measured with "
-                        "the text model graphed, composed from the measured parts with it eager")
-    p.add_argument("--throughput", type=int_arg(0), default=0, metavar="REQUESTS",
-                   help="also run this many requests of the seeded workload's mixed images in batches of up to "
-                        f"{THROUGHPUT_BATCH}, text model graphed, encoder eager vs graphed (0: off)")
-    p.add_argument("--name", default="ttft", help="result file name prefix (default: ttft)")
 
 
 def _one_preset(name: str, args, dt, dev, result: dict, save) -> None:

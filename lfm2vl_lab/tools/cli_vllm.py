@@ -14,7 +14,6 @@ for is in it. Needs a CUDA GPU and vLLM :data:`~.vllm_release.VLLM_VERSION`
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .args import UsageError, positive_int, preset_arg
-from .results import RESULTS_ROOT, gpu_slug, provenance, save_result
+from .args import UsageError
+from .results import gpu_slug, provenance, save_result
 from .vllm_ab import ARMS, CASES, PRESETS, TOKENS
 from .vllm_release import ENGINE_ENV, VLLM_VERSION
 
@@ -35,26 +34,6 @@ NAME = "vllm"
 EXPECTED_S = {"lfm2-vl-450m": 380, "lfm2-vl-1.6b": 430, "lfm2-vl-3b": 520}
 FOLDERS = Path(tempfile.gettempdir()) / "lfm2vl-vllm-models"
 BUNDLE_ENV = "LFM2VL_VLLM_BUNDLE"  # bundle.json of the installed bundle (scripts/vllm_bundle.py), for provenance
-
-
-def add_vllm_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab vllm``."""
-    p.add_argument("--preset", action="append", type=preset_arg, default=None,
-                   help=f"preset(s) (repeatable; default: {', '.join(PRESETS)})")
-    p.add_argument("--rounds", type=positive_int, default=20,
-                   help="rounds of the A/B: every case once per engine, the engines in rotating turns (default: 20)")
-    p.add_argument("--kit-repeats", type=int, default=6,
-                   help="rounds of the kit's own pipeline on the same cases (0: leave it out; default: 6)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
-    p.add_argument("--deadline", type=float, default=None,
-                   help="seconds for this call: presets that no longer fit are left for --resume")
-    p.add_argument("--resume", default=None, help="continue this vllm-*.json: run only the presets it lacks")
-    p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
-    p.add_argument("--name", default=NAME, help=f"result file name prefix (default: {NAME})")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines")
-    # how the command runs each preset in a process of its own (not for users: no help line)
-    p.add_argument("--one-preset", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--section-out", default=None, help=argparse.SUPPRESS)
 
 
 def _installed_vllm() -> str | None:

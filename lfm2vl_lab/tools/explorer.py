@@ -38,6 +38,10 @@ DEFAULT_BUDGETS = tuple(auto_budgets(MIN_IMAGE_TOKENS, GraphOptions.max_budget))
 DEFAULT_MAX_ITEMS = 4  # the widget's start: every other item limit gives this stream another waste
 DEFAULT_PER_CALL = 8  # requests per encoder call at the widget's start (24 requests: 3 calls)
 NOT_RECORDED = "not recorded"
+# Where widgets cannot run (the docs site, nbconvert), the explorer shows its state when displayed (its first,
+# in the notebook) under this line.
+LIVE_NOTE = ("A picture of the budget explorer: it is live in JupyterLab (make lab), where you edit the budgets and "
+             "move the sliders.")
 
 
 @lru_cache(maxsize=8)
@@ -218,8 +222,24 @@ class BudgetExplorer:
             self._busy = False
         self.output.value = f"<pre>{html.escape(self.text)}</pre>"
 
+    def static_text(self) -> str:
+        """What the explorer shows now, as plain text, under a line saying where it is live
+        (:data:`LIVE_NOTE`)."""
+        return f"{LIVE_NOTE}\n{self.text}"
+
+    def static_html(self) -> str:
+        """:meth:`static_text` as HTML: the picture a page that cannot run widgets shows."""
+        return (f'<div class="lab-static-widget"><p><em>{html.escape(LIVE_NOTE)}</em></p>'
+                f"<pre>{html.escape(self.text)}</pre></div>")
+
     def _repr_mimebundle_(self, **kwargs):
-        return self.ui._repr_mimebundle_(**kwargs)
+        # The widget for JupyterLab (it ranks the widget view first), and beside it the state the
+        # explorer is displayed in as HTML and text: what nbconvert, the docs site and a kernel-less
+        # viewer show instead of ipywidgets' "VBox(children=...)".
+        bundle = self.ui._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        data.update({"text/html": self.static_html(), "text/plain": self.static_text()})
+        return bundle
 
 
 def budget_explorer(stream=None, budgets=DEFAULT_BUDGETS, max_items: int = DEFAULT_MAX_ITEMS,

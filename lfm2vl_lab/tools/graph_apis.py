@@ -37,6 +37,7 @@ from ..core.capture import capture_graph
 from ..model.parity import rel_error
 from .capture_breaks import capture_errors, capture_outcome, first_line  # noqa: F401 (capture_outcome: re-exported)
 from .modes import counter_diff, dynamo_counters
+from .profiler_log import quiet_profile
 from .results import RESULTS_ROOT
 from .timing import time_call, time_calls
 from .trace_analysis import GRAPH_APIS, PHASE_PREFIX, phase_calls
@@ -86,7 +87,7 @@ def capture_trace(device="cuda", replays: int = 2, blocks: int = TOY_BLOCKS, wid
         warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
         capture_graph(lambda: module(static_x))  # warm-up, and a first capture, thrown away
         graph = torch.cuda.CUDAGraph()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with quiet_profile(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])) as prof:
             with record_function(PHASE_PREFIX + "eager"):
                 eager = module(static_x)
             torch.cuda.synchronize()

@@ -24,6 +24,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from .profiler_log import quiet_profile
 from .timing import percentile
 from .trace_analysis import (
     CALL_PREFIX,
@@ -96,7 +97,8 @@ def profile_callable(fn, warmup: int = 3, iters: int = 5, trace_path=None, devic
         # One profiling cycle per call here, so torch's "clears events at the end of each cycle"
         # notice (printed from the second profiler of a process on) says nothing useful.
         warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
-        with profile(activities=activities) as prof:
+        # the profiler's start and stop without Kineto's C++ log lines on fd 2 (profiler_log says which)
+        with quiet_profile(profile(activities=activities)) as prof:
             for i in range(iters):
                 with record_function(f"{CALL_PREFIX}{i}"):
                     fn()

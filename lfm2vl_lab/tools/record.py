@@ -359,27 +359,6 @@ def take(src, dst=RESULTS_ROOT, say=print) -> list[str]:
     return done
 
 
-def add_record_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab record``."""
-    p.add_argument("--part", action="append", choices=PARTS, default=None,
-                   help=f"only the steps of this part (repeatable; default: {', '.join(DEFAULT_PARTS)}; "
-                        f"{', '.join(p for p in PARTS if p not in DEFAULT_PARTS)} only when named)")
-    p.add_argument("--out", default=str(RESULTS_ROOT),
-                   help="results root (default: data/results; there, record ends by redrawing the figures and the "
-                        "docs' tables: `report` does that for another root once its files are in the repo)")
-    p.add_argument("--deadline", type=float, default=None,
-                   help="seconds for this call: steps whose limit no longer fits are left for the next call")
-    p.add_argument("--again", action="store_true", help="run steps the manifest of this code already holds too")
-    p.add_argument("--changed", action="store_true",
-                   help="a partial re-record: only the roles missing or whose own files changed since they were "
-                        "recorded (default: every role not recorded by exactly this tree)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the steps, their limits and whether each would run (and why), run nothing")
-    p.add_argument("--take", metavar="DIR", default=None,
-                   help="no GPU: bring a device call's --out DIR into data/results, moving the files its manifest "
-                        "no longer names into archive/")
-
-
 def run_record_cli(args) -> int:
     """Record the reference set on this GPU: every file the notebooks, figures and tables read."""
     from .args import UsageError

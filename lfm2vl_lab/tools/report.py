@@ -43,7 +43,7 @@ from .plots import (
 from .plots_ttft import decode_figure, ttft_breakdown_figure, ttft_grid_figure
 from .plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
 from .results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, recorded_tag
-from .tables import add_table_args, run_tables
+from .tables import run_tables
 
 BENCH_PREFIX = "bench-"  # roles of the per-preset benchmark runs
 BUDGETS_ROLE = "sweep-budgets"  # the budget sweep: the padding-waste figure of its preset
@@ -195,16 +195,6 @@ def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Pa
                 continue
             _save(fig, out / f"{stem}.png", sources, written, say)
     return written
-
-
-def add_report_args(p) -> None:
-    """Options of ``python -m lfm2vl_lab report``. The defaults are the repo's own folders, wherever
-    the command runs from (figures of CPU results land in ``data/figures/cpu-*``, which git ignores)."""
-    p.add_argument("--root", default=str(RESULTS_ROOT),
-                   help="results root whose <gpu>/reference.json sets to draw (default: data/results)")
-    p.add_argument("--out", default=str(FIGURES_ROOT),
-                   help="folder for the PNGs (default: data/figures)")
-    add_table_args(p)  # --tables-only, --check: the generated tables of README.md and docs/*.md
 
 
 def run_report_cli(args) -> int:

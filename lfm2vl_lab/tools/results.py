@@ -19,9 +19,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
-from .workloads import default_device
+# No torch at import: the command line's --help reads RESULTS_ROOT (provenance and the JSON writer import it).
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ROOT = REPO_ROOT / "data" / "results"
@@ -98,7 +96,10 @@ def provenance(command: str | None = None, device=None, **extra) -> dict:
     ``extra`` (dtype, preset, …) is merged in. ``gpu`` is the CUDA device name, or ``"cpu"`` when
     ``device`` (default: CUDA if available) is not a CUDA device.
     """
+    import torch
     import transformers
+
+    from .workloads import default_device
 
     dev = torch.device(device) if device is not None else default_device()
     on_cuda = dev.type == "cuda" and torch.cuda.is_available()
@@ -146,9 +147,13 @@ def save_result(result: dict, root=RESULTS_ROOT, name: str | None = None, path: 
 
 
 def _json_default(obj):
+    if isinstance(obj, Path):
+        return str(obj)
+    import torch  # a value JSON cannot write is a torch one here
+
     if isinstance(obj, torch.dtype):
         return str(obj).replace("torch.", "")
-    if isinstance(obj, (torch.device, Path)):
+    if isinstance(obj, torch.device):
         return str(obj)
     if isinstance(obj, torch.Tensor):
         return obj.tolist()

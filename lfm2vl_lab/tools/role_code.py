@@ -9,8 +9,9 @@ the import closure of the modules its command runs (:data:`COMMAND_MODULES`), fo
 * a package's ``__init__.py`` is part of it (importing a module runs it), but the names it re-exports
   are not followed: ``lfm2vl_lab/__init__.py`` re-exports the whole public API, and a benchmark of the
   encoder does not run the text engine because the package *could* import it;
-* a dispatcher (:data:`ALWAYS`) is hashed as a file, its imports not followed: ``tools/cli.py`` holds
-  each command's options and defaults, and imports every command.
+* a dispatcher (:data:`ALWAYS`) is hashed as a file, its imports not followed, also where a command's
+  module imports it: ``tools/cli.py`` and ``tools/cli_options.py`` hold each command's options and
+  defaults, and reach every command.
 
 The role's *hash* is the kit's code hash (:func:`~lfm2vl_lab.tools.results.hash_code_entries`: path and
 git blob id of each file) over just those files. ``record`` stores it with the file list in each
@@ -32,7 +33,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "bench": ("lfm2vl_lab.tools.bench",),
     "check": ("lfm2vl_lab.tools.check",),
     "attention": ("lfm2vl_lab.tools.attention_probe",),
-    "graph-apis": ("lfm2vl_lab.tools.graph_apis",),
+    "graph-apis": ("lfm2vl_lab.tools.cli_graph_apis",),
     "ttft": ("lfm2vl_lab.tools.cli_serving",),
     "e2e": ("lfm2vl_lab.tools.cli_serving",),
     "engine": ("lfm2vl_lab.tools.cli_engine",),
@@ -40,7 +41,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 }
 # Run by every command, hashed as files: the entry point and the dispatcher with every command's options.
 ALWAYS = ("lfm2vl_lab/__init__.py", "lfm2vl_lab/__main__.py", "lfm2vl_lab/tools/__init__.py",
-          "lfm2vl_lab/tools/cli.py")
+          "lfm2vl_lab/tools/cli.py", "lfm2vl_lab/tools/cli_options.py")
 PRESETS = "data/presets"
 
 
@@ -96,6 +97,8 @@ def measured_files(modules, root: Path = REPO_ROOT) -> list[str]:
             continue
         seen.add(name)
         files.add(module_path(name, root))
+        if module_path(name, root) in ALWAYS:  # a dispatcher a command module imports: hashed, not followed
+            continue
         parts = name.split(".")
         files |= {p for p in (module_path(".".join(parts[:i]), root) for i in range(1, len(parts))) if p}
         todo += sorted(imported_modules(name, root))

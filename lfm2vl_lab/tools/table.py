@@ -34,15 +34,31 @@ def graph_config_label(row: dict) -> str:
     return label + ("/dense" if row.get("dense_graphs") else "/single-item" if row.get("single_item_graphs") else "")
 
 
-def _cells(r: dict, sweep: bool) -> list[str]:
+def is_cpu_row(row: dict) -> bool:
+    """Whether a result row was timed on a CPU (its ``device`` is ``cpu``)."""
+    return str(row.get("device", "")).startswith("cpu")
+
+
+def cpu_note(rows: list[dict]) -> str | None:
+    """The lines a table with CPU rows opens with: what CPU timings are, and what they are not."""
+    cpu = [r for r in rows if is_cpu_row(r)]
+    if not cpu:
+        return None
+    presets = ", ".join(dict.fromkeys(str(r.get("preset", "?")) for r in cpu))
+    return (f"CPU timings do not measure LFM2-VL: these rows (preset {presets}) show that the modes run and agree "
+            "with transformers (err vs hf),\nnot what CUDA graphs save on a GPU (the H200's numbers: docs/results.md). "
+            "No speedup for CPU rows.")
+
+
+def _cells(r: dict, sweep: bool, speedup: bool) -> list[str]:
     hit = r.get("hit_rate")
     # A row whose output could not be compared with transformers' is an error, never "not measured".
     err = "ERROR" if r.get("error") else _fmt(r.get("max_rel_err_vs_hf"), ".1e")
+    ratio = [_fmt(None if is_cpu_row(r) else r.get("speedup_vs_hf"), ".2f", "x")] if speedup else []
     return [r.get("mode", "?"), r.get("workload", "?"), _fmt(r.get("n_items"), "d")] + \
         ([graph_config_label(r)] if sweep else []) + [
-        _fmt(r.get("median_ms"), ".3f"), _fmt(r.get("p90_ms"), ".3f"), _fmt(r.get("p99_ms"), ".3f"),
-        _fmt(r.get("speedup_vs_hf"), ".2f", "x"), _fmt(r.get("gpu_busy_ms"), ".3f"),
-        _fmt(r.get("pct_of_floor"), ".0f", "%"), _fmt(r.get("kernels"), ".0f"),
+        _fmt(r.get("median_ms"), ".3f"), _fmt(r.get("p90_ms"), ".3f"), _fmt(r.get("p99_ms"), ".3f")] + ratio + [
+        _fmt(r.get("gpu_busy_ms"), ".3f"), _fmt(r.get("pct_of_floor"), ".0f", "%"), _fmt(r.get("kernels"), ".0f"),
         _fmt(None if hit is None else 100 * hit, ".0f"), err]
 
 
@@ -85,14 +101,20 @@ def _notes(res: dict, rows: list[dict]) -> list[str]:
 
 def format_table(result_or_rows) -> str:
     """Rows as an aligned text table: latency, speedup vs hf-eager, GPU-busy, % of floor and the
-    error against transformers' output; then skipped modes, errors (short form) and one-off costs."""
+    error against transformers' output; then skipped modes, errors (short form) and one-off costs.
+
+    CPU rows get no speedup (a table of CPU rows only, no speedup column) and the table opens with
+    :func:`cpu_note`: a CPU timing of a small preset says nothing about what CUDA graphs save on a GPU."""
     res = result_or_rows if isinstance(result_or_rows, dict) else {"rows": result_or_rows}
     rows = res.get("rows", [])
     sweep = any(r.get("mode") in GRAPH_MODES for r in rows)
-    head = ["mode", "workload", "items"] + (["graphs"] if sweep else []) + HEAD
-    lines = _aligned(head, [_cells(r, sweep) for r in rows], 3 + sweep) if rows else \
+    speedup = not rows or not all(is_cpu_row(r) for r in rows)
+    cols = [h for h in HEAD if speedup or h != "speedup"]
+    head = ["mode", "workload", "items"] + (["graphs"] if sweep else []) + cols
+    lines = _aligned(head, [_cells(r, sweep, speedup) for r in rows], 3 + sweep) if rows else \
         ["no rows: nothing was measured" + (" (every mode asked for was skipped)" if res.get("skipped") else "")]
-    return "\n".join(lines + _notes(res, rows))
+    note = cpu_note(rows)
+    return "\n".join(([note] if note else []) + lines + _notes(res, rows))
 
 
 def graph_memory_label(row: dict) -> str:

@@ -250,14 +250,6 @@ def write_tables(paths=None, refs: Refs | None = None, check: bool = False, say=
     return stale
 
 
-def add_table_args(p) -> None:
-    """``report``'s table options."""
-    p.add_argument("--tables-only", action="store_true",
-                   help="only rewrite the generated tables of README.md and docs/*.md, no figures")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing: exit 1 if a generated table of README.md or docs/*.md is stale")
-
-
 def run_tables(args) -> int:
     """Rewrite (``--check``: compare) the generated tables from the reference set under ``--root``."""
     from .args import UsageError
