@@ -30,6 +30,7 @@ import torch
 
 from lfm2vl_lab.core.config import GraphOptions
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
+from lfm2vl_lab.core.lfm2vl import VARLEN
 from lfm2vl_lab.model.presets import build_model
 from lfm2vl_lab.tools.modes import make_compile, make_fused
 from lfm2vl_lab.tools.results import RESULTS_ROOT, provenance, save_result
@@ -51,7 +52,7 @@ def _wall_ms(fn, n: int = 200) -> dict:
 
 def _measure(genc, inputs) -> dict:
     budget = 256
-    graph = genc.graphs[budget].graphs["varlen"]
+    graph = genc.graphs[budget].graphs[VARLEN]
     return {"encode": _wall_ms(lambda: genc.encode(inputs)), "replay": _wall_ms(graph.replay)}
 
 

@@ -59,10 +59,10 @@ def replayed(genc, before: dict) -> list[tuple[int, str]]:
 
 def encoder_part(model, rule: str, record, problems: list[str]) -> dict:
     genc = GraphedEncoder(model, budgets=BUDGETS, max_run_items=MAX_RUN_ITEMS, cu_seqlens_rule=rule, record=record)
-    say(f"== [{rule}] capture: budgets {genc.config.graph_budgets}, variants {list(genc.adapter.variants)}")
+    say(f"== [{rule}] capture: budgets {genc.config.graph_budgets}, variants {[v.name for v in genc.adapter.variants]}")
     t0 = time.perf_counter()
     genc.capture(warmup_iters=WARMUP)
-    captured = {(b, v) for b, g in genc.graphs.items() for v in g.graphs}
+    captured = {(b, v.name) for b, g in genc.graphs.items() for v in g.graphs}
     say(f"== [{rule}] captured {len(captured)} graphs in {time.perf_counter() - t0:.1f} s")
     if captured != {want for _, want in CASES}:
         problems.append(f"[{rule}] captured {sorted(captured)}, the cases cover {sorted(w for _, w in CASES)}")
@@ -76,12 +76,12 @@ def encoder_part(model, rule: str, record, problems: list[str]) -> dict:
         err = max_rel_error(outs, genc.encoder.encode(inputs))
         if got != [want] or not err <= TOL:
             problems.append(f"[{rule}] {shapes}: replayed {got} (want {want}), rel error vs eager {err:.3g}")
-    missing = sorted(set(genc.adapter.variants) - set(genc.stats.variant_replays))
+    missing = sorted({v.name for v in genc.adapter.variants} - set(genc.stats.variant_replays))
     if missing:
         problems.append(f"[{rule}] variants never replayed: {missing}")
     say(f"== [{rule}] variant_replays {dict(sorted(genc.stats.variant_replays.items()))}, "
         f"replays per budget {dict(sorted(genc.stats.replays.items()))}")
-    return {"graphs": len(captured), "variants": list(genc.adapter.variants)}
+    return {"graphs": len(captured), "variants": [v.name for v in genc.adapter.variants]}
 
 
 def text_tokens(eng, lengths: list[int], hidden: int, seed: int) -> torch.Tensor:

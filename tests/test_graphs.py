@@ -21,9 +21,9 @@ from lfm2vl_lab import (
 )
 from lfm2vl_lab.core.capture import eager_stand_in
 from lfm2vl_lab.core.config import pad_cu_seqlens_repeat_last, safe_cu_seqlens
-from lfm2vl_lab.core.dense import DenseGraphConfig, leading_full_items, parse_variant, variant_name
+from lfm2vl_lab.core.dense import DenseGraphConfig, leading_full_items
 from lfm2vl_lab.core.encoder import PackedVisionEncoder
-from lfm2vl_lab.core.lfm2vl import check_finite_items
+from lfm2vl_lab.core.lfm2vl import VARLEN, Variant, check_finite_items
 from lfm2vl_lab.core.manager import GraphStats, pad_default
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx, tokens_for
 from lfm2vl_lab.core.plan import plan_config
@@ -257,7 +257,7 @@ def test_replay_sources(tiny_model, rule):
     genc = GraphedEncoder(tiny_model, cu_seqlens_rule=rule)
     cfg, rows = genc.config, genc.config.rows(512)
     shapes = ((20, 32), (4, 6))  # no full-length (1024-row) item first: the varlen graph
-    layout = genc.adapter.layout(512, "varlen", shapes)
+    layout = genc.adapter.layout(512, VARLEN, shapes)
     cu, gi = layout["cu_seqlens"], layout["gather_idx"]
     assert cu.dtype == gi.dtype == torch.int32 and cu[:3].tolist() == [0, 640, 664]
     dst = torch.zeros(cfg.cu_size(512), dtype=torch.int32)
@@ -269,7 +269,7 @@ def test_replay_sources(tiny_model, rule):
     assert torch.equal(gi, lfm2vl_gather_idx(list(shapes)).int())
     items = PixelItems(torch.zeros(664, 768), list(shapes), (0, 640, 664))
     replay = genc.adapter.replay_buffers(items, [0, 1], 512)
-    assert replay.variant == "varlen" and sorted(replay.sources) == sorted(cfg.buffer_keys)
+    assert replay.variant == VARLEN and sorted(replay.sources) == sorted(cfg.buffer_keys)
     hits = genc.adapter.layouts.hits
     genc.adapter.resident.clear()
     assert genc.adapter.replay_buffers(items, [0, 1], 512).sources["cu_seqlens"] is replay.sources["cu_seqlens"]
@@ -278,7 +278,7 @@ def test_replay_sources(tiny_model, rule):
     assert sorted(again.sources) == ["pixel_values"]  # the buffers hold these grids already
     # a full-length item, then a rest: cu_seqlens describes only the rest's rows (2048 - 1024 of them)
     shapes = ((32, 32), (4, 6))
-    layout = genc.adapter.layout(512, "dense1+varlen", shapes)
+    layout = genc.adapter.layout(512, Variant(1, varlen=True), shapes)
     dst = torch.zeros(cfg.cu_size(512), dtype=torch.int32)
     cfg.padding_logics["cu_seqlens"](dst, layout["cu_seqlens"])
     if rule == "safe":
@@ -287,7 +287,7 @@ def test_replay_sources(tiny_model, rule):
         assert dst[:2].tolist() == [0, 24] and set(dst[2:].tolist()) == {24}
     assert torch.equal(layout["gather_idx"], lfm2vl_gather_idx(list(shapes)).int())
     # a pure run of two: only its rows' gather_idx, no cu_seqlens to read
-    layout = genc.adapter.layout(512, "dense2", ((32, 32),) * 2)
+    layout = genc.adapter.layout(512, Variant(2, varlen=False), ((32, 32),) * 2)
     assert sorted(layout) == ["gather_idx"]
     assert torch.equal(layout["gather_idx"], lfm2vl_gather_idx([(32, 32)] * 2).int())
 
@@ -754,13 +754,15 @@ def test_failed_capture_leaves_eager_path_and_process_usable():
 @pytest.mark.parametrize("name,parsed", [("varlen", (0, True)), ("dense1", (1, False)), ("dense3+varlen", (3, True)),
                                          ("dense16", (16, False))])
 def test_variant_names_round_trip(name, parsed):
-    assert parse_variant(name) == parsed and variant_name(*parsed) == name
+    variant = Variant.parse(name)
+    assert (variant.dense, variant.varlen) == parsed and variant == Variant(*parsed)
+    assert variant.name == str(variant) == name
 
 
 @pytest.mark.parametrize("bad", ["dense", "dense0", "densex", "dense2+flash", "single_item", ""])
 def test_unknown_variant_names_are_refused(bad):
     with pytest.raises(ValueError, match="graph variant"):
-        parse_variant(bad)
+        Variant.parse(bad)
 
 
 @pytest.mark.parametrize("shapes,rows,expected", [
@@ -796,7 +798,7 @@ def test_config_run_budget_and_dense_geometry():
 
 def test_graph_variants_per_budget(tiny_model):
     genc = GraphedEncoder(tiny_model)  # dense graphs and runs of 16 by default
-    variants = {b: genc.adapter.graph_variants(b) for b in genc.config.graph_budgets}
+    variants = {b: tuple(v.name for v in genc.adapter.graph_variants(b)) for b in genc.config.graph_budgets}
     assert variants == {
         64: ("varlen", "dense1"), 128: ("varlen", "dense1"), 256: ("varlen", "dense1"),
         # budget_for sends one full item to 256, so 512 captures only the pure run of two
@@ -804,14 +806,14 @@ def test_graph_variants_per_budget(tiny_model):
         1024: ("varlen", "dense3", "dense4", "dense1+varlen", "dense2+varlen", "dense3+varlen"),
         2048: tuple(f"dense{k}" for k in range(5, 9)),  # the run budget (8 tiles): pure runs only
     }
-    assert genc.adapter.variants[0] == "varlen" and "dense8" in genc.adapter.variants
-    assert genc.adapter.computed_tokens(2048, "dense6") == 6 * 256  # a pure run computes only its items
-    assert genc.adapter.computed_tokens(1024, "dense1+varlen") == 1024
+    assert genc.adapter.variants[0] == VARLEN and Variant(8, varlen=False) in genc.adapter.variants
+    assert genc.adapter.computed_tokens(2048, Variant.parse("dense6")) == 6 * 256  # a pure run: only its items
+    assert genc.adapter.computed_tokens(1024, Variant.parse("dense1+varlen")) == 1024
     off = GraphedEncoder(tiny_model, dense_graphs=False)
     assert off.config.graph_budgets == DEFAULT_BUDGETS  # no run budget without dense graphs
-    assert {off.adapter.graph_variants(b) for b in off.config.budgets} == {("varlen",)}
+    assert {off.adapter.graph_variants(b) for b in off.config.budgets} == {(VARLEN,)}
     compiled_like = GraphedEncoder(tiny_model, body=lambda *a, **k: None)
-    assert {compiled_like.adapter.graph_variants(b) for b in compiled_like.config.graph_budgets} == {("varlen",)}
+    assert {compiled_like.adapter.graph_variants(b) for b in compiled_like.config.graph_budgets} == {(VARLEN,)}
 
 
 @pytest.mark.parametrize("rule", ["safe", "repeat_last"])
@@ -831,7 +833,7 @@ def test_capture_layout_stays_inside_every_variants_rows(tiny_model, rule):
             rows = a.varlen_rows(b, v)
             assert rows == 0 or int(cu.max()) <= rows, (b, v, cu.tolist(), rows)
             # and the gather the variant reads indexes only rows it computes
-            computed = rows + parse_variant(v)[0] * cfg.dense_rows(b)
+            computed = rows + v.dense * cfg.dense_rows(b)
             gather = bufs["gather_idx"][:computed]
             assert int(gather.max()) < computed, (b, v)
 

@@ -330,7 +330,7 @@ def test_odd_sizes_encode_like_transformers(tiny_model, tiny_graphed, w, h):
     f = lim.downsample_factor
     tokens = [(hh // f) * (ww // f) for hh, ww in inputs["spatial_shapes"].tolist()]
     assert [t.shape[0] for t in feats] == tokens
-    assert all(lim.min_image_tokens <= t <= lim.max_image_tokens for t in tokens)
+    assert all(lim.min_item_tokens <= t <= lim.max_item_tokens for t in tokens)
     assert all(torch.isfinite(t).all() for t in feats)
     assert max_rel_error(feats, hf_image_features(tiny_model, inputs)) <= 1e-4
 
@@ -344,7 +344,7 @@ def test_odd_sizes_encode_like_transformers(tiny_model, tiny_graphed, w, h):
 def test_image_limits_of_a_preset_are_its_processors(name):
     p = Preset.from_name(name)
     lim = image_limits(name)
-    assert (lim.patch_size, lim.downsample_factor, lim.min_image_tokens, lim.max_image_tokens, lim.max_num_patches) == (
+    assert (lim.patch_size, lim.downsample_factor, lim.min_item_tokens, lim.max_item_tokens, lim.max_num_patches) == (
         p.patch_size, p.downsample_factor, p.min_image_tokens, p.max_image_tokens, p.max_num_patches)
 
 
@@ -401,7 +401,7 @@ def test_load_model_processor_settings_win_over_the_preset(tmp_path, tiny_model)
     _save(tiny_model, tmp_path, own)
     loaded = load_model(tmp_path, dtype=torch.float32)
     lim = image_limits(loaded)
-    assert (lim.min_image_tokens, lim.max_image_tokens) == (32, 128)
+    assert (lim.min_item_tokens, lim.max_item_tokens) == (32, 128)
     genc = GraphedEncoder(loaded)
     assert min(genc.config.budgets) == 32
     img = synthetic_image(512, 512)

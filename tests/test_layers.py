@@ -89,13 +89,32 @@ def test_import_lfm2vl_lab_loads_no_instrument():
     assert out == "[]", f"import lfm2vl_lab loaded {out}"
 
 
-def test_manager_knows_nothing_of_lfm2vl():
-    found = imports(PKG / "core" / "manager.py")
+# The generic half of the graph path (vLLM's manager and interface): what each may import of core/,
+# and of the rest besides torch.
+GENERIC = {
+    "manager": {"capture", "lifecycle", "plan", "protocol", "serial"},
+    "protocol": {"plan"},  # the contract: the config's planner
+    "lifecycle": {"capture", "guard"},  # the graphs' life, shared with the text engine
+}
+GENERIC_STDLIB = {"__future__", "collections", "contextlib", "dataclasses", "typing", "warnings"}
+
+
+@pytest.mark.parametrize("name", sorted(GENERIC))
+def test_the_generic_half_knows_nothing_of_lfm2vl(name):
+    found = imports(PKG / "core" / f"{name}.py")
     relative = {mod for level, mod in found if level}
-    generic = {"capture", "guard", "plan", "serial"}
-    assert relative <= generic, f"the generic manager imports {relative}: only .{', .'.join(sorted(generic))}"
+    assert relative <= GENERIC[name], f"core/{name}.py imports {relative}: only .{', .'.join(sorted(GENERIC[name]))}"
     absolute = {mod.split(".")[0] for level, mod in found if not level}
-    assert absolute <= {"__future__", "collections", "dataclasses", "typing", "torch", "warnings"}, absolute
+    assert absolute <= GENERIC_STDLIB | {"torch"}, absolute
+    text = (PKG / "core" / f"{name}.py").read_text(encoding="utf-8")
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    tree = ast.parse(code)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+            {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not {n for n in names if "lfm2" in n.lower() or n in ("pixel_values", "cu_seqlens", "gather_idx")}
+
+
+def test_the_generic_helpers_are_as_generic_as_the_manager():
     guard = imports(PKG / "core" / "guard.py")  # the weight stamp is as generic as the manager
     assert {mod.split(".")[0] for level, mod in guard} <= {"__future__", "types", "weakref", "torch", "ptrcheck"}, guard
     for helper, allowed in (("plan", {"__future__"}), ("serial", {"__future__", "contextlib", "functools",
@@ -104,12 +123,6 @@ def test_manager_knows_nothing_of_lfm2vl():
                                           "sys", "sysconfig", "warnings", "torch"})):
         mods = imports(PKG / "core" / f"{helper}.py")  # as generic as the manager that calls them
         assert not any(level for level, _ in mods) and {m.split(".")[0] for _, m in mods} <= allowed, (helper, mods)
-    text = (PKG / "core" / "manager.py").read_text(encoding="utf-8")
-    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    tree = ast.parse(code)
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
-            {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    assert not {n for n in names if "lfm2" in n.lower() or n in ("pixel_values", "cu_seqlens", "gather_idx")}
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: str(p.relative_to(PKG)))

@@ -1,46 +1,33 @@
 """The manager is generic: a toy encoder that is not LFM2-VL gets graphs through the same protocol.
 
 The toy: items are variable-length sequences of feature vectors; the encoder is a per-row MLP, so
-one item's output rows are the MLP of its input rows. Its config, buffers, padding and guard are
-its own (nothing from the LFM2-VL side), which is all the manager may rely on.
+one item's output rows are the MLP of its input rows. Its buffers, padding and guard are its own
+(nothing from the LFM2-VL side), its config the generic ``GraphConfig``: all the manager may rely on
+is the protocol, which the toy implements structurally (it never names ``EncoderGraphModel``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 
+from lfm2vl_lab import GraphedEncoder
 from lfm2vl_lab.core.capture import capture_graph, eager_stand_in
-from lfm2vl_lab.core.manager import EncoderGraphManager, Replay, pad_default
+from lfm2vl_lab.core.guard import WeightStamp
+from lfm2vl_lab.core.lfm2vl import Lfm2VlGraphModel
+from lfm2vl_lab.core.manager import EncoderGraphManager, EncoderGraphModel, Replay, pad_default
 from lfm2vl_lab.core.plan import plan_batches
+from lfm2vl_lab.core.protocol import GraphConfig, GraphModelDefaults, protocol_members
 
 DIM = 8
 
 
-@dataclass
-class ToyConfig:
-    budgets: list[int]
-    max_items: int
-    out_hidden_size: int = DIM
-    buffer_keys: tuple[str, ...] = ("x",)
-    padding_logics: dict = field(default_factory=dict)
-
-    @property
-    def graph_budgets(self):
-        return self.budgets
-
-    def budget_for(self, tokens: int, items: int = 1) -> int | None:
-        return next((b for b in self.budgets if tokens <= b), None)
-
-
-class ToyEncoder:
+class ToyEncoder(GraphModelDefaults):
     """A per-row MLP over variable-length items, behind the manager's protocol: one buffer, ``x``."""
 
     def __init__(self, budgets, max_items, device="cpu"):
         gen = torch.Generator().manual_seed(0)
-        self.config = ToyConfig(sorted(budgets), max_items)
+        self.config = GraphConfig(budgets, max_items, out_hidden_size=DIM, buffer_keys=("x",))
         self.w1 = torch.randn(DIM, 16, generator=gen).to(device)
         self.w2 = torch.randn(16, DIM, generator=gen).to(device)
         self.device, self.dtype = torch.device(device), torch.float32
@@ -71,8 +58,8 @@ class ToyEncoder:
     def forward_eager(self, items, batch):
         return self.mlp(torch.cat([items[i] for i in batch]))
 
-    def weights(self):
-        return {}  # plain tensors, no modules: nothing for the stamp to watch
+    def weight_stamp(self):
+        return WeightStamp({})  # plain tensors, no modules: nothing for the stamp to watch
 
 
 def _items(lengths, seed=0):
@@ -87,6 +74,26 @@ def _run(manager, items):
     for o, r in zip(outs, refs):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
     return outs
+
+
+def test_the_protocol_is_checked_at_runtime_and_names_what_is_missing(tiny_model):
+    """The toy (structurally) and LFM2-VL's side (declared) implement the protocol; a model without
+    one of its members is refused, and the error names the member."""
+    assert isinstance(ToyEncoder([4], max_items=1), EncoderGraphModel)
+    lfm2vl = GraphedEncoder(tiny_model, record=eager_stand_in).adapter
+    assert isinstance(lfm2vl, EncoderGraphModel) and EncoderGraphModel in Lfm2VlGraphModel.__mro__  # declared
+    assert len(protocol_members()) <= 12
+
+    class Forgetful(ToyEncoder):
+        replay_buffers = None  # not the protocol's method
+
+    no_stamp = type("NoStamp", (GraphModelDefaults,), {k: v for k, v in vars(ToyEncoder).items()
+                                                      if k not in ("weight_stamp", "__dict__", "__weakref__")})
+    for model, missing in ((Forgetful([4], max_items=1), "replay_buffers"), (no_stamp([4], 1), "weight_stamp")):
+        assert not isinstance(model, EncoderGraphModel)
+        with pytest.raises(TypeError, match=rf"{type(model).__name__} does not implement EncoderGraphModel: "
+                                            rf"it lacks \['{missing}'\]"):
+            EncoderGraphManager(model, record=eager_stand_in)
 
 
 def test_toy_encoder_replays_through_the_generic_manager():

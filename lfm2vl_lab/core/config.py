@@ -1,5 +1,7 @@
-"""The graph config: token budgets, the item limit, the named buffers and the padding logics that
-fill them; and :class:`GraphOptions`, every setting of a graphed encoder with its one default.
+"""LFM2-VL's graph config: token budgets, the item limit, the named buffers and the padding logics
+that fill them; and :class:`GraphOptions`, every setting of a graphed encoder with its one default
+and its one check (:data:`SETTING_CHECKS`). The config is derived from the options once
+(:meth:`EncoderGraphConfig.from_options`).
 
 A CUDA graph replays fixed shapes, so the manager captures one graph per *budget* (output tokens
 it can hold) and pads each replay's data up to the chosen budget's buffers. The model side names
@@ -11,15 +13,13 @@ through ``padding_logics.get(key, pad_default)``, as vLLM's ``EncoderCudaGraphMa
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 import torch
 
 from ..kernels.attention import ATTENTION_BACKENDS
-from .packing import MAX_NUM_PATCHES, MIN_IMAGE_TOKENS
-
-PaddingLogic = Callable[[torch.Tensor, torch.Tensor], None]
+from .packing import MAX_NUM_PATCHES, MIN_ITEM_TOKENS
+from .protocol import GraphConfig, PaddingLogic, _is_int, check_budgets, check_max_items
 
 CU_SEQLENS_RULES = ("safe", "repeat_last")
 MAX_SEQLEN_MODES = ("tight", "loose")
@@ -30,8 +30,28 @@ def check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _check_positive(name: str):
+    def check(value) -> None:
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return check
+
+
+def _check_max_run_items(value) -> None:
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {value!r}")
+
+
+# The one check of each setting that has one, wherever a value enters (GraphOptions, or a config
+# built directly); ``budgets`` and ``max_items`` are the generic config's own (:mod:`~.protocol`).
+SETTING_CHECKS = {
+    "cu_seqlens_rule": lambda v: check_choice("cu_seqlens_rule", v, CU_SEQLENS_RULES),
+    "max_seqlen_mode": lambda v: check_choice("max_seqlen_mode", v, MAX_SEQLEN_MODES),
+    "attention": lambda v: check_choice("attention", v, ("auto", *ATTENTION_BACKENDS)),
+    "max_budget": _check_positive("max_budget"),
+    "layout_cache_size": _check_positive("layout_cache_size"),
+    "max_run_items": _check_max_run_items,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,14 +108,10 @@ class GraphOptions:
     def __post_init__(self):
         if self.budgets is not None:
             object.__setattr__(self, "budgets", tuple(check_budgets(self.budgets)))
-        check_choice("cu_seqlens_rule", self.cu_seqlens_rule, CU_SEQLENS_RULES)
-        check_choice("max_seqlen_mode", self.max_seqlen_mode, MAX_SEQLEN_MODES)
-        check_choice("attention", self.attention, ("auto", *ATTENTION_BACKENDS))
-        for name in ("max_budget", "layout_cache_size"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        if not _is_int(self.max_run_items) or self.max_run_items < 0:
-            raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {self.max_run_items!r}")
+        if self.max_items is not None:
+            check_max_items(self.max_items)
+        for name, check in SETTING_CHECKS.items():
+            check(getattr(self, name))
 
     @classmethod
     def named(cls, name: str, **changes) -> GraphOptions:
@@ -165,19 +181,19 @@ def safe_cu_seqlens(cu: torch.Tensor, total_rows: int, max_seqlen: int) -> torch
 # --------------------------------------------------------------------------------------------
 
 
-def auto_budgets(min_tokens: int, max_tokens: int) -> list[int]:
-    """Double from ``min_tokens`` up to ``max_tokens``, always ending at ``max_tokens``.
+def auto_budgets(min_item_tokens: int, max_tokens: int) -> list[int]:
+    """Double from ``min_item_tokens`` up to ``max_tokens``, always ending at ``max_tokens``.
 
     >>> auto_budgets(64, 1024)
     [64, 128, 256, 512, 1024]
     >>> auto_budgets(64, 800)
     [64, 128, 256, 512, 800]
     """
-    if min_tokens <= 0 or max_tokens <= 0:
-        raise ValueError(f"budget bounds must be positive, got min={min_tokens}, max={max_tokens}")
-    if min_tokens > max_tokens:
-        raise ValueError(f"min budget {min_tokens} exceeds max budget {max_tokens}")
-    out, b = [], min_tokens
+    if min_item_tokens <= 0 or max_tokens <= 0:
+        raise ValueError(f"budget bounds must be positive, got min={min_item_tokens}, max={max_tokens}")
+    if min_item_tokens > max_tokens:
+        raise ValueError(f"min budget {min_item_tokens} exceeds max budget {max_tokens}")
+    out, b = [], min_item_tokens
     while b < max_tokens:
         out.append(b)
         b *= 2
@@ -185,21 +201,9 @@ def auto_budgets(min_tokens: int, max_tokens: int) -> list[int]:
     return out
 
 
-def check_budgets(budgets) -> list[int]:
-    budgets = list(budgets)
-    if not budgets:
-        raise ValueError("budgets must not be empty")
-    for b in budgets:
-        if not _is_int(b) or b <= 0:
-            raise ValueError(f"every budget must be a positive int, got {b!r} in {budgets}")
-    if len(set(budgets)) != len(budgets):
-        raise ValueError(f"budgets contain duplicates: {budgets}")
-    return sorted(budgets)
-
-
-def auto_max_items(budgets: list[int], min_tokens: int) -> int:
-    """vLLM's automatic item limit: min(max_budget // min_tokens, min(budgets)), at least 1."""
-    return max(1, min(max(budgets) // min_tokens, min(budgets)))
+def auto_max_items(budgets: list[int], min_item_tokens: int) -> int:
+    """vLLM's automatic item limit: min(max_budget // min_item_tokens, min(budgets)), at least 1."""
+    return max(1, min(max(budgets) // min_item_tokens, min(budgets)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,73 +212,72 @@ def auto_max_items(budgets: list[int], min_tokens: int) -> int:
 
 
 @dataclass
-class EncoderGraphConfig:
-    """What the model side tells the graph manager (vLLM's ``EncoderCudaGraphConfig``).
+class EncoderGraphConfig(GraphConfig):
+    """LFM2-VL's graph config: :class:`~.protocol.GraphConfig` (``budgets``, ``max_items``,
+    ``out_hidden_size``, ``buffer_keys``, ``padding_logics``) with the packed encoder's geometry.
 
-    * ``budgets``: output tokens per captured graph (sorted ascending)
-    * ``max_items``: the most encoder items one replay packs; must be ≤ min(budgets)
-    * ``out_hidden_size``: the width of the rows the graphs write (the manager's output buffer)
-    * ``buffer_keys``: the persistent input buffers every graph reads, by name
-    * ``padding_logics``: per buffer key, the padding logic that replaces :func:`~.manager.pad_default`
-      (LFM2-VL's, as in vLLM: ``cu_seqlens`` repeats its last offset)
+    * ``buffer_keys``: ``pixel_values``, ``pos_embeds``, ``cu_seqlens``, ``gather_idx``
+    * ``padding_logics``: LFM2-VL's, as in vLLM: ``cu_seqlens`` repeats its last offset
     * ``min_item_tokens``: the fewest tokens a real item has (the processor's ``min_image_tokens``);
-      it sizes each budget's item slots (see :meth:`slots`)
+      it sizes each budget's item slots (see :meth:`slots`) and the automatic item limit
     * ``cu_seqlens_rule``: ``"safe"`` (default: :func:`safe_cu_seqlens`) or vLLM's ``"repeat_last"``
     * ``max_seqlen_mode``: ``"tight"`` (default: the largest item a budget can hold, never above the
       patch limit) or vLLM's ``"loose"`` (4·budget). ``max_seqlen`` is baked into each graph's
       attention kernel at capture: a per-budget constant, not a buffer
+
+    :meth:`from_options` derives it from a :class:`GraphOptions` and the model's limits, as
+    ``GraphedEncoder`` does; :meth:`build` fills in the automatic budgets from keywords.
     """
 
-    budgets: list[int]
-    max_items: int
-    out_hidden_size: int
-    max_num_patches: int = MAX_NUM_PATCHES
-    factor: int = 2
-    min_item_tokens: int = MIN_IMAGE_TOKENS
-    cu_seqlens_rule: str = GraphOptions.cu_seqlens_rule
-    max_seqlen_mode: str = GraphOptions.max_seqlen_mode
     buffer_keys: tuple[str, ...] = ("pixel_values", "pos_embeds", "cu_seqlens", "gather_idx")
     padding_logics: dict[str, PaddingLogic] = field(default_factory=lambda: {"cu_seqlens": pad_cu_seqlens_repeat_last})
+    max_num_patches: int = MAX_NUM_PATCHES
+    factor: int = 2
+    min_item_tokens: int = MIN_ITEM_TOKENS
+    cu_seqlens_rule: str = GraphOptions.cu_seqlens_rule
+    max_seqlen_mode: str = GraphOptions.max_seqlen_mode
+
+    # the settings this config carries beyond the generic ones (each checked by SETTING_CHECKS)
+    SETTINGS = ("cu_seqlens_rule", "max_seqlen_mode")
 
     def __post_init__(self):
-        self.budgets = check_budgets(self.budgets)
-        if not _is_int(self.max_items) or self.max_items < 1:
-            raise ValueError(f"max_items must be a positive int, got {self.max_items!r}")
-        if self.max_items > min(self.budgets):
-            raise ValueError(
-                f"max_items={self.max_items} breaks the invariant max_items <= min(budgets)={min(self.budgets)}: "
-                "the smallest graph could be asked to hold more items than it has tokens"
-            )
-        check_choice("cu_seqlens_rule", self.cu_seqlens_rule, CU_SEQLENS_RULES)
-        check_choice("max_seqlen_mode", self.max_seqlen_mode, MAX_SEQLEN_MODES)
-        unknown = set(self.padding_logics) - set(self.buffer_keys)
-        if unknown:
-            raise ValueError(f"padding_logics name buffers {sorted(unknown)} that are not in buffer_keys "
-                             f"{list(self.buffer_keys)}")
+        super().__post_init__()
+        for name in self.SETTINGS:
+            SETTING_CHECKS[name](getattr(self, name))
 
     @classmethod
-    def build(cls, out_hidden_size: int, budgets=None, max_items=None, min_tokens: int = MIN_IMAGE_TOKENS,
+    def build(cls, out_hidden_size: int, budgets=None, max_items=None, min_item_tokens: int = MIN_ITEM_TOKENS,
               max_tokens: int | None = None, **kw):
-        """Fill in automatic budgets (doubling from ``min_tokens``) and the automatic item limit."""
+        """Automatic budgets (doubling from ``min_item_tokens`` up to ``max_tokens``) where ``budgets``
+        is None; the automatic item limit where ``max_items`` is None (:meth:`auto_max_items`)."""
         if budgets is None:
-            budgets = auto_budgets(min_tokens, max_tokens if max_tokens is not None else GraphOptions.max_budget)
-        budgets = check_budgets(budgets)
-        if max_items is None:
-            max_items = auto_max_items(budgets, min_tokens)
+            budgets = auto_budgets(min_item_tokens, max_tokens if max_tokens is not None else GraphOptions.max_budget)
         return cls(budgets=budgets, max_items=max_items, out_hidden_size=out_hidden_size,
-                   min_item_tokens=min_tokens, **kw)
+                   min_item_tokens=min_item_tokens, **kw)
+
+    @classmethod
+    def from_options(cls, options: GraphOptions, out_hidden_size: int, *, min_item_tokens: int,
+                     max_num_patches: int, factor: int):
+        """The config ``options`` give a model whose items have at least ``min_item_tokens`` tokens and
+        ``max_num_patches`` rows: the one derivation of the config from the options."""
+        return cls.build(out_hidden_size, budgets=options.budgets, max_items=options.max_items,
+                         min_item_tokens=min_item_tokens, max_tokens=options.max_budget,
+                         max_num_patches=max_num_patches, factor=factor,
+                         **{name: getattr(options, name) for name in cls.SETTINGS})
+
+    def auto_max_items(self) -> int:
+        """vLLM's automatic item limit: min(max_budget // min_item_tokens, min(budgets)), at least 1."""
+        return auto_max_items(self.budgets, self.min_item_tokens)
 
     @property
     def run_tokens(self) -> int:
         """Output tokens of a full-length item (``max_num_patches`` rows: a 512 px image or tile):
         256 for LFM2-VL. A pure run of them replays a dense graph that pads nothing (:mod:`~.dense`),
-        which ``plan_stats`` counts."""
+        which ``plan_stats`` counts; runs past ``max_items`` need a run budget (:mod:`~.dense`)."""
         return self.max_num_patches // self.factor**2
 
-    @property
-    def graph_budgets(self) -> list[int]:
-        """Every budget that gets graphs (:mod:`~.dense` adds one for runs of full-length items)."""
-        return self.budgets
+    def describe(self, budget: int) -> dict:
+        return {"rows": self.rows(budget), "max_seqlen": self.max_seqlen(budget)}
 
     # -- per-budget geometry ---------------------------------------------------------------------
     def rows(self, budget: int) -> int:
@@ -310,10 +313,3 @@ class EncoderGraphConfig:
         if self.cu_seqlens_rule == "safe":
             return safe_cu_seqlens(cu, self.rows(budget) if rows is None else rows, self.max_seqlen(budget))
         return cu
-
-    def budget_for(self, tokens: int, items: int = 1) -> int | None:
-        """The smallest graph budget that holds ``tokens`` in ``items`` items, or None if none does."""
-        for b in self.graph_budgets:
-            if tokens <= b and items <= self.slots(b):
-                return b
-        return None

@@ -1,7 +1,7 @@
 """Dense graphs and the run budget: an optimisation on top of LFM2-VL's varlen graphs.
 
-Each budget captures several *variants* of the body on the same buffers; the host picks one per
-replay from the patch grids it already has (no sync):
+Each budget captures several *variants* of the body on the same buffers (each a
+:class:`~.lfm2vl.Variant`); the host picks one per replay from the patch grids it already has (no sync):
 
 * ``varlen``          every row through varlen attention over ``cu_seqlens`` (any batch: the seed)
 * ``dense{k}``        a batch of exactly k full-length items (L rows each, L = ``dense_rows``: 1024
@@ -28,25 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.attention import dense_attention
-from .config import EncoderGraphConfig, GraphOptions, _is_int
-from .lfm2vl import Lfm2VlGraphModel
+from .config import EncoderGraphConfig, GraphOptions
+from .lfm2vl import VARLEN, Lfm2VlGraphModel, Variant
 from .packing import Shape, lfm2vl_cu_seqlens, lfm2vl_gather_idx
-
-
-def parse_variant(name: str) -> tuple[int, bool]:
-    """``"varlen"`` → (0, True); ``"dense3"`` → (3, False); ``"dense3+varlen"`` → (3, True):
-    (full-length items through dense attention, whether a varlen rest follows)."""
-    if name == "varlen":
-        return 0, True
-    if name.startswith("dense"):
-        k, _, rest = name[5:].partition("+")
-        if k.isdigit() and int(k) > 0 and rest in ("", "varlen"):
-            return int(k), rest == "varlen"
-    raise ValueError(f"unknown graph variant {name!r}: expected varlen, dense<k> or dense<k>+varlen")
-
-
-def variant_name(k: int, rest: bool) -> str:
-    return "varlen" if k == 0 else f"dense{k}" + ("+varlen" if rest else "")
 
 
 def leading_full_items(shapes, rows: int) -> int:
@@ -68,10 +52,13 @@ class DenseGraphConfig(EncoderGraphConfig):
 
     max_run_items: int = GraphOptions.max_run_items
 
-    def __post_init__(self):
-        super().__post_init__()
-        if not _is_int(self.max_run_items) or self.max_run_items < 0:
-            raise ValueError(f"max_run_items must be an int >= 0 (0: no run batches), got {self.max_run_items!r}")
+    SETTINGS = (*EncoderGraphConfig.SETTINGS, "max_run_items")
+
+    @property
+    def run_items(self) -> int:
+        """The planner's run limit: ``max_run_items`` where a run budget holds them, else 0 (a run
+        would only grow past ``max_items``, which no graph has the slots for)."""
+        return self.max_run_items if self.run_budget is not None else 0
 
     @property
     def run_budget(self) -> int | None:
@@ -120,54 +107,52 @@ class DenseLfm2VlGraphModel(Lfm2VlGraphModel):
         self._attn: dict = {}
 
     @property
-    def variants(self) -> tuple[str, ...]:
-        """Every variant some budget captures (``varlen`` first)."""
-        names = dict.fromkeys(v for b in self.config.graph_budgets for v in self.graph_variants(b))
-        return tuple(sorted(names, key=lambda v: (v != "varlen", parse_variant(v))))
+    def variants(self) -> tuple[Variant, ...]:
+        """Every variant some budget captures (``varlen`` first, then by dense items)."""
+        return tuple(sorted({v for b in self.config.graph_budgets for v in self.graph_variants(b)}))
 
-    def graph_variants(self, budget: int) -> tuple[str, ...]:
+    def graph_variants(self, budget: int) -> tuple[Variant, ...]:
         """``varlen`` (not in the run budget, which takes only pure runs), ``dense{k}`` for each k
         whose pure run ``budget_for`` sends here, and ``dense{k}+varlen`` for each k that leaves rows
         for a rest."""
         cfg = self.config
         if self.body is not self.encoder:
-            return ("varlen",)
+            return (VARLEN,)
         rows, item_rows = cfg.rows(budget), cfg.dense_rows(budget)
         item_tokens = item_rows // cfg.factor**2
         ks = range(1, cfg.dense_blocks(budget) + 1)
-        pure = [variant_name(k, False) for k in ks if cfg.budget_for(k * item_tokens, k) == budget]
+        pure = [Variant(k, False) for k in ks if cfg.budget_for(k * item_tokens, k) == budget]
         if budget == cfg.run_budget:
             return tuple(pure)
-        return ("varlen", *pure, *(variant_name(k, True) for k in ks if k * item_rows < rows))
+        return (VARLEN, *pure, *(Variant(k, True) for k in ks if k * item_rows < rows))
 
-    def computed_rows(self, budget: int, variant: str) -> int:
+    def computed_rows(self, budget: int, variant: Variant) -> int:
         """Patch rows one replay of a variant computes: all of the budget's, or only a pure run's items."""
-        k, rest = parse_variant(variant)
-        return self.config.rows(budget) if rest else k * self.config.dense_rows(budget)
+        return self.config.rows(budget) if variant.varlen else variant.dense * self.config.dense_rows(budget)
 
-    def varlen_rows(self, budget: int, variant: str) -> int:
+    def varlen_rows(self, budget: int, variant: Variant) -> int:
         """Rows the varlen kernel of a variant is given (0 for a pure dense run)."""
-        k, rest = parse_variant(variant)
-        return self.computed_rows(budget, variant) - k * self.config.dense_rows(budget) if rest else 0
+        if not variant.varlen:
+            return 0
+        return self.computed_rows(budget, variant) - variant.dense * self.config.dense_rows(budget)
 
-    def computed_tokens(self, budget: int, variant: str) -> int:
+    def computed_tokens(self, budget: int, variant: Variant) -> int:
         return self.computed_rows(budget, variant) // self.config.factor**2
 
     def dummy_varlen_rows(self, budget: int) -> int:
-        return min((self.varlen_rows(budget, v) for v in self.graph_variants(budget) if parse_variant(v)[1]),
+        return min((self.varlen_rows(budget, v) for v in self.graph_variants(budget) if v.varlen),
                    default=self.config.rows(budget))
 
-    def _attention(self, budget: int, variant: str):
+    def _attention(self, budget: int, variant: Variant):
         """The attention function of a dense variant (cached per shape, device and dtype)."""
-        k, rest = parse_variant(variant)
         key = (variant, self.config.dense_rows(budget), self.device, self.dtype)  # a recapture may change both
         if key not in self._attn:
-            self._attn[key] = dense_attention(k, self.config.dense_rows(budget),
-                                              self.encoder.attention_fn() if rest else None)
+            self._attn[key] = dense_attention(variant.dense, self.config.dense_rows(budget),
+                                              self.encoder.attention_fn() if variant.varlen else None)
         return self._attn[key]
 
-    def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: str) -> torch.Tensor:
-        if variant == "varlen":
+    def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: Variant) -> torch.Tensor:
+        if variant == VARLEN:
             return super().forward_on_buffers(buffers, budget, variant)
         rows = self.computed_rows(budget, variant)
         return self.body(buffers["pixel_values"][:rows], buffers["pos_embeds"][:rows], buffers["cu_seqlens"],
@@ -181,23 +166,23 @@ class DenseLfm2VlGraphModel(Lfm2VlGraphModel):
             return False
         return super().fits(budget, shapes)
 
-    def variant_for(self, budget: int, shapes: tuple[Shape, ...]) -> str:
+    def variant_for(self, budget: int, shapes: tuple[Shape, ...]) -> Variant:
         """``dense{k}`` for a pure run of k full-length items, ``dense{k}+varlen`` for k of them then a
         rest, else ``varlen``."""
         captured = self.graph_variants(budget)
         k = leading_full_items(shapes, self.config.dense_rows(budget))
-        for name in (variant_name(k, k < len(shapes)), "varlen"):
-            if name in captured:
-                return name
-        raise ValueError(f"no {budget}-token graph variant takes patch grids {shapes} (captured: {captured})")
+        for variant in ((Variant(k, k < len(shapes)) if k else VARLEN), VARLEN):
+            if variant in captured:
+                return variant
+        raise ValueError(f"no {budget}-token graph variant takes patch grids {shapes} "
+                         f"(captured: {[v.name for v in captured]})")
 
-    def layout(self, budget: int, variant: str, shapes: tuple[Shape, ...]) -> dict[str, torch.Tensor]:
+    def layout(self, budget: int, variant: Variant, shapes: tuple[Shape, ...]) -> dict[str, torch.Tensor]:
         """``cu_seqlens`` describes the rows the varlen kernel sees: all of them for ``varlen``, the
         rest after the dense items for ``dense{k}+varlen``; a pure ``dense{k}`` reads none (left out)."""
-        k, rest = parse_variant(variant)
-        cfg = self.config
+        k, cfg = variant.dense, self.config
         out = {"gather_idx": lfm2vl_gather_idx(list(shapes), cfg.factor).int()}
-        if rest:
+        if variant.varlen:
             cu = lfm2vl_cu_seqlens(list(shapes[k:])) if k < len(shapes) else torch.zeros(1, dtype=torch.int32)
             out["cu_seqlens"] = cfg.cu_seqlens_source(budget, cu, self.varlen_rows(budget, variant))
         return out

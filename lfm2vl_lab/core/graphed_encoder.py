@@ -1,9 +1,10 @@
 """``GraphedEncoder``: LFM2-VL's vision encoder with CUDA-graph capture and replay, in one object.
 
-It is the generic :class:`~.manager.EncoderGraphManager` given LFM2-VL's side of the protocol
-(:class:`~.lfm2vl.Lfm2VlGraphModel`, or :class:`~.dense.DenseLfm2VlGraphModel` with the dense
-graphs on) and a config built from the model's own limits and one :class:`~.config.GraphOptions`,
-plus what a transformers user wants: plugging the graphs into ``forward``/``generate``.
+It holds the generic :class:`~.manager.EncoderGraphManager`, given LFM2-VL's side of the protocol
+(:class:`~.lfm2vl.Lfm2VlGraphModel`, or :class:`~.dense.DenseLfm2VlGraphModel` with the dense graphs
+on) and a config derived from the model's own limits and one :class:`~.config.GraphOptions`; and
+adds what a transformers user wants: a check of the inputs, host staging, and plugging the graphs
+into ``forward``/``generate``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
 
-from .capture import capture_graph
+from .capture import WARMUP_ITERS, capture_graph
 from .config import EncoderGraphConfig, GraphOptions
 from .dense import DenseGraphConfig, DenseLfm2VlGraphModel
 from .encoder import PackedVisionEncoder
@@ -22,7 +23,7 @@ from .packing import model_limits
 from .staging import PixelItems
 
 
-class GraphedEncoder(EncoderGraphManager):
+class GraphedEncoder:
     """LFM2-VL's vision encoder with CUDA-graph capture and replay.
 
     >>> genc = GraphedEncoder(model)            # budgets from the processor: [64, 128, 256, 512, 1024]
@@ -37,7 +38,9 @@ class GraphedEncoder(EncoderGraphManager):
 
     ``encode`` returns per-item embeddings in input order, like transformers' ``get_image_features``.
     Without CUDA, ``encode`` runs the packed eager path (and says so once); ``capture`` raises
-    (unless ``record`` is :func:`~.capture.eager_stand_in`).
+    (unless ``record`` is :func:`~.capture.eager_stand_in`). The graphs themselves are the
+    ``manager``'s; ``adapter`` (LFM2-VL's side), ``config``, ``graphs``, ``stats`` and the rest read
+    through to it.
     """
 
     def __init__(self, model, options: GraphOptions | None = None, *, body=None, record=capture_graph, **changes):
@@ -46,21 +49,77 @@ class GraphedEncoder(EncoderGraphManager):
         self.encoder = PackedVisionEncoder(model, attention=opts.attention, fuse_qkv=opts.fuse_qkv,
                                            fuse_elementwise=opts.fuse_elementwise)
         dense = opts.dense_graphs and body is None  # a compiled body bakes its attention in
-        kw = {"max_run_items": opts.max_run_items} if dense else {}
-        config = (DenseGraphConfig if dense else EncoderGraphConfig).build(
-            self.encoder.out_hidden_size, budgets=opts.budgets, max_items=opts.max_items,
+        config = (DenseGraphConfig if dense else EncoderGraphConfig).from_options(
+            opts, self.encoder.out_hidden_size, max_num_patches=self.encoder.max_num_patches,
+            factor=self.encoder.factor,
             # the smallest item the model's processor makes: a preset's, or a loaded checkpoint's own
-            min_tokens=model_limits(model).min_image_tokens, max_tokens=opts.max_budget,
-            max_num_patches=self.encoder.max_num_patches, factor=self.encoder.factor,
-            cu_seqlens_rule=opts.cu_seqlens_rule, max_seqlen_mode=opts.max_seqlen_mode, **kw)
+            min_item_tokens=model_limits(model).min_item_tokens)
         kind = DenseLfm2VlGraphModel if dense else Lfm2VlGraphModel
-        super().__init__(kind(self.encoder, config, opts, body=body), record=record)
+        self.manager = EncoderGraphManager(kind(self.encoder, config, opts, body=body), record=record)
         self.warned = False
+
+    # -- what the manager holds ----------------------------------------------------------------------
+    @property
+    def adapter(self) -> Lfm2VlGraphModel:
+        """LFM2-VL's side of the protocol (the manager's model)."""
+        return self.manager.adapter
+
+    @property
+    def config(self) -> EncoderGraphConfig:
+        return self.manager.config
+
+    @property
+    def record(self):
+        """How one graph is recorded (:func:`~.capture.capture_graph`, or a stand-in)."""
+        return self.manager.record
+
+    @record.setter
+    def record(self, fn) -> None:
+        self.manager.record = fn
+
+    @property
+    def graphs(self) -> dict:
+        return self.manager.graphs
+
+    @property
+    def pool(self):
+        return self.manager.pool
+
+    @property
+    def stamp(self):
+        return self.manager.stamp
+
+    @property
+    def stats(self):
+        return self.manager.stats
+
+    @property
+    def serial(self):
+        return self.manager.serial
+
+    @property
+    def graph_device(self):
+        return self.manager.graph_device
+
+    @property
+    def captured(self) -> bool:
+        return self.manager.captured
 
     @property
     def device(self):
         return self.encoder.device
 
+    def capture(self, hook=None, warmup_iters: int = WARMUP_ITERS) -> list[dict]:
+        """Capture every budget's graphs (:meth:`~.manager.EncoderGraphManager.capture`)."""
+        return self.manager.capture(hook, warmup_iters)
+
+    def capture_info(self) -> list[dict]:
+        return self.manager.capture_info()
+
+    def reset_stats(self) -> None:
+        self.manager.reset_stats()
+
+    # -- what a transformers user calls -------------------------------------------------------------
     def encode(self, inputs) -> list:
         """Processor output (or what :meth:`stage` returned) → per-item embeddings in input order."""
         if not isinstance(inputs, (Mapping, PixelItems)):
@@ -70,7 +129,7 @@ class GraphedEncoder(EncoderGraphManager):
             self.warned = True  # once per encoder: a notebook loop should not print it every call
             warnings.warn("GraphedEncoder: no CUDA device, so encode() runs the packed eager encoder (no graphs)",
                           stacklevel=2)
-        return super().encode(inputs)
+        return self.manager.encode(inputs)
 
     def stage(self, inputs: dict) -> PixelItems:
         """The processor's output on this encoder's device, the way ``encode`` reads it: only the

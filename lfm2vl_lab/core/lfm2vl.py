@@ -1,5 +1,6 @@
-"""LFM2-VL's side of encoder graphs: the :class:`~.manager.EncoderGraphModel` protocol implemented
-for the packed vision encoder (what vLLM PR #44930 added to LFM2-VL as ``SupportsEncoderCudaGraph``).
+"""LFM2-VL's side of encoder graphs: the :class:`~.protocol.EncoderGraphModel` protocol implemented
+for the packed vision encoder (what vLLM PR #44930 added to LFM2-VL as ``SupportsEncoderCudaGraph``),
+and :class:`Variant`, the name of one graph on a budget's buffers.
 
 Per budget B (output tokens), the graphs read the config's named buffers (``buffer_keys``):
 
@@ -19,11 +20,13 @@ hold hands over only the pixel rows. :mod:`~.dense` adds graph variants on the s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .config import EncoderGraphConfig, GraphOptions
 from .encoder import PackedVisionEncoder, lfm2vl_parts
-from .manager import Replay
+from .guard import WeightStamp
 from .packing import (
     Shape,
     lfm2vl_check_shapes,
@@ -34,7 +37,45 @@ from .packing import (
     packed_batch,
     tokens_for,
 )
+from .protocol import EncoderGraphModel, Replay
 from .staging import LayoutCache, PixelItems, RowStager, row_offsets
+
+
+@dataclass(frozen=True, order=True)
+class Variant:
+    """One graph on a budget's buffers: ``dense`` full-length items through dense attention (0: none),
+    then, with ``varlen``, a ragged rest through varlen attention over ``cu_seqlens``
+    (:mod:`~.dense`). :attr:`name` is what stats and recorded files call it: ``varlen``,
+    ``dense3``, ``dense3+varlen``."""
+
+    dense: int = 0
+    varlen: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.dense, int) or isinstance(self.dense, bool) or self.dense < 0 \
+                or not (self.dense or self.varlen):
+            raise ValueError(f"no graph variant has dense={self.dense!r}, varlen={self.varlen!r}")
+
+    @property
+    def name(self) -> str:
+        return "varlen" if not self.dense else f"dense{self.dense}" + ("+varlen" if self.varlen else "")
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, name: str) -> Variant:
+        """``"varlen"``, ``"dense3"``, ``"dense3+varlen"`` → the variant (a ``ValueError`` otherwise)."""
+        if name == "varlen":
+            return cls()
+        if isinstance(name, str) and name.startswith("dense"):
+            k, _, rest = name[5:].partition("+")
+            if k.isdigit() and int(k) > 0 and rest in ("", "varlen"):
+                return cls(int(k), rest == "varlen")
+        raise ValueError(f"unknown graph variant {name!r}: expected varlen, dense<k> or dense<k>+varlen")
+
+
+VARLEN = Variant()  # every row through varlen attention: the seed's one graph per budget
 
 
 def check_finite_items(pixel_values: torch.Tensor, shapes: list[Shape]) -> None:
@@ -60,7 +101,7 @@ def check_staged(items: PixelItems, patch_dim: int, device) -> PixelItems:
     return items
 
 
-class Lfm2VlGraphModel:
+class Lfm2VlGraphModel(EncoderGraphModel):
     """The packed LFM2-VL encoder behind the manager's protocol: one ``varlen`` graph per budget.
 
     ``body`` is the callable captured per budget (default: ``encoder`` itself; the benchmark's fused
@@ -103,11 +144,11 @@ class Lfm2VlGraphModel:
         vision, projector, _ = lfm2vl_parts(self.encoder.root)
         return {"vision_tower": vision, "projector": projector}
 
-    def holders(self) -> list:
-        """The modules that hold the parts: assigning a new vision tower or projector to them is a
-        change too."""
+    def weight_stamp(self) -> WeightStamp:
+        """:meth:`weights` stamped (re-read on the slow path), with the modules that hold them watched
+        too: assigning a new vision tower or projector to them is a change as well."""
         root = self.encoder.root
-        return [root] + ([root.model] if hasattr(root, "model") else [])
+        return WeightStamp(self.weights, [root] + ([root.model] if hasattr(root, "model") else []))
 
     def refresh(self) -> None:
         """Before every capture: the encoder's parts and what it derived from them, from the model as
@@ -173,14 +214,10 @@ class Lfm2VlGraphModel:
     def dummy_varlen_rows(self, budget: int) -> int:
         return self.config.rows(budget)
 
-    def describe(self, budget: int) -> dict:
-        return {"rows": self.config.rows(budget), "max_seqlen": self.config.max_seqlen(budget),
-                "variants": list(self.graph_variants(budget))}
+    def graph_variants(self, budget: int) -> tuple[Variant, ...]:
+        return (VARLEN,)
 
-    def graph_variants(self, budget: int) -> tuple[str, ...]:
-        return ("varlen",)
-
-    def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: str) -> torch.Tensor:
+    def forward_on_buffers(self, buffers: dict[str, torch.Tensor], budget: int, variant: Variant) -> torch.Tensor:
         return self.body(buffers["pixel_values"], buffers["pos_embeds"], buffers["cu_seqlens"],
                          self.config.max_seqlen(budget), buffers["gather_idx"])
 
@@ -192,14 +229,14 @@ class Lfm2VlGraphModel:
                 and sum(h * w for h, w in shapes) <= cfg.rows(budget) and len(shapes) <= cfg.slots(budget)
                 and max(h * w for h, w in shapes) <= cfg.max_seqlen(budget))
 
-    def variant_for(self, budget: int, shapes: tuple[Shape, ...]) -> str:
-        return "varlen"
+    def variant_for(self, budget: int, shapes: tuple[Shape, ...]) -> Variant:
+        return VARLEN
 
-    def computed_tokens(self, budget: int, variant: str) -> int:
+    def computed_tokens(self, budget: int, variant: Variant) -> int:
         """Output rows one replay of ``variant`` computes: the whole budget for ``varlen``."""
         return budget
 
-    def layout(self, budget: int, variant: str, shapes: tuple[Shape, ...]) -> dict[str, torch.Tensor]:
+    def layout(self, budget: int, variant: Variant, shapes: tuple[Shape, ...]) -> dict[str, torch.Tensor]:
         """The host sources of ``cu_seqlens`` (with the safe rule's dummy sequences) and ``gather_idx``."""
         cfg = self.config
         return {"cu_seqlens": cfg.cu_seqlens_source(budget, lfm2vl_cu_seqlens(list(shapes))),

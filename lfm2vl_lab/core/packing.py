@@ -27,21 +27,22 @@ import torch.nn.functional as F
 Shape = tuple[int, int]
 
 # LFM2-VL's image-processor defaults, shared by every preset: each item is padded to this many patch
-# rows, and the smallest item has this many output tokens. A loaded checkpoint's own processor may
-# differ: code that has a model reads them with ``inputs.image_limits(model)``.
+# rows, and the smallest item has this many output tokens (the processor's ``min_image_tokens``).
+# A loaded checkpoint's own may differ: code that has a model reads ``inputs.image_limits(model)``.
 MAX_NUM_PATCHES = 1024
-MIN_IMAGE_TOKENS = 64
+MIN_ITEM_TOKENS = 64
 
 
 @dataclass(frozen=True)
 class ImageLimits:
     """What the encoder must know of the image processor: patch size, downsample factor, the token
-    limits of one item and the rows every item is padded to."""
+    limits of one item (the processor's ``min_image_tokens`` and ``max_image_tokens``) and the rows
+    every item is padded to."""
 
     patch_size: int
     downsample_factor: int
-    min_image_tokens: int
-    max_image_tokens: int
+    min_item_tokens: int
+    max_item_tokens: int
     max_num_patches: int
 
     @classmethod

@@ -1,9 +1,10 @@
 """Which items replay together, and what that costs: the manager's planner, pure host logic.
 
 :func:`plan_batches` packs a call's items into replay batches (largest first, under the largest
-budget and the item limit); :func:`plan_config` does it with a config's limits, as
-:meth:`~.manager.EncoderGraphManager.encode` calls it; :func:`plan_stats` previews, on the host only,
-what a stream of calls would do to the counters (replays, padding, items left to eager).
+budget and the item limit); :func:`plan_config` does it with a config's limits
+(:meth:`~.protocol.GraphConfig.plan`, as :meth:`~.manager.EncoderGraphManager.encode` plans);
+:func:`plan_stats` previews, on the host only, what a stream of calls would do to the counters
+(replays, padding, items left to eager).
 """
 
 from __future__ import annotations
@@ -44,10 +45,9 @@ def plan_batches(tokens: list[int], max_budget: int, max_items: int, run_tokens:
 
 
 def plan_config(tokens: list[int], config) -> tuple[list[list[int]], list[int]]:
-    """:func:`plan_batches` with a config's limits; runs only where it has a run budget to hold them
-    (without one, a run would only grow past ``max_items``, which no graph has the slots for)."""
-    run_items = getattr(config, "max_run_items", 0) if getattr(config, "run_budget", None) is not None else 0
-    return plan_batches(tokens, max(config.budgets), config.max_items, getattr(config, "run_tokens", None), run_items)
+    """:func:`plan_batches` with a config's limits (:meth:`~.protocol.GraphConfig.plan`): its largest
+    budget, its item limit and its runs (``run_tokens``, ``run_items``), as the manager plans a call."""
+    return config.plan(tokens)
 
 
 def plan_stats(calls: list[list[int]], config, dense_runs: bool = True) -> dict:
@@ -56,7 +56,7 @@ def plan_stats(calls: list[list[int]], config, dense_runs: bool = True) -> dict:
     ``dense_runs``: a batch made only of ``config.run_tokens``-token items runs graphs that compute
     exactly its items (LFM2-VL's dense graphs), so it pads nothing."""
     replays = real = padded = eager_items = 0
-    run_tokens = getattr(config, "run_tokens", None)
+    run_tokens = config.run_tokens
     for toks in calls:
         batches, eager = plan_config(toks, config)
         eager_items += len(eager)

@@ -32,13 +32,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from ..core.capture import capture_failed, capture_graph, prepare_capture
-from ..core.guard import WeightStamp, change_warning
+from ..core.capture import capture_graph, prepare_capture
+from ..core.guard import WeightStamp
+from ..core.lifecycle import GraphLifecycle
 from ..core.serial import Serial, serialised
 from .cache import (
     BATCH_BUCKETS,
@@ -114,12 +114,11 @@ class TextEngine:
         self.fuse = bool(fuse)
         self.fns = self._layer_functions()
         self.shared = self._shared_weights()
-        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
-        self.pool = None
         self.stats = EngineStats()
-        self.stamp: WeightStamp | None = None  # the text model's weights as the graphs read them
+        # the graphs, their pool and the stamp of the text model's weights as they read them
+        self.life = GraphLifecycle("TextEngine: the text model's", "every call runs eagerly", OOM_ADVICE,
+                                   stamp=self._stamp, stats=lambda: self.stats)
         self.captured: list[tuple] = []  # every capture() call's (shapes, decode, record), for a recapture
-        self.warned_change = False
         # one call at a time, one thread's request at a time: the buffers, the cache and the pool are shared
         self.serial = Serial("TextEngine")
         self._prompt_by = self._prefilled_by = None  # the threads that last called prompt() and prefill()
@@ -148,16 +147,30 @@ class TextEngine:
         inner = getattr(self.model, "model", None)
         return WeightStamp(self._parts, [self.model] + ([inner] if inner is not None else []))
 
+    @property
+    def graphs(self) -> dict[str, torch.cuda.CUDAGraph]:
+        """The captured graphs, by key (``"prefill 1x320"``, ``"sample 1"``, ``"decode 1"``)."""
+        return self.life.graphs
+
+    @property
+    def pool(self):
+        return self.life.pool
+
+    @property
+    def stamp(self) -> WeightStamp | None:
+        return self.life.stamp
+
     def follow_model(self) -> None:
         """Before every call: when the text model's weights moved since capture, or a part of it was
         replaced, take the parts the model holds now, move the engine's buffers after them and
         capture the same graphs again (graphs never replay old addresses)."""
-        if self.stamp is None or self.stamp.current():
-            return
-        changes = self.stamp.changes()
-        if not changes:
-            self.stamp.rearm()
-            return
+        if not self.life.current():
+            self.life.follow(on_gpu=lambda: self.device.type == "cuda" or any(
+                rec is not capture_graph for *_, rec in self.captured), moved=self._move, recapture=self._recapture,
+                stacklevel=4)
+
+    def _move(self) -> None:
+        """Follow the text model: its parts as it holds them now, and the buffers where they are."""
         self.lm, self.lm_head = lfm2_text_parts(self.model)
         self.device, self.dtype = self.lm_head.weight.device, self.lm_head.weight.dtype
         for name in self.FLOAT_BUFFERS:
@@ -166,15 +179,11 @@ class TextEngine:
             setattr(self, name, getattr(self, name).to(self.device))
         self.cache.to(self.device, self.dtype)
         self.shared = self._shared_weights()  # a move broke the shared storage's views
-        self.graphs, self.pool, self.stamp = {}, None, None
-        on_gpu = self.device.type == "cuda" or any(rec is not capture_graph for *_, rec in self.captured)
-        said = change_warning(self, "TextEngine: the text model's", changes, on_gpu, "every call runs eagerly")
-        if said:
-            warnings.warn(said, stacklevel=4)
-        if on_gpu:
-            for shapes, decode, record in self.captured:
-                self.capture(shapes, decode, record)
-            self.stats.recaptures += 1
+
+    def _recapture(self) -> bool:
+        for shapes, decode, record in self.captured:
+            self.capture(shapes, decode, record)
+        return True
 
     def request(self):
         """One whole request (``prompt`` → ``prefill`` → ``sample`` → ``decode``) for the calling
@@ -257,29 +266,25 @@ class TextEngine:
             todo[f"sample {B}"] = (self._sample_body, B)
             if decode:
                 todo[f"decode {B}"] = (self._decode_body, B)
-        pool = self.pool if self.pool is not None or not real else torch.cuda.graph_pool_handle()
-        new, key, caller = {}, None, torch.cuda.current_stream() if real else None
+        life = self.life
+        pool = life.pool if life.pool is not None else life.new_pool(real)
+        new, key = {}, None
         saved = [t.clone() for t in (self.last, self.ids, self.pos)]  # warm-up runs write the buffers
         seconds = {"compile_s": 0.0, "capture_s": 0.0}
-        try:
-            with self._compiling():
+        try:  # all or nothing: a failure (a stopped cell too) keeps no graph of the call
+            with life.all_or_nothing(real, lambda: f"the text engine's {key!r} graph", undo=new.clear), \
+                    self._compiling():
                 for key, (body, *args) in todo.items():
                     if key not in self.graphs:
                         new[key] = self._capture_one(lambda body=body, args=args: body(*args), record, pool, seconds)
-        except BaseException as exc:  # KeyboardInterrupt too: a stopped cell keeps no graph of the call
-            new = {}
-            err = capture_failed(exc, f"the text engine's {key!r} graph", caller, cuda=real, advice=OOM_ADVICE)
-            if err is exc:
-                raise
-            raise err from exc
         finally:  # after the repair above, so the copies run on the caller's stream
             for t, s in zip((self.last, self.ids, self.pos), saved):
                 t.copy_(s)
-        self.graphs.update(new)
-        self.pool = pool
+        life.graphs.update(new)
+        life.pool = pool
         if (list(shapes), decode, record) not in self.captured:
             self.captured.append((list(shapes), decode, record))
-        self.stamp = self._stamp()
+        life.stamped()
         return {"captured": sorted(new), "cache_mib": self.cache.nbytes() / 2**20, **seconds}
 
     def _capture_one(self, fn, record, pool, seconds: dict):

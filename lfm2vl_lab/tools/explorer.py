@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..core.config import GraphOptions, auto_budgets, auto_max_items, check_budgets
 from ..core.dense import DenseGraphConfig
-from ..core.packing import MIN_IMAGE_TOKENS, tokens_for
+from ..core.packing import MIN_ITEM_TOKENS, tokens_for
 from ..core.plan import plan_config, plan_stats
 from . import reference
 from .results import RESULTS_ROOT
@@ -34,7 +34,7 @@ from .workloads import synthetic_workload
 STREAM_N = 24  # requests in the reference set's bench stream (tools/record.py: --stream-n 24, seed 0)
 STREAM_PRESET = "lfm2-vl-450m"  # whose processor cuts the images into items (the bench's preset)
 MEMORY_ROLE = "bench-450m"  # the reference-set role whose lab-graph rows carry capture_info
-DEFAULT_BUDGETS = tuple(auto_budgets(MIN_IMAGE_TOKENS, GraphOptions.max_budget))  # the kit's automatic budgets
+DEFAULT_BUDGETS = tuple(auto_budgets(MIN_ITEM_TOKENS, GraphOptions.max_budget))  # the kit's automatic budgets
 DEFAULT_MAX_ITEMS = 4  # the widget's start: every other item limit gives this stream another waste
 DEFAULT_PER_CALL = 8  # requests per encoder call at the widget's start (24 requests: 3 calls)
 NOT_RECORDED = "not recorded"
@@ -195,7 +195,7 @@ class BudgetExplorer:
                               style=wide)
         self.per_call = w.IntSlider(value=min(per_call, len(self.stream)), min=1, max=len(self.stream),
                                     description="requests per call", style=wide)
-        top = auto_max_items(budgets, MIN_IMAGE_TOKENS)
+        top = auto_max_items(budgets, MIN_ITEM_TOKENS)
         self.max_items = w.IntSlider(value=min(max_items, top), min=1, max=top, description="max items", style=wide)
         self.output = w.HTML()
         self.ui = w.VBox([self.budgets, self.per_call, self.max_items, self.output])
@@ -211,7 +211,7 @@ class BudgetExplorer:
         self._busy = True
         try:
             budgets = parse_budgets(self.budgets.value)
-            top = auto_max_items(budgets, MIN_IMAGE_TOKENS)
+            top = auto_max_items(budgets, MIN_ITEM_TOKENS)
             if self.max_items.max != top:
                 self.max_items.max = top
             res = explore(budgets, self.max_items.value, self.stream, self.per_call.value, memory=self.memory)
