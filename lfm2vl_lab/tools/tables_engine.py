@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .e2e import DECODE_DRIFT_WARN
 from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case
-from .tables import Refs, md_table, ms, pct, preset_label, span, times
+from .tables import Refs, ms, pct, preset_label, span, table, times
 from .ttft import mode_name
 from .ttft_findings import e2e_cuts, encoder_cuts
 from .ttft_summary import PR_CLAIM, case_disturbed, claim_verdict, drift_beyond, text_graph_cuts
@@ -48,7 +48,7 @@ def ttft_modes_block(refs: Refs) -> str:
     note = (f"TTFT ms (median of {res['rows'][0].get('repeats')} paired rounds), processor excluded. Parity: "
             f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass "
             "(tokens against `generate`, first-token logits against a float32 copy; docs/results.md lists them).")
-    return "\n\n".join([md_table(head, rows), note, refs.source("ttft")])
+    return "\n\n".join([table(head, rows), note, refs.source("ttft")])
 
 
 def ttft_phases_block(refs: Refs) -> str:
@@ -60,7 +60,7 @@ def ttft_phases_block(refs: Refs) -> str:
             rows.append([preset_label(preset), mode_label(m), f"**{ms(r['ttft_ms'])}**"]
                         + [ms(r["phases_ms"].get(p)) for p in TTFT_PHASES] + [ms(r.get("decode_ms_per_token"))])
     head = ["preset", "mode", "TTFT"] + list(TTFT_PHASES) + ["decode ms/token"]
-    return "\n\n".join(["Median ms of one 512 px request.", md_table(head, rows), refs.source("ttft")])
+    return "\n\n".join(["Median ms of one 512 px request.", table(head, rows), refs.source("ttft")])
 
 
 def ttft_profile_block(refs: Refs) -> str:
@@ -76,7 +76,7 @@ def ttft_profile_block(refs: Refs) -> str:
                              ms(r["wall_ms"]), pct(r.get("busy_share"), 0)])
     head = ["preset", "mode", "kernels", "launch calls", "graph launches", "GPU-busy ms", "wall ms", "busy"]
     return "\n\n".join(["One profiled request (512 px, processor excluded), the mean of "
-                        f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", md_table(head, rows),
+                        f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows),
                         refs.source("ttft")])
 
 
@@ -95,7 +95,7 @@ def ttft_grid_block(refs: Refs) -> str:
             "encoder graphs' cut, text graphed", "decode ms/token, all eager → both graphed"]
     note = (f"\"drift\" marks a cut where decode, which never runs the encoder, moved by more than "
             f"{pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes: there the cut is not the encoder's alone.")
-    return "\n\n".join([md_table(head, rows), note, refs.source("ttft")])
+    return "\n\n".join([table(head, rows), note, refs.source("ttft")])
 
 
 def decode_ratio_block(refs: Refs) -> str:
@@ -134,7 +134,7 @@ def text_cuts_block(refs: Refs) -> str:
                         ms(c["graphed_ms"]), pct(c["cut"])])
     head = ["preset", "image", "requests", "prompt tokens", "TTFT, text eager", "TTFT, text graphed", "cut (paired)"]
     return "\n\n".join(["The encoder graphed in both columns; sorted by the batch's prompt tokens.",
-                        md_table(head, out), refs.source("ttft")])
+                        table(head, out), refs.source("ttft")])
 
 
 def engine_setup_block(refs: Refs) -> str:
@@ -168,7 +168,7 @@ def e2e_block(refs: Refs) -> str:
             "change (paired)", "encoder ms", "decode drift"]
     note = (f"Median ms of {res['rows'][0].get('repeats')} rounds, the two modes in alternating turns. \"disturbed\": "
             f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
-    return "\n\n".join([md_table(head, rows), note, refs.source("e2e")])
+    return "\n\n".join([table(head, rows), note, refs.source("e2e")])
 
 
 def e2e_profile_block(refs: Refs) -> str:
@@ -183,7 +183,7 @@ def e2e_profile_block(refs: Refs) -> str:
                                  f"{r['launch_calls']:.0f}", ms(r["gpu_busy_ms"]), ms(r["wall_ms"]),
                                  pct(r["gpu_busy_ms"] / r["wall_ms"], 0)])
     head = ["preset", "mode", "part", "kernels", "launch calls", "GPU-busy ms", "wall ms", "busy"]
-    return "\n\n".join([md_table(head, rows), refs.source("e2e")])
+    return "\n\n".join([table(head, rows), refs.source("e2e")])
 
 
 def _range(cuts: list[tuple]) -> str:
@@ -240,7 +240,7 @@ def image_path_block(refs: Refs) -> str:
                      "yes" if r.get("outputs_equal") else "**no**", (r.get("staging") or {}).get("host_waits")])
     head = ["preset", "workload", "from GPU input ms", "from CPU output ms", "ratio", "ratio, padded float32",
             "ratio, chunked upload", "host gather ms", "upload ms", "upload GB/s", "outputs equal", "host waits"]
-    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
 
 
 def processor_block(refs: Refs) -> str:
@@ -255,7 +255,7 @@ def processor_block(refs: Refs) -> str:
                      ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
     head = ["preset", "workload", "CPU processor ms", "GPU processor ms", "CPU / GPU",
             "largest difference (uint8 levels)"]
-    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
 
 
 def ttft_parity_block(refs: Refs) -> str:
@@ -270,7 +270,7 @@ def ttft_parity_block(refs: Refs) -> str:
                          f"{r['matching_tokens']} of {p['new_tokens']}", "yes" if r["ok"] else "**no**"])
     head = ["preset", "case", "float32 top-2 margin", "mode", "logits vs float32 (transformers' bf16)",
             "first token as `generate`", "first token as float32", "tokens as `generate`", "passes"]
-    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
 
 
 PEER_LABELS = {"generate": "transformers' `generate`", "hf-static-compile": "`generate`, static cache + compile",
@@ -306,7 +306,7 @@ def engine_peers_block(refs: Refs) -> str:
     note = (f"bf16, one request ({res['setup'][0]['prompt_len']} positions), median ms of "
             f"{res['rows'][0].get('repeats')} rounds, every mode in alternating turns. The weights' floor per decode "
             f"step: {floors}. Eight requests: {', '.join(eight)}.")
-    return "\n\n".join([md_table(head, rows), note, refs.source("engine")])
+    return "\n\n".join([table(head, rows), note, refs.source("engine")])
 
 
 BLOCKS = {

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from .tables import Refs, md_table, ms, preset_label
+from .tables import Refs, ms, preset_label, table
 from .ttft_summary import PR_CLAIM
 from .vllm_ab import ARMS, CASES, TOKENS, case_name
 from .vllm_report import find as _row
@@ -70,7 +70,7 @@ def _table(res: dict, key: str, ms_key: str, tokens_list) -> str:
                     cells.append(ms(off[ms_key], 1) if off else None)
                     cells += [cut((_row(res, engine, preset, case, tokens, a) or {}).get(key)) for a in ARMS[1:]]
                 rows.append(cells)
-    return md_table(head, rows)
+    return table(head, rows)
 
 
 def _settings(res: dict) -> str:
@@ -193,7 +193,7 @@ def breakdown_block(refs: Refs) -> str:
                 step = sum(v for k, v in ph.items() if k not in ("processor", "decode"))
                 rows.append([preset_label(preset), f"kit's pipeline, {arm}", ms(r["ttft_ms"], 1),
                              ms(ph.get("processor"), 1), None, ms(step, 1), ms(ph.get("encoder"), 2), None])
-    return "\n\n".join([md_table(head, rows),
+    return "\n\n".join([table(head, rows),
                         "Medians over the rounds' requests of one 512 px image and 16 tokens, ms. vLLM's parts are its "
                         "own: its processor timing, its scheduler's timestamps (queued, scheduled, first token) and "
                         "CUDA events around its encoder step in its worker; what is left of TTFT is the frontend and "
@@ -238,7 +238,7 @@ def engines_block(refs: Refs) -> str:
     seconds = "; ".join(f"{preset_label(p)} {res['presets'][p]['seconds'].get('total', 0):.0f} s ("
                         + ", ".join(f"{k} {v:.0f} s" for k, v in res["presets"][p]["seconds"].items() if k != "total")
                         + ")" for p in presets(res))
-    return "\n\n".join([md_table(head, rows), f"Seconds per preset on the H200: {seconds}.",
+    return "\n\n".join([table(head, rows), f"Seconds per preset on the H200: {seconds}.",
                         "Start-up: `LLM(...)` to ready, compile and CUDA graph capture included. The encoder graphs "
                         "captured once more in the live engine after the rounds, the way vLLM's own start-up "
                         "profiling captures them (a manager of its own into a pool of its own); memory is what that "
