@@ -23,13 +23,15 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
+
+from .frames import frame, md
 from .reference import REFERENCE_GPU, load, load_archived, load_manifest, manifest_path
 from .results import REPO_ROOT, RESULTS_ROOT
 
 OPEN = re.compile(r"<!-- table:([A-Za-z0-9._-]+) -->")
 CLOSE = "<!-- /table:{} -->"
 CLOSE_ANY = re.compile(r"<!-- /table:([A-Za-z0-9._-]+) -->")
-DASH = "–"
 
 
 class TableError(ValueError):
@@ -56,6 +58,10 @@ class Refs:
         if role not in self._cache:
             self._cache[role] = load(role, self.gpu, self.root, partial=partial)
         return self._cache[role]
+
+    def frame(self, role: str, *cols: str, table: str = "rows") -> pd.DataFrame:
+        """``role``'s ``table`` as a DataFrame (:func:`~lfm2vl_lab.tools.frames.frame`), with ``cols``."""
+        return need(frame(self(role), table), *cols)
 
     def has(self, role: str, partial: bool = False) -> bool:
         """Whether the set holds ``role`` (``partial``: or a partial file of it)."""
@@ -93,29 +99,37 @@ class Refs:
 # Formatting
 # --------------------------------------------------------------------------------------------
 
-def md_table(head: list[str], rows: list[list]) -> str:
-    """A Markdown table; ``None`` cells print as a dash."""
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(DASH if c is None else str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
+def missing(v) -> bool:
+    """Whether a cell holds no value: None, or NaN (what a DataFrame puts where a row lacks a field)."""
+    return v is None or (isinstance(v, float) and v != v)
 
 
 def ms(v, digits: int = 2) -> str | None:
-    return None if v is None else f"{v:.{digits}f}"
+    return None if missing(v) else f"{v:.{digits}f}"
 
 
 def times(v, digits: int = 1) -> str | None:
-    return None if v is None else f"{v:.{digits}f}×"
+    return None if missing(v) else f"{v:.{digits}f}×"
 
 
 def pct(v, digits: int = 1, sign: bool = False) -> str | None:
-    return None if v is None else f"{100 * v:{'+' if sign else ''}.{digits}f}%"
+    return None if missing(v) else f"{100 * v:{'+' if sign else ''}.{digits}f}%"
 
 
 def span(values, fmt=ms, unit: str = "") -> str:
     """``a–b`` (or one value where all are equal) of the formatted min and max."""
     lo, hi = fmt(min(values)), fmt(max(values))
     return (lo if lo == hi else f"{lo}–{hi}") + unit
+
+
+def table(head: list[str], rows: list[list]) -> str:
+    """Rows of cells under ``head`` as one of the pages' tables (:func:`~lfm2vl_lab.tools.frames.md`)."""
+    return md(pd.DataFrame(rows, columns=head, dtype=object))
+
+
+def need(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """``df`` with every column of ``cols``, empty where its rows lack the field."""
+    return df.reindex(columns=[*df.columns, *(c for c in cols if c not in df.columns)])
 
 
 def preset_label(preset: str) -> str:
@@ -144,7 +158,7 @@ def reference_block(refs: Refs) -> str:
            f"recorded it); ")
         + f"{'complete' if man['complete'] else 'incomplete'}, failed steps: {failed}. torch {prov.get('torch')}, "
         f"CUDA {prov.get('cuda')}, transformers {prov.get('transformers')}, Python {prov.get('python')}.",
-        md_table(["role", "file", "part", "exit status", "seconds", "code"], rows),
+        table(["role", "file", "part", "exit status", "seconds", "code"], rows),
         f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
 
 
@@ -170,7 +184,7 @@ def record_cost_block(refs: Refs) -> str:
                      "all" if len(roles) == len(recorded) else ", ".join(f"`{r}`" for r in roles),
                      f"{sum(seconds[r] for r in roles):.0f}"])
     return "\n\n".join([
-        md_table(["a change to", "re-records", "seconds of steps"], rows),
+        table(["a change to", "re-records", "seconds of steps"], rows),
         "Seconds of steps: what each role's step took when the set was recorded (the manifest's `seconds`), "
         "summed; a call adds the machine's start and the copy of the tree. Which roles a file moves is the "
         "import closure of each role's command (`lfm2vl_lab.tools.role_code`); a file in no row (a table, a "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .request import e2e_cuts as request_cuts
-from .tables import Refs, md_table, pct, preset_label, span
+from .tables import Refs, pct, preset_label, span, table
 from .tables_vllm import ROLE, judged, presets
 from .ttft_findings import encoder_cuts
 from .ttft_summary import PR_CLAIM, drift_beyond
@@ -125,7 +125,7 @@ def verdict_block(refs: Refs) -> str:
             "pipeline in separate processes, with more request counts; they record medians only, so they give no "
             "verdict.")
     sources = refs.source(ROLE, *[r for r in (REQUEST_ROLE, "ttft") if refs.has(r)])
-    return "\n\n".join(["\n".join(summary(groups, names)), md_table(head, rows), rule, sources])
+    return "\n\n".join(["\n".join(summary(groups, names)), table(head, rows), rule, sources])
 
 
 BLOCKS = {"pr-verdict": verdict_block}

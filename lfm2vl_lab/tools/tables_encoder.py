@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import pandas as pd
+
 from . import plots_common
-from .floor import busy_over_wall, kernel_breakdown
-from .tables import DASH, Refs, md_table, ms, pct, preset_label, span, times
+from .floor import kernel_breakdown
+from .frames import frame, md
+from .tables import Refs, missing, ms, need, pct, preset_label, span, table, times
 from .workloads import NXS, TILED_SIZE
 
 ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-eager", "packed, eager"),
@@ -35,59 +38,68 @@ def workload_label(workload: str, stream_n=None) -> str:
     return workload
 
 
+def medians(df) -> pd.DataFrame:
+    """The rows of a bench frame with a median, one per (mode, workload) (the last, where a file repeats one)."""
+    df = need(df, "mode", "workload", "median_ms", "gpu_busy_ms", "n_items", "p99_ms", "max_ms", "capture_s",
+              "graph_total_mb")
+    return df[df.median_ms.notna()].drop_duplicates(["mode", "workload"], keep="last")
+
+
 def by_mode(rows: list[dict]) -> dict:
-    """``{(mode, workload): row}`` of the rows with a median."""
-    return {(r["mode"], r["workload"]): r for r in rows if r.get("median_ms") is not None}
+    """``{(mode, workload): row}`` of the file's rows that :func:`medians` keeps, as recorded."""
+    df = medians(pd.json_normalize(rows))
+    return {(m, w): rows[i] for i, m, w in zip(df.index, df["mode"], df.workload)}
 
 
-def workloads_of(rows: list[dict]) -> list[str]:
-    return list(dict.fromkeys(r["workload"] for r in rows))
+def grid(df, values: str = "median_ms", modes=None) -> pd.DataFrame:
+    """``values`` of :func:`medians` rows, workloads (in recorded order) by mode."""
+    ws = list(dict.fromkeys(df.workload))
+    out = df.pivot(index="workload", columns="mode", values=values).reindex(ws)
+    return out.reindex(columns=modes) if modes is not None else out
 
 
-def _cell(row: dict | None, bold: bool = False) -> str:
-    if row is None:
-        return DASH
-    med = f"**{ms(row['median_ms'])}**" if bold else ms(row["median_ms"])
-    return med + (f" ({ms(row['gpu_busy_ms'])})" if row.get("gpu_busy_ms") is not None else "")
+def cells(df, bold: str | None = None) -> pd.Series:
+    """Each row's median ms, its GPU-busy ms of one profiled call in brackets; ``bold``: that mode's median."""
+    med = df.median_ms.map(ms)
+    med = med.where(df["mode"] != bold, "**" + med + "**")
+    return med + df.gpu_busy_ms.map(lambda b: "" if missing(b) else f" ({ms(b)})")
 
 
 def encoder_table(res: dict) -> str:
     """Median ms per mode and workload (GPU-busy ms of one profiled call in brackets), and lab-graph's
     speedup over transformers."""
-    by, stream_n = by_mode(res["rows"]), res["provenance"].get("stream_n")
-    head = ["workload", "items"] + [label for _, label in ENCODER_MODES] + ["lab-graph vs transformers"]
-    rows = []
-    for w in workloads_of(res["rows"]):
-        g, hf = by.get(("lab-graph", w)), by.get(("hf-eager", w))
-        items = next((r.get("n_items") for (m, ww), r in by.items() if ww == w), None)
-        rows.append([workload_label(w, stream_n), items]
-                    + [_cell(by.get((m, w)), bold=m == "lab-graph") for m, _ in ENCODER_MODES]
-                    + [times(hf["median_ms"] / g["median_ms"]) if g and hf else None])
-    return md_table(head, rows)
+    df, modes = medians(frame(res)), [m for m, _ in ENCODER_MODES]
+    med = grid(df, modes=modes)
+    out = pd.DataFrame({"workload": [workload_label(w, res["provenance"].get("stream_n")) for w in med.index],
+                        "items": df.groupby("workload", sort=False).n_items.first().map(int).values})
+    out[[label for _, label in ENCODER_MODES]] = grid(df.assign(cell=cells(df, "lab-graph")), "cell", modes).values
+    out["lab-graph vs transformers"] = (med["hf-eager"] / med["lab-graph"]).map(times).values
+    return md(out)
 
 
 def encoder_summary(res: dict) -> str:
     """Sentences read off the same rows: where lab-graph is fastest, where its kernels are cheaper than
     transformers', its stream p99 against compile's, and what its graphs cost to capture."""
-    by, out = by_mode(res["rows"]), []
-    ws = [w for w in workloads_of(res["rows"]) if ("lab-graph", w) in by]
-    fastest = [w for w in ws if by[("lab-graph", w)]["median_ms"]
-               == min(r["median_ms"] for (m, ww), r in by.items() if ww == w)]
-    out.append(f"lab-graph is the fastest mode at {len(fastest)} of {len(ws)} workloads"
-               + ("" if len(fastest) == len(ws) else f" (not at {', '.join(w for w in ws if w not in fastest)})") + ".")
-    prof = [w for w in ws if by[("lab-graph", w)].get("gpu_busy_ms") and by.get(("hf-eager", w), {}).get("gpu_busy_ms")]
-    below = [w for w in prof if by[("lab-graph", w)]["gpu_busy_ms"] <= by[("hf-eager", w)]["gpu_busy_ms"]]
-    out.append(f"Its GPU-busy time is at or below transformers' at {len(below)} of the {len(prof)} profiled "
-               "workloads (the stream is timed request by request, not profiled).")
-    gs, cs = by.get(("lab-graph", "stream")), by.get(("compile", "stream"))
-    if gs and cs and gs.get("p99_ms") and cs.get("p99_ms"):
-        out.append(f"On the stream its p99 is {ms(gs['p99_ms'])} ms against compile's {ms(cs['p99_ms'])} ms "
-                   f"(compile's slowest request: {ms(cs['max_ms'])} ms; `torch.compile` records a new graph for "
-                   "each new shape).")
-    g = by.get(("lab-graph", ws[0])) if ws else None
-    if g and g.get("capture_s") is not None:
-        out.append(f"All of lab-graph's graphs were captured in {ms(g['capture_s'])} s and hold "
-                   f"{g['graph_total_mb']:.0f} MiB.")
+    df = medians(frame(res))
+    med, busy = grid(df), grid(df, "gpu_busy_ms", ["lab-graph", "hf-eager"])
+    med = med[med.get("lab-graph", pd.Series(dtype=float)).notna()]
+    ws, fastest = list(med.index), list(med.index[med["lab-graph"] == med.min(axis=1)])
+    out = [f"lab-graph is the fastest mode at {len(fastest)} of {len(ws)} workloads"
+           + ("" if len(fastest) == len(ws) else f" (not at {', '.join(w for w in ws if w not in fastest)})") + "."]
+    prof = busy.loc[ws][(busy.loc[ws] > 0).all(axis=1)]
+    out.append(f"Its GPU-busy time is at or below transformers' at {(prof['lab-graph'] <= prof['hf-eager']).sum()} "
+               f"of the {len(prof)} profiled workloads (the stream is timed request by request, not profiled).")
+    at = df.set_index(["mode", "workload"])
+    if {("lab-graph", "stream"), ("compile", "stream")} <= set(at.index):
+        gs, cs = at.loc[("lab-graph", "stream")], at.loc[("compile", "stream")]
+        if gs.p99_ms and cs.p99_ms and not (missing(gs.p99_ms) or missing(cs.p99_ms)):
+            out.append(f"On the stream its p99 is {ms(gs.p99_ms)} ms against compile's {ms(cs.p99_ms)} ms "
+                       f"(compile's slowest request: {ms(cs.max_ms)} ms; `torch.compile` records a new graph for "
+                       "each new shape).")
+    g = at.loc[("lab-graph", ws[0])] if ws else None
+    if g is not None and not missing(g.capture_s):
+        out.append(f"All of lab-graph's graphs were captured in {ms(g.capture_s)} s and hold "
+                   f"{g.graph_total_mb:.0f} MiB.")
     return " ".join(out)
 
 
@@ -102,47 +114,55 @@ def encoder_block(role: str):
     return block
 
 
-def _kernel_row(rows: list[dict], workload: str, on: dict) -> dict | None:
-    return next((r for r in rows if r["workload"] == workload and all(r.get(k) == v for k, v in on.items())), None)
+def configs(res: dict, keys: tuple) -> list[str]:
+    """Each row's settings ``keys`` in words (``fuse_qkv=True, …``; a row without a key says None)."""
+    return [", ".join(f"{k}={r.get(k)}" if isinstance(r.get(k), bool) else str(r.get(k)) for k in keys)
+            for r in res["rows"]]
+
+
+def with_options(df, on: dict) -> pd.DataFrame:
+    """The rows of ``df`` whose kernel options are ``on``, the first per workload (index: the file's row)."""
+    df = need(df, *on)
+    return df[(df[list(on)] == pd.Series(on)).all(axis=1)].drop_duplicates("workload")
 
 
 def kernel_classes_block(refs: Refs) -> str:
     """The kernel classes of one profiled 1x512 call: lab-graph with every kernel option off and on
     (``kernels``), and transformers (``bench-450m``)."""
-    k = refs("kernels")["rows"]
-    cols = {"lab-graph, options off": _kernel_row(k, "1x512", dict.fromkeys(KERNEL_OPTIONS, False)),
-            "lab-graph, options on": _kernel_row(k, "1x512", dict.fromkeys(KERNEL_OPTIONS, True)),
-            "transformers": by_mode(refs("bench-450m")["rows"]).get(("hf-eager", "1x512"))}
-    parts = {label: kernel_breakdown(r) for label, r in cols.items() if r is not None}
+    k, bench = refs.frame("kernels"), medians(refs.frame("bench-450m"))
+    picked = {"lab-graph, options off": ("kernels", with_options(k, dict.fromkeys(KERNEL_OPTIONS, False))),
+              "lab-graph, options on": ("kernels", with_options(k, dict.fromkeys(KERNEL_OPTIONS, True))),
+              "transformers": ("bench-450m", bench[bench["mode"] == "hf-eager"])}
+    parts = {label: kernel_breakdown(refs(role)["rows"][rows.index[rows.workload == "1x512"][0]])
+             for label, (role, rows) in picked.items() if (rows.workload == "1x512").any()}
+    count = pd.DataFrame({label: {c: v["count"] for c, v in p.items()} for label, p in parts.items()})
+    us = pd.DataFrame({label: {c: v["us"] for c, v in p.items()} for label, p in parts.items()})
     classes = list(dict.fromkeys(c for p in parts.values() for c in p))
-    rows = [[c] + [f"{p[c]['count']} · {p[c]['us']:.0f} µs" if c in p else None for p in parts.values()]
-            for c in classes]
-    totals = [(sum(v["count"] for v in p.values()), sum(v["us"] for v in p.values())) for p in parts.values()]
-    rows.append(["**total**"] + [f"**{n} · {us:.0f} µs**" for n, us in totals])
-    memsets = {label: parts[label].get("memset", {}).get("count", 0) for label in parts}
-    note = ("Entries of one profiled call (kernels, copies and memsets) · their µs. Memset entries: "
-            + ", ".join(f"{n} ({label})" for label, n in memsets.items()) + ".")
-    return "\n\n".join([md_table(["class"] + list(parts), rows), note, refs.source("kernels", "bench-450m")])
+    count, us = count.reindex(classes), us.reindex(classes)
+    out = count.map(lambda n: f"{n:.0f} · ", na_action="ignore") + us.map(lambda u: f"{u:.0f} µs")
+    out.loc["**total**"] = "**" + count.sum().map("{:.0f} · ".format) + us.sum().map("{:.0f} µs**".format)
+    memsets = ", ".join(f"{n:.0f} ({label})" for label, n in count.reindex(["memset"]).fillna(0).iloc[0].items())
+    note = f"Entries of one profiled call (kernels, copies and memsets) · their µs. Memset entries: {memsets}."
+    return "\n\n".join([md(out.rename_axis("class").reset_index()), note, refs.source("kernels", "bench-450m")])
 
 
 def kernel_options_block(refs: Refs) -> str:
     """lab-graph median (GPU-busy) per workload with no kernel option, each one alone, and all three."""
-    k = refs("kernels")["rows"]
-    combos = {"none": dict.fromkeys(KERNEL_OPTIONS, False)}
-    for opt in KERNEL_OPTIONS:
-        combos[f"`{opt}` alone"] = {o: o == opt for o in KERNEL_OPTIONS}
-    combos["all three"] = dict.fromkeys(KERNEL_OPTIONS, True)
-    rows = []
-    for w in workloads_of(k):
-        cells = [_kernel_row(k, w, on) for on in combos.values()]
-        rows.append([workload_label(w)] + [_cell(r) for r in cells]
-                    + [times(cells[0]["median_ms"] / cells[-1]["median_ms"], 2) if cells[0] and cells[-1] else None])
-    head = ["workload"] + list(combos) + ["none / all three"]
-    return "\n\n".join(["lab-graph median ms (GPU-busy ms of one profiled call), LFM2-VL-450M.",
-                        md_table(head, rows), refs.source("kernels")])
+    k = refs.frame("kernels", "gpu_busy_ms")
+    combos = {"none": dict.fromkeys(KERNEL_OPTIONS, False),
+              **{f"`{opt}` alone": {o: o == opt for o in KERNEL_OPTIONS} for opt in KERNEL_OPTIONS},
+              "all three": dict.fromkeys(KERNEL_OPTIONS, True)}
+    ws = list(dict.fromkeys(k.workload))
+    rows = {label: with_options(k, on).set_index("workload").reindex(ws) for label, on in combos.items()}
+    out = pd.DataFrame({"workload": [workload_label(w) for w in ws]})
+    for label, r in rows.items():
+        out[label] = cells(r.assign(mode=None)).values
+    out["none / all three"] = (rows["none"].median_ms / rows["all three"].median_ms).map(lambda v: times(v, 2)).values
+    return "\n\n".join(["lab-graph median ms (GPU-busy ms of one profiled call), LFM2-VL-450M.", md(out),
+                        refs.source("kernels")])
 
 
-def _layout(layout: list[int]) -> str:
+def _layout(layout: tuple) -> str:
     if len(set(layout)) == 1:
         return f"{len(layout)} × {layout[0]} rows"
     return " + ".join(str(n) for n in layout) + " rows"
@@ -150,46 +170,36 @@ def _layout(layout: list[int]) -> str:
 
 def attention_block(refs: Refs) -> str:
     """µs per layer of every capturable attention candidate inside a CUDA graph, failures kept."""
-    res = refs("attention")
-    backends = list(dict.fromkeys(r["backend"] for r in res["rows"]))
-    cases = list(dict.fromkeys((r["preset"], r["heads"], r["head_dim"], tuple(r["layout"])) for r in res["rows"]))
-    rows = []
-    for preset, heads, dim, layout in cases:
-        got = {r["backend"]: r for r in res["rows"]
-               if (r["preset"], r["heads"], r["head_dim"], tuple(r["layout"])) == (preset, heads, dim, layout)}
-        cells = []
-        for b in backends:
-            r = got.get(b)
-            cells.append(None if r is None else "capture fails" if r.get("error") else
-                         f"{1000 * r['graph_ms_per_layer']:.1f}")
-        rows.append([f"{preset_label(preset)} ({heads} × {dim})", _layout(list(layout))] + cells)
-    errors = sorted({r["error"].split(":")[0] for r in res["rows"] if r.get("error")})
+    df = refs.frame("attention", "error", "graph_ms_per_layer").assign(layout=lambda d: d.layout.map(tuple))
+    df["cell"] = (1000 * df.graph_ms_per_layer).map("{:.1f}".format).where(df.error.isna(), "capture fails")
+    case = ["preset", "heads", "head_dim", "layout"]
+    t = df.drop_duplicates([*case, "backend"], keep="last").pivot(index=case, columns="backend", values="cell")
+    t = t.reindex(index=pd.MultiIndex.from_frame(df[case].drop_duplicates()), columns=df.backend.unique())
+    out = pd.DataFrame({"preset (heads × dim)": [f"{preset_label(p)} ({h} × {d})" for p, h, d, _ in t.index],
+                        "layout": [_layout(lay) for *_, lay in t.index]})
+    out[[f"`{b}`" for b in t.columns]] = t.values
+    errors = sorted({e.split(":")[0] for e in df.error.dropna()})
     note = ("µs per layer inside a CUDA graph, bf16." + (f" The failed captures raise {', '.join(errors)}; the "
                                                         "file keeps each traceback." if errors else ""))
-    return "\n\n".join([md_table(["preset (heads × dim)", "layout"] + [f"`{b}`" for b in backends], rows), note,
-                        refs.source("attention")])
-
-
-def _config(row: dict, keys: tuple) -> str:
-    return ", ".join(f"{k}={row.get(k)}" if isinstance(row.get(k), bool) else str(row.get(k)) for k in keys)
+    return "\n\n".join([md(out), note, refs.source("attention")])
 
 
 def sweep_table(res: dict, keys: tuple) -> str:
     """One row per configuration (``keys``), lab-graph's median per workload, then the stream's padding
     waste where there is a stream, the graphs' MiB and capture s."""
-    ws = workloads_of(res["rows"])
-    configs = list(dict.fromkeys(_config(r, keys) for r in res["rows"]))
-    stream = "stream" in ws
-    head = [" / ".join(keys)] + [f"{w} ms" for w in ws] + (["stream padding waste"] if stream else []) \
-        + ["graphs MiB", "capture s"]
-    rows = []
-    for c in configs:
-        mine = {r["workload"]: r for r in res["rows"] if _config(r, keys) == c}
-        first = next(iter(mine.values()))
-        rows.append([c] + [ms(mine[w]["median_ms"]) if w in mine else None for w in ws]
-                    + ([pct(mine["stream"].get("padding_waste")) if "stream" in mine else None] if stream else [])
-                    + [f"{first['graph_total_mb']:.0f}", ms(first["capture_s"])])
-    return md_table(head, rows)
+    df = need(frame(res), "padding_waste").assign(config=configs(res, keys))
+    mine = df.drop_duplicates(["config", "workload"], keep="last")
+    ws, names = list(dict.fromkeys(df.workload)), list(dict.fromkeys(df.config))
+    out = pd.DataFrame({" / ".join(keys): names})
+    out[[f"{w} ms" for w in ws]] = mine.pivot(index="config", columns="workload", values="median_ms").reindex(
+        index=names, columns=ws).map(ms).values
+    if "stream" in ws:
+        out["stream padding waste"] = mine[mine.workload == "stream"].set_index("config").padding_waste.reindex(
+            names).map(pct).values
+    first = mine.drop_duplicates("config").set_index("config").reindex(names)
+    out["graphs MiB"] = first.graph_total_mb.map("{:.0f}".format).values
+    out["capture s"] = first.capture_s.map(ms).values
+    return md(out)
 
 
 def sweeps_block(refs: Refs) -> str:
@@ -203,13 +213,11 @@ def sweeps_block(refs: Refs) -> str:
 def same_config_block(refs: Refs) -> str:
     """lab-graph at 1x512 in its default configuration, as each role that ran it measured it: the
     spread between separate processes of one run."""
-    ref = by_mode(refs("bench-450m")["rows"])[("lab-graph", "1x512")]
-    key = {k: ref.get(k) for k in DEFAULT_GRAPH}
-    found = {}
-    for role in ("bench-450m", "kernels", "sweep-rules", "sweep-budgets", "sweep-attention"):
-        for r in refs(role)["rows"]:
-            if r["mode"] == "lab-graph" and r["workload"] == "1x512" and all(r.get(k) == v for k, v in key.items()):
-                found.setdefault(role, r["median_ms"])
+    runs = {role: refs.frame(role).assign(config=configs(refs(role), DEFAULT_GRAPH)).query(
+        "mode == 'lab-graph' and workload == '1x512'") for role in
+        ("bench-450m", "kernels", "sweep-rules", "sweep-budgets", "sweep-attention")}
+    key = runs["bench-450m"].dropna(subset=["median_ms"]).config.iloc[-1]
+    found = {role: df.median_ms[df.config == key].iloc[0] for role, df in runs.items() if (df.config == key).any()}
     meds = list(found.values())
     return (f"lab-graph at one 512 px image in its default configuration was timed in {len(found)} processes of "
             f"the run: " + ", ".join(f"{ms(v, 3)} ms (`{role}`)" for role, v in found.items())
@@ -246,18 +254,15 @@ def machine_block(refs: Refs) -> str:
     bench command, and what the two files record of machine, libraries and code: the host-bound modes
     move between the runs, the graphed one hardly does."""
     now, then = refs("bench-450m"), refs.archived(EARLIER_BENCH)
-    a, b = by_mode(now["rows"]), by_mode(then["rows"])
-    ws = [w for w in ("1x512", "tiled", "16x512", "stream") if any(k[1] == w for k in a)]
-    rows = []
-    for mode, label in ENCODER_MODES:
-        cells = []
-        for w in ws:
-            x, y = a.get((mode, w)), b.get((mode, w))
-            cells.append(None if x is None or y is None else
-                         f"{ms(x['median_ms'])} vs {ms(y['median_ms'])} ({times(x['median_ms'] / y['median_ms'], 2)})")
-        rows.append([label] + cells)
-    head = ["mode"] + [f"{w}: this set vs earlier" for w in ws]
-    return "\n\n".join([md_table(head, rows),
+    a, b = (grid(medians(frame(r))) for r in (now, then))
+    ws, modes = [w for w in ("1x512", "tiled", "16x512", "stream") if w in a.index], [m for m, _ in ENCODER_MODES]
+    a, b = (x.reindex(index=ws, columns=modes).T for x in (a, b))
+    both = a.notna() & b.notna()
+    out = (a.map(ms, na_action="ignore") + " vs " + b.map(ms, na_action="ignore") + " ("
+           + (a / b).map(lambda v: times(v, 2), na_action="ignore") + ")").where(both)
+    out.columns = [f"{w}: this set vs earlier" for w in ws]
+    out.insert(0, "mode", [label for _, label in ENCODER_MODES])
+    return "\n\n".join([md(out),
                         f"Median ms. This set: `{refs.shown(now)}` ({str(now['provenance']['date'])[:10]}); earlier: "
                         f"`{refs.shown(then)}` ({str(then['provenance']['date'])[:10]}, an archived run of the same "
                         "bench command, read here only for this comparison). " + machine_sentence(now, then)])
@@ -268,20 +273,18 @@ def busy_over_wall_block(refs: Refs) -> str:
     roles = ("bench-450m", "bench-1.6b", "kernels")
     over, best = [], None
     for role in roles:
-        rows = refs(role)["rows"]
-        exceeds = {id(r) for r in busy_over_wall(rows)}
-        for r in rows:
-            if r.get("gpu_busy_ms") and r.get("median_ms"):
-                share = r["gpu_busy_ms"] / r["median_ms"]
-                where = f"`{role}` {r['mode']} {r['workload']}" + (
-                    f" ({_config(r, KERNEL_OPTIONS)})" if role == "kernels" else "")
-                best = max(best or (0, ""), (share, where))
-                if id(r) in exceeds:
-                    over.append(f"{where}: {ms(r['gpu_busy_ms'], 3)} ms busy, {ms(r['median_ms'], 3)} ms median")
+        df = refs.frame(role, "mode", "workload", "gpu_busy_ms", "median_ms")
+        df["where"] = f"`{role}` " + df["mode"].astype(object) + " " + df.workload.astype(object)
+        if role == "kernels":
+            df["where"] += " (" + pd.Series(configs(refs(role), KERNEL_OPTIONS), index=df.index, dtype=object) + ")"
+        df = df[(df.gpu_busy_ms > 0) & (df.median_ms > 0)]
+        best = max([best or (0, ""), *zip(df.gpu_busy_ms / df.median_ms, df["where"])])
+        over += [f"{r.where}: {ms(r.gpu_busy_ms, 3)} ms busy, {ms(r.median_ms, 3)} ms median"
+                 for r in df[df.gpu_busy_ms > df.median_ms].itertuples()]  # floor.busy_over_wall's rule
     if over:
         return "Rows whose GPU-busy time exceeds their median wall time:\n\n" + "\n".join(f"- {o}" for o in over)
     return (f"No row of {', '.join(f'`{r}`' for r in roles)} has a GPU-busy time above its median wall time; the "
-            f"closest is {best[1]}, busy {pct(best[0])} of its median." if best else "No row is profiled.")
+            f"closest is {best[1]}, busy {pct(best[0])} of its median." if best[0] else "No row is profiled.")
 
 
 def check_block(refs: Refs) -> str:
@@ -306,7 +309,7 @@ def check_block(refs: Refs) -> str:
                      "**pass**" if p["pass"] else "**fail**"])
     head = ["preset", "attention", "parity cases", "no host sync", "replay vs eager (every budget, both rules, "
             "both max_seqlen modes)", "results not aliased", "oversize fallback", "verdict"]
-    return "\n\n".join([md_table(head, rows), refs.source("check")])
+    return "\n\n".join([table(head, rows), refs.source("check")])
 
 
 def model_changes_block(refs: Refs) -> str:
@@ -337,7 +340,7 @@ def model_changes_block(refs: Refs) -> str:
     if not rows:
         return f"The reference set's check file has no model-change rows. {refs.source('check')}"
     head = ["preset", "change after capture", "recaptures", "rel. error vs float32 (transformers' own)", "verdict"]
-    return "\n\n".join([md_table(head, rows), "\n".join(notes), refs.source("check")])
+    return "\n\n".join([table(head, rows), "\n".join(notes), refs.source("check")])
 
 
 BLOCKS = {

@@ -4,9 +4,12 @@ the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; 
 
 from __future__ import annotations
 
+import pandas as pd
+
 from .e2e import DECODE_DRIFT_WARN
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case
-from .tables import Refs, md_table, ms, pct, preset_label, span, times
+from .frames import md
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
+from .tables import Refs, ms, need, pct, preset_label, span, table, times
 from .ttft import mode_name
 from .ttft_findings import e2e_cuts, encoder_cuts
 from .ttft_summary import PR_CLAIM, case_disturbed, claim_verdict, drift_beyond, text_graph_cuts
@@ -24,43 +27,58 @@ def mode_label(mode: str) -> str:
     return f"text {text}, encoder {enc}"
 
 
-def _cut(row: dict | None) -> str | None:
-    if row is None or row.get("encoder_graph_cut") is None:
-        return None
-    drift = f" (drift {pct(row['decode_drift'], 0, sign=True)})" if disturbed(row) else ""
-    return pct(row["encoder_graph_cut"]) + drift
+CASE = ["preset", "image", "requests"]
+
+
+def ttft_frame(res: dict) -> pd.DataFrame:
+    """The TTFT grid's rows (:func:`~lfm2vl_lab.tools.plots_ttft.ttft_rows`: one per case and mode) as a frame."""
+    return need(pd.json_normalize(ttft_rows(res["rows"])), *CASE, "mode", "ttft_ms", "decode_ms_per_token",
+                "encoder_graph_cut", "decode_drift")
+
+
+def per_case(df, value: str) -> pd.DataFrame:
+    """``value`` per case (rows, in recorded order) and TTFT mode (columns)."""
+    order = pd.MultiIndex.from_frame(df[CASE].drop_duplicates())
+    return df.pivot(index=CASE, columns="mode", values=value).reindex(index=order, columns=list(TTFT_MODES))
+
+
+def _cut(cut, drift) -> str | None:
+    """The encoder graphs' cut, and its decode drift where that fails the decode control."""
+    return pct(cut) and pct(cut) + (f" (drift {pct(drift, 0, sign=True)})" if drift_beyond(drift) else "")
+
+
+def _arrow(a: pd.Series, b: pd.Series) -> pd.Series:
+    return (a.map(ms, na_action="ignore") + " → " + b.map(ms, na_action="ignore")).astype(object)
 
 
 def ttft_modes_block(refs: Refs) -> str:
     """One 512 px request per preset: TTFT in the four modes, decode per token both eager → both graphed."""
-    res = refs("ttft")
-    rows = []
-    for preset in dict.fromkeys(c[0] for c in cases(res["rows"])):
-        by = ttft_case(res["rows"], preset, "1x512", 1)
-        if not by:
-            continue
-        rows.append([preset_label(preset)] + [(f"**{ms(by[m]['ttft_ms'])}**" if m == BOTH_GRAPHED else
-                                               ms(by[m]["ttft_ms"])) if m in by else None for m in TTFT_MODES]
-                    + [f"{ms(by[BOTH_EAGER]['decode_ms_per_token'])} → {ms(by[BOTH_GRAPHED]['decode_ms_per_token'])}"
-                       if BOTH_EAGER in by and BOTH_GRAPHED in by else None])
-    head = ["preset"] + [mode_label(m) for m in TTFT_MODES] + ["decode ms/token, both eager → both graphed"]
+    res, df = refs("ttft"), ttft_frame(refs("ttft"))
+    one = df[(df.image == "1x512") & (df.requests == 1)]
+    ttft, dec = per_case(one, "ttft_ms"), per_case(one, "decode_ms_per_token")
+    out = pd.DataFrame({"preset": [preset_label(p) for p, *_ in ttft.index]})
+    out[[mode_label(m) for m in TTFT_MODES]] = ttft.map(ms).assign(
+        **{BOTH_GRAPHED: "**" + ttft[BOTH_GRAPHED].map(ms, na_action="ignore") + "**"}).values
+    out["decode ms/token, both eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
     parity = [m for p in res.get("parity") or [] for m in p["modes"].values()]
     note = (f"TTFT ms (median of {res['rows'][0].get('repeats')} paired rounds), processor excluded. Parity: "
             f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass "
             "(tokens against `generate`, first-token logits against a float32 copy; docs/results.md lists them).")
-    return "\n\n".join([md_table(head, rows), note, refs.source("ttft")])
+    return "\n\n".join([md(out), note, refs.source("ttft")])
 
 
 def ttft_phases_block(refs: Refs) -> str:
     """The phases of one 512 px request, every mode of every preset."""
-    res = refs("ttft")
-    rows = []
-    for preset in dict.fromkeys(c[0] for c in cases(res["rows"])):
-        for m, r in ttft_case(res["rows"], preset, "1x512", 1).items():
-            rows.append([preset_label(preset), mode_label(m), f"**{ms(r['ttft_ms'])}**"]
-                        + [ms(r["phases_ms"].get(p)) for p in TTFT_PHASES] + [ms(r.get("decode_ms_per_token"))])
-    head = ["preset", "mode", "TTFT"] + list(TTFT_PHASES) + ["decode ms/token"]
-    return "\n\n".join(["Median ms of one 512 px request.", md_table(head, rows), refs.source("ttft")])
+    df = ttft_frame(refs("ttft"))
+    one = df[(df.image == "1x512") & (df.requests == 1)]
+    one = one.sort_values("mode", key=lambda m: m.map(TTFT_MODES.index), kind="stable").sort_values(
+        "preset", key=lambda p: p.map(list(dict.fromkeys(df.preset)).index), kind="stable")
+    out = pd.DataFrame({"preset": one.preset.map(preset_label), "mode": one["mode"].map(mode_label),
+                        "TTFT": "**" + one.ttft_ms.map(ms) + "**"})
+    for p in TTFT_PHASES:
+        out[p] = need(one, f"phases_ms.{p}")[f"phases_ms.{p}"].map(ms)
+    out["decode ms/token"] = one.decode_ms_per_token.map(ms)
+    return "\n\n".join(["Median ms of one 512 px request.", md(out), refs.source("ttft")])
 
 
 def ttft_profile_block(refs: Refs) -> str:
@@ -76,26 +94,25 @@ def ttft_profile_block(refs: Refs) -> str:
                              ms(r["wall_ms"]), pct(r.get("busy_share"), 0)])
     head = ["preset", "mode", "kernels", "launch calls", "graph launches", "GPU-busy ms", "wall ms", "busy"]
     return "\n\n".join(["One profiled request (512 px, processor excluded), the mean of "
-                        f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", md_table(head, rows),
+                        f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows),
                         refs.source("ttft")])
 
 
 def ttft_grid_block(refs: Refs) -> str:
     """Every case of the grid: TTFT all eager and both graphed, the encoder graphs' paired cut at each
     text mode (decode drift past the warning line marked), decode per token."""
-    res = refs("ttft")
-    rows = []
-    for c in cases(res["rows"]):
-        by = ttft_case(res["rows"], *c)
-        e, g = by.get(BOTH_EAGER), by.get(BOTH_GRAPHED)
-        rows.append([preset_label(c[0]), c[1], c[2], ms(e and e["ttft_ms"]), ms(g and g["ttft_ms"]),
-                     _cut(by.get(mode_name("eager", "graphed"))), _cut(g),
-                     f"{ms(e['decode_ms_per_token'])} → {ms(g['decode_ms_per_token'])}" if e and g else None])
-    head = ["preset", "image", "requests", "TTFT all eager", "TTFT both graphed", "encoder graphs' cut, text eager",
-            "encoder graphs' cut, text graphed", "decode ms/token, all eager → both graphed"]
+    df = ttft_frame(refs("ttft"))
+    ttft, dec = per_case(df, "ttft_ms"), per_case(df, "decode_ms_per_token")
+    cut, drift = per_case(df, "encoder_graph_cut"), per_case(df, "decode_drift")
+    out = ttft.index.to_frame(index=False).assign(preset=lambda d: d.preset.map(preset_label))
+    out.columns = ["preset", "image", "requests"]
+    out["TTFT all eager"], out["TTFT both graphed"] = ttft[BOTH_EAGER].map(ms).values, ttft[BOTH_GRAPHED].map(ms).values
+    for m, text in ((mode_name("eager", "graphed"), "eager"), (BOTH_GRAPHED, "graphed")):
+        out[f"encoder graphs' cut, text {text}"] = [_cut(c, d) for c, d in zip(cut[m], drift[m])]
+    out["decode ms/token, all eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
     note = (f"\"drift\" marks a cut where decode, which never runs the encoder, moved by more than "
             f"{pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes: there the cut is not the encoder's alone.")
-    return "\n\n".join([md_table(head, rows), note, refs.source("ttft")])
+    return "\n\n".join([md(out), note, refs.source("ttft")])
 
 
 def decode_ratio_block(refs: Refs) -> str:
@@ -134,7 +151,7 @@ def text_cuts_block(refs: Refs) -> str:
                         ms(c["graphed_ms"]), pct(c["cut"])])
     head = ["preset", "image", "requests", "prompt tokens", "TTFT, text eager", "TTFT, text graphed", "cut (paired)"]
     return "\n\n".join(["The encoder graphed in both columns; sorted by the batch's prompt tokens.",
-                        md_table(head, out), refs.source("ttft")])
+                        table(head, out), refs.source("ttft")])
 
 
 def engine_setup_block(refs: Refs) -> str:
@@ -168,7 +185,7 @@ def e2e_block(refs: Refs) -> str:
             "change (paired)", "encoder ms", "decode drift"]
     note = (f"Median ms of {res['rows'][0].get('repeats')} rounds, the two modes in alternating turns. \"disturbed\": "
             f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
-    return "\n\n".join([md_table(head, rows), note, refs.source("e2e")])
+    return "\n\n".join([table(head, rows), note, refs.source("e2e")])
 
 
 def e2e_profile_block(refs: Refs) -> str:
@@ -183,7 +200,7 @@ def e2e_profile_block(refs: Refs) -> str:
                                  f"{r['launch_calls']:.0f}", ms(r["gpu_busy_ms"]), ms(r["wall_ms"]),
                                  pct(r["gpu_busy_ms"] / r["wall_ms"], 0)])
     head = ["preset", "mode", "part", "kernels", "launch calls", "GPU-busy ms", "wall ms", "busy"]
-    return "\n\n".join([md_table(head, rows), refs.source("e2e")])
+    return "\n\n".join([table(head, rows), refs.source("e2e")])
 
 
 def _range(cuts: list[tuple]) -> str:
@@ -240,7 +257,7 @@ def image_path_block(refs: Refs) -> str:
                      "yes" if r.get("outputs_equal") else "**no**", (r.get("staging") or {}).get("host_waits")])
     head = ["preset", "workload", "from GPU input ms", "from CPU output ms", "ratio", "ratio, padded float32",
             "ratio, chunked upload", "host gather ms", "upload ms", "upload GB/s", "outputs equal", "host waits"]
-    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
 
 
 def processor_block(refs: Refs) -> str:
@@ -255,7 +272,7 @@ def processor_block(refs: Refs) -> str:
                      ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
     head = ["preset", "workload", "CPU processor ms", "GPU processor ms", "CPU / GPU",
             "largest difference (uint8 levels)"]
-    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
 
 
 def ttft_parity_block(refs: Refs) -> str:
@@ -270,7 +287,7 @@ def ttft_parity_block(refs: Refs) -> str:
                          f"{r['matching_tokens']} of {p['new_tokens']}", "yes" if r["ok"] else "**no**"])
     head = ["preset", "case", "float32 top-2 margin", "mode", "logits vs float32 (transformers' bf16)",
             "first token as `generate`", "first token as float32", "tokens as `generate`", "passes"]
-    return "\n\n".join([md_table(head, rows), refs.source("ttft")])
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
 
 
 PEER_LABELS = {"generate": "transformers' `generate`", "hf-static-compile": "`generate`, static cache + compile",
@@ -306,7 +323,7 @@ def engine_peers_block(refs: Refs) -> str:
     note = (f"bf16, one request ({res['setup'][0]['prompt_len']} positions), median ms of "
             f"{res['rows'][0].get('repeats')} rounds, every mode in alternating turns. The weights' floor per decode "
             f"step: {floors}. Eight requests: {', '.join(eight)}.")
-    return "\n\n".join([md_table(head, rows), note, refs.source("engine")])
+    return "\n\n".join([table(head, rows), note, refs.source("engine")])
 
 
 BLOCKS = {

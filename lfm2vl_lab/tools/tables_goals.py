@@ -14,7 +14,7 @@ import statistics
 
 from .floor import TARGETS as FLOOR_TARGETS
 from .floor import judge_targets, kernel_breakdown
-from .tables import Refs, md_table, ms, pct, preset_label
+from .tables import Refs, ms, pct, preset_label, table
 from .tables_encoder import by_mode
 from .tables_engine import mode_label
 from .ttft import CPU_INPUT_WORKLOADS, mode_name
@@ -101,7 +101,7 @@ def goals_table(judged: list[dict]) -> str:
         aim, value = _aim_and_value(t)
         note = "" if t["target"].startswith("fastest mode") or len(t.get("detail") or "") > 60 else t.get("detail", "")
         rows.append([t["target"], aim, value, "yes" if t["ok"] else "**no**", note or None])
-    return md_table(["goal", "aimed for", "measured", "reached", "note"], rows)
+    return table(["goal", "aimed for", "measured", "reached", "note"], rows)
 
 
 def encoder_goals_block(refs: Refs) -> str:

@@ -5,9 +5,9 @@ from the reference set's ``pr-config`` file (``bench --mode lab-graph --graph-co
 from __future__ import annotations
 
 from .modes import ROW_NAMES, ROW_SETTINGS
+from .plots_common import workloads_of
 from .table import short_error
-from .tables import Refs, md_table, ms, pct, preset_label, times
-from .tables_encoder import workloads_of
+from .tables import Refs, ms, pct, preset_label, table, times
 
 ROLE = "pr-config"
 
@@ -55,7 +55,7 @@ def pr_config_table(res: dict) -> str:
         ratio = [times(by["pr", w]["median_ms"] / by["kit", w]["median_ms"], 2)
                  if ("pr", w) in by and ("kit", w) in by else None for w in ws]
         out.append(["`pr` ÷ `kit`", None, None, None, None, None] + ([None] if "stream" in ws else []) + ratio)
-    return md_table(head, out)
+    return table(head, out)
 
 
 def other_capture(refs: Refs, preset: str | None) -> str:

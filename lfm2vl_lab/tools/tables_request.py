@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .e2e import DECODE_DRIFT_WARN
 from .request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
-from .tables import Refs, md_table, ms, pct, preset_label, times
+from .tables import Refs, ms, pct, preset_label, table, times
 from .ttft import mode_name
 
 REQUEST_ROLE = "request-3b"
@@ -96,7 +96,7 @@ def e2e_requests_block(refs: Refs) -> str:
             f"cell's decode control fails, its two encoder modes decoded more than {pct(DECODE_DRIFT_WARN, 0)} "
             "apart although decode never runs the encoder, so that cut is not the encoder alone. "
             f"{STAND_IN[0].upper() + STAND_IN[1:]}.")
-    return md_table(head, out) + "\n\n" + note + "\n\n" + refs.source(REQUEST_ROLE, "ttft")
+    return table(head, out) + "\n\n" + note + "\n\n" + refs.source(REQUEST_ROLE, "ttft")
 
 
 def throughput_block(refs: Refs) -> str:
@@ -115,7 +115,7 @@ def throughput_block(refs: Refs) -> str:
     note = (f"{tp['requests']} requests of the seeded workload's mixed image sizes, in arrival order, batches of up to "
             f"{tp['batch']}, {tp['new_tokens']} output tokens each, text model graphed; median of {tp['passes']} "
             f"passes in turns. Encoder graphs: {times(tp['speedup'], 3)} the throughput.")
-    return (md_table(["preset", "encoder", "requests/s", "output tokens/s", "s per pass"], out) + "\n\n" + note
+    return (table(["preset", "encoder", "requests/s", "output tokens/s", "s per pass"], out) + "\n\n" + note
             + "\n\n" + refs.source(REQUEST_ROLE))
 
 

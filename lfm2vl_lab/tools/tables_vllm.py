@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
-from .tables import Refs, md_table, ms, preset_label
+import pandas as pd
+
+from .frames import frame, md
+from .tables import Refs, missing, ms, need, preset_label, table
 from .ttft_summary import PR_CLAIM
 from .vllm_ab import ARMS, CASES, TOKENS, case_name
 from .vllm_report import find as _row
@@ -56,21 +59,20 @@ def presets(res: dict) -> list[str]:
 
 
 def _table(res: dict, key: str, ms_key: str, tokens_list) -> str:
-    head = ["preset", "case", *(["tokens"] if len(tokens_list) > 1 else []), "vLLM, encoder eager (ms)",
-            "vLLM, PR config: cut", "vLLM, kit config: cut", "kit's pipeline, encoder eager (ms)",
-            "kit's pipeline, PR config: cut", "kit's pipeline, kit config: cut"]
-    rows = []
-    for preset in presets(res):
-        for image, n in CASES:
-            case = case_name(image, n)
-            for tokens in tokens_list:
-                cells = [preset_label(preset), case, *([tokens] if len(tokens_list) > 1 else [])]
-                for engine in ("vllm", "kit"):
-                    off = _row(res, engine, preset, case, tokens, "off")
-                    cells.append(ms(off[ms_key], 1) if off else None)
-                    cells += [cut((_row(res, engine, preset, case, tokens, a) or {}).get(key)) for a in ARMS[1:]]
-                rows.append(cells)
-    return md_table(head, rows)
+    """Per preset, case (and tokens): each engine's encoder-eager ``ms_key`` and its graphed arms' ``key`` cuts."""
+    df = need(frame(res), "engine", "tokens", ms_key, f"{key}.cut", f"{key}.ci")
+    df["cell"] = [ms(v, 1) if arm == "off" else None if missing(c) else cut({"cut": c, "ci": ci})
+                  for arm, v, c, ci in zip(df.arm, df[ms_key], df[f"{key}.cut"], df[f"{key}.ci"])]
+    index = pd.MultiIndex.from_product([presets(res), [case_name(i, n) for i, n in CASES], list(tokens_list)])
+    cells = df.drop_duplicates(["preset", "case", "tokens", "engine", "arm"]).pivot(
+        index=["preset", "case", "tokens"], columns=["engine", "arm"], values="cell").reindex(
+        index=index, columns=pd.MultiIndex.from_product([("vllm", "kit"), ARMS]))
+    out = index.to_frame(index=False, name=["preset", "case", "tokens"]).assign(
+        preset=lambda d: d.preset.map(preset_label))
+    out[["vLLM, encoder eager (ms)", "vLLM, PR config: cut", "vLLM, kit config: cut",
+         "kit's pipeline, encoder eager (ms)", "kit's pipeline, PR config: cut",
+         "kit's pipeline, kit config: cut"]] = cells.values
+    return md(out if len(tokens_list) > 1 else out.drop(columns="tokens"))
 
 
 def _settings(res: dict) -> str:
@@ -193,7 +195,7 @@ def breakdown_block(refs: Refs) -> str:
                 step = sum(v for k, v in ph.items() if k not in ("processor", "decode"))
                 rows.append([preset_label(preset), f"kit's pipeline, {arm}", ms(r["ttft_ms"], 1),
                              ms(ph.get("processor"), 1), None, ms(step, 1), ms(ph.get("encoder"), 2), None])
-    return "\n\n".join([md_table(head, rows),
+    return "\n\n".join([table(head, rows),
                         "Medians over the rounds' requests of one 512 px image and 16 tokens, ms. vLLM's parts are its "
                         "own: its processor timing, its scheduler's timestamps (queued, scheduled, first token) and "
                         "CUDA events around its encoder step in its worker; what is left of TTFT is the frontend and "
@@ -238,7 +240,7 @@ def engines_block(refs: Refs) -> str:
     seconds = "; ".join(f"{preset_label(p)} {res['presets'][p]['seconds'].get('total', 0):.0f} s ("
                         + ", ".join(f"{k} {v:.0f} s" for k, v in res["presets"][p]["seconds"].items() if k != "total")
                         + ")" for p in presets(res))
-    return "\n\n".join([md_table(head, rows), f"Seconds per preset on the H200: {seconds}.",
+    return "\n\n".join([table(head, rows), f"Seconds per preset on the H200: {seconds}.",
                         "Start-up: `LLM(...)` to ready, compile and CUDA graph capture included. The encoder graphs "
                         "captured once more in the live engine after the rounds, the way vLLM's own start-up "
                         "profiling captures them (a manager of its own into a pool of its own); memory is what that "
