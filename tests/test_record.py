@@ -256,7 +256,8 @@ def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeyp
              rec.Step("long", "encoder", "long", ("long",), 900, measures=kit))
     repo = tmp_path / "data" / "results"
     said = []
-    kw = dict(gpu="cpu", steps=steps, say=said.append, python=str(fake), deadline_s=300)  # "long" never fits
+    kw = dict(gpu="cpu", steps=steps, say=said.append, python=str(fake), deadline_s=300,  # "long" never fits
+              derive=report.derive_set)  # what the command passes
     man = rec.run_record(out=repo, repo_root=repo, **kw)
     assert list(man["files"]) == ["fast"] and not man["complete"]
     assert drawn == [(str(repo), str(tmp_path / "data" / "figures"))] and tabled == [str(repo)]

@@ -195,7 +195,7 @@ SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "graph-apis": (add_graph_apis_args, lazy("cli_graph_apis", "run_graph_apis_cli",
                                              "Record the graph-API demos of notebook 02 (capture trace, "
                                              "make_graphed_callables, reduce-overhead).")),
-    "record": (add_record_args, lazy("record", "run_record_cli", "Record the reference set on this GPU: every file "
+    "record": (add_record_args, lazy("cli_record", "run_record_cli", "Record the reference set on this GPU: every file "
                                      "the notebooks, figures and tables read.")),
     "vllm": (add_vllm_args, lazy("cli_vllm", "run_vllm_cli", "vLLM itself on the GPU: encoder graphs off, the PR's "
                                  "config and the kit's, beside the kit's pipeline.")),

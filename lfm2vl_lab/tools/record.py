@@ -250,31 +250,9 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
         man.pop("partial")
 
 
-def _derive(man: dict, before: str, out, repo_root, say) -> None:
-    """Redraw what is derived from the set (``python -m lfm2vl_lab report``: the figures, the docs'
-    generated tables, the goals page) when this call changed a role or the set is complete. Only when
-    the run writes into the repo's results folder (``repo_root``; the figures go to the ``figures/``
-    beside it): files recorded elsewhere (``--out``, a lent machine's output) are derived by
-    ``report`` in the repo once they are there, and the pages describe the repo's set only."""
-    changed = json.dumps([man["files"], man.get("partial")]) != before
-    if not (changed or man.get("complete")) or Path(out).resolve() != Path(repo_root).resolve():
-        return
-    from argparse import Namespace
-
-    from .report import report
-    from .tables import run_tables
-
-    figures = Path(repo_root).parent / "figures"
-    try:  # the recorded files and the manifest stand whatever happens here: `report` can redo this
-        run_tables(Namespace(root=str(out), tables_only=False, check=False))
-        say(f"figures: {len(report(out, figures, verbose=False))} drawn from the set into {figures}")
-    except Exception as exc:
-        say(f"figures and tables: not redrawn ({type(exc).__name__}: {exc}); `python -m lfm2vl_lab report` redoes it")
-
-
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
                say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False,
-               changed: bool = False) -> dict:
+               changed: bool = False, derive=None) -> dict:
     """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
     the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
 
@@ -289,7 +267,8 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
       file it left moves to ``<out>/<gpu>/incomplete/``, and the run goes on with the next step. The
       manifest is ``complete`` once every role of ``steps`` is recorded and none failed.
-    * At the end, the figures and the docs' generated tables are redrawn from the set (:func:`_derive`).
+    * ``derive(man, before, out, repo_root, say)``, if given, runs at the end: the command passes
+      :func:`~.report.derive_set`, which redraws the figures and the docs' generated tables.
     """
     if gpu is None:
         import torch
@@ -311,13 +290,14 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
             continue
         resume = _partial_file(step, man, (folder, repo_folder), hash_, say)
         say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
-            f"{_why(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
+            f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
         entry, new = _run_step(step, folder, out, python, left, resume)
         _file_step(man, step, entry, new, folder, hash_, say)
         man.update(format=FORMAT, code_hash=hash_, finished=_now())
         man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
         (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
-    _derive(man, before, out, repo_root, say)
+    if derive is not None:
+        derive(man, before, out, repo_root, say)
     missing = [s.role for s in steps if s.role not in man["files"]]
     behind = [s.role for s in steps if s.role not in missing and stale(man, s, True, hash_)]
     say(f"reference set: {folder / 'reference.json'}: {len(man['files'])} of {len(steps)} roles"
@@ -326,7 +306,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     return man
 
 
-def _why(files: list[str]) -> str:
+def why_text(files: list[str]) -> str:
     """A role's reasons to run, shortened for one line."""
     return ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
 
@@ -357,36 +337,3 @@ def take(src, dst=RESULTS_ROOT, say=print) -> list[str]:
     for line in done:
         say(line)
     return done
-
-
-def run_record_cli(args) -> int:
-    """Record the reference set on this GPU: every file the notebooks, figures and tables read."""
-    from .args import UsageError
-
-    parts = tuple(args.part or DEFAULT_PARTS)
-    if args.take:
-        if not list(Path(args.take).glob("*/reference.json")):
-            raise UsageError(f"--take {args.take}: no <gpu>/reference.json under it (give the --out of a record)")
-        take(args.take, args.out)
-        for man in Path(args.out).glob("*/reference.json"):  # then what derives from the set, as record does
-            _derive(json.loads(man.read_text()), "", args.out, args.out, print)
-        return 0
-    if args.dry_run:
-        from .reference import load_manifest
-
-        man, hash_ = load_manifest(root=args.out) or {"files": {}}, code_hash()
-        for e in man["files"].values():
-            e.setdefault("code_hash", man.get("code_hash"))
-        for s in STEPS:
-            if s.part in parts:
-                why = ["--again"] if args.again else stale(man, s, args.changed, hash_)
-                print(f"{s.part:>8} {s.role:<16} {s.limit_s:>4} s  {'runs: ' + _why(why) if why else 'kept'}  "
-                      f"{s.command}")
-        return 0
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UsageError("record needs a CUDA GPU and none is available: the reference set is a GPU run "
-                         "(`--dry-run` lists its steps)")
-    man = run_record(parts, args.out, deadline_s=args.deadline, again=args.again, changed=args.changed)
-    return 0 if not man["failed"] else 1

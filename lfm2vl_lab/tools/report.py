@@ -197,6 +197,27 @@ def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Pa
     return written
 
 
+def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
+    """After ``record``: redraw what is derived from the set (the figures, the docs' generated tables,
+    the goals page) when the call changed a role (``before``: the manifest's files as they were) or the
+    set is complete. Only when the run wrote into the repo's results folder (``repo_root``; the figures
+    go to the ``figures/`` beside it): files recorded elsewhere (``--out``, a lent machine's output) are
+    derived once they are in the repo (``record --take`` does it then)."""
+    from argparse import Namespace
+
+    from . import tables  # through the module: a test stands in for its run_tables
+
+    changed = json.dumps([man["files"], man.get("partial")]) != before
+    if not (changed or man.get("complete")) or Path(out).resolve() != Path(repo_root).resolve():
+        return
+    figures = Path(repo_root).parent / "figures"
+    try:  # the recorded files and the manifest stand whatever happens here: `report` can redo this
+        tables.run_tables(Namespace(root=str(out), tables_only=False, check=False))
+        say(f"figures: {len(report(out, figures, verbose=False))} drawn from the set into {figures}")
+    except Exception as exc:
+        say(f"figures and tables: not redrawn ({type(exc).__name__}: {exc}); `python -m lfm2vl_lab report` redoes it")
+
+
 def run_report_cli(args) -> int:
     """Draw every figure of the reference set, and rewrite the docs' tables from it."""
     tables = run_tables(args)  # from the reference set under --root (tools/tables.py)
