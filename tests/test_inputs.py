@@ -17,12 +17,11 @@ from lfm2vl_lab.model.inputs import (
     ALPHA_BACKGROUND,
     image_limits,
     item_image,
-    make_processor,
     process_images,
     processor_for,
     to_rgb,
 )
-from lfm2vl_lab.model.presets import Preset, build_config
+from lfm2vl_lab.model.presets import Preset, build_config, make_processor
 
 WHITE = np.array(ALPHA_BACKGROUND, dtype=np.uint8)
 

@@ -11,7 +11,8 @@ import pytest
 
 from lfm2vl_lab.tools import tables, tables_encoder, tables_engine, tables_goals, tables_graph_configs
 from lfm2vl_lab.tools.cli import main
-from lfm2vl_lab.tools.tables import Refs, TableError, render_text, write_tables
+from lfm2vl_lab.tools.refs import Refs, TableError
+from lfm2vl_lab.tools.tables import render_text, write_tables
 
 
 def quiet(*_a, **_k):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from lfm2vl_lab.tools import tables_claim
-from lfm2vl_lab.tools.tables import Refs
+from lfm2vl_lab.tools.refs import Refs
 
 
 def cut(median, lo, hi):

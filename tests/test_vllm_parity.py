@@ -193,7 +193,7 @@ def thumbnail_folder(tmp_path_factory):
     tiled image's prompt holds every kind of image token."""
     from lfm2vl_lab import build_model
     from lfm2vl_lab.model.folder import write_model_folder
-    from lfm2vl_lab.model.inputs import make_processor
+    from lfm2vl_lab.model.presets import make_processor
 
     model = build_model("tiny", text_layers="full")
     model.lab_processor = make_processor("lfm2-vl-1.6b")
@@ -257,7 +257,7 @@ def test_vllm_counts_a_thumbnail_the_450m_processor_does_not_make(tmp_path):
 
     from lfm2vl_lab import build_model, synthetic_image
     from lfm2vl_lab.model.folder import write_model_folder
-    from lfm2vl_lab.model.inputs import make_processor
+    from lfm2vl_lab.model.presets import make_processor
 
     for preset, thumbnail in (("lfm2-vl-450m", False), ("lfm2-vl-1.6b", True)):
         model = build_model("tiny", text_layers="full")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..core.packing import ImageLimits
-from .presets import Preset, as_preset, available_presets
+from .presets import Preset, available_presets, make_processor
 
 # Transparent pixels are shown over this colour: white, the way a browser or a document shows a
 # PNG screenshot or logo (over black, dark text on a transparent background would vanish).
@@ -151,26 +151,6 @@ def to_rgb(image, index: int | None = None):
 # --------------------------------------------------------------------------------------------
 # The processor
 # --------------------------------------------------------------------------------------------
-
-
-def make_processor(preset: str | Preset):
-    """transformers' ``Lfm2VlImageProcessor`` with the preset's settings."""
-    from transformers import Lfm2VlImageProcessor
-
-    p = as_preset(preset).processor
-    return Lfm2VlImageProcessor(
-        downsample_factor=p["downsample_factor"],
-        encoder_patch_size=p["patch_size"],
-        tile_size=p["tile_size"],
-        min_tiles=p["min_tiles"],
-        max_tiles=p["max_tiles"],
-        use_thumbnail=p["use_thumbnail"],
-        min_image_tokens=p["min_image_tokens"],
-        max_image_tokens=p["max_image_tokens"],
-        max_pixels_tolerance=p["max_pixels_tolerance"],
-        image_mean=p["image_mean"],
-        image_std=p["image_std"],
-    )
 
 
 def _known_processor(source):

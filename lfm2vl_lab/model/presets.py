@@ -161,8 +161,6 @@ def build_model(
     # manager does that itself: capture.recover_from_failed_capture.)
     with torch.device(device):
         model = Lfm2VlForConditionalGeneration(cfg)
-    from .inputs import make_processor
-
     model.lab_preset = as_preset(preset)  # remembered so helpers can find processor settings
     model.lab_processor = make_processor(model.lab_preset)  # what the encoder reads its limits from
     return model.to(device=device, dtype=dtype).eval()
@@ -206,6 +204,26 @@ class CheckpointError(ValueError):
 
 # transformers reads an image processor's settings from either file: the classic one, or the
 # newer combined processor file (its "image_processor" entry).
+def make_processor(preset: str | Preset):
+    """transformers' ``Lfm2VlImageProcessor`` with the preset's settings."""
+    from transformers import Lfm2VlImageProcessor
+
+    p = as_preset(preset).processor
+    return Lfm2VlImageProcessor(
+        downsample_factor=p["downsample_factor"],
+        encoder_patch_size=p["patch_size"],
+        tile_size=p["tile_size"],
+        min_tiles=p["min_tiles"],
+        max_tiles=p["max_tiles"],
+        use_thumbnail=p["use_thumbnail"],
+        min_image_tokens=p["min_image_tokens"],
+        max_image_tokens=p["max_image_tokens"],
+        max_pixels_tolerance=p["max_pixels_tolerance"],
+        image_mean=p["image_mean"],
+        image_std=p["image_std"],
+    )
+
+
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
@@ -305,9 +323,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, dev
                           "process_images cannot prepare images for this model; set model.lab_processor to "
                           "its Lfm2VlImageProcessor", stacklevel=2)
     if processor is None and preset is not None:
-        from .inputs import make_processor
-
-        processor = make_processor(preset)
+            processor = make_processor(preset)
     chat_processor = _folder_chat_processor(folder, processor)
     model = Lfm2VlForConditionalGeneration.from_pretrained(
         folder, local_files_only=True, dtype=dtype, attn_implementation="sdpa"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .refs import Refs, pct, preset_label, span, table
 from .request import e2e_cuts as request_cuts
-from .tables import Refs, pct, preset_label, span, table
 from .tables_vllm import ROLE, judged, presets
 from .ttft_findings import encoder_cuts
 from .ttft_summary import PR_CLAIM, drift_beyond

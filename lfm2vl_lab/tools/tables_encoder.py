@@ -11,7 +11,7 @@ import pandas as pd
 from . import plots_common
 from .floor import kernel_breakdown
 from .frames import frame, md
-from .tables import Refs, missing, ms, need, pct, preset_label, span, table, times
+from .refs import Refs, missing, ms, need, pct, preset_label, span, table, times
 from .workloads import NXS, TILED_SIZE
 
 ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-eager", "packed, eager"),

@@ -9,7 +9,7 @@ import pandas as pd
 from .e2e import DECODE_DRIFT_WARN
 from .frames import md
 from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
-from .tables import Refs, ms, need, pct, preset_label, span, table, times
+from .refs import Refs, ms, need, pct, preset_label, span, table, times
 from .ttft import mode_name
 from .ttft_findings import e2e_cuts, encoder_cuts
 from .ttft_summary import PR_CLAIM, case_disturbed, claim_verdict, drift_beyond, text_graph_cuts

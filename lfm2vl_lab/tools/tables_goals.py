@@ -14,7 +14,7 @@ import statistics
 
 from .floor import TARGETS as FLOOR_TARGETS
 from .floor import judge_targets, kernel_breakdown
-from .tables import Refs, ms, pct, preset_label, table
+from .refs import Refs, ms, pct, preset_label, table
 from .tables_encoder import by_mode
 from .tables_engine import mode_label
 from .ttft import CPU_INPUT_WORKLOADS, mode_name

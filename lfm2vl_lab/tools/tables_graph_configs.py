@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from .modes import ROW_NAMES, ROW_SETTINGS
 from .plots_common import workloads_of
+from .refs import Refs, ms, pct, preset_label, table, times
 from .table import short_error
-from .tables import Refs, ms, pct, preset_label, table, times
 
 ROLE = "pr-config"
 

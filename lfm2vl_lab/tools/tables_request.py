@@ -10,8 +10,8 @@ of output tokens; the 3B file's graphed rows carry both, which says how close th
 from __future__ import annotations
 
 from .e2e import DECODE_DRIFT_WARN
+from .refs import Refs, ms, pct, preset_label, table, times
 from .request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
-from .tables import Refs, ms, pct, preset_label, table, times
 from .ttft import mode_name
 
 REQUEST_ROLE = "request-3b"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .frames import frame, md
-from .tables import Refs, missing, ms, need, preset_label, table
+from .refs import Refs, missing, ms, need, preset_label, table
 from .ttft_summary import PR_CLAIM
 from .vllm_ab import ARMS, CASES, TOKENS, case_name
 from .vllm_report import find as _row
