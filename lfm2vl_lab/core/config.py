@@ -97,9 +97,9 @@ class GraphOptions:
     dense_graphs: bool = True
     # The most 512 px images or tiles one replay carries: 8 (a 2048-token run budget), so 8 tiles run
     # as one replay with large GEMMs and 16 as two, instead of 2 or 4 replays of the largest regular
-    # budget. Why not 16: on the H200 a 16-item run budget made the 450M graphs hold 1005 MiB and the
-    # 1.6B ones 1663 MiB, captured in 3.03 s (archive/floor-*-20261201-*.json), against the 1 GiB and 3 s the
-    # kit allows itself, for 3% at 16x512 (7.03 ms in one replay; 8x512 took 3.64).
+    # budget. Why not 16: on the H200 a 16-item run budget took the graphs past the memory and capture
+    # time the kit allows itself (docs/goals.md) for a few percent at 16x512; the measurements are in
+    # data/results/nvidia-h200/archive/floor-*-20261201-*.json.
     max_run_items: int = 8
     stage_rows: bool | None = None
     check_finite: bool = False

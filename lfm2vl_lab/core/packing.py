@@ -350,21 +350,17 @@ class PositionEmbeddingCache:
 # --------------------------------------------------------------------------------------------
 
 
-def lfm2vl_pack_pixels(pixel_values: torch.Tensor, shapes: list[Shape], index=None, out=None) -> torch.Tensor:
-    """Stack the real rows of the chosen items (all, or ``index``) — one cat kernel, no host sync."""
-    index = range(len(shapes)) if index is None else index
-    parts = [pixel_values[i, : shapes[i][0] * shapes[i][1]] for i in index]
-    if out is None:
-        return torch.cat(parts)
-    return torch.cat(parts, out=out)
+def lfm2vl_pack_pixels(pixel_values: torch.Tensor, shapes: list[Shape]) -> torch.Tensor:
+    """Stack every item's real rows (its patch grid's ``h·w`` of the padded ``pixel_values``): one
+    cat kernel, no host sync (vLLM's ``_pack_pixels``)."""
+    return torch.cat([pixel_values[i, : h * w] for i, (h, w) in enumerate(shapes)])
 
 
-def pack_items(pixel_values: torch.Tensor, shapes: list[Shape], index=None, *, factor: int = 2,
+def pack_items(pixel_values: torch.Tensor, shapes: list[Shape], *, factor: int = 2,
                pos_cache: PositionEmbeddingCache | None = None, device=None) -> PackedBatch:
-    """The chosen items (all, or ``index``) of already checked inputs → :class:`PackedBatch`."""
-    index = list(range(len(shapes))) if index is None else list(index)
-    return packed_batch(lfm2vl_pack_pixels(pixel_values, shapes, index=index), [shapes[i] for i in index],
-                        factor=factor, pos_cache=pos_cache, device=device)
+    """Already checked inputs → :class:`PackedBatch`."""
+    return packed_batch(lfm2vl_pack_pixels(pixel_values, shapes), list(shapes), factor=factor, pos_cache=pos_cache,
+                        device=device)
 
 
 def packed_batch(rows: torch.Tensor, chosen: list[Shape], *, factor: int = 2,

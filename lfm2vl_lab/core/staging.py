@@ -101,10 +101,6 @@ class PixelItems:
         off = self.offsets
         return [self.pixel_values[off[a] : off[b]] for a, b in _consecutive_runs(batch)]
 
-    def item(self, i: int) -> torch.Tensor:
-        """Item ``i``'s real rows (a view)."""
-        return self.rows([i])[0]
-
 
 def gather_rows(pixel_values: torch.Tensor, shapes: list[Shape], out: torch.Tensor) -> torch.Tensor:
     """Write every item's real rows of a padded ``[items, P, D]`` tensor, cast to ``out``'s dtype,

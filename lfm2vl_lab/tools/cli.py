@@ -95,14 +95,11 @@ def _save_figure(result: dict, figure: str, source: Path) -> Path:
 def run_bench_cli(args) -> int:
     """Benchmark encoder modes on workloads; print a table and write a result JSON."""
     from .bench import run_bench
-    from .results import save_result
+    from .results import ResultFile
     from .table import print_table
 
     from_main = sys.argv and sys.argv[0].endswith("__main__.py")
-    saved: dict = {}
-
-    def checkpoint(partial: dict) -> None:  # a run killed by a time limit still leaves its finished modes
-        saved["path"] = save_result(partial, args.out, args.name, saved.get("path"))
+    file = ResultFile(args.out, args.name)  # saved after every job: a run killed by a time limit keeps them
 
     result = run_bench(
         preset=args.preset, modes=flatten(args.mode) or DEFAULT_MODES,
@@ -110,9 +107,9 @@ def run_bench_cli(args) -> int:
         warmup=args.warmup, device=args.device, stream_n=args.stream_n, sweep=bench_sweep(args),
         graph_configs=bench_graph_configs(args), compile_mode=args.compile_mode, profile=args.profile,
         progress=not args.no_progress, seed=args.seed, trace_dir=args.trace_dir,
-        command=command_line() if from_main else None, name=args.name, on_job=checkpoint)
+        command=command_line() if from_main else None, name=args.name, on_job=file.save)
     print_table(result)
-    path = save_result(result, args.out, args.name, saved.get("path"))
+    path = file.save(result)
     print(f"results: {path}")
     if args.figure != "none" and result["rows"]:
         print(f"figure: {_save_figure(result, args.figure, path)}")

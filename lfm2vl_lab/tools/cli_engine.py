@@ -17,7 +17,7 @@ from ..model.presets import build_model
 from .cli_serving import start_run
 from .engine_measure import judge_engine, measure_preset, summary_lines
 from .engine_peers import PROMPT_SOURCE
-from .results import RESULTS_ROOT, save_result, target_line
+from .results import RESULTS_ROOT, ResultFile, target_line
 
 
 def run_engine_cli(args) -> int:
@@ -25,7 +25,7 @@ def run_engine_cli(args) -> int:
     dev, dt, presets, result = start_run(args.name, args, prompt=PROMPT_SOURCE, setup=[], rows=[], profile={},
                                          targets=[], errors=[])
     result["provenance"]["modes"] = list(dict.fromkeys(args.modes))
-    saved: dict = {}
+    file = ResultFile(args.out or RESULTS_ROOT, args.name)  # saved after every preset
     say = None if args.no_progress else (lambda s: print(s, flush=True))
     status = 0
     for name in presets:
@@ -43,7 +43,7 @@ def run_engine_cli(args) -> int:
             result["errors"].append({"preset": name, "error": repr(exc), "traceback": traceback.format_exc()})
             print(traceback.format_exc(), flush=True)
         result["targets"] = judge_engine(result["rows"])
-        saved["path"] = save_result(result, args.out or RESULTS_ROOT, args.name, saved.get("path"))
+        file.save(result)
         if dev.type == "cuda":
             torch._dynamo.reset()  # the next preset compiles afresh: its first-call costs are its own
             torch.cuda.empty_cache()
@@ -51,5 +51,5 @@ def run_engine_cli(args) -> int:
         print(line, flush=True)
     for t in result["targets"]:
         print(target_line(t, dev.type == "cuda"), flush=True)
-    print("results:", saved.get("path"), "(every sample, first-call cost, token and parity record)")
+    print("results:", file.path, "(every sample, first-call cost, token and parity record)")
     return int(status)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .cli import command_line, need_cuda
 from .graph_apis import NAME, RECORDERS, graphed_lines, reduce_overhead_lines, trace_lines
-from .results import RESULTS_ROOT, provenance, save_result
+from .results import RESULTS_ROOT, ResultFile, provenance
 
 # each part's result as the terminal shows it
 FORMATTERS: dict[str, Callable] = {
@@ -30,7 +30,7 @@ def record_graph_apis(root=None, command: str | None = None, device="cuda",
     prov = provenance(command or "python -m lfm2vl_lab graph-apis", device=device, preset="toy-mlp",
                       dtype="float32")
     result: dict = {"name": NAME, "provenance": prov, "seconds": {}, "errors": []}
-    path = None
+    file = ResultFile(root if root is not None else RESULTS_ROOT, NAME)  # saved after every part
     for part, fn in (RECORDERS if recorders is None else recorders).items():
         t0 = time.perf_counter()
         try:
@@ -40,8 +40,8 @@ def record_graph_apis(root=None, command: str | None = None, device="cuda",
             result["errors"].append({"part": part, "error": repr(exc), "traceback": traceback.format_exc(),
                                      "recovery": _recover()})
         result["seconds"][part] = round(time.perf_counter() - t0, 2)
-        path = save_result(result, root if root is not None else RESULTS_ROOT, NAME, path)
-    return result, path
+        file.save(result)
+    return result, file.path
 
 
 def _recover() -> str:

@@ -39,7 +39,7 @@ from .request import (
     run_requests,
     throughput_run,
 )
-from .results import RESULTS_ROOT, provenance, save_result
+from .results import RESULTS_ROOT, ResultFile, provenance
 from .results import target_line as results_target_line
 from .ttft import (
     PARITY_CASES,
@@ -77,12 +77,12 @@ def start_run(name: str, args, **sections) -> tuple:
 def run_e2e_cli(args) -> int:
     """End to end: generate() TTFT and latency, transformers' image path vs the graphed encoder."""
     dev, dt, presets, result = start_run("e2e", args, rows=[], parity=[])
-    saved: dict = {}
+    file = ResultFile(args.out or RESULTS_ROOT, "e2e")
 
     def on_row(row):  # save after every row: a run cut short still leaves what it measured
         result["rows"].append(row)
         print_e2e_row(row)
-        saved["path"] = save_result(result, args.out or RESULTS_ROOT, "e2e", saved.get("path"))
+        file.save(result)
 
     for name in presets:
         model = build_model(name, dtype=dt, device=dev, text_layers="full")
@@ -104,7 +104,7 @@ def run_e2e_cli(args) -> int:
             torch.cuda.empty_cache()
     for p in result["parity"]:
         print(parity_line(p))
-    print("results:", saved.get("path"), "(every sample and the parity records)")
+    print("results:", file.path, "(every sample and the parity records)")
     return 0
 
 
@@ -195,14 +195,14 @@ def run_ttft_cli(args) -> int:
                                          throughput=[], errors=[])
     if args.request_tokens or args.throughput:
         result["stand_in"] = STAND_IN
-    saved: dict = {}
+    file = ResultFile(args.out or RESULTS_ROOT, args.name)
 
     def save():
         judged = judge_ttft(result["rows"], result["image_path"], result["parity"])
         if args.request_tokens:  # a whole-request run: its own targets, and the TTFT grid's tokens and parity
             judged = judge_requests(result) + [t for t in judged if t["target"].startswith("every mode")]
         result["targets"] = judged
-        saved["path"] = save_result(result, args.out or RESULTS_ROOT, args.name, saved.get("path"))
+        file.save(result)
 
     status = 0
     if dev.type != "cuda":
@@ -219,5 +219,5 @@ def run_ttft_cli(args) -> int:
             torch.cuda.empty_cache()
     for t in result["targets"]:
         print(target_line(t, dev.type == "cuda"), flush=True)
-    print("results:", saved.get("path"), "(every sample, phase and parity record)")
+    print("results:", file.path, "(every sample, phase and parity record)")
     return status

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .args import UsageError
-from .results import gpu_slug, provenance, save_result
+from .results import ResultFile, gpu_slug, provenance
 from .vllm_ab import ARMS, CASES, PRESETS, TOKENS
 from .vllm_release import ENGINE_ENV, VLLM_VERSION
 
@@ -134,7 +134,7 @@ def run_vllm_cli(args) -> int:
     if version != VLLM_VERSION:
         print(f"warning: vLLM {version} is installed; the kit pins {VLLM_VERSION}", flush=True)
     command = "python -m lfm2vl_lab " + " ".join(sys.argv[1:])
-    saved: dict = {}
+    file = ResultFile(args.out, args.name)  # saved after every preset: --resume continues it
     if args.resume:
         path = Path(args.resume)
         if not path.is_file():
@@ -144,18 +144,15 @@ def run_vllm_cli(args) -> int:
             raise UsageError(f"--resume {args.resume}: not a vllm result of vLLM {version}")
         result.setdefault("resumed", []).append({"date": provenance(command)["date"], "command": command})
         # the file keeps its name, under --out (where this call's results are collected)
-        saved["path"] = Path(args.out) / gpu_slug(result["provenance"]["gpu"]) / path.name
-        saved["path"].parent.mkdir(parents=True, exist_ok=True)
+        file.path = Path(args.out) / gpu_slug(result["provenance"]["gpu"]) / path.name
+        file.path.parent.mkdir(parents=True, exist_ok=True)
     else:
         result = new_result(args, command, version)
 
-    def save(res):
-        saved["path"] = save_result(res, args.out, args.name, saved.get("path"))
-
-    result = run_presets(args, result, save)
+    result = run_presets(args, result, file.save)
     from .vllm_report import summary_lines
 
     for line in summary_lines(result):
         print(line, flush=True)
-    print("results:", saved.get("path"), "(complete)" if result["complete"] else "(incomplete: --resume it)")
+    print("results:", file.path, "(complete)" if result["complete"] else "(incomplete: --resume it)")
     return 1 if result["errors"] else 0

@@ -107,15 +107,6 @@ def files(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
     return [e["file"] for e in man["files"].values()] if man else []
 
 
-def run_label(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> str:
-    """One line naming the reference run: GPU, dates, code hash (for titles and captions)."""
-    man = load_manifest(gpu, root)
-    if man is None:
-        return f"no reference run of {gpu}"
-    days = sorted({man.get("started", "")[:10], man.get("finished", "")[:10]} - {""})
-    return f"reference run on {man.get('gpu', gpu)}, {' to '.join(days)}, code {man['code_hash'][7:19]}"
-
-
 def code_hash_at(commit: str, repo: Path = REPO_ROOT) -> str:
     """The code hash (:func:`~lfm2vl_lab.tools.results.code_hash`) of ``commit``'s tree, from git's
     objects: what a result recorded from that commit's code carries."""

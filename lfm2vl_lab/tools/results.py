@@ -146,6 +146,20 @@ def save_result(result: dict, root=RESULTS_ROOT, name: str | None = None, path: 
     return path
 
 
+
+class ResultFile:
+    """One run's result file, written again after every row or section (:func:`save_result` with its
+    own ``path`` after the first write), so a run cut short by a time limit still leaves what it
+    measured. ``save(result)`` returns the path; ``path`` is None until the first save."""
+
+    def __init__(self, root=RESULTS_ROOT, name: str | None = None, path: Path | None = None):
+        self.root, self.name, self.path = root, name, path
+
+    def save(self, result: dict) -> Path:
+        self.path = save_result(result, self.root, self.name, self.path)
+        return self.path
+
+
 def _json_default(obj):
     if isinstance(obj, Path):
         return str(obj)
