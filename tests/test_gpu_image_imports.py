@@ -1,9 +1,10 @@
-"""The GPU suite collects on the H200 image, which has torch, transformers, pytest, numpy, PIL and
-matplotlib but no Jupyter (nbformat, nbclient), no docs or browser stack and no vLLM. A test module
-that needs anything else at import time gets it through ``pytest.importorskip`` (or an ``import`` in
-a ``try`` whose ``except ModuleNotFoundError`` skips), so there it skips, saying why, instead of
-failing to collect; so do the scripts a test module loads. The kit itself imports nothing else at
-module level (its optional packages are imported where they are used)."""
+"""The GPU suite collects on the H200 image, which has torch, transformers, pytest, numpy, PIL,
+matplotlib and pandas (with tabulate) but no Jupyter (nbformat, nbclient), no docs or browser stack
+and no vLLM. A test module that needs anything else at import time gets it through
+``pytest.importorskip`` (or an ``import`` in a ``try`` whose ``except ModuleNotFoundError`` skips), so
+there it skips, saying why, instead of failing to collect; so do the scripts a test module loads. The
+kit itself imports nothing else at module level (its optional packages are imported where they are
+used)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the GPU image has besides the standard library; then the kit and tests/' own helper modules.
-GPU_IMAGE = {"torch", "transformers", "pytest", "numpy", "PIL", "matplotlib"}
+# pandas and tabulate: the device tool's list of the H200 image's packages holds both (the report
+# layer's DataFrames need them; `record` on the device never imports that layer).
+GPU_IMAGE = {"torch", "transformers", "pytest", "numpy", "PIL", "matplotlib", "pandas", "tabulate"}
 LOCAL = {"lfm2vl_lab", "chromium", "conftest"}
 NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 

@@ -9,8 +9,17 @@ from pathlib import Path
 from .args import UsageError
 from .record import DEFAULT_PARTS, STEPS, run_record, stale, take, why_text
 from .reference import load_manifest
-from .report import derive_set
 from .results import code_hash
+
+
+def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
+    """:func:`.report.derive_set`, imported only when a call wrote into the repo: a record into another
+    folder (a lent machine's output) never loads the report layer."""
+    if Path(out).resolve() != Path(repo_root).resolve():
+        return
+    from .report import derive_set as derive
+
+    derive(man, before, out, repo_root, say)
 
 
 def dry_run(args, parts) -> None:
