@@ -39,13 +39,6 @@ import torch
 
 from ..core.config import GRAPH_CONFIGS, GraphOptions
 from ..model.parity import max_rel_error
-from .args import (
-    check_choice,
-    dtype_name,
-    parse_budgets,
-    parse_device,
-    parse_dtype,
-)
 from .modes import (
     COMPILE_MODES,
     COMPILED_MODES,
@@ -64,6 +57,13 @@ from .modes import (
 from .results import provenance
 from .table import add_derived
 from .timing import summarize, time_call, time_calls
+from .values import (
+    check_choice,
+    dtype_name,
+    parse_budgets,
+    parse_device,
+    parse_dtype,
+)
 from .workloads import (
     DEFAULT_WORKLOADS,
     default_device,

@@ -251,7 +251,7 @@ def preset_short(name: str) -> str:
 
 
 def check_preset(name: str, dtype_name: str = "bf16", seed: int = 0) -> dict:
-    from .args import parse_dtype
+    from .values import parse_dtype
 
     dtype = parse_dtype(dtype_name)
     tol = TOLERANCE[dtype]

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .args import UsageError, flatten
+from .args import flatten
 from .cli_options import (
     CHECK_PRESETS,
     DEFAULT_MODES,
@@ -44,6 +44,7 @@ from .cli_options import (
     add_vllm_args,
 )
 from .results import RESULTS_ROOT, gpu_slug
+from .values import UsageError
 
 
 def command_line() -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .args import UsageError
 from .record import DEFAULT_PARTS, STEPS, run_record, stale, take, why_text
 from .reference import load_manifest
 from .results import code_hash
+from .values import UsageError
 
 
 def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:

@@ -25,7 +25,6 @@ from ..core.graphed_encoder import GraphedEncoder
 from ..model.presets import build_model
 from ..serving.cache import bucket_len
 from ..serving.engine import TextEngine
-from .args import dtype_name, parse_dtype
 from .e2e import NO_GRAPHS_NOTE, lab_mode, logits_parity, parity_line, print_profile, profile_ttft, run_e2e
 from .e2e import print_row as print_e2e_row
 from .meter import measured_capture
@@ -53,6 +52,7 @@ from .ttft import (
     shown_mode,
     ttft_parity,
 )
+from .values import dtype_name, parse_dtype
 from .workloads import default_device, device_defaults
 
 

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .args import UsageError
 from .results import ResultFile, gpu_slug, provenance
+from .values import UsageError
 from .vllm_ab import ARMS, CASES, PRESETS, TOKENS
 from .vllm_release import ENGINE_ENV, VLLM_VERSION
 

@@ -19,8 +19,8 @@ from ..core.graphed_encoder import GraphedEncoder
 from ..core.packing import tokens_for
 from ..model.hf import hf_image_features
 from ..model.inputs import process_images
-from .args import check_choice
 from .timing import time_paired
+from .values import check_choice
 from .workloads import TILED_SIZE, synthetic_image
 
 PROMPT_TEXT_TOKENS = 24  # a short instruction around the image, as in a chat turn

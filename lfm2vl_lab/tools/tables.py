@@ -160,8 +160,8 @@ def write_tables(paths=None, refs: Refs | None = None, check: bool = False, say=
 
 def run_tables(args) -> int:
     """Rewrite (``--check``: compare) the generated tables from the reference set under ``--root``."""
-    from .args import UsageError
     from .reference import ReferenceError
+    from .values import UsageError
 
     only = args.check or getattr(args, "tables_only", False)
     if not only and Path(args.root).resolve() != RESULTS_ROOT.resolve():
