@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lfm2vl_lab.tools import graph_apis as ga
+from lfm2vl_lab.tools import notebook as nb
 from lfm2vl_lab.tools import reference
 from lfm2vl_lab.tools.cli import main
 from lfm2vl_lab.tools.cli_graph_apis import FORMATTERS
@@ -245,10 +246,10 @@ def test_a_run_writes_every_part_with_provenance_and_the_notebook_reads_it_back(
     # the notebook reads the file through the reference set: a manifest naming it as the graph-apis role
     (tmp_path / "nvidia-h200" / reference.MANIFEST).write_text(json.dumps(
         {"gpu": "NVIDIA H200", "code_hash": "sha256:0", "files": {ga.NAME: {"file": path.name}}}))
-    errs = ga.live_or_recorded("capture_errors", "cpu", root=tmp_path)
+    errs = nb.live_or_recorded("capture_errors", "cpu", root=tmp_path)
     assert errs == {".item()": {"captured": False, "error": "AcceleratorError: x"}}
     assert capsys.readouterr().out.startswith("reference set, graph-apis: recorded on NVIDIA H200 on ")
-    assert ga.live_or_recorded("trace", "cpu", root=tmp_path) is None  # that part failed
+    assert nb.live_or_recorded("trace", "cpu", root=tmp_path) is None  # that part failed
 
 
 def test_the_command_prints_each_part_and_saves_the_file(monkeypatch, tmp_path, capsys):
@@ -266,13 +267,13 @@ def test_the_command_prints_each_part_and_saves_the_file(monkeypatch, tmp_path, 
 
 def test_a_live_run_says_it_is_live_and_not_the_reference_set(monkeypatch, capsys):
     monkeypatch.setitem(ga.RECORDERS, "reduce_overhead", lambda device: {"rows": []})
-    assert ga.live_or_recorded("reduce_overhead", "cuda") == {"rows": []}
+    assert nb.live_or_recorded("reduce_overhead", "cuda") == {"rows": []}
     assert capsys.readouterr().out == ("measured now on cuda: this machine's live run, not the reference set's "
                                        "`graph-apis` file\n")
 
 
 def test_without_a_reference_set_the_notebook_says_so(tmp_path, capsys):
-    assert ga.live_or_recorded("trace", "cpu", root=tmp_path) is None
+    assert nb.live_or_recorded("trace", "cpu", root=tmp_path) is None
     assert capsys.readouterr().out.startswith("Not in the reference set: no 'graph-apis' in data/results/nvidia-h200/")
 
 

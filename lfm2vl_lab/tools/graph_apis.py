@@ -16,8 +16,8 @@ What breaks a capture (:func:`capture_errors`, :func:`capture_outcome`) lives in
 with a check for host reads that runs on any machine; both names are importable from here too.
 
 The demos need CUDA. ``python -m lfm2vl_lab graph-apis`` (:func:`.cli.record_graph_apis`) records them into
-``graph-apis-<date>.json``; on a machine without CUDA :func:`live_or_recorded` reads the reference set's
-``graph-apis`` file.
+``graph-apis-<date>.json``; on a machine without CUDA the notebooks' ``live_or_recorded``
+(:mod:`.notebook`) reads the reference set's ``graph-apis`` file.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from ..model.parity import rel_error
 from .capture_breaks import capture_errors, capture_outcome, first_line  # noqa: F401 (capture_outcome: re-exported)
 from .modes import counter_diff, dynamo_counters
 from .profiler_log import quiet_profile
-from .results import RESULTS_ROOT
 from .timing import time_call, time_calls
 from .trace_analysis import GRAPH_APIS, PHASE_PREFIX, phase_calls
 
@@ -368,16 +367,3 @@ def compile_vs_capture_summary(rows: list[dict]) -> dict:
 RECORDERS: dict[str, Callable[..., dict]] = {
     "trace": capture_trace, "graphed_callables": graphed_callable_demo, "reduce_overhead": reduce_overhead_demo,
     "capture_errors": capture_errors}
-
-
-def live_or_recorded(part: str, device, root=RESULTS_ROOT) -> dict | None:
-    """``part`` of :data:`RECORDERS` run now on a CUDA ``device``, announced as this machine's live run
-    (its numbers are not the reference set's); elsewhere the reference set's ``graph-apis`` file's
-    ``part``, announced by ``load_recorded`` (None: not recorded, or that part failed in the recorded run)."""
-    from .notebook import load_recorded
-
-    if torch.device(device).type == "cuda":
-        print(f"measured now on {device}: this machine's live run, not the reference set's `{NAME}` file", flush=True)
-        return RECORDERS[part](device)
-    rec = load_recorded(NAME, root=root)
-    return None if rec is None else rec.get(part)

@@ -148,3 +148,17 @@ def load_first_version(name: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) ->
     res = reference.load_archived(name, gpu, root)
     print("the first version (archived, not the reference set): " + recorded_label(res))
     return res
+
+
+def live_or_recorded(part: str, device, root=RESULTS_ROOT) -> dict | None:
+    """``part`` of the graph-API demos (:data:`~.graph_apis.RECORDERS`) run now on a CUDA ``device``,
+    announced as this machine's live run (its numbers are not the reference set's); elsewhere the
+    reference set's ``graph-apis`` file's ``part``, announced by :func:`load_recorded` (None: not
+    recorded, or that part failed in the recorded run)."""
+    from .graph_apis import NAME, RECORDERS
+
+    if torch.device(device).type == "cuda":
+        print(f"measured now on {device}: this machine's live run, not the reference set's `{NAME}` file", flush=True)
+        return RECORDERS[part](device)
+    rec = load_recorded(NAME, root=root)
+    return None if rec is None else rec.get(part)
