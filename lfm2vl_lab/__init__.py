@@ -1,6 +1,6 @@
 """lfm2vl-lab: encoder CUDA graphs for LiquidAI's LFM2-VL, taught, implemented and measured.
 
-Five packages, the technique first:
+Seven packages, the technique first:
 
 * :mod:`lfm2vl_lab.core` — the technique: packing, the packed encoder, the graph config and padding
   logics, capture, the weight guard, the generic manager, LFM2-VL's side of it and ``GraphedEncoder``;
@@ -8,8 +8,10 @@ Five packages, the technique first:
 * :mod:`lfm2vl_lab.model` — presets and checkpoints, image inputs, transformers' reference path, parity;
 * :mod:`lfm2vl_lab.serving` — the text model on static buffers (``TextEngine``), a request in phases
   (``VlmPipeline``), a chat turn (``chat``);
-* :mod:`lfm2vl_lab.tools` — the instrument: timing, workloads, the benchmark, profiling, results,
-  plots, check, e2e, ttft, the notebooks' helpers and the CLI (``python -m lfm2vl_lab``).
+* the instrument, in three: :mod:`lfm2vl_lab.measure` (timing, workloads, the benchmark, profiling,
+  check, e2e, ttft, vLLM, results and the reference run), :mod:`lfm2vl_lab.report` (the reference set
+  as DataFrames, the pages' tables, the figures, the notebooks' helpers) and :mod:`lfm2vl_lab.cli`
+  (``python -m lfm2vl_lab``).
 
 The first four use torch and transformers only and never import the instrument
 (``tests/test_layers.py`` checks which package may import which). The names below are the public
@@ -81,25 +83,27 @@ __all__ = [
     "synthetic_workload", "TextEngine", "to_rgb", "VlmPipeline",
 ]
 
-# every module of lfm2vl_lab/tools/, read off the folder (importing none of them)
-TOOL_MODULES = tuple(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent / "tools")]))
-# public names that live in the instrument: name -> its tools module (loaded on first use)
-TOOL_NAMES = {"load_sample_images": "workloads", "random_processor_output": "workloads",
-              "synthetic_image": "workloads", "synthetic_workload": "workloads"}
+# every module of the instrument, read off its folders (importing none of them): name -> package
+INSTRUMENT = ("measure", "report", "cli")
+TOOL_MODULES = {m.name: pkg for pkg in INSTRUMENT
+                for m in pkgutil.iter_modules([str(Path(__file__).parent / pkg)])}
+# public names that live in the instrument: name -> its module (loaded on first use)
+TOOL_NAMES = {"load_sample_images": "measure.workloads", "random_processor_output": "measure.workloads",
+              "synthetic_image": "measure.workloads", "synthetic_workload": "measure.workloads"}
 
 
 def __getattr__(name: str):
     """``lab.GraphedEncoder`` loads ``lfm2vl_lab.core.graphed_encoder`` (:data:`API`); ``from lfm2vl_lab
-    import e2e`` (the README's GPU tour) loads ``lfm2vl_lab.tools.e2e``; ``lfm2vl_lab.load_sample_images``
-    loads ``lfm2vl_lab.tools.workloads``."""
+    import e2e`` (the README's GPU tour) loads ``lfm2vl_lab.measure.e2e``; ``lfm2vl_lab.load_sample_images``
+    loads ``lfm2vl_lab.measure.workloads``."""
     if name in API_NAMES:
         value = getattr(importlib.import_module(f".{API_NAMES[name]}", __name__), name)
         globals()[name] = value  # the next lookup finds it without this function
         return value
     if name in TOOL_NAMES:
-        return getattr(importlib.import_module(f".tools.{TOOL_NAMES[name]}", __name__), name)
+        return getattr(importlib.import_module(f".{TOOL_NAMES[name]}", __name__), name)
     if name in TOOL_MODULES:
-        return importlib.import_module(f".tools.{name}", __name__)
+        return importlib.import_module(f".{TOOL_MODULES[name]}.{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -23,9 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lfm2vl_lab import build_model  # noqa: E402
+from lfm2vl_lab.measure.results import code_hash  # noqa: E402
+from lfm2vl_lab.measure.timing import summarize, time_paired  # noqa: E402
 from lfm2vl_lab.serving.engine import FUSE_COMPILE, TextEngine  # noqa: E402
-from lfm2vl_lab.tools.results import code_hash  # noqa: E402
-from lfm2vl_lab.tools.timing import summarize, time_paired  # noqa: E402
 
 
 def profile_step(fn, top: int = 12) -> dict:

@@ -31,10 +31,10 @@ import torch
 from lfm2vl_lab.core.config import GraphOptions
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.lfm2vl import VARLEN
+from lfm2vl_lab.measure.modes import make_compile, make_fused
+from lfm2vl_lab.measure.results import RESULTS_ROOT, provenance, save_result
+from lfm2vl_lab.measure.workloads import random_processor_output, to_device
 from lfm2vl_lab.model.presets import build_model
-from lfm2vl_lab.tools.modes import make_compile, make_fused
-from lfm2vl_lab.tools.results import RESULTS_ROOT, provenance, save_result
-from lfm2vl_lab.tools.workloads import random_processor_output, to_device
 
 
 def _wall_ms(fn, n: int = 200) -> dict:

@@ -27,7 +27,7 @@
 #                                        /tmp/vllm-site, and say which parts are still missing
 #   bash scripts/h200_run.sh vllm        the same; once the bundle is complete, vLLM's part of the reference
 #                                        set (record --part vllm) on the unpacked vLLM, with the ENGINE_ENV
-#                                        of lfm2vl_lab/tools/vllm_release.py; call it again (within 30 s,
+#                                        of lfm2vl_lab/measure/vllm_release.py; call it again (within 30 s,
 #                                        carrying only .vllm/bundle.json) until the role is complete; with
 #                                        NOTEBOOKS and NB_S, the last call then runs those notebooks
 #
@@ -61,7 +61,7 @@ vllm_install() {  # the parts this call carried, added to those earlier calls le
 vllm_env() {  # the unpacked vLLM first on the path, and the engine's environment from vllm_release.py
   export PYTHONPATH=/tmp/vllm-site:$PWD LFM2VL_VLLM_BUNDLE=$PWD/.vllm/bundle.json
   eval "$(python3 -c 'import runpy, shlex
-env = runpy.run_path("lfm2vl_lab/tools/vllm_release.py")["ENGINE_ENV"]
+env = runpy.run_path("lfm2vl_lab/measure/vllm_release.py")["ENGINE_ENV"]
 print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))')"; }
 sanitize_steps() {
   # The allocator's cache cannot be bypassed (PYTORCH_NO_CUDA_MEMORY_CACHING breaks graph capture), so

@@ -1,7 +1,7 @@
 """Carry the kit's vLLM release to the H200, which has no network: build a trimmed bundle here, unpack it there.
 
 The H200 image has torch, transformers and the common packages, but not vLLM nor the wheels listed in
-``lfm2vl_lab/tools/vllm_release.py`` (the pins: this script repeats none of them). A call to that machine
+``lfm2vl_lab/measure/vllm_release.py`` (the pins: this script repeats none of them). A call to that machine
 carries the working tree plus a few git-ignored paths, 64 MiB in all, so the bundle is trimmed to what a
 dense bf16 LFM2-VL on Hopper (sm_90) loads, packed as xz tarballs, and split into parts that fit beside
 the tree, each travelling in its own call when they do not all fit in one.
@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RELEASE = ROOT / "lfm2vl_lab" / "tools" / "vllm_release.py"
+RELEASE = ROOT / "lfm2vl_lab" / "measure" / "vllm_release.py"
 MIB = 1 << 20
 CARRY_LIMIT = 64 * MIB  # what one device call carries: the tree plus the named ignored paths
 MARGIN = 3 * MIB  # the tree grows between a build and the call; bundle.json travels too

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build .venv-vllm: the kit's vLLM release (VLLM_VERSION in lfm2vl_lab/tools/vllm_release.py, the one
+# Build .venv-vllm: the kit's vLLM release (VLLM_VERSION in lfm2vl_lab/measure/vllm_release.py, the one
 # the H200 runs) layered on top of .venv, for tests/test_vllm_parity.py on a CPU box.
 #
 # Why not `pip install vllm==VLLM_VERSION`? That pulls vLLM's pinned CUDA torch, flashinfer, cutlass
@@ -18,7 +18,7 @@ vllm_sp=$(.venv-vllm/bin/python -c "import sysconfig; print(sysconfig.get_paths(
 echo "$base_sp" > "$vllm_sp/lfm2vl_lab_base.pth"
 # The pins, read from the file itself (importing lfm2vl_lab would import torch): the release, and the
 # bundle's exact xgrammar and apache-tvm-ffi (xgrammar is imported at module level by the files we test).
-pins=$(python3 -c "import runpy; r = runpy.run_path('lfm2vl_lab/tools/vllm_release.py'); w = dict(r['WHEELS'])
+pins=$(python3 -c "import runpy; r = runpy.run_path('lfm2vl_lab/measure/vllm_release.py'); w = dict(r['WHEELS'])
 print(r['VLLM_VERSION'], 'xgrammar==' + w['xgrammar'], 'apache-tvm-ffi==' + w['apache-tvm-ffi'])")
 read -r vllm_version xgrammar_pin tvm_ffi_pin <<<"$pins"
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lfm2vl_lab.tools.bench import run_bench
-from lfm2vl_lab.tools.cli import SUBCOMMANDS, main
-from lfm2vl_lab.tools.figure_source import read_sources
-from lfm2vl_lab.tools.results import gpu_slug, load_results, save_result
-from lfm2vl_lab.tools.table import format_table
-from lfm2vl_lab.tools.timing import summarize
-from lfm2vl_lab.tools.workloads import expand_workloads
+from lfm2vl_lab.cli.cli import SUBCOMMANDS, main
+from lfm2vl_lab.measure.bench import run_bench
+from lfm2vl_lab.measure.results import gpu_slug, load_results, save_result
+from lfm2vl_lab.measure.table import format_table
+from lfm2vl_lab.measure.timing import summarize
+from lfm2vl_lab.measure.workloads import expand_workloads
+from lfm2vl_lab.report.figure_source import read_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).parent / "fixtures"
@@ -162,7 +162,7 @@ def test_report_draws_pngs_from_fixture(tmp_path, capsys):
 def test_report_draws_each_figure_from_its_reference_file_only(tmp_path):
     """Another run of the same preset beside the reference set (newer, other numbers) and one in
     archive/ change no figure: each is drawn from the file the manifest names for its role."""
-    from lfm2vl_lab.tools.report import figure_jobs, reference_sets, report
+    from lfm2vl_lab.report.report import figure_jobs, reference_sets, report
 
     ref = fixture_result()
     other = copy.deepcopy(ref)
@@ -219,7 +219,7 @@ def test_subcommand_table_is_extensible():
 
 
 def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
-    from lfm2vl_lab.tools.plots import MixedRuns, NoData, attention_figure, e2e_figure
+    from lfm2vl_lab.report.plots import MixedRuns, NoData, attention_figure, e2e_figure
 
     rows = [
         {"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 30.0, "encoder_ms": 5.0},
@@ -254,7 +254,7 @@ def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
 
 
 def test_attention_layouts_are_written_short():
-    from lfm2vl_lab.tools.plots_e2e_attention import layout_label
+    from lfm2vl_lab.report.plots_e2e_attention import layout_label
 
     assert layout_label([1024]) == "1024" and layout_label([256] * 16) == "16×256"
     assert layout_label([1024, 1024, 576, 64]) == "2×1024+576+64"
@@ -279,7 +279,7 @@ def test_run_bench_checkpoints_after_each_mode(tmp_path):
 
 
 def test_figures_pick_the_default_config_over_experiments():
-    from lfm2vl_lab.tools.plots import MixedRuns, latency_figure, pick_rows
+    from lfm2vl_lab.report.plots import MixedRuns, latency_figure, pick_rows
 
     base = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
             "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": True, "fuse_elementwise": True,
@@ -302,7 +302,7 @@ def test_figures_pick_the_default_config_over_experiments():
 
 
 def test_busy_exceeds_wall_is_flagged_not_drawn_as_full():
-    from lfm2vl_lab.tools.plots import BUSY_OVER_WALL, busy_exceeds_wall, floor_share_figure
+    from lfm2vl_lab.report.plots import BUSY_OVER_WALL, busy_exceeds_wall, floor_share_figure
 
     rows = [{"mode": "hf-eager", "workload": "1x512", "median_ms": 8.0, "gpu_busy_ms": 1.0},
             {"mode": "lab-graph", "workload": "1x512", "median_ms": 0.84, "gpu_busy_ms": 0.70},
@@ -320,7 +320,7 @@ def test_busy_exceeds_wall_is_flagged_not_drawn_as_full():
 
 
 def test_timeline_figure_says_what_each_colour_is():
-    from lfm2vl_lab.tools.plots import TIMELINE_LABELS, timeline_figure
+    from lfm2vl_lab.report.plots import TIMELINE_LABELS, timeline_figure
 
     tl = {"cpu": [(0, 5, "cudaLaunchKernel"), (6, 2, "cudaStreamSynchronize")], "gpu": [(3, 4, "gemm")]}
     labels = [t.get_text() for t in timeline_figure({"eager": tl}).legends[0].get_texts()]
@@ -330,7 +330,7 @@ def test_timeline_figure_says_what_each_colour_is():
 
 
 def test_graph_memory_total_is_the_groups_not_the_buffers():
-    from lfm2vl_lab.tools.plots import graph_memory_figure
+    from lfm2vl_lab.report.plots import graph_memory_figure
 
     info = [{"budget": 2048, "pool_mb": 300.0, "buffers_mb": 20.0, "total_mb": 320.0, "capture_s": 0.4},
             {"budget": 1024, "pool_mb": 0.0, "buffers_mb": 10.0, "total_mb": 10.0, "capture_s": 0.3}]
@@ -354,7 +354,7 @@ def _git_ignored(paths: list[str]) -> set[str]:
 def test_cpu_runs_leave_the_tree_clean(tmp_path):
     """What bench / e2e / report write for a CPU run, at the names they give it, is ignored by git;
     the GPU record (the same kinds of files for a GPU) is not."""
-    from lfm2vl_lab.tools.report import report
+    from lfm2vl_lab.report.report import report
 
     res = fixture_result()
     res["provenance"]["gpu"] = "cpu"
@@ -373,7 +373,7 @@ def test_cpu_runs_leave_the_tree_clean(tmp_path):
 
 
 def test_report_defaults_are_the_repo_folders():
-    from lfm2vl_lab.tools.cli import build_parser
+    from lfm2vl_lab.cli.cli import build_parser
 
     args = build_parser().parse_args(["report"])
     assert Path(args.root) == ROOT / "data" / "results" and Path(args.out) == ROOT / "data" / "figures"

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from lfm2vl_lab.core.config import GraphOptions
-from lfm2vl_lab.tools.bench import RunSpec, expand_specs, measure_fixed, run_bench
-from lfm2vl_lab.tools.modes import SETTING_MODES, Runner, is_trace_failure, row_labels
-from lfm2vl_lab.tools.results import UnreadableResultWarning, load_results, save_result
-from lfm2vl_lab.tools.table import format_table
-from lfm2vl_lab.tools.workloads import NXS, TILED_SIZE, parse_nxs, workload_images
+from lfm2vl_lab.measure.bench import RunSpec, expand_specs, measure_fixed, run_bench
+from lfm2vl_lab.measure.modes import SETTING_MODES, Runner, is_trace_failure, row_labels
+from lfm2vl_lab.measure.results import UnreadableResultWarning, load_results, save_result
+from lfm2vl_lab.measure.table import format_table
+from lfm2vl_lab.measure.workloads import NXS, TILED_SIZE, parse_nxs, workload_images
 
 
 def test_run_spec_defaults_are_explicit():

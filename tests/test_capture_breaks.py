@@ -1,4 +1,4 @@
-"""tools/capture_breaks.py: what breaks a CUDA-graph capture (notebook 02, section 2 and exercise 1).
+"""measure/capture_breaks.py: what breaks a CUDA-graph capture (notebook 02, section 2 and exercise 1).
 
 On a CPU: the meta-device check for host reads (which constructs fail on meta tensors, and where),
 ``to_meta`` on the things notebook 02 moves, and the claim notebook 02 makes with it: transformers'
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lfm2vl_lab as lab
-from lfm2vl_lab.tools import capture_breaks as cb
+from lfm2vl_lab.measure import capture_breaks as cb
 
 
 def test_the_cases_are_notebook_02s_constructs():

@@ -144,7 +144,7 @@ def test_bad_folders_give_one_line_errors(tiny_checkpoint, tmp_path, photo):
 
 
 def test_checkpoint_from_env_reaches_model_for_and_the_environment_check(monkeypatch, tiny_checkpoint, tmp_path):
-    from lfm2vl_lab.tools.notebook import environment, environment_lines
+    from lfm2vl_lab.report.notebook import environment, environment_lines
 
     monkeypatch.delenv(CHECKPOINT_ENV, raising=False)
     assert lab.checkpoint_from_env() is None and not hasattr(lab.model_for("tiny"), "lab_checkpoint")
@@ -164,7 +164,7 @@ def test_checkpoint_from_env_reaches_model_for_and_the_environment_check(monkeyp
 
 
 def test_bench_on_a_checkpoint_names_it_in_the_provenance(monkeypatch, tiny_checkpoint):
-    from lfm2vl_lab.tools.bench import run_bench
+    from lfm2vl_lab.measure.bench import run_bench
 
     monkeypatch.setenv(CHECKPOINT_ENV, str(tiny_checkpoint))
     res = run_bench(modes=("hf-eager", "lab-eager"), workloads=("1x256",), repeats=1, warmup=0, device="cpu",

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lfm2vl_lab import GraphedEncoder, build_model, hf_image_features, random_processor_output
+from lfm2vl_lab.measure.check import budget_cases, shapes_for_tokens
 from lfm2vl_lab.model.parity import float32_reference, judge_replay
-from lfm2vl_lab.tools.check import budget_cases, shapes_for_tokens
 
 
 @pytest.mark.parametrize("tokens,max_items", [(1024, 4), (48, 1), (577, 17), (256, 1), (96, 3)])
@@ -75,8 +75,8 @@ def test_check_measures_the_stamp_with_each_pointer_check(built_pointer_check, m
     which one the recorded cost is; where the C++ one cannot be built it says why, and torch's is timed."""
     from lfm2vl_lab.core import ptrcheck
     from lfm2vl_lab.core.capture import eager_stand_in
+    from lfm2vl_lab.measure import check
     from lfm2vl_lab.serving.engine import TextEngine
-    from lfm2vl_lab.tools import check
 
     monkeypatch.setitem(ptrcheck._CHOSEN, "ext", None)  # the run's choice changes: put it back afterwards
     model = build_model("tiny")

@@ -11,9 +11,9 @@ import json
 import pytest
 import torch
 
-from lfm2vl_lab.tools.cli import build_parser, main
-from lfm2vl_lab.tools.cli_serving import target_line
-from lfm2vl_lab.tools.table import format_table
+from lfm2vl_lab.cli.cli import build_parser, main
+from lfm2vl_lab.cli.cli_serving import target_line
+from lfm2vl_lab.measure.table import format_table
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="what a run without CUDA prints")
 

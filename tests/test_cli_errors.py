@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lfm2vl_lab.cli.cli import build_parser, main
+from lfm2vl_lab.measure.bench import run_bench
+from lfm2vl_lab.measure.e2e import run_e2e
 from lfm2vl_lab.model.presets import CHECKPOINT_ENV
-from lfm2vl_lab.tools.bench import run_bench
-from lfm2vl_lab.tools.cli import build_parser, main
-from lfm2vl_lab.tools.e2e import run_e2e
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the case is an error only on a machine without CUDA")

@@ -1,6 +1,6 @@
 """``python -m lfm2vl_lab --help`` answers at once: neither the command's help nor a subcommand's
 imports torch (or transformers, or matplotlib), ``import lfm2vl_lab`` does not either, and the
-copies that make that possible (the options' choices in tools/cli_options.py, the public names in
+copies that make that possible (the options' choices in cli/cli_options.py, the public names in
 lfm2vl_lab/__init__.py, the subcommands' help lines) stay equal to what they copy."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import lfm2vl_lab
-from lfm2vl_lab.tools import cli_options
-from lfm2vl_lab.tools.cli import SUBCOMMANDS
+from lfm2vl_lab.cli import cli_options
+from lfm2vl_lab.cli.cli import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "matplotlib", "numpy", "PIL")
@@ -81,9 +81,10 @@ def test_the_public_names_are_the_ones_type_checkers_and_the_api_reference_read(
 
 
 def test_the_options_copies_equal_what_they_copy():
+    from lfm2vl_lab.cli import cli_vllm
     from lfm2vl_lab.core import config
     from lfm2vl_lab.kernels import attention
-    from lfm2vl_lab.tools import check, cli_vllm, e2e, engine_peers, modes, request, ttft, vllm_ab, workloads
+    from lfm2vl_lab.measure import check, e2e, engine_peers, modes, request, ttft, vllm_ab, workloads
 
     defaults = config.GraphOptions()
     copies = {
@@ -97,12 +98,12 @@ def test_the_options_copies_equal_what_they_copy():
         "GRAPH_DEFAULTS": {k: getattr(defaults, k) for k in cli_options.GRAPH_DEFAULTS},
     }
     for name, source in copies.items():
-        assert getattr(cli_options, name) == source, f"tools/cli_options.py {name} differs from its source"
+        assert getattr(cli_options, name) == source, f"cli/cli_options.py {name} differs from its source"
 
 
 @pytest.mark.parametrize("name", SUBCOMMANDS)
 def test_each_subcommands_help_line_is_its_runs_docstring(name):
     run = SUBCOMMANDS[name][1]
     module, function = getattr(run, "target", (None, None))
-    real = getattr(importlib.import_module(f"lfm2vl_lab.tools.{module}"), function) if module else run
+    real = getattr(importlib.import_module(f"lfm2vl_lab.{module}"), function) if module else run
     assert inspect.getdoc(real).splitlines()[0] == run.__doc__.strip().splitlines()[0]

@@ -6,7 +6,7 @@ import statistics
 import pytest
 
 from lfm2vl_lab import GraphedEncoder, build_model, process_images, synthetic_image
-from lfm2vl_lab.tools.e2e import (
+from lfm2vl_lab.measure.e2e import (
     NO_GRAPHS_NOTE,
     build_prompt,
     generate_once,
@@ -96,7 +96,7 @@ def test_paired_reduction_is_the_median_of_pair_ratios():
 def test_time_paired_alternates_order_and_enters_contexts():
     from contextlib import contextmanager
 
-    from lfm2vl_lab.tools.timing import time_paired
+    from lfm2vl_lab.measure.timing import time_paired
 
     calls, inside = [], []
 
@@ -116,7 +116,7 @@ def test_time_paired_alternates_order_and_enters_contexts():
 
 
 def test_profile_ttft_splits_encoder_and_text(tiny_full):
-    from lfm2vl_lab.tools.e2e import profile_ttft
+    from lfm2vl_lab.measure.e2e import profile_ttft
 
     genc = GraphedEncoder(tiny_full)
     prof = profile_ttft(tiny_full, genc, iters=1)

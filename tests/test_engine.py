@@ -106,9 +106,9 @@ def test_hf_text_needs_one_length(text_model):
 
 @pytest.fixture(scope="module")
 def request_of_two(text_model):
+    from lfm2vl_lab.measure.e2e import build_prompt, generate_once
+    from lfm2vl_lab.measure.workloads import synthetic_image
     from lfm2vl_lab.model.inputs import process_images
-    from lfm2vl_lab.tools.e2e import build_prompt, generate_once
-    from lfm2vl_lab.tools.workloads import synthetic_image
 
     inputs = process_images([synthetic_image(512, 512, seed=1)] * 2, text_model)
     batch = build_prompt(text_model, process_images([synthetic_image(512, 512, seed=1)], text_model), 2)
@@ -188,7 +188,7 @@ def test_every_mode_passes_parity_on_450m():
     within 1e-2 of a float32 copy (or no worse than transformers' own bf16 path)."""
     from lfm2vl_lab import build_model
     from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
-    from lfm2vl_lab.tools.ttft import build_pipelines, prompt_len, ttft_parity
+    from lfm2vl_lab.measure.ttft import build_pipelines, prompt_len, ttft_parity
 
     model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda", text_layers="full")
     genc = GraphedEncoder(model)
@@ -207,7 +207,7 @@ def test_every_mode_gives_generates_tokens_in_fp32():
     rounding, never the plumbing."""
     from lfm2vl_lab import build_model
     from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
-    from lfm2vl_lab.tools.ttft import PARITY_CASES, build_pipelines, capture_engine, ttft_parity
+    from lfm2vl_lab.measure.ttft import PARITY_CASES, build_pipelines, capture_engine, ttft_parity
 
     model = build_model("lfm2-vl-450m", dtype=torch.float32, device="cuda", text_layers="full")
     genc = GraphedEncoder(model)

@@ -12,14 +12,14 @@ from torch import nn
 
 import lfm2vl_lab.serving.engine as engine_module
 from lfm2vl_lab import build_model
+from lfm2vl_lab.cli.cli import build_parser, main
+from lfm2vl_lab.measure import engine_peers as peers
+from lfm2vl_lab.measure.engine_measure import PROFILE_KEYS, TARGETS, judge_engine, measure_preset, summary_lines
+from lfm2vl_lab.measure.record import STEPS
+from lfm2vl_lab.measure.workloads import default_device
+from lfm2vl_lab.report.plots_common import NoData
+from lfm2vl_lab.report.plots_engine import decode_vs_floor
 from lfm2vl_lab.serving.engine import TextEngine
-from lfm2vl_lab.tools import engine_peers as peers
-from lfm2vl_lab.tools.cli import build_parser, main
-from lfm2vl_lab.tools.engine_measure import PROFILE_KEYS, TARGETS, judge_engine, measure_preset, summary_lines
-from lfm2vl_lab.tools.plots_common import NoData
-from lfm2vl_lab.tools.plots_engine import decode_vs_floor
-from lfm2vl_lab.tools.record import STEPS
-from lfm2vl_lab.tools.workloads import default_device
 
 FUSED = "fuse" in inspect.signature(TextEngine).parameters
 MODES = peers.MODES if FUSED else tuple(m for m in peers.MODES if m != "engine-fused")
@@ -176,7 +176,7 @@ def test_decode_vs_floor_draws_a_bar_per_mode_and_the_floor(measured):
 def test_every_record_step_parses_as_its_command():
     """Each step of the reference run is a command line the kit's own parser accepts (a renamed
     option would otherwise surface only on the GPU, as a failed step)."""
-    from lfm2vl_lab.tools.cli import build_parser
+    from lfm2vl_lab.cli.cli import build_parser
 
     parser = build_parser()
     for step in STEPS:

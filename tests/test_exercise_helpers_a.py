@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lfm2vl_lab.tools.profiling import Gap, analyze_trace, idle_gaps
+from lfm2vl_lab.measure.profiling import Gap, analyze_trace, idle_gaps
 
 EAGER = Path(__file__).parent / "fixtures" / "trace_eager.json"
 

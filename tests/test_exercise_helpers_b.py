@@ -1,17 +1,17 @@
 """The library readings behind the exercises of notebooks 06 and 07: the ceiling of a
-graph's speedup (tools/floor.py), Amdahl's law for the encoder graphs' TTFT cut and the text graphs'
-cut against the prompt's size (tools/ttft_summary.py). Synthetic rows pin the arithmetic; the
+graph's speedup (measure/floor.py), Amdahl's law for the encoder graphs' TTFT cut and the text graphs'
+cut against the prompt's size (report/ttft_summary.py). Synthetic rows pin the arithmetic; the
 reference set's H200 files check that the readings agree with what the runs recorded themselves."""
 
 from __future__ import annotations
 
 import pytest
 
-from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.floor import speedup_ceiling
-from lfm2vl_lab.tools.table import add_derived
-from lfm2vl_lab.tools.ttft import mode_name
-from lfm2vl_lab.tools.ttft_summary import BEFORE_TEXT, amdahl_cut, text_graph_cuts
+from lfm2vl_lab.measure.floor import speedup_ceiling
+from lfm2vl_lab.measure.table import add_derived
+from lfm2vl_lab.measure.ttft import mode_name
+from lfm2vl_lab.report import reference
+from lfm2vl_lab.report.ttft_summary import BEFORE_TEXT, amdahl_cut, text_graph_cuts
 
 FLOOR = "bench-450m"  # the reference set: every mode, profiled, 450M (notebook 06)
 TTFT = "ttft"  # the reference set: the full grid: 450M and 1.6B, 1x512 and tiled, 1-8 requests

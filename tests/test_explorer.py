@@ -1,4 +1,4 @@
-"""The budget explorer (lfm2vl_lab/tools/explorer.py, notebook 03): its arithmetic is the manager's
+"""The budget explorer (lfm2vl_lab/report/explorer.py, notebook 03): its arithmetic is the manager's
 planner, its memory is what the reference set recorded (or "not recorded"), and its widget re-renders
 when the item limit moves."""
 
@@ -12,8 +12,8 @@ import pytest
 from lfm2vl_lab.core.config import EncoderGraphConfig
 from lfm2vl_lab.core.dense import DenseGraphConfig
 from lfm2vl_lab.core.plan import plan_config, plan_stats
-from lfm2vl_lab.tools import explorer as ex
-from lfm2vl_lab.tools import reference
+from lfm2vl_lab.report import explorer as ex
+from lfm2vl_lab.report import reference
 
 # A stream checked by hand, budgets [64, 128, 256, 512], max items 4, no run budget:
 #   [200, 100] -> one 300-token batch in the 512 graph (212 padded); [72] -> 128 (56 padded);

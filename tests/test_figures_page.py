@@ -1,4 +1,4 @@
-"""The docs site's figures page (lfm2vl_lab.tools.site): each committed figure with the one file of the
+"""The docs site's figures page (lfm2vl_lab.report.site): each committed figure with the one file of the
 reference set it is drawn from, as the PNG itself names it, its provenance read from the JSON when the
 page is built; and the committed figures themselves: one run each, named in the title and in the PNG,
 sized for a page, and what `report` draws today, so a fresh clone's `report` changes no file."""
@@ -16,12 +16,12 @@ from matplotlib.figure import Figure
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.figure_source import SOURCE_KEY, png_bytes, save_figure
-from lfm2vl_lab.tools.plots import MAX_WIDTH_IN, NoData
-from lfm2vl_lab.tools.report import figure_jobs, reference_sets, report
-from lfm2vl_lab.tools.results import FIGURES_ROOT, RESULTS_ROOT, shown_command
-from lfm2vl_lab.tools.site import UnexplainedFigure, figure_sources, figures_page, linked_files
+from lfm2vl_lab.measure.results import FIGURES_ROOT, RESULTS_ROOT, shown_command
+from lfm2vl_lab.report import reference
+from lfm2vl_lab.report.figure_source import SOURCE_KEY, png_bytes, save_figure
+from lfm2vl_lab.report.plots import MAX_WIDTH_IN, NoData
+from lfm2vl_lab.report.report import figure_jobs, reference_sets, report
+from lfm2vl_lab.report.site import UnexplainedFigure, figure_sources, figures_page, linked_files
 
 PNGS = sorted(FIGURES_ROOT.glob("nvidia-h200-*.png"))
 MAN = reference.load_manifest()
@@ -169,7 +169,7 @@ def test_report_redraws_the_committed_figures_as_they_are(tmp_path):
     """``report`` into a copy of data/figures draws exactly the committed figures and leaves each
     file's bytes as they are: a fresh clone's ``report`` leaves ``git status`` clean. A redraw that
     equals a file in content (its text chunks and decoded pixels) keeps that file, so only another
-    picture or another source would change the bytes (lfm2vl_lab/tools/figure_source.py says why
+    picture or another source would change the bytes (lfm2vl_lab/report/figure_source.py says why
     content, not bytes, decides; the test below shows a changed picture is rewritten)."""
     figures = tmp_path / "figures"
     figures.mkdir()

@@ -1,10 +1,9 @@
-"""tools/floor: the kernel classes of a profiled call and the encoder's targets, judged on rows
+"""measure/floor: the kernel classes of a profiled call and the encoder's targets, judged on rows
 shaped like the bench's and on the reference set's 450M bench."""
 
 import pytest
 
-from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.floor import (
+from lfm2vl_lab.measure.floor import (
     BUSY_OVER_WALL_REASON,
     TARGETS,
     busy_over_wall,
@@ -14,6 +13,7 @@ from lfm2vl_lab.tools.floor import (
     kernel_breakdown,
     kernel_class,
 )
+from lfm2vl_lab.report import reference
 
 
 @pytest.mark.parametrize("name,cls", [

@@ -1,4 +1,4 @@
-"""The reference set as DataFrames (:mod:`lfm2vl_lab.tools.frames`): every role loads with its provenance,
+"""The reference set as DataFrames (:mod:`lfm2vl_lab.report.frames`): every role loads with its provenance,
 nested fields are columns a reader can select, and the pages' Markdown keeps its exact form."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 import lfm2vl_lab
-from lfm2vl_lab.tools import frames, reference
-from lfm2vl_lab.tools.reference import ReferenceError
+from lfm2vl_lab.report import frames, reference
+from lfm2vl_lab.report.reference import ReferenceError
 
 
 @pytest.mark.parametrize("role", frames.roles())

@@ -16,8 +16,8 @@ from torch import nn
 from lfm2vl_lab.core.encoder import PackedVisionEncoder
 from lfm2vl_lab.kernels.attention import attention_dense_blocks, attention_per_item, dense_attention
 from lfm2vl_lab.kernels.fused import add_layer_norm, linear_gelu
+from lfm2vl_lab.measure.workloads import random_processor_output
 from lfm2vl_lab.model.parity import rel_error
-from lfm2vl_lab.tools.workloads import random_processor_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

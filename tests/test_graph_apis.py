@@ -1,4 +1,4 @@
-"""tools/graph_apis.py and ``python -m lfm2vl_lab graph-apis``: the graph APIs of notebook 02, section 5.
+"""measure/graph_apis.py and ``python -m lfm2vl_lab graph-apis``: the graph APIs of notebook 02, section 5.
 
 On a CPU: the trace reading on a synthetic Chrome trace, the shape guard, the capture counter, the
 compile-vs-capture table on the reference set's H200 benchmark files, the CLI's error without CUDA, and
@@ -13,14 +13,14 @@ import json
 import pytest
 import torch
 
-from lfm2vl_lab.tools import graph_apis as ga
-from lfm2vl_lab.tools import notebook as nb
-from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.cli import main
-from lfm2vl_lab.tools.cli_graph_apis import FORMATTERS
-from lfm2vl_lab.tools.cli_graph_apis import record_graph_apis as record
-from lfm2vl_lab.tools.results import RESULTS_ROOT
-from lfm2vl_lab.tools.trace_analysis import GRAPH_APIS, PHASE_PREFIX, collapse, phase_calls
+from lfm2vl_lab.cli.cli import main
+from lfm2vl_lab.cli.cli_graph_apis import FORMATTERS
+from lfm2vl_lab.cli.cli_graph_apis import record_graph_apis as record
+from lfm2vl_lab.measure import graph_apis as ga
+from lfm2vl_lab.measure.results import RESULTS_ROOT
+from lfm2vl_lab.measure.trace_analysis import GRAPH_APIS, PHASE_PREFIX, collapse, phase_calls
+from lfm2vl_lab.report import notebook as nb
+from lfm2vl_lab.report import reference
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the case is an error only on a machine without CUDA")
 P = PHASE_PREFIX

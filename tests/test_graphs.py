@@ -28,8 +28,8 @@ from lfm2vl_lab.core.manager import GraphStats, pad_default
 from lfm2vl_lab.core.packing import lfm2vl_cu_seqlens, lfm2vl_gather_idx, tokens_for
 from lfm2vl_lab.core.plan import plan_config
 from lfm2vl_lab.core.staging import PixelItems, row_offsets
+from lfm2vl_lab.measure.meter import graph_memory, measured_capture, pool_bytes
 from lfm2vl_lab.model.parity import float32_reference, judge_replay
-from lfm2vl_lab.tools.meter import graph_memory, measured_capture, pool_bytes
 
 FP32_TOL = 1e-4
 BF16_TOL = 1e-2

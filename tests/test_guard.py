@@ -16,10 +16,10 @@ from lfm2vl_lab.core import ptrcheck
 from lfm2vl_lab.core.capture import eager_stand_in
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.guard import WeightStamp, change_summary
+from lfm2vl_lab.measure.workloads import random_processor_output
 from lfm2vl_lab.model.parity import max_rel_error
 from lfm2vl_lab.model.presets import build_model
 from lfm2vl_lab.serving.engine import TextEngine
-from lfm2vl_lab.tools.workloads import random_processor_output
 
 
 def _net():

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
+from lfm2vl_lab.measure.workloads import random_processor_output
 from lfm2vl_lab.model.hf import hf_image_features
 from lfm2vl_lab.model.parity import float32_reference, lowp_parity
 from lfm2vl_lab.model.presets import build_model
 from lfm2vl_lab.serving.engine import TextEngine
-from lfm2vl_lab.tools.workloads import random_processor_output
 
 pytestmark = pytest.mark.gpu
 
@@ -118,7 +118,7 @@ def test_text_engine_follows_in_place_loading_without_recapture():
 def test_check_records_model_changes_and_the_stamp_cost():
     """The `check` command's model-change rows, on the tiny preset: every change passes, and the stamp
     check costs a few µs at most per call (its recorded value is the one docs/design.md shows)."""
-    from lfm2vl_lab.tools.check import check_model_changes
+    from lfm2vl_lab.measure.check import check_model_changes
 
     res = check_model_changes("tiny", torch.bfloat16)
     assert res["pass"], res["changes"]

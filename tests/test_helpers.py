@@ -8,7 +8,7 @@ import torch
 
 from lfm2vl_lab import EncoderGraphConfig, SplitProjector, item_image, plan_stats, process_images, synthetic_image
 from lfm2vl_lab.core.packing import lfm2vl_local_gather_idx
-from lfm2vl_lab.tools.results import latest
+from lfm2vl_lab.measure.results import latest
 
 
 def test_plan_stats_counts_replays_padding_and_eager():
@@ -47,7 +47,7 @@ def test_latest_picks_the_newest_file_by_date(tmp_path):
 
 
 def test_recorded_label_hides_the_output_folder_of_the_machine_it_ran_on():
-    from lfm2vl_lab.tools.results import recorded_label
+    from lfm2vl_lab.measure.results import recorded_label
 
     res = {"provenance": {"gpu": "NVIDIA H200", "date": "2026-11-30", "command":
                           "python -m lfm2vl_lab bench --out /root/out/w/x/res --name bench --repeats 30"},
@@ -60,7 +60,7 @@ def test_recorded_label_hides_the_output_folder_of_the_machine_it_ran_on():
 def test_report_draws_each_preset_from_its_own_reference_file():
     """Each preset's figures come from the file of its role; the padding waste of a preset with a
     budget sweep from that sweep; no figure from two files."""
-    from lfm2vl_lab.tools.report import figure_jobs
+    from lfm2vl_lab.report.report import figure_jobs
 
     def res(role, preset, date):
         return {"name": role, "_role": role, "_path": f"x/{role}.json",

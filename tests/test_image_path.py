@@ -9,9 +9,9 @@ from lfm2vl_lab import build_model
 from lfm2vl_lab.core.capture import eager_stand_in
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.staging import PixelItems, RowStager, gather_rows, padded_rows, row_offsets
+from lfm2vl_lab.measure.image_path import compare_processors, on_device, time_encode_sources, time_processors
+from lfm2vl_lab.measure.workloads import synthetic_image
 from lfm2vl_lab.model.inputs import process_images
-from lfm2vl_lab.tools.image_path import compare_processors, on_device, time_encode_sources, time_processors
-from lfm2vl_lab.tools.workloads import synthetic_image
 
 SHAPES = [(8, 8), (8, 8), (4, 4), (8, 8), (2, 6)]  # full, full, short, full, short: merges and breaks
 
@@ -150,7 +150,7 @@ def test_image_path_tools_on_the_cpu(tiny_model):
 
 def test_compare_processors_sees_a_difference(monkeypatch):
     """The parity row is not blind: a shifted device output is reported in uint8 levels."""
-    import lfm2vl_lab.tools.image_path as ip
+    import lfm2vl_lab.measure.image_path as ip
 
     def shifted(images, model_or_preset, return_row_col_info=False, device=None):
         out = process_images(images, model_or_preset)

@@ -453,7 +453,7 @@ def test_load_model_refuses_a_processor_that_does_not_fit_the_model(tmp_path, ti
 
 
 def test_stats_report_the_position_cache(tiny_model):
-    from lfm2vl_lab.tools.workloads import random_processor_output
+    from lfm2vl_lab.measure.workloads import random_processor_output
 
     genc = GraphedEncoder(tiny_model)
     cache = genc.encoder.pos_cache

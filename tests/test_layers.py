@@ -24,8 +24,8 @@ MAX_FUNCTION_LINES = 60
 # dependency; model/folder.py writes a checkpoint's weights with it), and Triton, torch's own kernel
 # language (installed with CUDA torch; kernels/fused.py imports it lazily and runs plain torch without it).
 THIRD_PARTY = {"torch", "transformers", "numpy", "PIL", "tokenizers", "safetensors", "triton"}
-# Which of the package's own packages each may import (besides itself). The instrument, tools/,
-# may import them all; none of them imports tools/.
+# Which of the package's own packages each may import (besides itself). None of the four imports the
+# instrument (INSTRUMENT below).
 MAY_IMPORT = {
     "kernels": set(),                      # leaf: torch and Triton
     "core": {"kernels"},                   # the seed: its encoder calls the kernels
@@ -59,8 +59,17 @@ def package_imports(path: Path) -> set[str]:
     return out
 
 
+# The instrument, in three layers above the technique: what each may import of the package. Nothing
+# below the command line imports argparse (the measurements and the pages take plain values).
+INSTRUMENT = {
+    "measure": {"kernels", "core", "model", "serving"},
+    "report": {"kernels", "core", "model", "serving", "measure"},
+    "cli": {"kernels", "core", "model", "serving", "measure", "report"},
+}
+
+
 def test_the_packages_exist():
-    for name in (*MAY_IMPORT, "tools"):
+    for name in (*MAY_IMPORT, *INSTRUMENT):
         assert (PKG / name / "__init__.py").exists(), f"lfm2vl_lab/{name}/ must exist"
 
 
@@ -77,9 +86,21 @@ def test_each_package_imports_only_what_it_may(path):
         f"{pkg}/ may import only {sorted(MAY_IMPORT[pkg]) or 'nothing else of the package'}"
 
 
+@pytest.mark.parametrize("path", [p for p in ALL if p.parent.name in INSTRUMENT], ids=lambda p: str(p.relative_to(PKG)))
+def test_the_instrument_is_layered(path):
+    pkg = path.parent.name
+    reached = package_imports(path) - {pkg}
+    assert reached <= INSTRUMENT[pkg], f"{pkg}/{path.name} imports {sorted(reached - INSTRUMENT[pkg])}: " \
+        f"{pkg}/ may import only {sorted(INSTRUMENT[pkg])}"
+    if pkg != "cli":
+        assert "argparse" not in {mod.split(".")[0] for _, mod in imports(path)}, \
+            f"{pkg}/{path.name} imports argparse: only the command line (cli/) parses arguments"
+
+
 def test_import_lfm2vl_lab_loads_no_instrument():
     """The public API is the technique and its neighbours; the instrument loads on first use."""
-    code = "import sys, lfm2vl_lab; print(sorted(m for m in sys.modules if m.startswith('lfm2vl_lab.tools')))"
+    code = ("import sys, lfm2vl_lab; print(sorted(m for m in sys.modules if m.split('.')[:2] in "
+            "(['lfm2vl_lab', 'measure'], ['lfm2vl_lab', 'report'], ['lfm2vl_lab', 'cli'])))")
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

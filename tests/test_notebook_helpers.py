@@ -1,4 +1,4 @@
-"""What the notebooks lean on instead of copying it: tools/notebook.py (setup, load_recorded),
+"""What the notebooks lean on instead of copying it: report/notebook.py (setup, load_recorded),
 plots.is_default_config and e2e_figure's share panel, and a guard against re-implementing the
 library inside a notebook cell."""
 
@@ -17,10 +17,10 @@ import torch
 import transformers
 
 import lfm2vl_lab
-from lfm2vl_lab.tools.notebook import RECORDED_GPU, load_recorded, setup
-from lfm2vl_lab.tools.plots import KERNEL_OPTIONS, count_nxs_workloads, e2e_figure, is_default_config
-from lfm2vl_lab.tools.results import save_result
-from lfm2vl_lab.tools.workloads import device_defaults
+from lfm2vl_lab.measure.results import save_result
+from lfm2vl_lab.measure.workloads import device_defaults
+from lfm2vl_lab.report.notebook import RECORDED_GPU, load_recorded, setup
+from lfm2vl_lab.report.plots import KERNEL_OPTIONS, count_nxs_workloads, e2e_figure, is_default_config
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -33,7 +33,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 def test_setup_on_cpu_prints_the_first_line_and_returns_the_device_defaults(capsys, tiny_model):
     import warnings
 
-    from lfm2vl_lab.tools.notebook import CPU_FALLBACK_NOTE
+    from lfm2vl_lab.report.notebook import CPU_FALLBACK_NOTE
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -1,4 +1,4 @@
-"""The TTFT grid's figures (tools/plots_ttft.py), its text tables (tools/ttft_summary.py) and the report's
+"""The TTFT grid's figures (report/plots_ttft.py), its text tables (report/ttft_summary.py) and the report's
 ttft figures: from the reference set's TTFT file and from synthetic rows of the full grid's shape, with
 missing modes, cases and sections."""
 
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.plots import MixedRuns, NoData
-from lfm2vl_lab.tools.plots_ttft import (
+from lfm2vl_lab.measure.results import gpu_slug, save_result
+from lfm2vl_lab.measure.ttft import mode_name
+from lfm2vl_lab.report import reference
+from lfm2vl_lab.report.plots import MixedRuns, NoData
+from lfm2vl_lab.report.plots_ttft import (
     PROCESSOR,
     TTFT_MODES,
     decode_figure,
@@ -23,9 +25,7 @@ from lfm2vl_lab.tools.plots_ttft import (
     ttft_grid_figure,
     ttft_rows,
 )
-from lfm2vl_lab.tools.results import gpu_slug, save_result
-from lfm2vl_lab.tools.ttft import mode_name
-from lfm2vl_lab.tools.ttft_summary import (
+from lfm2vl_lab.report.ttft_summary import (
     claim_sentence,
     claim_text,
     claim_verdict,
@@ -218,7 +218,7 @@ def _reference_set(root: Path, results: dict[str, dict]) -> None:
 
 
 def test_report_draws_the_ttft_figures(recorded, tmp_path, capsys):
-    from lfm2vl_lab.tools.report import report
+    from lfm2vl_lab.report.report import report
 
     res = {k: copy.deepcopy(v) for k, v in recorded.items() if not k.startswith("_")}
     _reference_set(tmp_path / "results", {"ttft": res})

@@ -12,18 +12,18 @@ from dataclasses import fields
 
 import pytest
 
+from lfm2vl_lab.cli.cli import bench_graph_configs, build_parser, main
 from lfm2vl_lab.core.capture import EagerStandIn, eager_stand_in
 from lfm2vl_lab.core.config import GRAPH_CONFIGS, GraphOptions
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.packing import tokens_for
 from lfm2vl_lab.core.plan import plan_config
+from lfm2vl_lab.measure import bench, modes
+from lfm2vl_lab.measure.bench import RunSpec, expand_specs, run_bench
+from lfm2vl_lab.measure.table import graph_config_label
+from lfm2vl_lab.measure.workloads import random_processor_output
 from lfm2vl_lab.model.hf import hf_image_features
 from lfm2vl_lab.model.parity import rel_error
-from lfm2vl_lab.tools import bench, modes
-from lfm2vl_lab.tools.bench import RunSpec, expand_specs, run_bench
-from lfm2vl_lab.tools.cli import bench_graph_configs, build_parser, main
-from lfm2vl_lab.tools.table import graph_config_label
-from lfm2vl_lab.tools.workloads import random_processor_output
 
 PR_BUDGETS = (64, 256, 512, 1024, 2048, 4096)
 FULL = (32, 32)  # a 512 px image or tile: 1024 patch rows, 256 tokens

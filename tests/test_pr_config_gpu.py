@@ -13,10 +13,10 @@ from lfm2vl_lab.core.config import GraphOptions
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.core.packing import tokens_for
 from lfm2vl_lab.core.plan import plan_config
+from lfm2vl_lab.measure.workloads import random_processor_output
 from lfm2vl_lab.model.hf import hf_image_features
 from lfm2vl_lab.model.parity import float32_reference, lowp_parity, max_rel_error
 from lfm2vl_lab.model.presets import Preset, build_model
-from lfm2vl_lab.tools.workloads import random_processor_output
 
 pytestmark = pytest.mark.gpu
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lfm2vl_lab.tools.profiling import ProfileReport, analyze_trace, merge_intervals, percentile, profile_callable
+from lfm2vl_lab.measure.profiling import ProfileReport, analyze_trace, merge_intervals, percentile, profile_callable
 
 FIX = Path(__file__).parent / "fixtures"
 EAGER = FIX / "trace_eager.json"
@@ -128,7 +128,7 @@ def test_profile_callable_temp_trace_is_removed():
 
 
 def test_hta_optional():
-    from lfm2vl_lab.tools.profiling import hta_launch_stats
+    from lfm2vl_lab.measure.profiling import hta_launch_stats
 
     if importlib.util.find_spec("hta") is None:
         with pytest.raises(ImportError, match="pip install HolisticTraceAnalysis"):
@@ -138,7 +138,7 @@ def test_hta_optional():
 
 
 def test_compute_ops_counts_the_operators_that_compute_on_a_cpu_profile():
-    from lfm2vl_lab.tools.profiling import VIEW_OPS, compute_ops
+    from lfm2vl_lab.measure.profiling import VIEW_OPS, compute_ops
 
     x = torch.ones(4, 6)
     rep = profile_callable(lambda: (x.view(-1) + 1).reshape(6, 4).t().relu(), warmup=0, iters=1, device="cpu")
@@ -153,8 +153,8 @@ def test_compute_ops_counts_the_operators_that_compute_on_a_cpu_profile():
 FD2_SCRIPT = r"""
 import os, sys, torch
 from torch.profiler import profile
-from lfm2vl_lab.tools.profiler_log import filtered_fd2
-from lfm2vl_lab.tools.profiling import profile_callable
+from lfm2vl_lab.measure.profiler_log import filtered_fd2
+from lfm2vl_lab.measure.profiling import profile_callable
 a = torch.randn(16, 16)
 for _ in range(2):
     profile_callable(lambda: (a @ a, os.write(2, b"from the profiled call\n")), warmup=0, iters=1, device="cpu")
@@ -170,7 +170,7 @@ with profile():
 def test_profile_callable_keeps_the_profilers_cpp_log_off_fd_2():
     """Neither the profiler's start/stop markers nor, on a CPU, its failed device count reach the
     screen; a line the profiled call writes and any other Kineto line still do."""
-    from lfm2vl_lab.tools.profiler_log import KINETO_LINE
+    from lfm2vl_lab.measure.profiler_log import KINETO_LINE
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", FD2_SCRIPT], cwd=root, capture_output=True, text=True, timeout=120,
@@ -184,7 +184,7 @@ def test_profile_callable_keeps_the_profilers_cpp_log_off_fd_2():
 
 
 def test_only_kinetos_markers_and_the_cpu_device_count_are_noise():
-    from lfm2vl_lab.tools.profiler_log import is_noise
+    from lfm2vl_lab.measure.profiler_log import is_noise
 
     count = "ERROR:2026-12-02 03:37:03 6340:6340 DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35\n"
     assert is_noise("USDT:2026-12-02 03:37:03 6340:6340 SyncActivityProfilerHandler.cpp:46] profiler_stop\n", True)

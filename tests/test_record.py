@@ -1,4 +1,4 @@
-"""tools/record and tools/reference: the reference run's machinery on the CPU (tiny steps), and the
+"""measure/record and report/reference: the reference run's machinery on the CPU (tiny steps), and the
 code hash that names the code a run came from, recomputed from git's objects."""
 
 import json
@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from lfm2vl_lab.tools import record as rec
-from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.results import REPO_ROOT, blob_sha1, code_hash, hash_code_entries
-from lfm2vl_lab.tools.role_code import role_code
+from lfm2vl_lab.measure import record as rec
+from lfm2vl_lab.measure.results import REPO_ROOT, blob_sha1, code_hash, hash_code_entries
+from lfm2vl_lab.measure.role_code import role_code
+from lfm2vl_lab.report import reference
 
 TINY = ("bench", "--preset", "tiny", "--mode", "lab-eager", "--workload", "1x256", "--repeats", "1", "--warmup", "0",
         "--device", "cpu", "--no-progress", "--figure", "none")
@@ -64,8 +64,8 @@ def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(t
                          repo_root=tmp_path)
     one = man["files"]["t-one"]
     assert man["code_hash"] == code_hash() and man["format"] == rec.FORMAT and one["file"] != "gone.json"
-    assert one["code_hash"] == code_hash() and one["role_hash"] == role_code(("lfm2vl_lab.tools.bench",))["role_hash"]
-    assert "lfm2vl_lab/tools/bench.py" in one["measures"]
+    assert one["code_hash"] == code_hash() and one["role_hash"] == role_code(("lfm2vl_lab.measure.bench",))["role_hash"]
+    assert "lfm2vl_lab/measure/bench.py" in one["measures"]
     assert man["files"]["t-two"] == {"file": "kept.json", "code_hash": "sha256:old"}  # not chosen: kept, as it was
 
 
@@ -77,17 +77,17 @@ def test_changed_records_only_the_roles_whose_own_files_changed(tmp_path):
     man["code_hash"] = "sha256:other"
     for entry in man["files"].values():
         entry["code_hash"] = "sha256:other"
-    man["files"]["t-two"]["measures"]["lfm2vl_lab/tools/bench.py"] = "0" * 40
+    man["files"]["t-two"]["measures"]["lfm2vl_lab/measure/bench.py"] = "0" * 40
     man["files"]["t-two"]["role_hash"] = "sha256:other-files"
     path.write_text(json.dumps(man))
     assert rec.stale(man, steps[0], True, code_hash()) is None
-    assert rec.stale(man, steps[1], True, code_hash()) == ["lfm2vl_lab/tools/bench.py"]
+    assert rec.stale(man, steps[1], True, code_hash()) == ["lfm2vl_lab/measure/bench.py"]
     assert rec.stale(man, steps[0], False, code_hash()) == ["code other"]  # a full record runs both
     said = []
     new = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=said.append, repo_root=tmp_path, changed=True)
     assert new["files"]["t-one"] == man["files"]["t-one"]  # its files are as they were: kept
     assert new["files"]["t-two"]["code_hash"] == code_hash() != man["files"]["t-two"]["code_hash"]
-    assert any("t-two" in s and "why: lfm2vl_lab/tools/bench.py" in s for s in said)
+    assert any("t-two" in s and "why: lfm2vl_lab/measure/bench.py" in s for s in said)
     assert not any("t-one:" in s for s in said)
 
 
@@ -192,7 +192,7 @@ def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
     fake.write_text(f"#!{sys.executable}\n" + FAKE)
     fake.chmod(0o755)
     slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True,
-                    measures=("lfm2vl_lab.tools.bench",))
+                    measures=("lfm2vl_lab.measure.bench",))
     said = []
     kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
               python=str(fake), deadline_s=300)
@@ -216,7 +216,7 @@ def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
     fake.write_text(f"#!{sys.executable}\n" + FAKE)
     fake.chmod(0o755)
     slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True,
-                    measures=("lfm2vl_lab.tools.bench",))
+                    measures=("lfm2vl_lab.measure.bench",))
     said = []
     kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
               python=str(fake), deadline_s=300)
@@ -243,7 +243,7 @@ def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeyp
     """A call that records a role into the repo's results folder ends with the report step: the figures
     (into the figures folder beside it) and the docs' tables, from that set. A call that changes
     nothing in a set still incomplete redraws nothing, and neither does one that writes elsewhere."""
-    from lfm2vl_lab.tools import report, tables
+    from lfm2vl_lab.report import report, tables
 
     drawn, tabled = [], []
     monkeypatch.setattr(report, "report", lambda root, out, verbose=True: drawn.append((str(root), str(out))) or [])
@@ -251,7 +251,7 @@ def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeyp
     fake = tmp_path / "fake-python"
     fake.write_text(f"#!{sys.executable}\n" + FAST)
     fake.chmod(0o755)
-    kit = ("lfm2vl_lab.tools.bench",)  # fake commands: the code they stand for
+    kit = ("lfm2vl_lab.measure.bench",)  # fake commands: the code they stand for
     steps = (rec.Step("fast", "encoder", "fast", ("fast",), 60, measures=kit),
              rec.Step("long", "encoder", "long", ("long",), 900, measures=kit))
     repo = tmp_path / "data" / "results"

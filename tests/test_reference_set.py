@@ -8,9 +8,9 @@ from datetime import datetime
 
 import pytest
 
-from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.record import FORMAT, STEPS, stale
-from lfm2vl_lab.tools.results import REPO_ROOT
+from lfm2vl_lab.measure.record import FORMAT, STEPS, stale
+from lfm2vl_lab.measure.results import REPO_ROOT
+from lfm2vl_lab.report import reference
 
 MAN = reference.load_manifest()
 FOLDER = reference.manifest_path().parent

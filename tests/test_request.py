@@ -1,4 +1,4 @@
-"""Whole requests and the offline-throughput run (tools/request.py) on the tiny preset: the rows a
+"""Whole requests and the offline-throughput run (measure/request.py) on the tiny preset: the rows a
 user reads (measured where the text model is graphed, composed where it is eager), prompts of
 different lengths in one batch giving each request's own tokens, the throughput numbers, and the
 PR-claim sentence and tables computed from a file."""
@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from lfm2vl_lab.tools import request, ttft
+from lfm2vl_lab.measure import request, ttft
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,8 @@ def test_run_requests_refuses_one_token():
 
 def test_ragged_batch_gives_each_request_its_own_tokens(setup):
     """Prompts of different lengths, right-padded in one batch, decode as each would alone."""
+    from lfm2vl_lab.measure.workloads import synthetic_image
     from lfm2vl_lab.model.inputs import process_images
-    from lfm2vl_lab.tools.workloads import synthetic_image
 
     model, _, _, pipes = setup
     pipe = pipes[ttft.mode_name("graphed", "graphed")]
@@ -76,8 +76,8 @@ def test_ragged_batch_gives_each_request_its_own_tokens(setup):
 
 
 def test_ragged_lengths_are_checked(setup):
+    from lfm2vl_lab.measure.workloads import synthetic_image
     from lfm2vl_lab.model.inputs import process_images
-    from lfm2vl_lab.tools.workloads import synthetic_image
 
     model, _, _, pipes = setup
     pipe = pipes[ttft.mode_name("graphed", "graphed")]
@@ -155,8 +155,8 @@ def test_goals_of_an_older_file_leave_out_what_only_said_it_was_recorded():
 
 def test_tables_read_the_request_file(tmp_path, rows):
     """The e2e table and the sentence are drawn from a reference set holding a request file."""
-    from lfm2vl_lab.tools.refs import Refs
-    from lfm2vl_lab.tools.tables_request import e2e_requests_block, like_for_like_block, throughput_block
+    from lfm2vl_lab.report.refs import Refs
+    from lfm2vl_lab.report.tables_request import e2e_requests_block, like_for_like_block, throughput_block
 
     folder = tmp_path / "nvidia-h200"
     folder.mkdir()

@@ -1,15 +1,14 @@
-"""tools/role_code: which files each role of the reference set measures, so that `record --changed`
+"""measure/role_code: which files each role of the reference set measures, so that `record --changed`
 re-records exactly the roles a change can move."""
 
 from pathlib import Path
 
 import pytest
 
-from lfm2vl_lab.tools import role_code as rc
-from lfm2vl_lab.tools.record import STEPS
+from lfm2vl_lab.measure import role_code as rc
+from lfm2vl_lab.measure.record import STEPS
 
-REPORT_LAYER = ("lfm2vl_lab/tools/tables", "lfm2vl_lab/tools/plots", "lfm2vl_lab/tools/report.py",
-                "lfm2vl_lab/tools/site.py", "lfm2vl_lab/tools/record.py")
+REPORT_LAYER = ("lfm2vl_lab/report/", "lfm2vl_lab/measure/record.py")
 
 
 @pytest.mark.parametrize("step", STEPS, ids=[s.role for s in STEPS])
@@ -27,7 +26,7 @@ def test_a_package_init_is_hashed_but_what_it_re_exports_is_not_followed():
     assert "lfm2vl_lab/__init__.py" in attention and "lfm2vl_lab/core/__init__.py" in attention
     assert not [f for f in attention if f.startswith("lfm2vl_lab/serving/")]  # the package re-exports it
     assert "lfm2vl_lab/serving/engine.py" in rc.measured_files(rc.command_modules("ttft"))
-    assert "lfm2vl_lab/tools/check.py" not in rc.measured_files(rc.command_modules("bench"))
+    assert "lfm2vl_lab/measure/check.py" not in rc.measured_files(rc.command_modules("bench"))
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -40,25 +39,26 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 def test_the_closure_follows_relative_and_function_level_imports(tmp_path):
     root = _tree(tmp_path, {
         "lfm2vl_lab/__init__.py": "from .core import b\n", "lfm2vl_lab/__main__.py": "",
-        "lfm2vl_lab/tools/__init__.py": "", "lfm2vl_lab/tools/cli.py": "from . import report\n",
-        "lfm2vl_lab/tools/report.py": "", "lfm2vl_lab/tools/m.py": "from ..core.a import f\n",
+        "lfm2vl_lab/cli/__init__.py": "", "lfm2vl_lab/measure/__init__.py": "",
+        "lfm2vl_lab/cli/cli.py": "from ..report import report\n", "lfm2vl_lab/report/__init__.py": "",
+        "lfm2vl_lab/report/report.py": "", "lfm2vl_lab/measure/m.py": "from ..core.a import f\n",
         "lfm2vl_lab/core/__init__.py": "", "lfm2vl_lab/core/a.py": "def f():\n    from . import c\n",
         "lfm2vl_lab/core/b.py": "", "lfm2vl_lab/core/c.py": "import lfm2vl_lab.core.d as d\n",
         "lfm2vl_lab/core/d.py": "import torch\n", "data/presets/p.json": "{}"})
-    files = rc.measured_files(("lfm2vl_lab.tools.m",), root)
-    assert files == sorted([*rc.ALWAYS, "lfm2vl_lab/tools/m.py", "lfm2vl_lab/core/__init__.py",
+    files = rc.measured_files(("lfm2vl_lab.measure.m",), root)
+    assert files == sorted([*rc.ALWAYS, "lfm2vl_lab/measure/m.py", "lfm2vl_lab/core/__init__.py",
                             "lfm2vl_lab/core/a.py", "lfm2vl_lab/core/c.py", "lfm2vl_lab/core/d.py",
                             "data/presets/p.json"])  # not b (re-exported), not report (the dispatcher's)
-    entry = rc.role_code(("lfm2vl_lab.tools.m",), root)
-    assert rc.changed_files(entry, ("lfm2vl_lab.tools.m",), root) == []
+    entry = rc.role_code(("lfm2vl_lab.measure.m",), root)
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == []
     (root / "lfm2vl_lab/core/d.py").write_text("import torch  # edited\n")
-    assert rc.changed_files(entry, ("lfm2vl_lab.tools.m",), root) == ["lfm2vl_lab/core/d.py"]
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == ["lfm2vl_lab/core/d.py"]
     (root / "lfm2vl_lab/core/b.py").write_text("x = 1\n")  # not measured: moves nothing more
     (root / "lfm2vl_lab/core/c.py").write_text("import lfm2vl_lab.core.d as d\nfrom . import e\n")
     _tree(root, {"lfm2vl_lab/core/e.py": ""})
-    assert rc.changed_files(entry, ("lfm2vl_lab.tools.m",), root) == [
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == [
         "lfm2vl_lab/core/c.py", "lfm2vl_lab/core/d.py", "lfm2vl_lab/core/e.py"]
-    assert rc.changed_files({"file": "x.json"}, ("lfm2vl_lab.tools.m",), root) is None  # names no code
+    assert rc.changed_files({"file": "x.json"}, ("lfm2vl_lab.measure.m",), root) is None  # names no code
 
 
 def test_an_unknown_command_names_the_table_to_extend():

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from lfm2vl_lab.tools import tables, tables_encoder, tables_engine, tables_goals, tables_graph_configs
-from lfm2vl_lab.tools.cli import main
-from lfm2vl_lab.tools.refs import Refs, TableError
-from lfm2vl_lab.tools.tables import render_text, write_tables
+from lfm2vl_lab.cli.cli import main
+from lfm2vl_lab.report import tables, tables_encoder, tables_engine, tables_goals, tables_graph_configs
+from lfm2vl_lab.report.refs import Refs, TableError
+from lfm2vl_lab.report.tables import render_text, write_tables
 
 
 def quiet(*_a, **_k):
@@ -357,7 +357,7 @@ def test_a_capture_goal_shows_the_compile_before_the_capture(tmp_path):
 
 
 def test_the_pr_budget_set_is_held_to_the_kit_s_one_capture_limit():
-    from lfm2vl_lab.tools import floor, request
+    from lfm2vl_lab.measure import floor, request
 
     assert request.TARGETS["pr_capture_s"] == floor.TARGETS["capture_s"]
     older = {"targets": [{"target": "the PR's budget set captures in s, lfm2-vl-3b", "value": 3.7, "limit": 5.0,

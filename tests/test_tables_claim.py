@@ -1,4 +1,4 @@
-"""The one verdict on the PR's claim (tools/tables_claim.py): each group of cases is placed by the
+"""The one verdict on the PR's claim (report/tables_claim.py): each group of cases is placed by the
 intervals of its cuts, the lines say where the claim holds and where it does not, and a set without a
 ``vllm`` file says what to record."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from lfm2vl_lab.tools import tables_claim
-from lfm2vl_lab.tools.refs import Refs
+from lfm2vl_lab.report import tables_claim
+from lfm2vl_lab.report.refs import Refs
 
 
 def cut(median, lo, hi):

@@ -13,11 +13,11 @@ import torch
 
 from lfm2vl_lab.core.capture import eager_stand_in
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
+from lfm2vl_lab.measure.workloads import random_processor_output
 from lfm2vl_lab.model.parity import max_rel_error
 from lfm2vl_lab.model.presets import build_model
 from lfm2vl_lab.serving.engine import TextEngine
 from lfm2vl_lab.serving.pipeline import VlmPipeline
-from lfm2vl_lab.tools.workloads import random_processor_output
 
 SHAPES = [[(16, 16)], [(8, 12), (16, 16)], [(16, 16), (12, 8), (8, 8)], [(16, 16)] * 4]
 
@@ -115,9 +115,9 @@ def _request_in_block(eng, emb):
 
 
 def _pipeline_inputs(tiny, k: int):
+    from lfm2vl_lab.measure.e2e import build_prompt
+    from lfm2vl_lab.measure.workloads import synthetic_image
     from lfm2vl_lab.model.inputs import process_images
-    from lfm2vl_lab.tools.e2e import build_prompt
-    from lfm2vl_lab.tools.workloads import synthetic_image
 
     inputs = process_images([synthetic_image(256 + 64 * k, 256, seed=k)], tiny)
     return build_prompt(tiny, inputs, 1, seed=k)["input_ids"].cpu(), inputs

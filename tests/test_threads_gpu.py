@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
+from lfm2vl_lab.measure.workloads import random_processor_output
 from lfm2vl_lab.model.presets import build_model
 from lfm2vl_lab.serving.engine import TextEngine
-from lfm2vl_lab.tools.workloads import random_processor_output
 
 pytestmark = pytest.mark.gpu
 
@@ -73,8 +73,8 @@ def test_threads_on_one_text_engine(model, threads, fuse):
 
 @pytest.mark.parametrize("threads", [2, 4])
 def test_threads_on_one_pipeline_and_on_chat(model, threads):
+    from lfm2vl_lab.measure.workloads import synthetic_image
     from lfm2vl_lab.serving.chat import chat
-    from lfm2vl_lab.tools.workloads import synthetic_image
 
     images = [synthetic_image(512 - 64 * k, 512, seed=k) for k in range(3)]
     want = [chat(model, im, "Describe the image.", max_new_tokens=12).token_ids for im in images]

@@ -1,4 +1,4 @@
-"""The TTFT grid (tools/ttft.py) on the tiny preset: the rows a user reads (both modes named, phases
+"""The TTFT grid (measure/ttft.py) on the tiny preset: the rows a user reads (both modes named, phases
 that add up, paired cuts, the decode control), parity against ``generate`` and float32, and the
 targets judged from rows."""
 
@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from lfm2vl_lab.tools import ttft
+from lfm2vl_lab.measure import ttft
 
 
 @pytest.fixture(scope="module")

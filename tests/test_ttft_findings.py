@@ -1,5 +1,5 @@
-"""The sentences notebook 07 prints from the recorded TTFT grid and end-to-end file (tools/ttft_findings.py)
-and the decode control they rely on (tools/ttft_summary.py): synthetic rows pin each rule, the reference
+"""The sentences notebook 07 prints from the recorded TTFT grid and end-to-end file (report/ttft_findings.py)
+and the decode control they rely on (report/ttft_summary.py): synthetic rows pin each rule, the reference
 set's files check that the sentences say what the rows hold."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-from lfm2vl_lab.tools import reference
-from lfm2vl_lab.tools.e2e import DECODE_DRIFT_WARN
-from lfm2vl_lab.tools.plots_ttft import TTFT_MODES
-from lfm2vl_lab.tools.ttft import mode_name
-from lfm2vl_lab.tools.ttft_findings import (
+from lfm2vl_lab.measure.e2e import DECODE_DRIFT_WARN
+from lfm2vl_lab.measure.ttft import mode_name
+from lfm2vl_lab.report import reference
+from lfm2vl_lab.report.plots_ttft import TTFT_MODES
+from lfm2vl_lab.report.ttft_findings import (
     claim_ranges_text,
     coverage,
     coverage_text,
@@ -28,7 +28,7 @@ from lfm2vl_lab.tools.ttft_findings import (
     range_verdict,
     ttft_sentence,
 )
-from lfm2vl_lab.tools.ttft_summary import case_disturbed, drift_fails, text_graph_cuts
+from lfm2vl_lab.report.ttft_summary import case_disturbed, drift_fails, text_graph_cuts
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from lfm2vl_lab.core.config import auto_budgets
-from lfm2vl_lab.tools import vllm_ab as ab
-from lfm2vl_lab.tools.vllm_report import cut_text, summary_lines
+from lfm2vl_lab.measure import vllm_ab as ab
+from lfm2vl_lab.report.vllm_report import cut_text, summary_lines
 
 
 def test_the_arms_write_out_the_kits_graph_configs_for_vllm():

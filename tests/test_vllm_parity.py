@@ -1,4 +1,4 @@
-"""Parity with vLLM's own LFM2-VL encoder-graph helpers (VLLM_VERSION of lfm2vl_lab/tools/vllm_release.py).
+"""Parity with vLLM's own LFM2-VL encoder-graph helpers (VLLM_VERSION of lfm2vl_lab/measure/vllm_release.py).
 
 Skipped where vLLM is not installed. CI runs this file in a separate venv that has it
 (see .ci/run). Every comparison uses fresh random inputs; vLLM's methods that only need a

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from lfm2vl_lab.tools import vllm_ab as ab
-from lfm2vl_lab.tools.plots_common import NoData
-from lfm2vl_lab.tools.plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
+from lfm2vl_lab.measure import vllm_ab as ab
+from lfm2vl_lab.report.plots_common import NoData
+from lfm2vl_lab.report.plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
 
 
 def fake_result(presets=("lfm2-vl-450m", "lfm2-vl-3b"), rounds: int = 6) -> dict:
@@ -73,6 +73,6 @@ def test_a_file_without_an_ab_has_no_figure():
 ])
 def test_the_engines_table_never_shows_an_unseen_capture_as_0_mib(cap, shown):
     # A capture into blocks the allocator already held reserves nothing new: 0 there is no size.
-    from lfm2vl_lab.tools.tables_vllm import _capture_mib
+    from lfm2vl_lab.report.tables_vllm import _capture_mib
 
     assert _capture_mib(cap) == shown

@@ -162,7 +162,7 @@ class EncoderGraphManager:
 
         ``hook(budget, pool, run) -> dict | None``, if given, wraps each budget's capture: it must
         call ``run()`` once and may return measurements, which join that budget's ``capture_info``
-        row. The instrument's ``lfm2vl_lab.tools.meter.CaptureMeter`` times each capture and reads
+        row. The instrument's ``lfm2vl_lab.measure.meter.CaptureMeter`` times each capture and reads
         the pool's memory through it; the manager itself measures nothing.
         """
         with self.serial.hold(self.graph_device):  # one caller at a time: encode() meanwhile waits

@@ -23,7 +23,7 @@ GPU, so both can be captured in a CUDA graph:
 sequences of equal length as one batched SDPA without a mask (cuDNN first, :data:`DENSE_BACKENDS`),
 and :func:`dense_attention` builds the packed-signature function for a batch that starts with such
 items and hands any rows after them to a backend. It is not selectable: on any other batch it would
-mix items. :mod:`lfm2vl_lab.tools.attention_probe` times these against each other on a GPU.
+mix items. :mod:`lfm2vl_lab.measure.attention_probe` times these against each other on a GPU.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Images in: any image a user holds → RGB, then the real LFM2-VL image processor. (The shipped
-sample photos and seeded workloads are the instrument's: :mod:`lfm2vl_lab.tools.workloads`.)
+sample photos and seeded workloads are the instrument's: :mod:`lfm2vl_lab.measure.workloads`.)
 
 Every image goes through transformers' own ``Lfm2VlImageProcessor`` — configured from a preset, or
 the one a checkpoint folder ships (see :func:`processor_for`) — so tiles, patch grids and token
@@ -209,7 +209,7 @@ def process_images(images, model_or_preset, return_row_col_info: bool = False, d
     first, so ``device="cuda"`` returns ``pixel_values`` and ``pixel_attention_mask`` on the GPU;
     ``spatial_shapes`` stays on the CPU, where the encoder reads it without a sync. The GPU resizes
     with its own kernels, so its pixel values may differ slightly from the CPU's
-    (:func:`lfm2vl_lab.tools.image_path.compare_processors` measures by how much).
+    (:func:`lfm2vl_lab.measure.image_path.compare_processors` measures by how much).
 
     Returns ``pixel_values`` (items, max_num_patches, 3·p·p), ``pixel_attention_mask`` (items,
     max_num_patches) and ``spatial_shapes`` (items, 2) in patches; one image may become several

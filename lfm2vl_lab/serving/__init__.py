@@ -2,7 +2,7 @@
 a whole request.
 
 It may import :mod:`lfm2vl_lab.core`, :mod:`lfm2vl_lab.kernels` and :mod:`lfm2vl_lab.model`, never
-the instrument (:mod:`lfm2vl_lab.tools`, which times it). Read it in this order:
+the instrument (:mod:`lfm2vl_lab.measure`, which times it). Read it in this order:
 
 * :mod:`.cache` — the hybrid cache allocated once, the shape buckets a request pads to, and the
   checks its inputs pass before any kernel runs

@@ -17,7 +17,7 @@ fed only the real rows); ``text_mode`` "eager" (transformers' ``Lfm2Model`` with
 ``DynamicCache``: :class:`HfText`) or "graphed" (:class:`~.engine.TextEngine` after ``capture``).
 
 The pipeline knows nothing about timing: ``run(..., mark=fn)`` calls ``mark(phase)`` after each
-phase, which is where the instrument (:mod:`lfm2vl_lab.tools.ttft`) records its CUDA events.
+phase, which is where the instrument (:mod:`lfm2vl_lab.measure.ttft`) records its CUDA events.
 """
 
 from __future__ import annotations

@@ -1,0 +1,57 @@
+"""``python -m lfm2vl_lab record``, the command: the reference run (:mod:`.record`), then what derives
+from the set (:func:`.report.derive_set`); ``--take`` and ``--dry-run`` need no GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..measure.record import DEFAULT_PARTS, STEPS, run_record, stale, take, why_text
+from ..measure.results import code_hash
+from ..measure.values import UsageError
+from ..report.reference import load_manifest
+
+
+def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
+    """:func:`.report.derive_set`, imported only when a call wrote into the repo: a record into another
+    folder (a lent machine's output) never loads the report layer."""
+    if Path(out).resolve() != Path(repo_root).resolve():
+        return
+    from ..report.report import derive_set as derive
+
+    derive(man, before, out, repo_root, say)
+
+
+def dry_run(args, parts) -> None:
+    """Each step of ``parts``, its limit, and whether this call would run it and why."""
+    man, hash_ = load_manifest(root=args.out) or {"files": {}}, code_hash()
+    for e in man["files"].values():
+        e.setdefault("code_hash", man.get("code_hash"))
+    for s in STEPS:
+        if s.part in parts:
+            why = ["--again"] if args.again else stale(man, s, args.changed, hash_)
+            print(f"{s.part:>8} {s.role:<16} {s.limit_s:>4} s  {'runs: ' + why_text(why) if why else 'kept'}  "
+                  f"{s.command}")
+
+
+def run_record_cli(args) -> int:
+    """Record the reference set on this GPU: every file the notebooks, figures and tables read."""
+    parts = tuple(args.part or DEFAULT_PARTS)
+    if args.take:
+        if not list(Path(args.take).glob("*/reference.json")):
+            raise UsageError(f"--take {args.take}: no <gpu>/reference.json under it (give the --out of a record)")
+        take(args.take, args.out)
+        for man in Path(args.out).glob("*/reference.json"):  # then what derives from the set, as record does
+            derive_set(json.loads(man.read_text()), "", args.out, args.out)
+        return 0
+    if args.dry_run:
+        dry_run(args, parts)
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("record needs a CUDA GPU and none is available: the reference set is a GPU run "
+                         "(`--dry-run` lists its steps)")
+    man = run_record(parts, args.out, deadline_s=args.deadline, again=args.again, changed=args.changed,
+                     derive=derive_set)
+    return 0 if not man["failed"] else 1

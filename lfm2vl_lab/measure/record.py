@@ -1,0 +1,339 @@
+"""``python -m lfm2vl_lab record``: the reference run, every file the course reads, in one go.
+
+Each :class:`Step` is one of the kit's own commands (``bench``, ``check``, ``ttft``, …) and plays one
+*role* in the reference set. The steps run one after another, each in a fresh process under its own
+time limit (so a hang or a crashed CUDA context costs one step, not the run), and after each the
+manifest ``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.report.reference`): a run cut
+short keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
+
+Each entry of the manifest says how many seconds its step took. Where a machine is lent for less
+time than the whole run takes, the run is resumable: ``--deadline`` leaves the steps that no longer fit for
+the next call, and a call records only the roles that this tree has not recorded yet (under ``--out``
+or in the repo's ``data/results/<gpu>/``). ``--part`` (``encoder``: the encoder's benchmarks, checks
+and probes; ``engine``: the text model's peers and time to first token) picks steps by kind.
+
+Each role names its code (:mod:`.role_code`): its manifest entry holds the code hash of the whole
+tree that recorded it, and the files its numbers depend on with their blob ids (``measures``,
+``role_hash``). So a set may hold roles of several code versions, and ``--changed`` re-records only
+the roles whose own files changed since: a change to ``check`` re-runs ``check``, a change to the
+encoder's core every role that runs it. ``--take DIR`` brings a device call's ``--out`` into the repo
+and moves the files the new manifest no longer names into ``archive/``.
+
+A step *beside* the set (``vllm``: vLLM itself, which the kit's code only drives) is recorded only
+when its part is named (``--part vllm``). A *resumable* step (``vllm`` again: about five minutes a
+preset) can take more than one call: it gets ``--deadline`` and, once it has left a partial file of
+the same code, ``--resume`` with it; its file joins the set when it says ``"complete": true``, and
+until then the manifest lists it under ``partial``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .results import REPO_ROOT, RESULTS_ROOT, code_hash, gpu_slug
+from .role_code import changed_files, command_modules, role_code
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the reference run: ``python -m lfm2vl_lab <argv> --out <root>`` writes one
+    ``<name>-<date>.json``, which plays ``role``."""
+
+    role: str
+    part: str
+    name: str
+    argv: tuple[str, ...]
+    limit_s: int
+    beside: bool = False  # recorded only when its part is named
+    resumable: bool = False  # may take several calls: gets --deadline, and --resume with its partial file
+    measures: tuple[str, ...] = ()  # the modules its command runs (default: role_code.COMMAND_MODULES)
+
+    @property
+    def command(self) -> str:
+        return "python -m lfm2vl_lab " + " ".join(self.argv)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The modules whose closure this step's numbers depend on (:mod:`.role_code`)."""
+        return self.measures or command_modules(self.argv[0])
+
+
+PRESETS = ("lfm2-vl-450m", "lfm2-vl-1.6b")
+PR_PRESET = "lfm2-vl-3b"  # the model vLLM PR #44930 was benchmarked on
+# Every mode on every workload, profiled: the benchmark of each preset.
+_BENCH = ("--mode", "hf-eager,lab-eager,lab-graph,compile", "--workload", "1x512,1x256,1..16x512,tiled,stream",
+          "--stream-n", "24", "--repeats", "30", "--profile", "--no-progress", "--figure", "none")
+_SWEEP = ("--mode", "lab-graph", "--repeats", "30", "--no-progress", "--figure", "none")
+
+
+def _bench(role: str, *argv: str, limit_s: int, part: str = "encoder") -> Step:
+    return Step(role, part, role, ("bench", *argv, "--name", role), limit_s)
+
+
+STEPS: tuple[Step, ...] = (
+    Step("check", "encoder", "check", ("check",), 300),
+    _bench("bench-450m", "--preset", "lfm2-vl-450m", *_BENCH, limit_s=200),
+    _bench("bench-1.6b", "--preset", "lfm2-vl-1.6b", *_BENCH, limit_s=260),
+    # the kernel options one by one, profiled (the kernel classes of one call)
+    _bench("kernels", "--preset", "lfm2-vl-450m", "--mode", "lab-graph", "--workload", "1x512,4x512,16x512,tiled",
+           "--fuse-qkv", "off,on", "--fuse-elementwise", "off,on", "--dense-graphs", "off,on", "--repeats", "30",
+           "--profile", "--no-progress", "--figure", "none", limit_s=150),
+    _bench("sweep-rules", "--preset", "lfm2-vl-450m", "--workload", "1x512,4x512,tiled", "--cu-rule",
+           "safe,repeat_last", "--max-seqlen-mode", "tight,loose", *_SWEEP, limit_s=80),
+    _bench("sweep-budgets", "--preset", "lfm2-vl-450m", "--workload", "1x512,4x512,stream", "--stream-n", "40",
+           "--budgets", "auto", "--budgets", "256,1024", "--budgets", "64,128,256,512,1024,2048,4096", *_SWEEP,
+           limit_s=100),
+    _bench("sweep-attention", "--preset", "lfm2-vl-450m", "--workload", "1x512,tiled", "--attention",
+           "varlen,sdpa_blockmask", "--fuse-qkv", "off,on", *_SWEEP, limit_s=80),
+    Step("attention", "encoder", "attention", ("attention",), 80),
+    Step("graph-apis", "encoder", "graph-apis", ("graph-apis",), 150),
+    # the graph config vLLM PR #44930 was measured with beside the kit's, on its model: capture time,
+    # graph memory, padding waste on the stream, latency
+    _bench("pr-config", "--preset", PR_PRESET, "--mode", "lab-graph", "--workload", "1x512,4x512,16x512,tiled,stream",
+           "--stream-n", "40", "--graph-config", "kit,pr", "--repeats", "30", "--profile", "--no-progress",
+           "--figure", "none", limit_s=150),
+    # the strongest off-the-shelf peer, torch.compile(mode="max-autotune") of transformers' image path,
+    # beside reduce-overhead: most of the limit is max-autotune's first compile (about 100 s)
+    _bench("autotune", "--preset", PRESETS[0], "--mode", "compile,compile-max,lab-graph", "--workload", "1x512",
+           "--repeats", "30", "--profile", "--no-progress", "--figure", "none", limit_s=220),
+    # the TTFT grid with the fused engine: most of what it adds to the unfused grid is the fused
+    # engine's first compile, per preset (its seconds are in the file's setup)
+    Step("ttft", "engine", "ttft", ("ttft", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
+                                    "--requests", "1,2,4,8", "--repeats", "7", "--decode-tokens", "16", "--profile",
+                                    "--image-path", "--fuse", "on", "--no-progress"), 400),
+    Step("e2e", "engine", "e2e", ("e2e", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
+                                  "--requests", "1,4", "--repeats", "3", "--profile", "--no-progress"), 160),
+    # the text model's peers on one prompt (generate, transformers' static compile, torch.compile, the
+    # engine unfused and fused): most of the limit is compile, the fused engine's and both peers'
+    Step("engine", "engine", "engine", ("engine", "--preset", PRESETS[0], "--profile", "--no-progress"), 160),
+    # the PR's own benchmark, like for like: its model and graph config, whole requests of 128 output
+    # tokens at 1, 2 and 4 requests, and an offline-throughput run (the kit's pipeline stands in for vLLM)
+    Step("request-3b", "engine", "request-3b", ("ttft", "--preset", PR_PRESET, "--image", "1x512,tiled", "--requests",
+                                                "1,2,4", "--repeats", "5", "--decode-tokens", "16", "--request-tokens",
+                                                "128", "--throughput", "32", "--graph-config", "pr", "--fuse", "on",
+                                                "--no-progress", "--name", "request-3b"), 330),
+    # vLLM itself (the release scripts/vllm_bundle.py carries): three engines per preset, encoder graphs
+    # off, the PR's config and the kit's, beside the kit's pipeline on the same weights; about five
+    # minutes a preset, so it may take two calls (resumable)
+    Step("vllm", "vllm", "vllm", ("vllm",), 1500, beside=True, resumable=True),
+)
+PARTS = tuple(dict.fromkeys(s.part for s in STEPS))
+# Manifest format 2: every entry names the code that recorded it (``code_hash``, the whole tree) and
+# the files its numbers depend on (``measures``, ``role_hash``), so roles of several code versions can
+# share one set, each checked against the tree on its own.
+FORMAT = 2
+# what a plain `record` runs: every part but those beside the set
+DEFAULT_PARTS = tuple(dict.fromkeys(s.part for s in STEPS if not s.beside))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str) -> dict:
+    """The manifest this call adds to: the one under ``folder``, else the repo's, else a new one. A
+    manifest from before each role named its own code gets its set's code in each entry."""
+    for where in (folder, repo_folder):
+        path = where / "reference.json"
+        if path.is_file():
+            man = json.loads(path.read_text())
+            if man.get("gpu") == gpu:
+                for entry in [*man.get("files", {}).values(), *man.get("partial", {}).values()]:
+                    entry.setdefault("code_hash", man["code_hash"])
+                return man
+    return {"format": FORMAT, "gpu": gpu, "code_hash": hash_, "command": "python -m lfm2vl_lab record",
+            "started": _now(), "finished": None, "complete": False, "files": {}}
+
+
+def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_ROOT) -> list[str] | None:
+    """Why ``step``'s role must be recorded (again) by this tree; None: it need not be. A missing role
+    must be. Otherwise, ``changed``: when the files it measures differ from those that recorded it
+    (the files, or every file where its entry names none); else when any code differs (a full record:
+    every role of exactly this tree, which also resumes a full record cut short)."""
+    entry = man["files"].get(step.role)
+    if entry is None:
+        return ["not recorded"]
+    if not changed:
+        return None if entry.get("code_hash") == hash_ else [f"code {str(entry.get('code_hash'))[7:19]}"]
+    files = changed_files(entry, step.modules, root)
+    return ["recorded before roles named their code"] if files is None else files or None
+
+
+def _partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | None:
+    """The partial file a resumable step left in an earlier call (under ``--out`` or in the repo), if
+    the same code recorded it: a file holds one code version, so other code starts the step afresh."""
+    entry = man.get("partial", {}).get(step.role)
+    if not step.resumable or entry is None:
+        return None
+    if entry.get("code_hash", man.get("code_hash")) != hash_:
+        say(f"   {entry['file']} is partial but recorded by other code ({entry.get('code_hash')}): starting afresh")
+        return None
+    return next((f / entry["file"] for f in folders if (f / entry["file"]).is_file()), None)
+
+
+def _run_step(step: Step, folder: Path, out, python: str, left: float | None = None,
+              resume: Path | None = None) -> tuple[dict, list[Path]]:
+    """Run one step in a process of its own, its output into ``logs/<role>.log``; returns the
+    manifest entry and the result files it wrote. A resumable step gets ``--deadline`` (the time
+    left, less a margin) and ``--resume`` with its partial file; it then rewrites that file's name."""
+    argv, limit = list(step.argv), step.limit_s
+    if step.resumable:
+        limit = int(min(limit, left)) if left is not None else limit
+        argv += ["--deadline", str(max(limit - 20, 1))] + (["--resume", str(resume)] if resume else [])
+    before = {p: p.stat().st_mtime for p in folder.glob(f"{step.name}-*.json")}
+    t0 = time.perf_counter()
+    with (folder / "logs" / f"{step.role}.log").open("a" if resume else "w") as fh:
+        rc = _logged([python, "-m", "lfm2vl_lab", *argv, "--out", str(out)], fh, limit)
+    new = sorted(p for p in folder.glob(f"{step.name}-*.json") if before.get(p) != p.stat().st_mtime)
+    return ({"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
+             "seconds": round(time.perf_counter() - t0, 1), "date": _now()}, new)
+
+
+def _logged(cmd: list[str], fh, limit: float) -> int | str:
+    """Run ``cmd``, each line of its output written to ``fh`` after the seconds since its start
+    (``[  12.3 s] …``: where a step's time goes, read off its log); its exit status, or "timeout"."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def copy():
+        for line in proc.stdout:
+            fh.write(f"[{time.perf_counter() - t0:7.1f} s] {line}")
+            fh.flush()
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = "timeout"
+    reader.join(timeout=5)
+    return rc
+
+
+def _complete(path: Path) -> bool:
+    """Whether a resumable step's file says it holds all it was asked for."""
+    return bool(json.loads(path.read_text()).get("complete"))
+
+
+def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path, hash_: str, say) -> None:
+    """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
+    not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``)."""
+    man.setdefault("partial", {}).pop(step.role, None)
+    entry = {**entry, "code_hash": hash_, **role_code(step.modules)}
+    if entry["rc"] == 0 and len(new) == 1 and not (step.resumable and not _complete(new[0])):
+        man["files"][step.role] = entry
+        man["failed"].pop(step.role, None)
+        say(f"   {entry['file']} in {entry['seconds']} s")
+    elif entry["rc"] == 0 and len(new) == 1:
+        man["partial"][step.role] = entry
+        say(f"   {entry['file']} in {entry['seconds']} s: partial, the next call resumes it")
+    else:
+        (folder / "incomplete").mkdir(exist_ok=True)
+        for f in new:  # what a failed step left is kept, but out of the set
+            f.rename(folder / "incomplete" / f.name)
+        man["files"].pop(step.role, None)
+        man["failed"][step.role] = {**entry, "files": [f.name for f in new]}
+        log = folder / "logs" / f"{step.role}.log"
+        say(f"   FAILED (exit {entry['rc']}, {len(new)} file(s)) after {entry['seconds']} s; the end of {log}:")
+        say("   " + "\n   ".join(log.read_text().splitlines()[-8:]))
+    if not man["partial"]:
+        man.pop("partial")
+
+
+def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
+               say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False,
+               changed: bool = False, derive=None) -> dict:
+    """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
+    the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
+
+    * ``gpu``: the device name the files are filed under (default: CUDA device 0's).
+    * Which roles run (:func:`stale`): those missing, and those recorded by other code than this
+      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``.
+      A role recorded by this code is not run again, so calling ``record`` once more finishes a run
+      that was cut short. Each role that runs replaces its entry; the others keep theirs.
+    * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
+      next call (never started, so never cut off). A resumable step starts in whatever time is left
+      and stops at it (see the module).
+    * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
+      file it left moves to ``<out>/<gpu>/incomplete/``, and the run goes on with the next step. The
+      manifest is ``complete`` once every role of ``steps`` is recorded and none failed.
+    * ``derive(man, before, out, repo_root, say)``, if given, runs at the end: the command passes
+      :func:`~.report.derive_set`, which redraws the figures and the docs' generated tables.
+    """
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    t_start = time.perf_counter()
+    folder, repo_folder = Path(out) / gpu_slug(gpu), Path(repo_root) / gpu_slug(gpu)
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    hash_ = code_hash()
+    man = _base_manifest(folder, repo_folder, gpu, hash_)
+    man.setdefault("failed", {})
+    before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
+    why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
+    todo = [s for s in steps if why.get(s.role)]
+    for k, step in enumerate(todo, 1):
+        left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
+        if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
+            say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, {left:.0f} s left)")
+            continue
+        resume = _partial_file(step, man, (folder, repo_folder), hash_, say)
+        say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
+            f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
+        entry, new = _run_step(step, folder, out, python, left, resume)
+        _file_step(man, step, entry, new, folder, hash_, say)
+        man.update(format=FORMAT, code_hash=hash_, finished=_now())
+        man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
+        (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
+    if derive is not None:
+        derive(man, before, out, repo_root, say)
+    missing = [s.role for s in steps if s.role not in man["files"]]
+    behind = [s.role for s in steps if s.role not in missing and stale(man, s, True, hash_)]
+    say(f"reference set: {folder / 'reference.json'}: {len(man['files'])} of {len(steps)} roles"
+        + (f", still to record: {', '.join(missing)}" if missing else ", complete")
+        + (f"; of other code than this tree's: {', '.join(behind)}" if behind else "") + f" (code {hash_})")
+    return man
+
+
+def why_text(files: list[str]) -> str:
+    """A role's reasons to run, shortened for one line."""
+    return ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+
+
+def take(src, dst=RESULTS_ROOT, say=print) -> list[str]:
+    """Bring a device call's results (``src/<gpu>/``, the ``--out`` of its ``record``) into the repo's
+    ``dst/<gpu>/``: the manifest, every file it names, and the logs; then move each result file the
+    new manifest no longer names into ``archive/``, where earlier runs live (nothing stale stays beside
+    the set, where a reader could take it by its name). Returns what it did, a line each."""
+    import shutil
+
+    done = []
+    for man_path in sorted(Path(src).glob("*/reference.json")):
+        man, there = json.loads(man_path.read_text()), Path(dst) / man_path.parent.name
+        named = {e["file"] for e in [*man["files"].values(), *man.get("partial", {}).values()]}
+        (there / "logs").mkdir(parents=True, exist_ok=True)
+        for f in sorted(named) + ["reference.json"]:
+            if (man_path.parent / f).is_file():
+                shutil.copy2(man_path.parent / f, there / f)
+                done.append(f"took {there.name}/{f}")
+        for log in sorted((man_path.parent / "logs").glob("*")):
+            shutil.copy2(log, there / "logs" / log.name)
+            done.append(f"took {there.name}/logs/{log.name}")
+        for old in sorted(p for p in there.glob("*.json") if p.name not in named | {"reference.json"}):
+            (there / "archive").mkdir(exist_ok=True)
+            old.rename(there / "archive" / old.name)
+            done.append(f"archived {there.name}/{old.name}")
+    for line in done:
+        say(line)
+    return done

@@ -1,0 +1,139 @@
+"""Which code a role of the reference set measures, and whether the working tree still holds it.
+
+A role's numbers depend on the modules its command runs, not on the whole package: a new table or
+figure changes no timing, and a change to ``check`` moves no benchmark. So each role names its code:
+the import closure of the modules its command runs (:data:`COMMAND_MODULES`), found by reading their
+``import`` statements (function-level ones included), plus the files every command runs
+(:data:`ALWAYS`: the dispatcher) and the presets. Three rules keep the closure to what makes numbers:
+
+* a package's ``__init__.py`` is part of it (importing a module runs it), but the names it re-exports
+  are not followed: ``lfm2vl_lab/__init__.py`` re-exports the whole public API, and a benchmark of the
+  encoder does not run the text engine because the package *could* import it;
+* the report layer (:data:`REPORT`) is left out: a command may print its summary through it, but it
+  reads files and makes no number;
+* a dispatcher (:data:`ALWAYS`) is hashed as a file, its imports not followed, also where a command's
+  module imports it: ``cli/cli.py`` and ``cli/cli_options.py`` hold each command's options and
+  defaults, and reach every command.
+
+The role's *hash* is the kit's code hash (:func:`~lfm2vl_lab.measure.results.hash_code_entries`: path and
+git blob id of each file) over just those files. ``record`` stores it with the file list in each
+role's manifest entry with each file's blob id, and ``record --changed`` re-runs the roles whose hash
+the working tree no longer gives (:func:`changed_files` says which files moved it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .results import REPO_ROOT, blob_sha1, hash_code_entries
+
+PACKAGE = "lfm2vl_lab"
+# The modules each command runs (the argv[0] of a record step): its measuring code and, where the
+# command has one, its own CLI module.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "bench": ("lfm2vl_lab.measure.bench",),
+    "check": ("lfm2vl_lab.measure.check",),
+    "attention": ("lfm2vl_lab.measure.attention_probe",),
+    "graph-apis": ("lfm2vl_lab.cli.cli_graph_apis",),
+    "ttft": ("lfm2vl_lab.cli.cli_serving",),
+    "e2e": ("lfm2vl_lab.cli.cli_serving",),
+    "engine": ("lfm2vl_lab.cli.cli_engine",),
+    "vllm": ("lfm2vl_lab.cli.cli_vllm",),
+}
+# Run by every command, hashed as files: the entry point and the dispatcher with every command's options.
+ALWAYS = ("lfm2vl_lab/__init__.py", "lfm2vl_lab/__main__.py", "lfm2vl_lab/cli/__init__.py",
+          "lfm2vl_lab/measure/__init__.py", "lfm2vl_lab/cli/cli.py", "lfm2vl_lab/cli/cli_options.py")
+PRESETS = "data/presets"
+# The report layer reads result files and makes no number (measure/ never imports it: tests/test_layers.py);
+# a command may print its summary through it after the run, which moves nothing it recorded.
+REPORT = "lfm2vl_lab.report"
+
+
+def module_path(name: str, root: Path = REPO_ROOT) -> str | None:
+    """The repo-relative file of module ``name`` (a package's ``__init__.py``), or None where the name
+    is no module of the kit (a function or class imported ``from`` a module)."""
+    if name.split(".")[0] != PACKAGE:
+        return None
+    base = name.replace(".", "/")
+    for rel in (f"{base}/__init__.py", f"{base}.py"):
+        if (Path(root) / rel).is_file():
+            return rel
+    return None
+
+
+def imported_modules(name: str, root: Path = REPO_ROOT) -> set[str]:
+    """The kit's modules that module ``name`` imports anywhere in its body (``import a.b``, ``from .x
+    import y`` with ``y`` itself a module or not)."""
+    rel = module_path(name, root)
+    tree = ast.parse((Path(root) / rel).read_text(), rel)
+    package = name if rel.endswith("__init__.py") else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if module_path(m, root) is not None}
+
+
+def command_modules(command: str) -> tuple[str, ...]:
+    """The modules ``python -m lfm2vl_lab <command>`` runs (:data:`COMMAND_MODULES`)."""
+    if command not in COMMAND_MODULES:
+        raise KeyError(f"no modules are named for the command {command!r}: add it to COMMAND_MODULES "
+                       f"(known: {', '.join(COMMAND_MODULES)})")
+    return COMMAND_MODULES[command]
+
+
+def measured_files(modules, root: Path = REPO_ROOT) -> list[str]:
+    """Every file (repo-relative) whose content can move the numbers of code that runs ``modules``:
+    their closure (see the module), :data:`ALWAYS` and the presets, sorted."""
+    seen: set[str] = set()
+    todo = list(modules)
+    files = set(ALWAYS)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name.startswith(REPORT):  # what a command prints of its file after the run: no number moves
+            continue
+        files.add(module_path(name, root))
+        if module_path(name, root) in ALWAYS:  # a dispatcher a command module imports: hashed, not followed
+            continue
+        parts = name.split(".")
+        files |= {p for p in (module_path(".".join(parts[:i]), root) for i in range(1, len(parts))) if p}
+        todo += sorted(imported_modules(name, root))
+    files |= {p.relative_to(root).as_posix() for p in (Path(root) / PRESETS).glob("*.json")}
+    return sorted(files)
+
+
+def blob_ids(files, root: Path = REPO_ROOT) -> dict[str, str]:
+    """Each file's git blob id as it is under ``root`` ("missing" for a file that is not there)."""
+    return {f: blob_sha1((Path(root) / f).read_bytes()) if (Path(root) / f).is_file() else "missing"
+            for f in files}
+
+
+def role_code(modules, root: Path = REPO_ROOT) -> dict:
+    """What a role whose command runs ``modules`` stores of its code: ``measures`` (each file it
+    measures, with its blob id) and ``role_hash``, the code hash of just those files."""
+    measures = blob_ids(measured_files(modules, root), root)
+    return {"role_hash": hash_code_entries(measures.items()), "measures": measures}
+
+
+def changed_files(entry: dict, modules, root: Path = REPO_ROOT) -> list[str] | None:
+    """The files that make a manifest entry's role stale in the tree under ``root``: changed, new in
+    the role's closure, or gone from it. Empty: the role is current. None: the entry names no code of
+    its own (a set recorded before roles did), so every role of it counts as changed."""
+    if "role_hash" not in entry:
+        return None
+    now = role_code(modules, root)
+    if now["role_hash"] == entry["role_hash"]:
+        return []
+    then = entry.get("measures", {})
+    return sorted(f for f in set(then) | set(now["measures"]) if then.get(f) != now["measures"].get(f))

@@ -1,0 +1,88 @@
+"""A figure's source, carried in its own PNG: which result file(s) it was drawn from, their role(s) in
+the reference set and the code hash that recorded them.
+
+Every PNG the kit saves goes through :func:`save_figure`, which writes one PNG text chunk,
+``Source``: a JSON list of ``{"file", "role", "code_hash"}``, one per file the figure reads. The
+docs site captions a figure from it (:mod:`lfm2vl_lab.report.site`), and ``tests/test_figures_page.py``
+checks that each committed figure names the reference set's current file for its role.
+
+The PNG holds nothing else that changes from run to run: matplotlib's ``Software`` chunk (its
+version) is left out, and the Agg PNG writer stores no date. So ``python -m lfm2vl_lab report`` run
+twice on one machine writes the same bytes.
+
+Across machines the bytes may still differ where the pixels do not: the PNG's compressed stream
+depends on Pillow's zlib build. A redraw whose content (the text chunks and the decoded pixels) equals
+the file already there therefore leaves that file untouched (:func:`same_content`), so a fresh clone's
+``report`` leaves ``git status`` clean wherever it draws the same picture. The pixels are compared
+exactly, with no tolerance: a matplotlib or FreeType that renders the text differently draws a
+different picture, and the file is rewritten (the figure a reader sees did change). The committed
+figures are drawn with the project's environment (matplotlib bundles its FreeType and fonts).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+SOURCE_KEY = "Source"  # the PNG text chunk that names the figure's files
+DPI = 120  # what `python -m lfm2vl_lab report` saves at (MAX_WIDTH_IN inches is 1440 px)
+
+
+class NoSource(ValueError):
+    """A PNG that names no source file (drawn before figures carried their source, or not by the kit)."""
+
+
+def source_of(res: dict, role: str | None = None) -> dict:
+    """The ``Source`` entry of one loaded result file: its name, its role in the reference set (a
+    file of :func:`lfm2vl_lab.report.reference.load` has ``_role``; None for a file outside a set) and
+    the code hash that recorded it (the manifest's for its role, else the file's own provenance)."""
+    code = res.get("_code_hash") or res.get("provenance", {}).get("code_hash")
+    return {"file": Path(res["_path"]).name, "role": res.get("_role", role), "code_hash": code}
+
+
+def png_bytes(fig, sources: list[dict], dpi: int = DPI) -> bytes:
+    """``fig`` as PNG bytes with its ``Source`` chunk and no ``Software`` chunk (see the module)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None, SOURCE_KEY: json.dumps(sources)})
+    return buf.getvalue()
+
+
+def _content(data: bytes) -> tuple:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        return dict(im.text), im.mode, im.size, im.tobytes()
+
+
+def same_content(a: bytes, b: bytes) -> bool:
+    """Whether two PNGs hold the same text chunks and the same decoded pixels (their compressed bytes
+    may differ)."""
+    return _content(a) == _content(b)
+
+
+def save_figure(fig, path: Path, sources: list[dict], dpi: int = DPI) -> bool:
+    """Save ``fig`` at ``path`` with its sources (:func:`source_of` entries). A file already there
+    with the same content is left as it is. Returns whether the file was written."""
+    data, path = png_bytes(fig, sources, dpi), Path(path)
+    if path.is_file() and same_content(path.read_bytes(), data):
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return True
+
+
+def read_sources(path: Path) -> list[dict]:
+    """The ``Source`` entries a PNG carries; :class:`NoSource` naming the file where it has none."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        text = im.text.get(SOURCE_KEY)
+    try:
+        sources = json.loads(text) if text else None
+    except ValueError:
+        sources = None
+    if not isinstance(sources, list) or not sources or not all(isinstance(s, dict) and s.get("file")
+                                                                for s in sources):
+        raise NoSource(f"{Path(path).name} names no source file (no PNG text chunk {SOURCE_KEY!r})")
+    return sources

@@ -1,0 +1,164 @@
+"""What every notebook shares: its first cell's setup, and reading recorded results.
+
+The first cell of each notebook is::
+
+    %matplotlib inline
+    import torch
+    import lfm2vl_lab as lab
+    from lfm2vl_lab.report.notebook import setup
+
+    DEVICE, PRESET, DTYPE = setup(shows={"what a cell shows": "any", ...})
+
+``shows`` lists what the notebook shows and where from (:data:`SHOW_KINDS`), so the first cell's
+environment check can say what this machine shows live and what comes from recorded results.
+Cells that show recorded GPU numbers start with :func:`load_recorded`, which reads one role of the
+reference set (``data/results/nvidia-h200/reference.json``) and prints where the numbers come from
+(or that the set lacks them) before any of them is shown.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import warnings
+
+import torch
+
+from ..kernels.attention import cuda_capability, resolve_attention, sm
+from ..measure.results import RESULTS_ROOT, gpu_slug, recorded_label
+from ..measure.workloads import default_device, device_defaults
+from ..model.presets import CHECKPOINT_ENV, checkpoint_from_env
+from . import reference
+
+RECORDED_GPU = "nvidia-h200"  # the GPU whose recorded results the notebooks read: data/results/nvidia-h200/
+# GraphedEncoder's one warning without CUDA (core/graphed_encoder.py), and what a notebook's first cell says instead
+CPU_FALLBACK_WARNING = "GraphedEncoder: no CUDA device"
+CPU_FALLBACK_NOTE = ("note: no CUDA device, so GraphedEncoder.encode() runs the packed eager encoder here (no graphs); "
+                     "its stats count those calls as eager_calls")
+
+
+# What a notebook part needs: "any" runs live everywhere (the tiny preset on a CPU), "gpu" runs live
+# on a CUDA device and comes from recorded results elsewhere, "recorded" always reads data/results/.
+SHOW_KINDS = ("any", "gpu", "recorded")
+
+
+def environment(device) -> dict:
+    """What a notebook runs on: the device (name, compute capability, free and total memory), the
+    torch / transformers / Python versions, the encoder attention ``"auto"`` resolves to there, and
+    the checkpoint ``LFM2VL_CHECKPOINT`` names (its folder name; ``lab.model_for`` loads it)."""
+    import transformers
+
+    preset, dtype = device_defaults(device)
+    env = {"device": str(device), "gpu": None, "capability": None, "free_gib": None, "total_gib": None,
+           "torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version(), "preset": preset, "dtype": str(dtype).removeprefix("torch."),
+           "attention": resolve_attention("auto", device, dtype)[0]}
+    try:
+        folder = checkpoint_from_env()
+        env["checkpoint"] = folder.name if folder is not None else None
+    except ValueError as exc:  # a value that names no folder: said in the check, not raised from the first cell
+        env["checkpoint"], env["checkpoint_problem"] = None, str(exc)
+    cap = cuda_capability(device)
+    if cap is not None:
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        env.update(gpu=torch.cuda.get_device_name(torch.device(device)), capability=f"sm{sm(cap)}",
+                   free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1))
+    return env
+
+
+def environment_lines(env: dict, shows: dict[str, str]) -> list[str]:
+    """The environment check as printed lines: the machine, then what the notebook shows live here
+    and what it shows from recorded results (``shows`` maps a part to one of :data:`SHOW_KINDS`)."""
+    bad = {part: kind for part, kind in shows.items() if kind not in SHOW_KINDS}
+    if bad:
+        raise ValueError(f"setup(shows=...): kinds must be one of {SHOW_KINDS}; got {bad}")
+    if env["gpu"]:
+        where = f"{env['gpu']} ({env['capability']}), {env['free_gib']} of {env['total_gib']} GiB free"
+    else:
+        where = "no CUDA GPU: " + ("the checkpoint runs on the CPU (slowly)" if env.get("checkpoint")
+                                   else "the tiny preset runs on the CPU")
+    model = env["preset"]
+    if env.get("checkpoint"):
+        model = f"the checkpoint {env['checkpoint']} (from {CHECKPOINT_ENV})"
+    lines = [f"environment: {where}; torch {env['torch']}, transformers {env['transformers']}, "
+             f"Python {env['python']}",
+             f"  model: {model} in {env['dtype']}; encoder attention (auto): {env['attention']}"]
+    if env.get("checkpoint_problem"):
+        lines.append(f"  checkpoint: none: {env['checkpoint_problem']}")
+    on_gpu = env["gpu"] is not None
+    live = [p for p, k in shows.items() if k == "any" or (k == "gpu" and on_gpu)]
+    recorded = [p + (" (needs a GPU)" if k == "gpu" else "") for p, k in shows.items()
+                if k == "recorded" or (k == "gpu" and not on_gpu)]
+    if live:
+        lines.append("  live here: " + "; ".join(live))
+    if recorded:
+        lines.append(f"  from recorded {RECORDED_GPU} results: " + "; ".join(recorded))
+    return lines
+
+
+def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, torch.dtype]:
+    """Start a notebook: hub access off, then the device and the kit's model choice for it.
+
+    ``HF_HUB_OFFLINE=1`` is set unless the environment says otherwise (presets build random-weight
+    models, so nothing is ever downloaded); it has to happen before transformers is first imported,
+    which ``import lfm2vl_lab`` does not do. ``device`` defaults to CUDA when available, else the CPU;
+    the preset and dtype come from :func:`lfm2vl_lab.measure.workloads.device_defaults`. Prints the
+    line every notebook's output starts with, then the environment check (:func:`environment_lines`;
+    ``shows``: what the notebook shows and where from), and returns ``(device, preset, dtype)``.
+    Without CUDA it also says, once, that ``GraphedEncoder`` runs eagerly there, and silences the
+    warning that would otherwise say so in the first cell that encodes.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if "huggingface_hub" in sys.modules and os.environ["HF_HUB_OFFLINE"] == "1":
+        from huggingface_hub import constants
+
+        if not constants.HF_HUB_OFFLINE:
+            warnings.warn("setup(): huggingface_hub was imported before HF_HUB_OFFLINE was set, so hub access "
+                          "stays on in this kernel; call setup() first", stacklevel=2)
+    device = str(device if device is not None else default_device())
+    preset, dtype = device_defaults(device)
+    print(f"DEVICE={device}  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}")
+    if shows is not None:
+        print("\n".join(environment_lines(environment(device), shows)))
+    if torch.device(device).type != "cuda":
+        # said once here instead of as a warning box in whichever cell first encodes
+        warnings.filterwarnings("ignore", message=CPU_FALLBACK_WARNING)
+        print(CPU_FALLBACK_NOTE)
+    return device, preset, dtype
+
+
+def load_recorded(role: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT, partial: bool = False) -> dict | None:
+    """The file that plays ``role`` in ``gpu``'s reference set (:mod:`lfm2vl_lab.report.reference`),
+    announced: prints its :func:`recorded_label`, or, when the set lacks it, that the cells reading it
+    skip and which command records it. ``partial``: a resumable role's partial file where it is not
+    recorded whole, announced as partial. Returns the result, or None."""
+    res = reference.load(role, gpu, root, required=False, partial=partial)
+    if res is not None:
+        print(recorded_label(res))  # a partial file says so itself (its ``complete`` is false)
+        return res
+    print(f"Not in the reference set: no {role!r} in data/results/{gpu_slug(gpu)}/{reference.MANIFEST} "
+          "(`python -m lfm2vl_lab record` on the H200 records it); the cells that read it skip.")
+    return None
+
+
+def load_first_version(name: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) -> dict:
+    """An earlier run's file from the archive (:func:`lfm2vl_lab.report.reference.load_archived`),
+    announced as what it is: the first version, shown beside today's reference set."""
+    res = reference.load_archived(name, gpu, root)
+    print("the first version (archived, not the reference set): " + recorded_label(res))
+    return res
+
+
+def live_or_recorded(part: str, device, root=RESULTS_ROOT) -> dict | None:
+    """``part`` of the graph-API demos (:data:`~.graph_apis.RECORDERS`) run now on a CUDA ``device``,
+    announced as this machine's live run (its numbers are not the reference set's); elsewhere the
+    reference set's ``graph-apis`` file's ``part``, announced by :func:`load_recorded` (None: not
+    recorded, or that part failed in the recorded run)."""
+    from ..measure.graph_apis import NAME, RECORDERS
+
+    if torch.device(device).type == "cuda":
+        print(f"measured now on {device}: this machine's live run, not the reference set's `{NAME}` file", flush=True)
+        return RECORDERS[part](device)
+    rec = load_recorded(NAME, root=root)
+    return None if rec is None else rec.get(part)

@@ -1,0 +1,328 @@
+"""Figures from benchmark results (the JSON that :mod:`lfm2vl_lab.measure.bench` writes).
+
+Every figure function takes plain data (the rows of ONE result file, timelines, capture-info rows)
+and returns a ``matplotlib.figure.Figure``. Figures are built without ``pyplot``, so nothing depends
+on a GUI backend or global state (safe on headless machines and in tests); in a notebook a returned
+Figure displays itself. A figure draws one run: rows of two runs for the same bar raise
+:class:`MixedRuns` (:func:`pick_rows`). :func:`lfm2vl_lab.report.report.report` draws every figure of
+the reference set, each from one file named in its title.
+
+* :func:`latency_figure`      — median latency per mode, bars grouped by workload (p90 whisker)
+* :func:`speedup_figure`      — speedup over hf-eager vs number of images (``NxS`` workloads)
+* :func:`floor_share_figure`  — median split into GPU-busy floor and everything else
+  (rows where busy > wall, :func:`busy_exceeds_wall`, are marked)
+* :func:`timeline_figure`     — CPU launch lane vs GPU kernel lane, eager vs graph
+* :func:`padding_waste_figure`— padded / real tokens per budget set (or per workload, for one set)
+* :func:`graph_memory_figure` — graph memory and capture time per budget
+* :func:`e2e_figure`          — time to first token, transformers' image path vs the graphed encoder
+* :func:`attention_figure`    — attention per layer inside CUDA graphs, per backend (log axis)
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from ..measure.workloads import NXS
+from .plots_common import (  # noqa: F401  (re-exported: notebooks import them from here)
+    DEFAULT_GRAPH_CONFIG,
+    DEFAULT_LAB_OPTIONS,
+    KERNEL_OPTIONS,
+    MAX_WIDTH_IN,
+    MODE_COLORS,
+    MODE_ORDER,
+    MixedRuns,
+    NoData,
+    busy_exceeds_wall,
+    count_nxs_workloads,
+    is_default_config,
+    mode_key,
+    modes_of,
+    one_per,
+    page_width,
+    pick_rows,
+    set_title,
+    workloads_of,
+)
+from .plots_e2e_attention import E2E_MODES, attention_figure, e2e_figure  # noqa: F401  (re-exported)
+
+BUSY_OVER_WALL = "busy > wall: the profiled call ran slower than the timed median"
+
+
+# --------------------------------------------------------------------------------------------
+# Latency, speedup, floor share
+# --------------------------------------------------------------------------------------------
+
+
+def latency_figure(rows: list[dict], title: str | None = None, log: bool = False) -> Figure:
+    """Median latency (ms) per mode, bars grouped by workload; the whisker reaches p90. ``rows``:
+    one run's (:func:`pick_rows` chooses one per mode and workload)."""
+    rows = pick_rows(rows)
+    if not rows:
+        raise NoData("latency_figure: no rows with median_ms")
+    workloads, modes = workloads_of(rows), modes_of(rows)
+    by = {(r["mode"], r["workload"]): r for r in rows}
+    fig = Figure(figsize=(page_width(1.5 * len(workloads) + 2), 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(modes)
+    crowded = len(modes) * len(workloads) > 16  # upright labels would overlap: turn them
+    for i, mode in enumerate(modes):
+        xs, ys, errs = [], [], []
+        for j, w in enumerate(workloads):
+            r = by.get((mode, w))
+            if r is None:
+                continue
+            xs.append(j + (i - (len(modes) - 1) / 2) * width)
+            ys.append(r["median_ms"])
+            errs.append(max(0.0, (r.get("p90_ms") or r["median_ms"]) - r["median_ms"]))
+        bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=mode, color=MODE_COLORS.get(mode), capsize=2)
+        ax.bar_label(bars, fmt="%.2f", fontsize=6 if crowded else 7, padding=2, rotation=90 if crowded else 0)
+    ax.set_xticks(range(len(workloads)), workloads)
+    ax.set_ylabel("median latency per call (ms)")
+    ax.set_xlabel("workload (images per call × side in px; tiled: one tiled image; stream: mixed requests)")
+    if log:
+        ax.set_yscale("log")
+    ax.margins(y=0.12)  # room for the labels
+    ax.legend(fontsize=8, ncols=min(len(modes), 5), title="mode (whisker: p90)", title_fontsize=8)
+    set_title(fig, title or "Encoder latency per mode (whisker: p90)")
+    return fig
+
+
+def _nxs(workload: str) -> tuple[int, int]:
+    n, s = NXS.fullmatch(workload).groups()
+    return int(n), int(s)
+
+
+def speedup_figure(rows: list[dict], side: int | None = None, title: str | None = None) -> Figure:
+    """Speedup over hf-eager against the number of images, for the ``NxS`` workloads of one side
+    ``S`` (default: the side with the most image counts). ``rows``: one run's."""
+    rows = [r for r in pick_rows(rows) if r.get("speedup_vs_hf") and NXS.fullmatch(str(r.get("workload")))]
+    if side is None:
+        sides: dict[int, set] = {}
+        for r in rows:
+            n, s = _nxs(r["workload"])
+            sides.setdefault(s, set()).add(n)
+        if not sides:
+            raise NoData("speedup_figure: no NxS rows with speedup_vs_hf")
+        side = max(sides, key=lambda s: len(sides[s]))
+    rows = [r for r in rows if _nxs(r["workload"])[1] == side and r["mode"] != "hf-eager"]
+    if not rows:
+        raise NoData(f"speedup_figure: no rows for {side} px images")
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    for mode in modes_of(rows):
+        pts = sorted((_nxs(r["workload"])[0], r["speedup_vs_hf"]) for r in rows if r["mode"] == mode)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=mode, color=MODE_COLORS.get(mode))
+    ax.axhline(1.0, color=MODE_COLORS["hf-eager"], ls="--", lw=1, label="hf-eager (1×)")
+    ax.set_xscale("log", base=2)
+    ns = sorted({_nxs(r["workload"])[0] for r in rows})
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.minorticks_off()
+    ax.set_xlabel(f"images per call ({side}×{side} px)")
+    ax.set_ylabel("speedup over hf-eager (×, median over median)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    set_title(fig, title or "Speedup over transformers' eager path vs batch size")
+    return fig
+
+
+def _floor_bars(ax, rows: list[dict]) -> bool:
+    """The floor-share bars; returns whether any row was drawn as busy > wall."""
+    over = {id(r) for r in busy_exceeds_wall(rows)}
+    for i, r in enumerate(rows):
+        color, med = MODE_COLORS.get(r["mode"], "C0"), r["median_ms"]
+        if id(r) in over:  # the whole median is "busy", and the note says why that is not 100%
+            ax.barh(i, med, color=color, hatch="////", edgecolor="black", lw=0.5)
+            ax.text(med, i, f" busy {r['gpu_busy_ms']:.2f} ms > median {med:.2f} ms (profiled call slower)",
+                    va="center", fontsize=7, color="#b00000")
+            continue
+        busy = r["gpu_busy_ms"]
+        ax.barh(i, busy, color=color)
+        ax.barh(i, med - busy, left=busy, color="#dddddd")
+        ax.text(med, i, f" {100 * busy / med:.0f}% busy", va="center", fontsize=7)
+    return bool(over)
+
+
+def floor_share_figure(rows: list[dict], title: str | None = None) -> Figure:
+    """Each median split into the GPU-busy floor (kernels running) and the rest (host overhead,
+    launch gaps, syncs); the label is busy / median, i.e. how close the call runs to its floor.
+
+    A row whose GPU-busy time exceeds its median (:func:`busy_exceeds_wall`: the profile is a
+    separate call, which can run slower than the timed median) is drawn hatched, labelled with both
+    numbers, and named in the legend, never as "100% busy"."""
+    rows = [r for r in pick_rows(rows) if r.get("gpu_busy_ms")]
+    if not rows:
+        raise NoData("floor_share_figure: no rows with gpu_busy_ms (run bench with --profile on a GPU)")
+    order = workloads_of(rows)
+    rows.sort(key=lambda r: (order.index(r["workload"]), mode_key(r["mode"])))
+    fig = Figure(figsize=(8, 0.27 * len(rows) + 2.3), layout="constrained")
+    ax = fig.add_subplot()
+    flagged = _floor_bars(ax, rows)
+    ax.set_yticks(range(len(rows)), [f"{r['workload']}  {r['mode']}" for r in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first workload on top
+    ax.set_xlim(0, (1.6 if flagged else 1.18) * max(r["median_ms"] for r in rows))  # room for the labels
+    ax.set_xlabel("ms per call (median of the timed calls)")
+    handles = [Patch(color=MODE_COLORS.get(m, "C0"), label=f"{m}: GPU busy (the floor)") for m in modes_of(rows)]
+    handles.append(Patch(color="#dddddd", label="rest: host overhead, launch gaps, syncs"))
+    if flagged:
+        handles.append(Patch(facecolor="white", hatch="////", edgecolor="black", label=BUSY_OVER_WALL))
+    for i in range(1, len(rows)):  # a thin line between workloads
+        if rows[i]["workload"] != rows[i - 1]["workload"]:
+            ax.axhline(i - 0.5, color="#bbbbbb", lw=0.6)
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=3)
+    set_title(fig, title or "Share of each call spent at the GPU-busy floor")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Timeline
+# --------------------------------------------------------------------------------------------
+
+TIMELINE_COLORS = {"launch": "#ff7f0e", "other": "#999999", "gpu": "#2ca02c"}
+TIMELINE_LABELS = {"launch": "CPU: kernel / graph launch calls",
+                   "other": "CPU: other CUDA calls (copies, syncs, queries) or CPU operators",
+                   "gpu": "GPU: kernels and copies"}
+
+
+def _timeline_lanes(ax, tl: dict, seen: set) -> float:
+    """Draw one timeline's two lanes; returns where its last event ends (µs)."""
+    from ..measure.profiling import LAUNCH_PREFIXES
+
+    end = 0.0
+    for lane, y in (("cpu", 1), ("gpu", 0)):
+        events = tl.get(lane, [])
+        spans = [(float(s), max(float(d), 0.05)) for s, d, *_ in events]
+        if lane == "gpu":
+            kinds = ["gpu"] * len(events)
+        else:
+            kinds = ["launch" if str(e[2] if len(e) > 2 else "").startswith(LAUNCH_PREFIXES) else "other"
+                     for e in events]
+        ax.broken_barh(spans, (y - 0.35, 0.7), facecolors=[TIMELINE_COLORS[k] for k in kinds], lw=0)
+        seen.update(kinds)
+        end = max([end] + [s + d for s, d in spans])
+    return end
+
+
+def timeline_figure(timelines: dict, title: str | None = None, max_us: float | None = None) -> Figure:
+    """One panel per timeline (e.g. ``{"lab-eager": tl, "lab-graph": tl}``): a CPU lane (CUDA API
+    calls: launches orange, others such as syncs grey) above a GPU lane (kernels and copies), on
+    a shared µs axis so the panels compare directly; a legend says what each colour is.
+
+    A timeline is ``{"cpu": [(start_us, dur_us, name)], "gpu": [...]}`` as in
+    :class:`profiling.ProfileReport`.
+    """
+    if not timelines:
+        raise NoData("timeline_figure: no timelines")
+    fig = Figure(figsize=(10, 1.5 * len(timelines) + 1.2), layout="constrained")
+    axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
+    end, seen = 0.0, set()
+    for ax, (label, tl) in zip(axes, timelines.items(), strict=True):
+        end = max(end, _timeline_lanes(ax, tl, seen))
+        n_cpu, n_gpu = len(tl.get("cpu", [])), len(tl.get("gpu", []))
+        ax.set_yticks([0, 1], [f"GPU ({n_gpu})", f"CPU ({n_cpu})"], fontsize=8)
+        ax.set_ylim(-0.6, 1.6)
+        ax.set_title(label, fontsize=9, loc="left")
+    axes[-1].set_xlim(0, max_us or end * 1.02 or 1)
+    axes[-1].set_xlabel("µs from the first event of the call (in brackets: events per lane)")
+    handles = [Patch(color=TIMELINE_COLORS[k], label=TIMELINE_LABELS[k]) for k in TIMELINE_COLORS if k in seen]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
+    set_title(fig, title or "One call: CPU launch calls vs GPU kernels")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets: padding waste, graph memory
+# --------------------------------------------------------------------------------------------
+
+
+def _padding_rows(rows: list[dict]) -> list[dict]:
+    """Graph rows with padding waste, one per (mode, workload, budget set): the default configuration's
+    apart from the budget set, where one run holds several."""
+    rows = [r for r in rows if r.get("padding_waste") is not None and r.get("budget_set") is not None]
+    return one_per(rows, lambda r: (r["mode"], r["workload"], r["budget_set"]), "padding_waste_figure",
+                   rank=lambda r: is_default_config(r, ignore=("budget_set",)))
+
+
+def padding_waste_figure(rows: list[dict], title: str | None = None) -> Figure:
+    """Padded tokens / real tokens of graph replays, with the hit rate on each bar. Several budget sets
+    in the rows: one group per budget set (the mixed ``stream`` workload only, where there is one: it
+    is what budgets are chosen for). One budget set: one group per workload."""
+    rows = _padding_rows(rows)
+    if not rows:
+        raise NoData("padding_waste_figure: no graph rows with padding_waste")
+    sets = list(dict.fromkeys(r["budget_set"] for r in rows))
+    if len(sets) > 1 and any(r["workload"] == "stream" for r in rows):
+        rows = [r for r in rows if r["workload"] == "stream"]
+    per_set = len(sets) > 1
+    groups = sets if per_set else workloads_of(rows)
+    series = list(dict.fromkeys((r["mode"], r["workload"] if per_set else r["budget_set"]) for r in rows))
+    fig = Figure(figsize=(page_width(1.1 * len(groups) + 2.5, least=7), 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(series)
+    for i, (mode, other) in enumerate(series):
+        mine = [r for r in rows if (r["mode"], r["workload"] if per_set else r["budget_set"]) == (mode, other)]
+        xs = [groups.index(r["budget_set"] if per_set else r["workload"]) + (i - (len(series) - 1) / 2) * width
+              for r in mine]
+        label = f"{mode} · {other}" if per_set else f"{mode}, budget set {other}"
+        bars = ax.bar(xs, [100 * r["padding_waste"] for r in mine], width, label=label)
+        if len(series) <= 3:  # more labels than that overlap
+            notes = [f"{100 * r['padding_waste']:.1f}%" + (f", hit {100 * r['hit_rate']:.0f}%"
+                                                           if r.get("hit_rate") is not None else "") for r in mine]
+            ax.bar_label(bars, labels=notes, fontsize=7, padding=1)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set_xlabel("budget set (output tokens per graph)" if per_set else "workload")
+    ax.set_ylabel("padding waste (% of real tokens)")
+    ax.margins(y=0.12)
+    ax.legend(fontsize=8, title="hit: share of calls served by a graph", title_fontsize=7)
+    set_title(fig, title or "Padding waste per budget set")
+    return fig
+
+
+def _memory_totals(groups: dict) -> str:
+    """One line per group: what all its budgets hold together (what ``graph_memory(rows)`` reports)."""
+    lines = []
+    for label, rows in groups.items():
+        pool, buffers = sum(r["pool_mb"] for r in rows), sum(r["buffers_mb"] for r in rows)
+        lines.append(f"{label}: all budgets together {pool + buffers:.0f} MiB "
+                     f"(graph pool {pool:.0f} + buffers {buffers:.0f})")
+    return "\n".join(lines)
+
+
+def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
+    """What each budget's graphs hold (MiB, stacked: its growth of the shared graph pool, then its
+    persistent buffers) and capture time, from :func:`lfm2vl_lab.measure.meter.measured_capture` rows;
+    pass a list, or ``{label: rows}`` for several runs. What all budgets hold together (the sum of the
+    bars, ``graph_memory(rows)["total_mb"]``) is written above the plot, per group.
+    Rows recorded in the old format (a reserved-memory delta per capture, which could be negative)
+    carry no pool/buffer split and are refused rather than drawn."""
+    groups = capture_info if isinstance(capture_info, dict) else {"graphs": capture_info}
+    groups = {k: v for k, v in groups.items() if v and all("pool_mb" in r for r in v)}
+    if not groups:
+        raise NoData("graph_memory_figure: no capture_info rows with pool_mb/buffers_mb")
+    budgets = sorted({int(r["budget"]) for rows in groups.values() for r in rows})
+    fig = Figure(figsize=(page_width(0.9 * len(budgets) * len(groups) + 3), 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    ax2 = ax.twinx()
+    width = 0.8 / len(groups)
+    for i, (label, rows) in enumerate(groups.items()):
+        by = {int(r["budget"]): r for r in rows}
+        xs = [budgets.index(b) + (i - (len(groups) - 1) / 2) * width for b in by]
+        pool = [r["pool_mb"] for r in by.values()]
+        ax.bar(xs, pool, width, label=f"{label}: graph pool (growth)", alpha=0.85)
+        top = ax.bar(xs, [r["buffers_mb"] for r in by.values()], width, bottom=pool, label=f"{label}: buffers",
+                     alpha=0.6)
+        ax.bar_label(top, labels=[f"{r['pool_mb'] + r['buffers_mb']:.0f}" for r in by.values()], fontsize=7, padding=1)
+        ax2.plot(xs, [r.get("capture_s", 0) for r in by.values()], "kx", ms=6,
+                 label="capture time (right axis)" if i == 0 else None)
+    ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
+    ax.set_xlabel("budget (output tokens), captured largest first: smaller ones reuse the pool's blocks")
+    ax.set_ylabel("memory held (MiB; on each bar: pool + buffers)")
+    ax.margins(y=0.1)
+    ax2.set_ylabel("capture time (s, × markers)")
+    ax2.set_ylim(bottom=0)
+    ax.set_title(_memory_totals(groups), fontsize=8, loc="left")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=9, loc="upper left")
+    set_title(fig, title or "Graph memory and capture time per budget")
+    return fig

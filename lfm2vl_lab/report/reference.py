@@ -1,0 +1,121 @@
+"""The reference set: one recorded GPU run that every figure, table and notebook number reads.
+
+``data/results/<gpu>/reference.json`` (the *manifest*) names, for each *role* the course needs
+(``bench-450m``, ``ttft``, ``check``, …), the result file of that run, the command that wrote it, and
+the code version the whole run came from: ``code_hash``, a content hash of the code that makes the
+numbers (:data:`~lfm2vl_lab.measure.results.CODE_PATHS`). Any commit's version of that code hashes the
+same way from git's own objects (:func:`code_hash_at`), so the code behind the numbers can be found
+again: it is the tree of the commit that added the manifest. ``python -m lfm2vl_lab record`` writes
+the run and its manifest (:mod:`lfm2vl_lab.measure.record`).
+
+Files of earlier runs stay in ``data/results/<gpu>/archive/`` as history; nothing the course shows
+reads them, except where a notebook shows "the first version" beside today's and says so
+(:func:`load_archived`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from ..measure.results import REPO_ROOT, RESULTS_ROOT, gpu_slug, hash_code_entries, is_code_path
+
+REFERENCE_GPU = "NVIDIA H200"
+MANIFEST = "reference.json"
+ARCHIVE = "archive"
+
+
+class ReferenceError(LookupError):
+    """The reference set is missing, or lacks the role asked for (the message says which and how to
+    record it)."""
+
+
+def manifest_path(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> Path:
+    """Where the manifest of ``gpu``'s reference set lives: ``<root>/<gpu-slug>/reference.json``."""
+    return Path(root) / gpu_slug(gpu) / MANIFEST
+
+
+def load_manifest(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict | None:
+    """The manifest of ``gpu``'s reference set, or None where there is none."""
+    path = manifest_path(gpu, root)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
+    """The roles the reference set holds, in the order they were recorded."""
+    man = load_manifest(gpu, root)
+    return list(man["files"]) if man else []
+
+
+def role_code_hash(man: dict, role: str) -> str | None:
+    """The code hash that recorded ``role``'s file: its manifest entry's own (a role beside the set,
+    such as ``vllm``), else the set's."""
+    entry = man.get("files", {}).get(role) or man.get("partial", {}).get(role) or {}
+    return entry.get("code_hash", man.get("code_hash"))
+
+
+def _read(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    data["_path"] = str(path)
+    return data
+
+
+def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool = True,
+         partial: bool = False) -> dict | None:
+    """The result file that plays ``role`` in ``gpu``'s reference set, with ``_path``, ``_role`` and
+    ``_code_hash`` (:func:`role_code_hash`).
+
+    ``required``: raise :class:`ReferenceError` (naming the roles there are) when the set or the role
+    is missing; otherwise return None. ``partial``: where the role is not recorded whole, its partial
+    file (a resumable step's, which the manifest lists under ``partial``), marked ``_partial``: for a
+    reader that says what the file still lacks."""
+    man = load_manifest(gpu, root)
+    entry = (man or {}).get("files", {}).get(role)
+    if entry is None and partial and role in (man or {}).get("partial", {}):
+        data = _read(manifest_path(gpu, root).parent / man["partial"][role]["file"])
+        data.update(_role=role, _partial=True, _code_hash=role_code_hash(man, role))
+        return data
+    if entry is None:
+        if not required:
+            return None
+        there = ", ".join(man["files"]) if man else "none: no " + str(manifest_path(gpu, root))
+        raise ReferenceError(f"the reference set of {gpu} has no {role!r} (roles recorded: {there}); "
+                             "`python -m lfm2vl_lab record` on that GPU records it")
+    data = _read(manifest_path(gpu, root).parent / entry["file"])
+    data.update(_role=role, _code_hash=role_code_hash(man, role))
+    return data
+
+
+def load_all(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict[str, dict]:
+    """Every file of the reference set, by role (empty where there is no set)."""
+    return {role: load(role, gpu, root) for role in roles(gpu, root)}
+
+
+def load_archived(name: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
+    """An earlier run's file from ``<root>/<gpu-slug>/archive/`` by its file name, for a notebook that
+    shows an earlier version beside today's (it must say so)."""
+    path = Path(root) / gpu_slug(gpu) / ARCHIVE / name
+    if not path.is_file():
+        raise ReferenceError(f"no archived result {name} in {path.parent}")
+    return _read(path)
+
+
+def files(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
+    """The file names of the reference set (what a figure or table built from it may cite)."""
+    man = load_manifest(gpu, root)
+    return [e["file"] for e in man["files"].values()] if man else []
+
+
+def code_hash_at(commit: str, repo: Path = REPO_ROOT) -> str:
+    """The code hash (:func:`~lfm2vl_lab.measure.results.code_hash`) of ``commit``'s tree, from git's
+    objects: what a result recorded from that commit's code carries."""
+    out = subprocess.run(["git", "ls-tree", "-r", commit, "--", "lfm2vl_lab", "data/presets"], cwd=repo,
+                         capture_output=True, text=True, check=True).stdout
+    entries = []
+    for line in out.splitlines():
+        meta, path = line.split("\t", 1)
+        _mode, kind, sha = meta.split()
+        if kind == "blob" and is_code_path(path):
+            entries.append((path, sha))
+    return hash_code_entries(entries)

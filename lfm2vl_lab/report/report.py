@@ -1,0 +1,226 @@
+"""``python -m lfm2vl_lab report``: the figures of the reference set, as PNGs.
+
+Every figure is drawn from ONE file of the reference set (:mod:`lfm2vl_lab.report.reference`), named
+with its date in the figure's title, and no rows of other files come in:
+
+* each ``bench-<preset>`` file (roles ``bench-450m``, ``bench-1.6b``): that preset's latency, speedup,
+  floor-share, timeline and graph-memory figures (the graph memory of its ``lab-graph`` rows, the
+  automatic budgets), and its padding-waste figure, which comes from the budget sweep
+  (``sweep-budgets``) where the reference set has one of that preset, else from the bench file;
+* ``e2e``, ``attention``: one figure each; ``ttft``: three (:mod:`lfm2vl_lab.report.plots_ttft`: the
+  phase breakdown at one 512 px request, TTFT and decode per token against requests).
+
+Figures are named ``<gpu-slug>-<preset>-<dtype>-<figure>.png`` and ``<gpu-slug>-<role>[-<part>].png``.
+A figure without data is skipped and the reason printed.
+
+Each PNG carries its source in a text chunk: the file(s) it is drawn from, their role(s) and the code
+hash the manifest gives them (:mod:`lfm2vl_lab.report.figure_source`); the docs site's figures page
+captions each figure from it. The PNGs hold no date or version, so a second ``report`` rewrites
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+from ..measure.results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, recorded_tag
+from . import reference
+from .figure_source import save_figure, source_of
+from .plots import (
+    NoData,
+    attention_figure,
+    count_nxs_workloads,
+    e2e_figure,
+    floor_share_figure,
+    graph_memory_figure,
+    latency_figure,
+    padding_waste_figure,
+    pick_rows,
+    speedup_figure,
+    timeline_figure,
+)
+from .plots_ttft import decode_figure, ttft_breakdown_figure, ttft_grid_figure
+from .plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
+from .tables import run_tables
+
+BENCH_PREFIX = "bench-"  # roles of the per-preset benchmark runs
+BUDGETS_ROLE = "sweep-budgets"  # the budget sweep: the padding-waste figure of its preset
+SPECIAL_ROLES = {  # roles with figures of their own: role -> {file suffix: (figure, short title)}
+    "e2e": {"": (e2e_figure, "Time to first token, transformers' image path vs the graphed encoder")},
+    "attention": {"": (attention_figure, "Attention per layer inside CUDA graphs")},
+    "ttft": {"breakdown": (ttft_breakdown_figure, "Time to first token phase by phase, 1x512 x1"),
+             "grid": (ttft_grid_figure, "Time to first token against requests"),
+             "decode": (decode_figure, "Decode per token against requests")},
+}
+# roles whose figures read the whole file rather than its rows: role -> {file suffix: (figure, short title)}
+WHOLE_FILE_ROLES = {
+    "vllm": {"cuts": (vllm_cuts_figure, "Encoder graphs inside vLLM and in the kit's pipeline: the cuts, paired"),
+             "breakdown": (vllm_breakdown_figure, "Where the first token's time goes, vLLM and the kit's pipeline")},
+}
+NO_TIMELINE = "no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)"
+
+
+def _timeline_pair(rows: list[dict]):
+    """The first workload (1x512 first) with an eager and a graphed row that both have a timeline:
+    transformers' eager path against the graphed encoder where the file has them."""
+    with_tl = [r for r in pick_rows(rows)
+               if r.get("timeline") and (r["timeline"].get("cpu") or r["timeline"].get("gpu"))]
+    for w in ["1x512"] + list(dict.fromkeys(r["workload"] for r in with_tl)):
+        eager = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-eager", "hf-eager")]
+        graph = [r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-graph", "lab-graph-fused", "compile")]
+        if eager and graph:
+            eager.sort(key=lambda r: r["mode"] != "hf-eager")  # transformers' eager path is the story's baseline
+            graph.sort(key=lambda r: ("lab-graph", "lab-graph-fused", "compile").index(r["mode"]))
+            return w, {f"{r['mode']} · {w}": r["timeline"] for r in (eager[0], graph[0])}
+    return None, None
+
+
+def capture_groups(rows: list[dict]) -> dict:
+    """``{label: capture_info}`` of one file's graph rows, one per (mode, budget set): the capture of
+    the row :func:`~lfm2vl_lab.report.plots.pick_rows` chooses first (every workload of a mode reuses
+    one capture). What :func:`~lfm2vl_lab.report.plots.graph_memory_figure` draws."""
+    out: dict = {}
+    for r in pick_rows(rows):
+        if r.get("capture_info"):
+            out.setdefault(f"{r['mode']}, budgets {r.get('budget_set', '?')}", r["capture_info"])
+    return out
+
+
+def _missing(reason: str):
+    raise NoData(reason)
+
+
+def _titled(short: str, what: str, res: dict) -> str:
+    """A title that names the run: ``short — what`` over ``recorded on <GPU> on <date> (<file>)``."""
+    return f"{short} — {what}\n{recorded_tag(res)}"
+
+
+def _bench_jobs(slug: str, res: dict, budgets: dict) -> list[tuple]:
+    """The figures of one preset's bench file ``res``; ``budgets``: the file of its padding-waste figure."""
+    rows, p = res["rows"], res["provenance"]
+    what = f"{p.get('preset')}, {p.get('dtype')}"
+    tl_workload, tls = _timeline_pair(rows)
+    waste = "Padding waste per budget set, stream of mixed requests (budget sweep)" if budgets is not res else \
+        "Padding waste per workload (graph rows of the bench file)"
+    plans = {
+        "latency": (lambda: latency_figure(rows, _titled("Encoder latency per mode (whisker: p90)", what, res)), res),
+        "speedup": (lambda: speedup_figure(rows, title=_titled("Speedup over hf-eager vs images per call", what, res))
+                    if count_nxs_workloads(rows) >= 2
+                    else _missing("needs at least two NxS workloads (e.g. --workload 1..16x512)"), res),
+        "floor-share": (lambda: floor_share_figure(rows, _titled("Share of each call at the GPU-busy floor", what,
+                                                                 res)), res),
+        "timeline": (lambda: timeline_figure(tls, _titled(f"One call ({tl_workload}): CPU launch calls vs GPU kernels",
+                                                          what, res)) if tls else _missing(NO_TIMELINE), res),
+        "padding-waste": (lambda: padding_waste_figure(budgets["rows"], _titled(waste, what, budgets)), budgets),
+        "graph-memory": (lambda: graph_memory_figure(capture_groups(rows), _titled(
+            "Graph memory and capture time per budget (lab-graph rows of the bench file)", what, res)), res),
+    }
+    return [(f"{slug}-{p.get('preset')}-{p.get('dtype')}-{kind}", draw, [src]) for kind, (draw, src) in plans.items()]
+
+
+def _same_preset(a: dict, b: dict | None) -> bool:
+    return b is not None and a["provenance"].get("preset") is not None and \
+        a["provenance"].get("preset") == b["provenance"].get("preset")
+
+
+def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
+    """Every figure :func:`report` may draw from one reference set (``{role: file}``, as
+    :func:`lfm2vl_lab.report.reference.load_all` gives it) of the GPU ``slug``, as ``(file stem, a
+    function drawing it, [the one file it is drawn from])``. Drawing raises :class:`NoData` when the
+    file holds nothing for that figure. The docs site's figures page reads the third item."""
+    jobs = []
+    for role, res in files.items():
+        if role.startswith(BENCH_PREFIX) and res.get("rows"):
+            budgets = files.get(BUDGETS_ROLE) if _same_preset(res, files.get(BUDGETS_ROLE)) else res
+            jobs += _bench_jobs(slug, res, budgets)
+        for suffix, (make_fig, short) in SPECIAL_ROLES.get(role, {}).items():
+            stem = f"{slug}-{role}" + (f"-{suffix}" if suffix else "")
+            title = f"{short} — {res['provenance'].get('dtype')}\n{recorded_tag(res)}"
+            jobs.append((stem, partial(make_fig, res.get("rows") or [], title=title), [res]))
+        for suffix, (make_fig, short) in WHOLE_FILE_ROLES.get(role, {}).items():
+            prov = res["provenance"]
+            held = f" (partial: {', '.join(res.get('presets', {}))} so far)" if res.get("_partial") else ""
+            title = f"{short} — vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}\n{recorded_tag(res)}"
+            jobs.append((f"{slug}-{role}-{suffix}", partial(make_fig, res, title=title), [res]))
+    return jobs
+
+
+def reference_sets(root=RESULTS_ROOT, say=print) -> dict[str, dict[str, dict]]:
+    """Per GPU slug, the reference set under ``root`` (``<root>/<gpu>/reference.json``) as ``{role:
+    file}``; a role whose file cannot be read is left out, and ``say`` names it."""
+    out = {}
+    for man in sorted(Path(root).glob(f"*/{reference.MANIFEST}")):
+        gpu = json.loads(man.read_text()).get("gpu", man.parent.name)
+        files = {}
+        partial = [r for r in json.loads(man.read_text()).get("partial", {}) if r in WHOLE_FILE_ROLES]
+        for role in [*reference.roles(gpu, root), *partial]:  # a resumable role's partial file, labelled
+            try:
+                files[role] = reference.load(role, gpu, root, partial=role in partial)
+            except (OSError, ValueError) as exc:
+                say(f"skip role {role} of {man}: {type(exc).__name__}: {exc}")
+        out[gpu_slug(gpu)] = files
+    return out
+
+
+def _save(fig, path: Path, files: list[dict], written: list[Path], say) -> None:
+    """Save one figure with its source files in the PNG (:mod:`lfm2vl_lab.report.figure_source`); a
+    file already there with the same content is kept, bytes and all."""
+    changed = save_figure(fig, path, [source_of(res) for res in files])
+    written.append(path)
+    say(f"{'wrote' if changed else 'unchanged'} {path}")
+
+
+def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Path]:
+    """Draw every figure of the reference set(s) under ``root`` (one per GPU: ``<root>/<gpu>/
+    reference.json``) into ``out``, each from one file (:func:`figure_jobs`). Files beside the
+    manifests and in ``archive/`` are not read. A figure without data is skipped and the reason
+    printed. Each PNG names its source file(s) (:func:`~lfm2vl_lab.report.figure_source.save_figure`),
+    and one whose content is what is there already is left untouched. Returns the figures' paths."""
+    say = print if verbose else (lambda *a, **k: None)
+    sets = reference_sets(root, say)
+    if not sets:
+        say(f"report: no reference set under {root} (no */{reference.MANIFEST}; "
+            "`python -m lfm2vl_lab record` on a GPU records one)")
+        return []
+    out = Path(out)  # made by the first figure saved
+    written: list[Path] = []
+    for slug, files in sets.items():
+        for stem, make, sources in figure_jobs(files, slug):
+            try:
+                fig = make()
+            except NoData as exc:
+                say(f"skip {stem}: {exc}")
+                continue
+            _save(fig, out / f"{stem}.png", sources, written, say)
+    return written
+
+
+def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
+    """After ``record``: redraw what is derived from the set (the figures, the docs' generated tables,
+    the goals page) when the call changed a role (``before``: the manifest's files as they were) or the
+    set is complete. Only when the run wrote into the repo's results folder (``repo_root``; the figures
+    go to the ``figures/`` beside it): files recorded elsewhere (``--out``, a lent machine's output) are
+    derived once they are in the repo (``record --take`` does it then)."""
+    from types import SimpleNamespace
+
+    from . import tables  # through the module: a test stands in for its run_tables
+
+    changed = json.dumps([man["files"], man.get("partial")]) != before
+    if not (changed or man.get("complete")) or Path(out).resolve() != Path(repo_root).resolve():
+        return
+    figures = Path(repo_root).parent / "figures"
+    try:  # the recorded files and the manifest stand whatever happens here: `report` can redo this
+        tables.run_tables(SimpleNamespace(root=str(out), tables_only=False, check=False))
+        say(f"figures: {len(report(out, figures, verbose=False))} drawn from the set into {figures}")
+    except Exception as exc:
+        say(f"figures and tables: not redrawn ({type(exc).__name__}: {exc}); `python -m lfm2vl_lab report` redoes it")
+
+
+def run_report_cli(args) -> int:
+    """Draw every figure of the reference set, and rewrite the docs' tables from it."""
+    tables = run_tables(args)  # from the reference set under --root (report/tables.py)
+    if args.tables_only or args.check:
+        return tables
+    return (0 if report(args.root, args.out) else 1) or tables

@@ -1,0 +1,136 @@
+"""The docs site's figures page (``make docs``): every committed figure of a GPU, with the provenance
+of the reference-set file it is drawn from, written at build time from ``data/results/`` (no number on
+the page is typed by hand).
+
+Which file a figure comes from is what the figure itself says: the ``Source`` text chunk that
+``python -m lfm2vl_lab report`` writes into each PNG (:mod:`lfm2vl_lab.report.figure_source`), checked
+against the GPU's reference set (:mod:`lfm2vl_lab.report.reference`). A committed figure that the set
+does not explain is an error, for the page would otherwise show a figure without its source: one
+``report`` does not draw (:func:`lfm2vl_lab.report.report.figure_jobs`), one that names no source, and
+one drawn from a file that is no longer the set's for its role, or under another code hash.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from ..measure.results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, shown_command
+from . import reference
+from .figure_source import NoSource, read_sources
+from .report import figure_jobs, reference_sets
+
+REPO_ROOT = RESULTS_ROOT.parents[1]
+# (label, provenance key): what the page shows of each source file, besides its name and command.
+PROVENANCE_FIELDS = (("GPU", "gpu"), ("torch", "torch"), ("transformers", "transformers"), ("preset", "preset"),
+                      ("dtype", "dtype"), ("date", "date"))
+
+
+class UnexplainedFigure(ValueError):
+    """A committed figure that no recorded result file would draw, or whose PNG names a source that
+    is not the reference set's."""
+
+
+def _stale(png: Path, src: dict, drawn: dict[str, dict]) -> str | None:
+    """Why one ``Source`` entry of ``png`` is not the set's current file for its role (None: it is)."""
+    res = drawn.get(src.get("role"))
+    if res is None:
+        return f"{png.name} is drawn from {src['file']} as role {src.get('role')!r}, which the set does not hold"
+    if Path(res["_path"]).name != src["file"]:
+        return f"{png.name} is drawn from {src['file']}, and the set's {src['role']!r} is {Path(res['_path']).name}"
+    if res.get("_code_hash") != src.get("code_hash"):
+        return f"{png.name} names code {src.get('code_hash')} for {src['file']}, the set {res.get('_code_hash')}"
+    return None
+
+
+def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_ROOT) -> list[tuple[Path, list[dict]]]:
+    """Each ``<figures>/<gpu-slug>-*.png`` (sorted by name) with the reference-set files its PNG names
+    as its source (loaded by :func:`lfm2vl_lab.report.reference.load`: with ``_path`` and ``_role``).
+
+    Raises :class:`UnexplainedFigure` naming every figure that the reference set under ``root`` does
+    not draw, or whose source is not the set's (see the module); or
+    :class:`~lfm2vl_lab.report.reference.ReferenceError` where there is no set.
+    """
+    slug = gpu_slug(gpu)
+    if reference.load_manifest(gpu, root) is None:
+        raise reference.ReferenceError(f"no reference set of {gpu}: no {reference.manifest_path(gpu, root)}")
+    drawn = reference_sets(root, say=lambda *_: None).get(slug, {})  # what `report` draws, partial roles too
+    stems = {stem for stem, _draw, _files in figure_jobs(drawn, slug)}
+    pngs = sorted(Path(figures).glob(f"{slug}-*.png"))
+    unexplained = [p.name for p in pngs if p.stem not in stems]
+    if unexplained:
+        raise UnexplainedFigure(f"the reference set under {root} draws none of {', '.join(unexplained)} "
+                                f"(`python -m lfm2vl_lab report` redraws the figures it explains)")
+    out, stale = [], []
+    for png in pngs:
+        try:
+            named = read_sources(png)
+        except NoSource as exc:
+            stale.append(str(exc))
+            continue
+        why = [w for w in (_stale(png, src, drawn) for src in named) if w]
+        stale += why
+        out.append((png, [drawn[src["role"]] for src in named] if not why else []))
+    if stale:
+        raise UnexplainedFigure("; ".join(stale) + " (`python -m lfm2vl_lab report` redraws them from the set)")
+    return out
+
+
+def provenance_list(files: list[dict], link: Callable[[Path], str]) -> str:
+    """Markdown: one item per file: its name (linked), its role in the reference set, GPU, versions,
+    preset, dtype, date and code hash, then the command that made it (without ``--out``, see
+    :func:`~lfm2vl_lab.measure.results.shown_command`)."""
+    items = []
+    for res in files:
+        p, path = res["provenance"], Path(res["_path"])
+        facts = " · ".join(f"{label} {p[key]}" for label, key in PROVENANCE_FIELDS if p.get(key) not in (None, ""))
+        if res.get("_code_hash"):  # the code version the manifest names for the role (the figure names it too)
+            facts += f" · code `{res['_code_hash'].removeprefix('sha256:')[:12]}`"
+        command = shown_command(p.get("command"))
+        role = f" (reference set: `{res['_role']}`)" if res.get("_role") else ""
+        items.append(f"- [`{path.name}`]({link(path)}){role}: {facts}  \n"
+                     + (f"  `{command}`" if command else "  no command recorded"))
+    return "\n".join(items)
+
+
+def _group_heading(pngs: list[Path]) -> str:
+    """``nvidia-h200-ttft: breakdown, decode, grid`` for figures sharing a prefix; one figure: its stem."""
+    stems = [p.stem for p in pngs]
+    if len(stems) == 1:
+        return stems[0]
+    prefix = os.path.commonprefix(stems)
+    prefix = prefix[:prefix.rfind("-") + 1] if not prefix.endswith("-") else prefix
+    return f"{prefix.rstrip('-')}: " + ", ".join(s[len(prefix):] for s in stems)
+
+
+def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200",
+                 link: Callable[[Path], str] | None = None) -> str:
+    """The figures page as Markdown, from :func:`figure_sources`' answer: figures drawn from the same
+    files share a section, which lists those files' provenance. ``link(path)`` is the page's
+    link to a figure or result file (default: its path from the repository root, where the docs site
+    puts it)."""
+    link = link or (lambda path: Path(path).resolve().relative_to(REPO_ROOT).as_posix())
+    groups: dict[tuple, tuple[list[dict], list[Path]]] = {}
+    for png, files in sources:
+        groups.setdefault(tuple(r["_path"] for r in files), (files, []))[1].append(png)
+    out = [f"# Figures and their sources ({gpu})", "",
+           f"Every `{gpu_slug(gpu)}-*.png` in `data/figures/`, as `python -m lfm2vl_lab report` drew it from the "
+           "reference set, under the file it is drawn from: the file the PNG itself names (its `Source` text "
+           "chunk, with the file's role and code hash). The lists are generated from those files when the site is "
+           "built.", ""]
+    for files, pngs in groups.values():
+        out += [f"## {_group_heading(pngs)}", "", "Drawn from:", "", provenance_list(files, link), ""]
+        for png in pngs:  # a section of one figure is headed by its name already
+            out += ([f"### {png.stem}", ""] if len(pngs) > 1 else []) + \
+                [f"[![{png.stem}]({link(png)})]({link(png)})", ""]
+    return "\n".join(out)
+
+
+def linked_files(sources: list[tuple[Path, list[dict]]]) -> list[Path]:
+    """The figures and result files :func:`figures_page` links to (the site must carry them)."""
+    out: dict[str, Path] = {}
+    for png, files in sources:
+        out[str(png)] = png
+        out.update({r["_path"]: Path(r["_path"]) for r in files})
+    return list(out.values())

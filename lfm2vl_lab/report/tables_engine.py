@@ -1,0 +1,344 @@
+"""Generated parts about time to first token (:mod:`lfm2vl_lab.report.tables` draws them into the pages):
+the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; TTFT inside
+``generate`` (``e2e``); and the PR's claim set beside both, like for like."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..measure.e2e import DECODE_DRIFT_WARN
+from ..measure.ttft import mode_name
+from .frames import md
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
+from .refs import Refs, ms, need, pct, preset_label, span, table, times
+from .ttft_findings import e2e_cuts, encoder_cuts
+from .ttft_summary import PR_CLAIM, case_disturbed, claim_verdict, drift_beyond, text_graph_cuts
+from .ttft_summary import drift_fails as disturbed  # the decode control, stated once
+from .ttft_summary import ttft_cases as cases
+
+BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
+
+
+def mode_label(mode: str) -> str:
+    """``text-graphed+encoder-eager`` → ``text graphed, encoder eager`` (both graphed in bold)."""
+    if mode == BOTH_GRAPHED:
+        return "**both graphed**"
+    text, enc = mode.removeprefix("text-").split("+encoder-")
+    return f"text {text}, encoder {enc}"
+
+
+CASE = ["preset", "image", "requests"]
+
+
+def ttft_frame(res: dict) -> pd.DataFrame:
+    """The TTFT grid's rows (:func:`~lfm2vl_lab.report.plots_ttft.ttft_rows`: one per case and mode) as a frame."""
+    return need(pd.json_normalize(ttft_rows(res["rows"])), *CASE, "mode", "ttft_ms", "decode_ms_per_token",
+                "encoder_graph_cut", "decode_drift")
+
+
+def per_case(df, value: str) -> pd.DataFrame:
+    """``value`` per case (rows, in recorded order) and TTFT mode (columns)."""
+    order = pd.MultiIndex.from_frame(df[CASE].drop_duplicates())
+    return df.pivot(index=CASE, columns="mode", values=value).reindex(index=order, columns=list(TTFT_MODES))
+
+
+def _cut(cut, drift) -> str | None:
+    """The encoder graphs' cut, and its decode drift where that fails the decode control."""
+    return pct(cut) and pct(cut) + (f" (drift {pct(drift, 0, sign=True)})" if drift_beyond(drift) else "")
+
+
+def _arrow(a: pd.Series, b: pd.Series) -> pd.Series:
+    return (a.map(ms, na_action="ignore") + " → " + b.map(ms, na_action="ignore")).astype(object)
+
+
+def ttft_modes_block(refs: Refs) -> str:
+    """One 512 px request per preset: TTFT in the four modes, decode per token both eager → both graphed."""
+    res, df = refs("ttft"), ttft_frame(refs("ttft"))
+    one = df[(df.image == "1x512") & (df.requests == 1)]
+    ttft, dec = per_case(one, "ttft_ms"), per_case(one, "decode_ms_per_token")
+    out = pd.DataFrame({"preset": [preset_label(p) for p, *_ in ttft.index]})
+    out[[mode_label(m) for m in TTFT_MODES]] = ttft.map(ms).assign(
+        **{BOTH_GRAPHED: "**" + ttft[BOTH_GRAPHED].map(ms, na_action="ignore") + "**"}).values
+    out["decode ms/token, both eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
+    parity = [m for p in res.get("parity") or [] for m in p["modes"].values()]
+    note = (f"TTFT ms (median of {res['rows'][0].get('repeats')} paired rounds), processor excluded. Parity: "
+            f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass "
+            "(tokens against `generate`, first-token logits against a float32 copy; docs/results.md lists them).")
+    return "\n\n".join([md(out), note, refs.source("ttft")])
+
+
+def ttft_phases_block(refs: Refs) -> str:
+    """The phases of one 512 px request, every mode of every preset."""
+    df = ttft_frame(refs("ttft"))
+    one = df[(df.image == "1x512") & (df.requests == 1)]
+    one = one.sort_values("mode", key=lambda m: m.map(TTFT_MODES.index), kind="stable").sort_values(
+        "preset", key=lambda p: p.map(list(dict.fromkeys(df.preset)).index), kind="stable")
+    out = pd.DataFrame({"preset": one.preset.map(preset_label), "mode": one["mode"].map(mode_label),
+                        "TTFT": "**" + one.ttft_ms.map(ms) + "**"})
+    for p in TTFT_PHASES:
+        out[p] = need(one, f"phases_ms.{p}")[f"phases_ms.{p}"].map(ms)
+    out["decode ms/token"] = one.decode_ms_per_token.map(ms)
+    return "\n\n".join(["Median ms of one 512 px request.", md(out), refs.source("ttft")])
+
+
+def ttft_profile_block(refs: Refs) -> str:
+    """One profiled request per preset and mode: kernels, launch calls, graph launches, busy share."""
+    res = refs("ttft")
+    rows = []
+    for p in res.get("profile") or []:
+        for m in TTFT_MODES:
+            r = p.get(m)
+            if r:
+                rows.append([preset_label(p["preset"]), mode_label(m), f"{r['kernels']:.0f}",
+                             f"{r['launch_calls']:.0f}", f"{r['graph_launches']:.0f}", ms(r["gpu_busy_ms"]),
+                             ms(r["wall_ms"]), pct(r.get("busy_share"), 0)])
+    head = ["preset", "mode", "kernels", "launch calls", "graph launches", "GPU-busy ms", "wall ms", "busy"]
+    return "\n\n".join(["One profiled request (512 px, processor excluded), the mean of "
+                        f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows),
+                        refs.source("ttft")])
+
+
+def ttft_grid_block(refs: Refs) -> str:
+    """Every case of the grid: TTFT all eager and both graphed, the encoder graphs' paired cut at each
+    text mode (decode drift past the warning line marked), decode per token."""
+    df = ttft_frame(refs("ttft"))
+    ttft, dec = per_case(df, "ttft_ms"), per_case(df, "decode_ms_per_token")
+    cut, drift = per_case(df, "encoder_graph_cut"), per_case(df, "decode_drift")
+    out = ttft.index.to_frame(index=False).assign(preset=lambda d: d.preset.map(preset_label))
+    out.columns = ["preset", "image", "requests"]
+    out["TTFT all eager"], out["TTFT both graphed"] = ttft[BOTH_EAGER].map(ms).values, ttft[BOTH_GRAPHED].map(ms).values
+    for m, text in ((mode_name("eager", "graphed"), "eager"), (BOTH_GRAPHED, "graphed")):
+        out[f"encoder graphs' cut, text {text}"] = [_cut(c, d) for c, d in zip(cut[m], drift[m])]
+    out["decode ms/token, all eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
+    note = (f"\"drift\" marks a cut where decode, which never runs the encoder, moved by more than "
+            f"{pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes: there the cut is not the encoder's alone.")
+    return "\n\n".join([md(out), note, refs.source("ttft")])
+
+
+def decode_ratio_block(refs: Refs) -> str:
+    """Decode per token all eager / both graphed over the grid's cases whose decode control holds, with
+    the cases at either end; the cases it fails in are left out and shown the same way."""
+    rows = refs("ttft")["rows"]
+    ratios, off = [], []
+    for c in cases(rows):
+        by = ttft_case(rows, *c)
+        if BOTH_EAGER in by and BOTH_GRAPHED in by:
+            e, g = by[BOTH_EAGER]["decode_ms_per_token"], by[BOTH_GRAPHED]["decode_ms_per_token"]
+            (off if case_disturbed(rows, *c) else ratios).append((e / g, c, e, g))
+
+    def where(c):
+        return f"{preset_label(c[0])} {c[1]} ×{c[2]}"
+    if not ratios:
+        return f"No case of the grid passes the decode control ({len(off)} fail it)."
+    lo, hi = min(ratios), max(ratios)
+    out = (f"Decode per token is {times(lo[0])} ({where(lo[1])}) to {times(hi[0])} ({where(hi[1])}) faster with "
+           f"both graphed than all eager, over the {len(ratios)} cases whose decode control holds: "
+           f"{span([r[3] for r in ratios])} ms per token graphed against {span([r[2] for r in ratios])} ms eager.")
+    if off:  # what the decode control leaves out, shown as the kept cases are
+        out += (f" Left out, their decode control failing: {len(off)} case{'s' * (len(off) > 1)} of "
+                f"{span([r[0] for r in off], times)} ("
+                + ", ".join(where(r[1]) for r in off) + ").")
+    return out
+
+
+def text_cuts_block(refs: Refs) -> str:
+    """What graphing the text model cuts from TTFT (encoder graphed), by the batch's prompt tokens."""
+    rows = refs("ttft")["rows"]
+    out = []
+    for preset in dict.fromkeys(c[0] for c in cases(rows)):
+        for c in text_graph_cuts(rows, preset):
+            out.append([preset_label(preset), c["image"], c["requests"], c["prompt_tokens"], ms(c["eager_ms"]),
+                        ms(c["graphed_ms"]), pct(c["cut"])])
+    head = ["preset", "image", "requests", "prompt tokens", "TTFT, text eager", "TTFT, text graphed", "cut (paired)"]
+    return "\n\n".join(["The encoder graphed in both columns; sorted by the batch's prompt tokens.",
+                        table(head, out), refs.source("ttft")])
+
+
+def engine_setup_block(refs: Refs) -> str:
+    """What the text engine captured per preset, and whether any timed call fell back to eager."""
+    parts = []
+    for s in refs("ttft").get("setup") or []:
+        cap, stats = s["engine_capture"], s.get("engine_stats") or {}
+        fused = (f"fused (inductor-compiled layers, {ms(cap['compile_s'])} s compiling first)"
+                 if s.get("engine_fused") else "unfused")
+        parts.append(f"{preset_label(s['preset'])}: {fused}, {len(cap['captured'])} graphs (prefill, sample and decode "
+                     f"shapes) captured in {ms(cap['capture_s'])} s, a hybrid cache of {cap['cache_mib']:.0f} MiB, "
+                     f"{sum((stats.get('eager') or {}).values())} eager fallbacks in the timed calls")
+    return "The text engine's graphs: " + "; ".join(parts) + " (`setup` in the file)."
+
+
+def e2e_block(refs: Refs) -> str:
+    """TTFT inside ``generate``: transformers' image path against the graphed encoder installed."""
+    res = refs("e2e")
+    rows = []
+    keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in res["rows"]))
+    for k in keys:
+        by = {r["mode"]: r for r in res["rows"] if (r["preset"], r["image"], r["requests"]) == k}
+        hf, g = by.get("hf-eager"), by.get("lab-graph")
+        if not (hf and g):
+            continue
+        drift = pct(g.get("decode_drift"), 0, sign=True) + (" (disturbed)" if disturbed(g) else "")
+        rows.append([preset_label(k[0]), k[1], k[2], ms(hf["ttft_ms"]), ms(g["ttft_ms"]),
+                     pct(-g["ttft_reduction"], sign=True), pct(-g["ttft_reduction_paired"], sign=True),
+                     f"{ms(hf['encoder_ms'])} → {ms(g['encoder_ms'])}", drift])
+    head = ["preset", "image", "requests", "TTFT transformers", "TTFT graphed encoder", "change (medians)",
+            "change (paired)", "encoder ms", "decode drift"]
+    note = (f"Median ms of {res['rows'][0].get('repeats')} rounds, the two modes in alternating turns. \"disturbed\": "
+            f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
+    return "\n\n".join([table(head, rows), note, refs.source("e2e")])
+
+
+def e2e_profile_block(refs: Refs) -> str:
+    """One profiled TTFT call inside ``generate``, split into the encoder and the text model."""
+    rows = []
+    for p in refs("e2e").get("ttft_profile") or []:
+        for mode in ("hf-eager", "lab-graph"):
+            for part in ("encoder", "text"):
+                r = (p.get(mode) or {}).get(part)
+                if r:
+                    rows.append([preset_label(p["preset"]), mode, part, f"{r['kernels']:.0f}",
+                                 f"{r['launch_calls']:.0f}", ms(r["gpu_busy_ms"]), ms(r["wall_ms"]),
+                                 pct(r["gpu_busy_ms"] / r["wall_ms"], 0)])
+    head = ["preset", "mode", "part", "kernels", "launch calls", "GPU-busy ms", "wall ms", "busy"]
+    return "\n\n".join([table(head, rows), refs.source("e2e")])
+
+
+def _range(cuts: list[tuple]) -> str:
+    n = len(cuts)
+    return f"{span([c[0] for c in cuts], pct)} over {n} case{'s' if n != 1 else ''}" if cuts else "no undisturbed case"
+
+
+def _claim_line(what: str, cuts: list[tuple]) -> str:
+    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
+    their range, j of them within it (named)`` from ``(cut, (preset, image, requests), disturbed)`` tuples.
+    What the decode control leaves out is shown as the kept cases are, so a reader sees what it removed."""
+    lo, hi = PR_CLAIM
+
+    def within(xs):
+        return sum(claim_verdict(c[0]) == "within" for c in xs)
+
+    kept, off = [c for c in cuts if not c[2]], [c for c in cuts if c[2]]
+    line = f"- {what}: {_range(kept)}, {within(kept)} of them within {pct(lo, 0)}–{pct(hi, 0)}"
+    if off:
+        line += (f"; left out for decode drift: {_range(off)}, {within(off)} of them within "
+                 f"{pct(lo, 0)}–{pct(hi, 0)} (" + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
+                 + ")")
+    return line + "."
+
+
+def pr_claim_block(refs: Refs) -> str:
+    """The encoder graphs' TTFT cut beside the PR's claimed range: text graphed (as in vLLM), text eager,
+    and inside ``generate``; cases with decode drift are left out of the ranges and named."""
+    def marked(cuts: list[dict]) -> list[tuple]:  # (cut, case, whether its decode control fails)
+        return [(c["cut"], c["case"], drift_beyond(c["drift"])) for c in cuts]
+
+    rows = refs("ttft")["rows"]
+    per_text = {t: marked(encoder_cuts(rows, t)) for t in ("graphed", "eager")}
+    first = [x for x in per_text["graphed"] if x[1][1:] == ("1x512", 1)]
+    lines = ["- Text model graphed, one 512 px request: " + ", ".join(
+        f"**{pct(x[0])}** on {preset_label(x[1][0])} ({claim_verdict(x[0])} the PR's range)" for x in first) + "."]
+    lines.append(_claim_line("Text model graphed, the other cases", [x for x in per_text["graphed"] if x not in first]))
+    lines.append(_claim_line("Text model eager, every case", per_text["eager"]))
+    lines.append(_claim_line("Inside `generate` (paired)", marked(e2e_cuts(refs("e2e")["rows"]))))
+    return "\n".join(lines) + "\n\n" + refs.source("ttft", "e2e")
+
+
+def image_path_block(refs: Refs) -> str:
+    """``encode()`` fed the processor's CPU output against GPU-resident input, and the staging split."""
+    ip = refs("ttft").get("image_path") or []
+    split = {(r.get("preset"), r["workload"]): r for r in ip if r["kind"] == "staging_split"}
+    rows = []
+    for r in (r for r in ip if r["kind"] == "encode_sources"):
+        s = split.get((r.get("preset"), r["workload"]), {})
+        rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
+                     times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
+                     ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3),
+                     None if s.get("upload_gb_s") is None else f"{s['upload_gb_s']:.1f}",
+                     "yes" if r.get("outputs_equal") else "**no**", (r.get("staging") or {}).get("host_waits")])
+    head = ["preset", "workload", "from GPU input ms", "from CPU output ms", "ratio", "ratio, padded float32",
+            "ratio, chunked upload", "host gather ms", "upload ms", "upload GB/s", "outputs equal", "host waits"]
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
+
+
+def processor_block(refs: Refs) -> str:
+    """The image processor on the CPU against the same on the GPU (``device="cuda"``)."""
+    ip = refs("ttft").get("image_path") or []
+    par = {(r.get("preset"), r["workload"]): r for r in ip if r["kind"] == "processor_parity"}
+    rows = []
+    for r in (r for r in ip if r["kind"] == "processor_time"):
+        p = par.get((r.get("preset"), r["workload"]), {})
+        levels = p.get("max_diff_levels")
+        rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["cpu_ms_median"]),
+                     ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
+    head = ["preset", "workload", "CPU processor ms", "GPU processor ms", "CPU / GPU",
+            "largest difference (uint8 levels)"]
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
+
+
+def ttft_parity_block(refs: Refs) -> str:
+    """Every mode's tokens against ``generate`` and first-token logits against float32, per parity case."""
+    rows = []
+    for p in refs("ttft").get("parity") or []:
+        margin = min(p.get("fp32_top2_margin") or [float("nan")])
+        for m, r in p["modes"].items():
+            rows.append([preset_label(p["preset"]), f"{p['image']} ×{p['requests']}", f"{margin:.3g}", mode_label(m),
+                         f"{r['rel_err_vs_fp32']:.2e} ({r['hf_rel_err_vs_fp32']:.2e})",
+                         "yes" if r["same_first_token"] else "**no**", "yes" if r["first_token_as_fp32"] else "**no**",
+                         f"{r['matching_tokens']} of {p['new_tokens']}", "yes" if r["ok"] else "**no**"])
+    head = ["preset", "case", "float32 top-2 margin", "mode", "logits vs float32 (transformers' bf16)",
+            "first token as `generate`", "first token as float32", "tokens as `generate`", "passes"]
+    return "\n\n".join([table(head, rows), refs.source("ttft")])
+
+
+PEER_LABELS = {"generate": "transformers' `generate`", "hf-static-compile": "`generate`, static cache + compile",
+               "compile-ro": "`torch.compile(mode=\"reduce-overhead\")`", "engine": "`TextEngine`",
+               "engine-fused": "`TextEngine(fuse=True)`"}
+
+
+def engine_peers_block(refs: Refs) -> str:
+    """The text model's peers on one prompt: prefill + sample, decode per token, the first call's
+    cost, the kernels of one decode step, tokens against ``generate``'s."""
+    res = refs("engine")
+    rows = []
+    for r in res["rows"]:
+        if r["requests"] != 1:
+            continue
+        label = PEER_LABELS.get(r["mode"], r["mode"])
+        if "error" in r:
+            rows.append([preset_label(r["preset"]), label] + ["–"] * 5 + [f"not run: {r['error'][:80]}"])
+            continue
+        first = r["first_call"]
+        cost = (f"{first['compile_s']:.1f} s compile + {first['capture_s']:.2f} s capture" if first.get("capture_s")
+                is not None else f"{first['first_call_s']:.1f} s")
+        step = ((res.get("profile") or {}).get(r["preset"]) or {}).get(r["mode"], {}).get("decode_step") or {}
+        rows.append([preset_label(r["preset"]), label, ms(r["prefill_sample_ms"]), ms(r["decode_ms_per_token"], 3),
+                     cost, f"{step['kernels']:.0f}" if step else "–", f"{r['matching_tokens']} of 16",
+                     f"{r['rel_err_vs_fp32']:.1e}"])
+    head = ["preset", "mode", "prefill + sample ms", "decode ms/token", "first call", "kernels per decode step",
+            "tokens as `generate`", "logits vs float32"]
+    floors = "; ".join(f"{preset_label(s['preset'])} {f['floor_ms']:.3f} ms ({f['param_bytes'] / 1e9:.3f} GB at "
+                       f"{f['bandwidth_B_per_s'] / 1e12:.1f} TB/s)" for s in res["setup"] for f in [s["floor"]])
+    eight = [f"{PEER_LABELS.get(r['mode'], r['mode'])} {ms(r['decode_ms_per_step'])} ms per step" for r in res["rows"]
+             if r["requests"] > 1 and "error" not in r]
+    note = (f"bf16, one request ({res['setup'][0]['prompt_len']} positions), median ms of "
+            f"{res['rows'][0].get('repeats')} rounds, every mode in alternating turns. The weights' floor per decode "
+            f"step: {floors}. Eight requests: {', '.join(eight)}.")
+    return "\n\n".join([table(head, rows), note, refs.source("engine")])
+
+
+BLOCKS = {
+    "engine-peers": engine_peers_block,
+    "ttft-modes": ttft_modes_block,
+    "ttft-phases": ttft_phases_block,
+    "ttft-profile": ttft_profile_block,
+    "ttft-grid": ttft_grid_block,
+    "ttft-decode": decode_ratio_block,
+    "ttft-text-cuts": text_cuts_block,
+    "ttft-engine": engine_setup_block,
+    "ttft-parity": ttft_parity_block,
+    "image-path": image_path_block,
+    "processor": processor_block,
+    "e2e": e2e_block,
+    "e2e-profile": e2e_profile_block,
+    "pr-claim": pr_claim_block,
+}

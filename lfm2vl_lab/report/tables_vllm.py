@@ -1,0 +1,258 @@
+"""The generated parts of the pages that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline.
+
+* ``vllm-ttft`` and ``vllm-requests``: per preset and case, vLLM with encoder graphs off and the two
+  graphed engines' paired cuts with their 95% intervals, and the kit's pipeline on the same weights
+  and images beside them.
+* ``vllm-claim``: the PR's claim judged from vLLM's own measurement, then from the kit's pipeline.
+* ``vllm-breakdown``: where one request's first token goes in vLLM and in the kit's pipeline.
+* ``vllm-engines``: start-up, encoder capture and graph hits per engine, and parity on shared weights.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
+from .frames import frame, md
+from .refs import Refs, missing, ms, need, preset_label, table
+from .ttft_summary import PR_CLAIM
+from .vllm_report import find as _row
+
+ROLE = "vllm"
+
+
+def _missing(refs: Refs) -> str | None:
+    if not refs.has(ROLE, partial=True):
+        return (f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` on the H200 records role "
+                f"`{ROLE}`._")
+    refs(ROLE, partial=True)  # read once, partial or whole: every part below reads it from the cache
+    return None
+
+
+def still_to_record(res: dict) -> list[str]:
+    """The presets the run was asked for that the file does not hold yet (a partial file's)."""
+    asked = [p for p in str(res["provenance"].get("preset", "")).split(",") if p]
+    return [p for p in asked if p not in res["presets"]]
+
+
+def partial_note(res: dict) -> str:
+    """A sentence for a partial file: what it holds and what is still to record; empty when whole."""
+    left = still_to_record(res)
+    if not left:
+        return ""
+    return (f" **Partial:** this file holds {', '.join(preset_label(p) for p in presets(res))} so far; "
+            f"{', '.join(preset_label(p) for p in left)} still to record (`record --part vllm` resumes it).")
+
+
+
+def cut(c: dict | None) -> str | None:
+    """A paired cut with its interval, as a saving: ``37.2% (33.0–40.1)``."""
+    if not c:
+        return None
+    return f"{100 * c['cut']:.1f}% ({100 * c['ci'][0]:.1f} to {100 * c['ci'][1]:.1f})"
+
+
+def presets(res: dict) -> list[str]:
+    """The file's presets, smallest model first."""
+    order = ("lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2-vl-3b")
+    return sorted(res["presets"], key=lambda p: order.index(p) if p in order else len(order))
+
+
+def _table(res: dict, key: str, ms_key: str, tokens_list) -> str:
+    """Per preset, case (and tokens): each engine's encoder-eager ``ms_key`` and its graphed arms' ``key`` cuts."""
+    df = need(frame(res), "engine", "tokens", ms_key, f"{key}.cut", f"{key}.ci")
+    df["cell"] = [ms(v, 1) if arm == "off" else None if missing(c) else cut({"cut": c, "ci": ci})
+                  for arm, v, c, ci in zip(df.arm, df[ms_key], df[f"{key}.cut"], df[f"{key}.ci"])]
+    index = pd.MultiIndex.from_product([presets(res), [case_name(i, n) for i, n in CASES], list(tokens_list)])
+    cells = df.drop_duplicates(["preset", "case", "tokens", "engine", "arm"]).pivot(
+        index=["preset", "case", "tokens"], columns=["engine", "arm"], values="cell").reindex(
+        index=index, columns=pd.MultiIndex.from_product([("vllm", "kit"), ARMS]))
+    out = index.to_frame(index=False, name=["preset", "case", "tokens"]).assign(
+        preset=lambda d: d.preset.map(preset_label))
+    out[["vLLM, encoder eager (ms)", "vLLM, PR config: cut", "vLLM, kit config: cut",
+         "kit's pipeline, encoder eager (ms)", "kit's pipeline, PR config: cut",
+         "kit's pipeline, kit config: cut"]] = cells.values
+    return md(out if len(tokens_list) > 1 else out.drop(columns="tokens"))
+
+
+def _settings(res: dict) -> str:
+    s = res["settings"]
+    counts = sorted({(sec.get("rounds", s["rounds"]), sec.get("kit_repeats", s["kit_repeats"]))
+                     for sec in res["presets"].values()})
+    rounds = " or ".join(f"{r} rounds (the kit's pipeline: {k})" for r, k in counts)
+    skipped = sorted({f"{preset_label(p)} {case}: {why}" for p, sec in res["presets"].items()
+                      for case, why in sec.get("skipped", {}).items()})
+    return (f"vLLM {res['provenance'].get('vllm')}, bf16, the kit's seeded random weights loaded by all three engines "
+            f"and by the kit's pipeline. Median of {rounds}, the engines in rotating turns, a new image per "
+            "request; a cut is the median of the paired per-round savings against encoder eager, with its 95% "
+            "bootstrap interval (an interval holding 0 is no measurable change)."
+            + "".join(f" Left out in vLLM: {s_}." for s_ in skipped) + partial_note(res))
+
+
+def ttft_block(refs: Refs) -> str:
+    """TTFT per preset and case: vLLM's and the kit's pipeline's, with the encoder graphs' cuts."""
+    miss = _missing(refs)
+    if miss:
+        return miss
+    res = refs(ROLE, partial=True)
+    return "\n\n".join([_table(res, "ttft_cut", "ttft_ms", TOKENS[:1]),
+                        f"Time to first token, processor included in both, from requests of {TOKENS[0]} tokens. "
+                        + _settings(res), refs.source(ROLE)])
+
+
+def requests_block(refs: Refs) -> str:
+    """Whole requests of 16 and 128 tokens: vLLM's and the kit's pipeline's, with the encoder graphs' cuts."""
+    miss = _missing(refs)
+    if miss:
+        return miss
+    res = refs(ROLE, partial=True)
+    return "\n\n".join([_table(res, "e2e_cut", "e2e_ms", TOKENS),
+                        "Whole requests, from the call to the last token on the host. " + _settings(res),
+                        refs.source(ROLE)])
+
+
+VERDICTS = {"within": "within it", "above": "above it", "below": "below it",
+            "open": "not settled by this run (the interval reaches across an edge of the range)"}
+
+
+def judged(c: dict) -> str:
+    """Where a cut stands against the PR's 10–20%, by its whole 95% interval: ``within`` the range,
+    ``above`` or ``below`` it, or ``open`` where the interval reaches across an edge of it."""
+    lo, hi = c["ci"]
+    if hi < PR_CLAIM[0]:
+        return "below"
+    if lo > PR_CLAIM[1]:
+        return "above"
+    if PR_CLAIM[0] <= lo and hi <= PR_CLAIM[1]:
+        return "within"
+    return "open"
+
+
+def _cases(res: dict, engine: str, key: str, tokens_list, arm: str = "pr") -> list[tuple[str, dict]]:
+    out = []
+    for preset in presets(res):
+        for image, n in CASES:
+            for tokens in tokens_list:
+                r = _row(res, engine, preset, case_name(image, n), tokens, arm)
+                if r and r.get(key):
+                    out.append((f"{preset_label(preset)} {case_name(image, n)}"
+                                + (f" {tokens} tokens" if key == "e2e_cut" else ""), r[key]))
+    return out
+
+
+def _verdict(cases: list[tuple[str, dict]]) -> str:
+    groups: dict[str, list[str]] = {k: [] for k in VERDICTS}
+    for name, c in cases:
+        groups[judged(c)].append(f"{name} {100 * c['cut']:.1f}% ({100 * c['ci'][0]:.1f} to {100 * c['ci'][1]:.1f})")
+    parts = [f"{VERDICTS[k]} in {len(v)} of {len(cases)}: {', '.join(v)}" for k, v in groups.items() if v]
+    return "; ".join(parts)
+
+
+def claim_block(refs: Refs) -> str:
+    """The PR's claim judged from vLLM's own A/B with the PR's graph config, then from the kit's pipeline
+    on the same weights and images: each whole-request and TTFT cut set against 10–20%."""
+    miss = _missing(refs)
+    if miss:
+        return miss
+    res = refs(ROLE, partial=True)
+    return "\n".join(claim_lines(res)) + ("\n\nThe PR claimed 10–20% lower end-to-end latency at low batch size. A cut "
+                                          "counts as within, above or below that range only when its whole 95% "
+                                          "interval is; the median and the interval follow each case."
+                                          + partial_note(res) + "\n\n") + refs.source(ROLE)
+
+
+def claim_lines(res: dict) -> list[str]:
+    """The PR's claim judged from a ``vllm`` file, one line per engine and measure (see :func:`claim_block`)."""
+    v = res["provenance"].get("vllm")
+    return [f"- **Inside vLLM {v}, whole requests** (PR config, cut against encoder eager): "
+             + _verdict(_cases(res, "vllm", "e2e_cut", TOKENS)) + ".",
+             f"- **Inside vLLM {v}, first token**: " + _verdict(_cases(res, "vllm", "ttft_cut", TOKENS[:1])) + ".",
+             "- **The kit's pipeline, whole requests** (same weights and images): "
+             + _verdict(_cases(res, "kit", "e2e_cut", TOKENS)) + ".",
+             "- **The kit's pipeline, first token**: " + _verdict(_cases(res, "kit", "ttft_cut", TOKENS[:1])) + "."]
+
+
+def breakdown_block(refs: Refs) -> str:
+    """Where one request's first token goes (one 512 px image), vLLM's parts beside the kit's phases."""
+    miss = _missing(refs)
+    if miss:
+        return miss
+    res = refs(ROLE, partial=True)
+    head = ["preset", "engine", "TTFT (ms)", "processor", "wait for a step", "step to the first token",
+            "encoder (GPU stream)", "frontend and pipe (composed)"]
+    rows = []
+    for preset in presets(res):
+        for arm in ARMS:
+            b = res["presets"][preset].get("breakdown", {}).get(f"{arm}/1x512")
+            if b:
+                rows.append([preset_label(preset), f"vLLM, {arm}", ms(b["ttft_ms"], 1), ms(b["processor_ms"], 1),
+                             ms(b["queue_ms"], 2), ms(b["scheduled_to_first_ms"], 1), ms(b["encoder_gpu_ms"], 2),
+                             ms(b["rest_ms_composed"], 1)])
+        for arm in ARMS:
+            r = _row(res, "kit", preset, "1x512", TOKENS[0], arm)
+            if r and r.get("phases_ms"):
+                ph = r["phases_ms"]
+                step = sum(v for k, v in ph.items() if k not in ("processor", "decode"))
+                rows.append([preset_label(preset), f"kit's pipeline, {arm}", ms(r["ttft_ms"], 1),
+                             ms(ph.get("processor"), 1), None, ms(step, 1), ms(ph.get("encoder"), 2), None])
+    return "\n\n".join([table(head, rows),
+                        "Medians over the rounds' requests of one 512 px image and 16 tokens, ms. vLLM's parts are its "
+                        "own: its processor timing, its scheduler's timestamps (queued, scheduled, first token) and "
+                        "CUDA events around its encoder step in its worker; what is left of TTFT is the frontend and "
+                        "the pipe between its processes (composed). The kit's are its pipeline's phases; its step "
+                        "is upload, encoder, merge, prefill and sampling.", refs.source(ROLE)])
+
+
+def _capture_mib(cap: dict) -> str | None:
+    """The encoder graphs' memory: their pool's segments, else a reserved-bytes growth that saw some."""
+    if cap.get("pool_mib") is not None:
+        return ms(cap["pool_mib"], 0)
+    if cap.get("reserved_mib"):
+        return ms(cap["reserved_mib"], 0)
+    return "not seen" if cap.get("graphs") else None
+
+
+def engines_block(refs: Refs) -> str:
+    """Per preset and engine: start-up, the encoder graphs (count, capture, memory, hits) and parity."""
+    miss = _missing(refs)
+    if miss:
+        return miss
+    res = refs(ROLE, partial=True)
+    head = ["preset", "engine", "start-up (s)", "encoder budgets", "encoder graphs", "capture (s)", "memory (MiB)",
+            "graph hits / misses", "parity: logits vs float32 (transformers bf16)", "tokens on float32's path"]
+    rows = []
+    for preset in presets(res):
+        sec = res["presets"][preset]
+        for arm in ARMS:
+            e = sec["engines"][arm]
+            cap = e.get("encoder_capture") or {}
+            stats = next((r.get("graph_stats") for r in reversed(res["rows"]) if r.get("engine") == "vllm"
+                          and r["preset"] == preset and r["arm"] == arm and r.get("graph_stats")), None)
+            par = sec.get("parity", {}).get(arm, {})
+            worst = max(par.values(), key=lambda c: c["rel_err_vs_fp32"]) if par else None
+            rows.append([preset_label(preset), arm, ms(e["start_s"], 0),
+                         ", ".join(map(str, e["worker"].get("budgets", []))) or None, cap.get("graphs") or None,
+                         ms(cap.get("capture_s"), 2), _capture_mib(cap),
+                         f"{stats['graph_hits']} / {stats['graph_misses']}" if stats else None,
+                         (f"{'pass' if all(c['logits_ok'] for c in par.values()) else 'FAIL'}: "
+                          f"{worst['rel_err_vs_fp32']:.1e} ({worst['hf_rel_err_vs_fp32']:.1e})") if worst else None,
+                         ", ".join(f"{c['as_fp32']}/{len(c['tokens'])}" for c in par.values()) or None])
+    seconds = "; ".join(f"{preset_label(p)} {res['presets'][p]['seconds'].get('total', 0):.0f} s ("
+                        + ", ".join(f"{k} {v:.0f} s" for k, v in res["presets"][p]["seconds"].items() if k != "total")
+                        + ")" for p in presets(res))
+    return "\n\n".join([table(head, rows), f"Seconds per preset on the H200: {seconds}.",
+                        "Start-up: `LLM(...)` to ready, compile and CUDA graph capture included. The encoder graphs "
+                        "captured once more in the live engine after the rounds, the way vLLM's own start-up "
+                        "profiling captures them (a manager of its own into a pool of its own); memory is what that "
+                        "pool holds after the capture. A file without that read shows the growth of the "
+                        "allocator's reserved bytes where it is above 0, and otherwise \"not seen\": a capture "
+                        "that fits in blocks the allocator already holds reserves nothing new, so 0 there says "
+                        "nothing of the graphs' size. Parity: each "
+                        "engine's raw logits of its 20 most likely first tokens against a float32 copy of the same "
+                        "weights, passing within 1e-2 or no worse than 1.05 × transformers' bf16; tokens: how many "
+                        "of its greedy tokens follow the float32 copy's, per parity prompt (one 512 px image, one "
+                        "tiled image).", refs.source(ROLE)])
+
+
+BLOCKS = {"vllm-ttft": ttft_block, "vllm-requests": requests_block, "vllm-claim": claim_block,
+          "vllm-breakdown": breakdown_block, "vllm-engines": engines_block}

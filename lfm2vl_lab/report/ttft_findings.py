@@ -1,0 +1,217 @@
+"""What the recorded TTFT and end-to-end files show, in sentences (notebook 07 prints them).
+
+A notebook sentence with a measured number is printed from the file; these functions build them:
+
+* :func:`coverage_text`       — what a file covers: presets, images, requests, modes, tokens, repeats
+* :func:`claim_ranges_text`   — the encoder graphs' TTFT cut as ranges, next to vLLM PR #44930's claim:
+  in the engine grid (``ttft-*.json``) with the text model graphed and eager, and inside ``generate``
+  (``e2e-*.json``); cases whose decode control fails are left out and named
+* :func:`decode_speedup_text` — decode per token with the text model eager over graphed
+* :func:`ttft_sentence`       — one case's TTFT, all eager and both graphed
+* :func:`image_path_text`     — ``encode()`` from pixels in host memory against pixels already on the GPU
+* :func:`first_tokens_text`   — which modes' first tokens equal the all-eager mode's, and what float32 says
+
+A file without what a sentence needs gives a line that says so (``not recorded: ...``), never an error.
+"""
+
+from __future__ import annotations
+
+from ..measure.ttft import mode_name
+from .plots_ttft import ttft_case
+from .ttft_summary import PR_CLAIM, _not_recorded, case_disturbed, drift_beyond, ttft_cases
+
+
+def _case_name(case: tuple) -> str:
+    return f"{case[0]} {case[1]} x{case[2]}"
+
+
+def coverage(rows: list[dict]) -> dict:
+    """What ``rows`` (TTFT or e2e) cover: presets and images in recorded order, request counts, modes,
+    the number of (preset, image, requests) cases, generate's new-token counts (e2e ``total_<n>_ms``),
+    decode tokens (TTFT) and repeats."""
+    rows = [r for r in rows if r.get("mode")]
+    return {"presets": list(dict.fromkeys(r["preset"] for r in rows)),
+            "images": list(dict.fromkeys(r["image"] for r in rows)),
+            "requests": sorted({r["requests"] for r in rows}),
+            "modes": list(dict.fromkeys(r["mode"] for r in rows)),
+            "cases": len(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows)),
+            "new_tokens": sorted({int(k.split("_")[1]) for r in rows for k in r
+                                  if k.startswith("total_") and k.endswith("_ms")}),
+            "decode_tokens": sorted({r["decode_tokens"] for r in rows if r.get("decode_tokens")}),
+            "repeats": sorted({r["repeats"] for r in rows if r.get("repeats")})}
+
+
+def coverage_text(rows: list[dict]) -> str:
+    """:func:`coverage` as one line, for a cell that says what a recorded file holds before showing it."""
+    c = coverage(rows)
+    if not c["cases"]:
+        return _not_recorded("rows")
+
+    def join(xs):
+        return ", ".join(map(str, xs))
+
+    parts = [f"{c['cases']} cases: presets {join(c['presets'])}; images {join(c['images'])}; "
+             f"requests {join(c['requests'])}", f"modes {join(c['modes'])}"]
+    if c["new_tokens"]:
+        parts.append(f"generate timed to {join(c['new_tokens'])} new tokens")
+    if c["decode_tokens"]:
+        parts.append(f"{join(c['decode_tokens'])} decode tokens")
+    if c["repeats"]:
+        parts.append(f"{join(c['repeats'])} repeats")
+    return "covers " + "; ".join(parts)
+
+
+def encoder_cuts(rows: list[dict], text_mode: str = "graphed") -> list[dict]:
+    """The encoder graphs' paired TTFT cut per case of a TTFT grid at one text mode:
+    ``{"case", "cut", "drift"}`` (drift: the graphed-encoder row's ``decode_drift``, or None)."""
+    out = []
+    for case in ttft_cases(rows):
+        row = ttft_case(rows, *case).get(mode_name(text_mode, "graphed"))
+        if row is not None and row.get("encoder_graph_cut") is not None:
+            out.append({"case": case, "cut": row["encoder_graph_cut"], "drift": row.get("decode_drift")})
+    return out
+
+
+def e2e_cuts(rows: list[dict], mode: str = "lab-graph") -> list[dict]:
+    """The graphed encoder's TTFT cut inside ``generate`` per case of an e2e file: the ``mode`` row's
+    ``ttft_reduction_paired`` (its ``ttft_reduction`` where none was paired), with its ``decode_drift``.
+    ``mode="lab-eager"`` reads rows where nothing was captured (no CUDA)."""
+    out = []
+    for r in rows:
+        cut = r.get("ttft_reduction_paired", r.get("ttft_reduction"))
+        if r.get("mode") == mode and cut is not None:
+            out.append({"case": (r["preset"], r["image"], r["requests"]), "cut": cut, "drift": r.get("decode_drift")})
+    return out
+
+
+def cut_range(cuts: list[dict], requests: int | None = None) -> dict:
+    """The range of ``cuts`` (from :func:`encoder_cuts` or :func:`e2e_cuts`; with ``requests``, only
+    those cases) over the cases whose decode control holds: ``lo``, ``hi`` (None when none holds),
+    ``kept`` and ``left_out`` (the cases whose drift fails), ``unchecked`` (kept cases without a drift)."""
+    cuts = [c for c in cuts if requests is None or c["case"][2] == requests]
+    kept = [c for c in cuts if not drift_beyond(c["drift"])]
+    return {"lo": min((c["cut"] for c in kept), default=None), "hi": max((c["cut"] for c in kept), default=None),
+            "kept": kept, "left_out": [c for c in cuts if drift_beyond(c["drift"])],
+            "unchecked": sum(c["drift"] is None for c in kept)}
+
+
+def range_text(cuts: list[dict], requests: int | None = None, claim: tuple | None = None) -> str:
+    """:func:`cut_range` in words: the range, over how many cases, where it stands against ``claim`` (a
+    ``(lo, hi)`` range such as :data:`PR_CLAIM`; :func:`range_verdict`), and which cases were left out and why."""
+    r = cut_range(cuts, requests)
+    n = len(r["kept"]) + len(r["left_out"])
+    if not n:
+        return _not_recorded("such cases")
+    what = "one request" if requests == 1 else f"{requests} requests" if requests else "every case"
+    line = (f"{what}: {r['lo']:.1%} to {r['hi']:.1%} over {len(r['kept'])} of {n} cases" if r["kept"]
+            else f"{what}: none of {n} cases passes the decode control")
+    if r["kept"] and claim is not None:
+        line += f", {range_verdict(r['lo'], r['hi'], claim)} the PR's {claim[0]:.0%}-{claim[1]:.0%}"
+    if r["left_out"]:
+        line += "; left out, decode control fails: " + ", ".join(
+            f"{_case_name(c['case'])} (drift {c['drift']:+.0%})" for c in r["left_out"])
+    if r["unchecked"]:
+        line += f"; {r['unchecked']} without a decode control"
+    return line
+
+
+def claim_ranges_text(ttft_rows: list[dict], e2e_rows: list[dict] | None = None) -> str:
+    """The PR's claim next to the encoder graphs' TTFT cuts the files hold, as ranges over one request
+    and over every case (:func:`range_text`): in the engine grid with the text model graphed (the PR's
+    setting) and eager, and inside ``generate`` (an e2e file's rows, if given)."""
+    lo, hi = PR_CLAIM
+    settings = [("engine grid, text model graphed (as in vLLM)", encoder_cuts(ttft_rows, "graphed")),
+                ("engine grid, text model eager", encoder_cuts(ttft_rows, "eager"))]
+    if e2e_rows is not None:
+        settings.append(("inside generate (transformers, text model eager)", e2e_cuts(e2e_rows)))
+    lines = [f"vLLM PR #44930: about {lo:.0%}-{hi:.0%} lower end-to-end latency at low batch size, its text model "
+             "graphed. The encoder graphs' paired TTFT cut here:"]
+    for name, cuts in settings:
+        lines += [f"{name}:"] + ["  " + range_text(cuts, requests=n, claim=PR_CLAIM) for n in (1, None)]
+    return "\n".join(lines)
+
+
+def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
+    """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
+    if lo > claim[1]:
+        return "above"
+    if hi < claim[0]:
+        return "below"
+    return "within" if claim[0] <= lo and hi <= claim[1] else "overlapping"
+
+
+def decode_speedups(rows: list[dict]) -> list[dict]:
+    """Decode ms per token with the text model eager over graphed, per TTFT case, at the eager encoder
+    (decode never runs the encoder): ``{"case", "eager_ms", "graphed_ms", "ratio", "disturbed"}``."""
+    out = []
+    for case in ttft_cases(rows):
+        by = ttft_case(rows, *case)
+        e, g = (by.get(mode_name(t, "eager"), {}).get("decode_ms_per_token") for t in ("eager", "graphed"))
+        if e and g:
+            out.append({"case": case, "eager_ms": e, "graphed_ms": g, "ratio": e / g,
+                        "disturbed": case_disturbed(rows, *case)})
+    return out
+
+
+def decode_speedup_text(rows: list[dict]) -> str:
+    """:func:`decode_speedups` as a range over the cases whose decode control holds, per preset."""
+    ups = decode_speedups(rows)
+    if not ups:
+        return _not_recorded("TTFT rows with decode per token in both text modes")
+    lines = []
+    for preset in dict.fromkeys(u["case"][0] for u in ups):
+        mine = [u for u in ups if u["case"][0] == preset]
+        kept = [u for u in mine if not u["disturbed"]]
+        line = (f"{preset}: decode per token is {min(u['ratio'] for u in kept):.1f}x to "
+                f"{max(u['ratio'] for u in kept):.1f}x faster with the text model graphed, over {len(kept)} of "
+                f"{len(mine)} cases" if kept else f"{preset}: no case passes the decode control")
+        left = [_case_name(u["case"]) for u in mine if u["disturbed"]]
+        lines.append(line + (f" (left out, decode control fails: {', '.join(left)})" if left else ""))
+    return "\n".join(lines)
+
+
+def ttft_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = "1x512", requests: int = 1) -> str:
+    """One case's TTFT with everything eager and with both graphed (the processor, on the CPU, left out)."""
+    by = ttft_case(rows, preset, image, requests)
+    e, g = by.get(mode_name("eager", "eager")), by.get(mode_name("graphed", "graphed"))
+    if e is None or g is None:
+        return f"{_case_name((preset, image, requests))}: {_not_recorded('all-eager and both-graphed rows')}"
+    return (f"{_case_name((preset, image, requests))}: TTFT {e['ttft_ms']:.2f} ms with everything eager, "
+            f"{g['ttft_ms']:.2f} ms with the text model and the encoder graphed ({e['ttft_ms'] / g['ttft_ms']:.1f}x)")
+
+
+def image_path_text(result: dict) -> str:
+    """Per preset and workload of the file's ``image_path`` section: how long ``encode()`` takes from
+    pixels in host memory against pixels already on the GPU."""
+    rows = [r for r in result.get("image_path") or [] if r.get("kind") == "encode_sources"]
+    if not rows:
+        return _not_recorded("image_path section (ttft --image-path records one)")
+    return "\n".join(f"{r.get('preset', '?')} {r['workload']}: encode() takes {r['ratio']:.2f}x as long from pixels "
+                     f"in host memory as from pixels already on the GPU ({r['cpu_ms_median']:.2f} against "
+                     f"{r['gpu_ms_median']:.2f} ms)" for r in rows)
+
+
+def _parity_of(result: dict, case: tuple) -> dict | None:
+    return next((p for p in result.get("parity") or [] if (p.get("preset"), p.get("image"), p.get("requests"))
+                 == case), None)
+
+
+def first_tokens_text(result: dict) -> str:
+    """Whether every mode's first tokens equal the all-eager mode's, case by case; for a case that
+    differs and has a parity record, which modes chose float32's first token and float32's top-2
+    logit margin (a small margin is a near tie that bf16 rounding can tip either way)."""
+    rows, cases = result.get("rows") or [], ttft_cases(result.get("rows") or [])
+    if not cases:
+        return _not_recorded("TTFT rows")
+    bad = {c: [m for m, r in ttft_case(rows, *c).items() if not r.get("same_first_tokens", True)] for c in cases}
+    bad = {c: modes for c, modes in bad.items() if modes}
+    lines = [f"every mode's first tokens equal the all-eager mode's in {len(cases) - len(bad)} of {len(cases)} cases"]
+    for c, modes in bad.items():
+        line = f"  {_case_name(c)}: {', '.join(modes)} differ"
+        p = _parity_of(result, c)
+        if p is not None:
+            fp32 = [m for m, r in p["modes"].items() if r.get("first_token_as_fp32")]
+            line += (f"; float32's top-2 logit margin {min(p.get('fp32_top2_margin') or [float('nan')]):.3g}, "
+                     f"float32's first token chosen by {', '.join(fp32) or 'no mode'}")
+        lines.append(line)
+    return "\n".join(lines)
