@@ -110,22 +110,22 @@ def encoder_goals_block(refs: Refs) -> str:
                         + refs.source("bench-450m", "bench-1.6b")])
 
 
-def ttft_goals_block(refs: Refs) -> str:
-    judged = ttft_goals(refs)
+def _run_judged_block(judged: list[dict], refs: Refs, role: str) -> str:
+    """The goals a run judged itself (``targets`` in its file), their count reached, and the file."""
     return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (judged by the "
-                        "run itself: `targets` in the file). " + refs.source("ttft")])
+                        "run itself: `targets` in the file). " + refs.source(role)])
+
+
+def ttft_goals_block(refs: Refs) -> str:
+    return _run_judged_block(ttft_goals(refs), refs, "ttft")
 
 
 def engine_goals_block(refs: Refs) -> str:
-    judged = engine_goals(refs)
-    return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (judged by the "
-                        "run itself: `targets` in the file). " + refs.source("engine")])
+    return _run_judged_block(engine_goals(refs), refs, "engine")
 
 
 def guard_goals_block(refs: Refs) -> str:
-    judged = guard_goals(refs)
-    return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (judged by the "
-                        "run itself: `targets` in the file). " + refs.source("check")])
+    return _run_judged_block(guard_goals(refs), refs, "check")
 
 
 def request_goals_block(refs: Refs) -> str:
