@@ -328,3 +328,58 @@ def test_text_engine_follows_what_bypasses_or_replaces_modules(change, fuse):
     assert eng.stats.recaptures == 1 and torch.equal(got, want)
     assert max_rel_error(eng.logits[:1], fresh.logits[:1]) <= 1e-4  # the changed model's logits ...
     assert max_rel_error(eng.logits[:1], before) > 1e-3  # ... not the ones from before the change
+
+
+def test_a_capture_call_after_a_data_swap_recaptures_before_it_stamps():
+    """chat calls ``capture`` every turn: a call that finds its graphs already there must not take a
+    new stamp over graphs that read the storage a ``.data`` swap left behind."""
+    model = build_model("tiny", text_layers="full", seed=3)
+    eng = TextEngine(model, max_batch=1, max_len=64)
+    eng.capture([(1, 20)], record=eager_stand_in)
+    _conv_data_swap(model)
+    with pytest.warns(UserWarning, match="text model's weights changed"):
+        info = eng.capture([(1, 20)], record=eager_stand_in)  # nothing new to capture
+    assert eng.stats.recaptures == 1 and info["captured"] == []
+    assert eng.stamp.current()
+
+
+def test_owners_of_graphs_go_with_their_last_reference(fresh_tiny):
+    """No reference cycle keeps an encoder's or an engine's graphs alive until a garbage collection,
+    which could run in the middle of another capture (core/capture.py, ``gc_paused``)."""
+    def record(fn, pool=None, warmup=0):  # like a CUDA graph, what it returns holds nothing of fn
+        fn()
+        return object()
+
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        genc = GraphedEncoder(fresh_tiny, budgets=[64], record=record)
+        genc.capture()
+        eng = TextEngine(fresh_tiny, max_batch=1, max_len=64)
+        eng.capture([(1, 20)], record=record)
+        refs = [weakref.ref(genc.manager), weakref.ref(genc.manager.life), weakref.ref(eng), weakref.ref(eng.life)]
+        del genc, eng
+        assert [r() is None for r in refs] == [True] * 4
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_gc_paused_collects_once_and_restores_the_collector():
+    from lfm2vl_lab.core.capture import gc_paused
+
+    class Cycle:
+        pass
+
+    c = Cycle()
+    c.me = c
+    ref = weakref.ref(c)
+    del c
+    assert gc.isenabled()
+    with gc_paused():
+        assert ref() is None and not gc.isenabled()  # the cycle went before the block
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner block does not turn it back on early
+    assert gc.isenabled()

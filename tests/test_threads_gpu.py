@@ -82,3 +82,60 @@ def test_threads_on_one_pipeline_and_on_chat(model, threads):
                                                 max_new_tokens=12).token_ids, 6)
     torch.cuda.synchronize()
     assert all(tok == want[(t + c) % 3] for t, row in enumerate(outs) for c, tok in enumerate(row))
+
+
+def test_a_capture_goes_on_while_another_thread_encodes_and_synchronizes(model):
+    """Captures record in "thread_local" mode: another thread's encode and torch.cuda.synchronize()
+    during a capture neither break the capture nor fail themselves."""
+    import threading
+
+    busy = GraphedEncoder(model, budgets=[256])
+    busy.capture()
+    inp = random_processor_output(SHAPES[1], PRESET, seed=3)
+    want_busy = [o.clone() for o in busy.encode(inp)]
+    stop, wrong = threading.Event(), []
+
+    def other():  # what goes wrong here is kept in ``wrong``: a thread's exception would vanish
+        try:
+            while not stop.is_set():
+                out = busy.encode(inp)
+                torch.cuda.synchronize()
+                wrong.extend(k for k, (a, b) in enumerate(zip(out, want_busy)) if not torch.equal(a, b))
+        except BaseException as exc:
+            wrong.append(repr(exc))
+
+    x = random_processor_output(SHAPES[2], PRESET, seed=5)
+    quiet = GraphedEncoder(model, budgets=[64, 256, 1024])  # captured with nothing else running
+    quiet.capture()
+    want = [o.clone() for o in quiet.encode(x)]
+    worker = threading.Thread(target=other)
+    worker.start()
+    try:
+        for _ in range(3):
+            genc = GraphedEncoder(model, budgets=[64, 256, 1024])
+            genc.capture()
+    finally:
+        stop.set()
+        worker.join()
+    assert all(torch.equal(a, b) for a, b in zip(genc.encode(x), want)) and wrong == []
+
+
+def test_a_garbage_collection_never_runs_inside_a_capture(model):
+    """An old encoder left in a reference cycle is collected before a capture, not during it (where
+    destroying its graphs invalidated the capture, and a later cuBLAS call failed)."""
+    import gc
+
+    x = random_processor_output(SHAPES[3], PRESET, seed=6)
+    old = GraphedEncoder(model, budgets=[64, 256, 1024])
+    old.capture()
+    want = [o.clone() for o in old.encode(x)]
+    old.me = old  # a cycle: only the collector frees it
+    del old
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)  # a collection at almost every allocation
+    try:
+        genc = GraphedEncoder(model, budgets=[64, 256, 1024])
+        genc.capture()
+    finally:
+        gc.set_threshold(*thresholds)
+    assert all(torch.equal(a, b) for a, b in zip(genc.encode(x), want))

@@ -13,6 +13,8 @@ says what happened in one line.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import re
 import traceback
 from collections.abc import Callable
@@ -21,6 +23,32 @@ import torch
 
 # Warm-up calls before a capture: the first compiles and autotunes, the second runs as the graph will.
 WARMUP_ITERS = 2
+# What other threads may do while a capture records: with "thread_local" only the capturing thread is
+# barred from calls that would break it (a synchronize, a cudaMalloc); another thread's encode, decode
+# or torch.cuda.synchronize() goes on, where "global" (torch's default) would invalidate this capture
+# and fail that call. Inductor's cudagraph trees capture the same way.
+CAPTURE_MODE = "thread_local"
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Collect garbage once, then keep Python's cyclic collector off until the block ends.
+
+    A collection that runs inside a capture (it can start at any allocation) may free an old graph
+    that sits in a reference cycle, and destroying a graph while a capture is recording invalidates
+    that capture ("operation not permitted when stream is capturing"; on the H200 with torch 2.11 the
+    next cuBLAS call then failed). torch.cuda.graph no longer collects first (torch 2.9 made that
+    opt-in), so the kit does, once per capture call rather than per graph. Nested blocks neither
+    collect again nor turn the collector back on early."""
+    if not gc.isenabled():  # an outer block collected and paused already
+        yield
+        return
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def capture_graph(fn: Callable[[], object], pool=None, warmup: int = WARMUP_ITERS) -> torch.cuda.CUDAGraph:
@@ -38,7 +66,7 @@ def capture_graph(fn: Callable[[], object], pool=None, warmup: int = WARMUP_ITER
     prepare_capture(torch.cuda.current_device())  # usually done already, when the manager was made
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=pool):
+        with gc_paused(), torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_MODE):
             fn()
     except BaseException as exc:
         if any(isinstance(e, torch.OutOfMemoryError) for e in _chain(exc)):
@@ -77,7 +105,7 @@ def prepare_capture(device: int | torch.device) -> torch.Tensor:
     if device not in _SCRATCH:
         buf = torch.zeros(2, device=torch.device("cuda", device))
         first = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(first):
+        with gc_paused(), torch.cuda.graph(first, capture_error_mode=CAPTURE_MODE):
             buf.add_(0)
         del first
         _SCRATCH[device] = buf
@@ -127,7 +155,7 @@ def recover_from_failed_capture(stream: torch.cuda.Stream | None = None) -> dict
     reset = torch.cuda.CUDAGraph()
     with torch.cuda.stream(torch.cuda.Stream(device)):
         try:
-            reset.capture_begin()
+            reset.capture_begin(capture_error_mode=CAPTURE_MODE)
         except torch.OutOfMemoryError:
             keep_failed_graph(reset)  # half registered: destroying it would abort the process
             raise

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from .capture import capture_failed
+from .capture import capture_failed, gc_paused
 from .guard import WeightStamp, change_summary, change_warning
 
 
@@ -35,14 +35,15 @@ class GraphLifecycle:
 
     ``whose``: how the change warning names the weights (``"encoder graphs: the model's"``);
     ``off_gpu``: what the owner does when the model left the GPU (``"encode() runs eagerly"``);
-    ``advice``: what a capture that ran out of memory tells the user to do; ``stamp``: a
-    :class:`~.guard.WeightStamp` of what the graphs read, taken as the model is now; ``stats``: the
-    owner's stats now (whose ``recaptures`` counts the captures :meth:`follow` made).
+    ``advice``: what a capture that ran out of memory tells the user to do.
+
+    It holds nothing of its owner (no bound method, no closure over it): the owner, its graphs and
+    their pool then go as soon as the last reference does, never later at a garbage collection,
+    which may run in the middle of another capture (:func:`~.capture.gc_paused`).
     """
 
-    def __init__(self, whose: str, off_gpu: str, advice: str, stamp: Callable[[], WeightStamp], stats: Callable):
+    def __init__(self, whose: str, off_gpu: str, advice: str):
         self.whose, self.off_gpu, self.advice = whose, off_gpu, advice
-        self.read_stamp, self.stats = stamp, stats
         self.graphs: dict = {}
         self.pool = None
         self.stamp: WeightStamp | None = None  # what the graphs read, as it was at capture
@@ -66,7 +67,8 @@ class GraphLifecycle:
         failed (read then); ``message(exc)``, if given, words a failure that is not out of memory."""
         caller = torch.cuda.current_stream() if real else None
         try:
-            yield
+            with gc_paused() if real else contextlib.nullcontext():
+                yield
         except BaseException as exc:
             if undo is not None:
                 undo()
@@ -75,20 +77,22 @@ class GraphLifecycle:
                 raise
             raise err from exc
 
-    def stamped(self) -> None:
-        """After a capture succeeded (its warm-ups may re-derive weights): stamp what the graphs read."""
-        self.stamp = self.read_stamp()
+    def stamped(self, stamp: WeightStamp) -> None:
+        """After a capture succeeded (its warm-ups may re-derive weights): ``stamp`` is what the graphs
+        read, taken now."""
+        self.stamp = stamp
 
     def current(self) -> bool:
         """The hot-path check: True when there is no stamp to break or it still holds."""
         return self.stamp is None or self.stamp.current()
 
     def follow(self, on_gpu: Callable[[], bool], moved: Callable[[], None], recapture: Callable[[], bool],
-               stacklevel: int = 2) -> None:
+               stats, stacklevel: int = 2) -> None:
         """After :meth:`current` said no: if the weights did change, ``moved()`` lets the owner follow
         the model (its buffers, its device), every graph is dropped (they read the old addresses), the
         change is said (``warnings.warn`` at ``stacklevel`` above the owner's caller) and, where
-        ``on_gpu()``, ``recapture()`` captures again (True: it did, and ``stats.recaptures`` counts it).
+        ``on_gpu()``, ``recapture()`` captures again (True: it did, and the owner's ``stats.recaptures``
+        counts it).
         Nothing changed that matters (``.to()`` to where the model already was): the stamp is re-armed."""
         changes = self.stamp.changes()
         if not changes:
@@ -102,4 +106,4 @@ class GraphLifecycle:
         if said:
             warnings.warn(said, stacklevel=stacklevel + 1)
         if gpu and recapture():
-            self.stats().recaptures += 1
+            stats.recaptures += 1

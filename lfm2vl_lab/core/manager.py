@@ -117,8 +117,7 @@ class EncoderGraphManager:
         self.capture_args: tuple = (None, WARMUP_ITERS)  # capture()'s (hook, warmup_iters), for a recapture
         self.serial = Serial()  # one caller at a time: the buffers and the output rows are shared
         self.graph_device: torch.device | None = None  # where the graphs run (the streams handed over)
-        self.life = GraphLifecycle("encoder graphs: the model's", "encode() runs eagerly", OOM_ADVICE,
-                                   stamp=model.weight_stamp, stats=lambda: self.stats)
+        self.life = GraphLifecycle("encoder graphs: the model's", "encode() runs eagerly", OOM_ADVICE)
         self.reset_stats()
         if record is capture_graph and model.device.type == "cuda" and torch.cuda.is_available():
             prepare_capture(model.device)
@@ -196,7 +195,7 @@ class EncoderGraphManager:
                 extra = hook(budget, life.pool, lambda g=g: self._record(g, warmup_iters)) if hook is not None \
                     else self._record(g, warmup_iters)
             life.graphs[budget], self.capture_extra[budget] = g, dict(extra or {})
-        life.stamped()  # after the warm-ups, which may re-derive weights
+        life.stamped(self.adapter.weight_stamp())  # after the warm-ups, which may re-derive weights
         return self.capture_info()
 
     def follow_model(self) -> None:
@@ -205,7 +204,7 @@ class EncoderGraphManager:
         first time. A model that left the GPU keeps no graphs (``encode`` then runs eagerly)."""
         self.life.follow(on_gpu=lambda: self.adapter.device.type == "cuda" or self.record is not capture_graph,
                          moved=lambda: setattr(self, "graph_device", None), recapture=self._recapture,
-                         stacklevel=4)
+                         stats=self.stats, stacklevel=4)
 
     def _recapture(self) -> bool:
         try:

@@ -30,6 +30,7 @@ warning once and counting it in ``stats.recaptures``; on a CPU it keeps no graph
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -116,8 +117,7 @@ class TextEngine:
         self.shared = self._shared_weights()
         self.stats = EngineStats()
         # the graphs, their pool and the stamp of the text model's weights as they read them
-        self.life = GraphLifecycle("TextEngine: the text model's", "every call runs eagerly", OOM_ADVICE,
-                                   stamp=self._stamp, stats=lambda: self.stats)
+        self.life = GraphLifecycle("TextEngine: the text model's", "every call runs eagerly", OOM_ADVICE)
         self.captured: list[tuple] = []  # every capture() call's (shapes, decode, record), for a recapture
         # one call at a time, one thread's request at a time: the buffers, the cache and the pool are shared
         self.serial = Serial("TextEngine")
@@ -139,13 +139,12 @@ class TextEngine:
     # -- the model under the graphs -------------------------------------------------------------------
     FLOAT_BUFFERS, INDEX_BUFFERS = ("embeds", "hidden", "logits"), ("last", "ids", "pos", "positions", "conv_offsets")
 
-    def _parts(self) -> dict:
-        """The text model and LM head the graphs read, as the model holds them now."""
-        return dict(zip(("language_model", "lm_head"), lfm2_text_parts(self.model)))
-
     def _stamp(self) -> WeightStamp:
+        # the parts through the model, not a method of the engine: the stamp then holds no reference
+        # back to the engine (core/lifecycle.py)
         inner = getattr(self.model, "model", None)
-        return WeightStamp(self._parts, [self.model] + ([inner] if inner is not None else []))
+        holders = [self.model] + ([inner] if inner is not None else [])
+        return WeightStamp(functools.partial(_text_parts, self.model), holders)
 
     @property
     def graphs(self) -> dict[str, torch.cuda.CUDAGraph]:
@@ -167,7 +166,7 @@ class TextEngine:
         if not self.life.current():
             self.life.follow(on_gpu=lambda: self.device.type == "cuda" or any(
                 rec is not capture_graph for *_, rec in self.captured), moved=self._move, recapture=self._recapture,
-                stacklevel=4)
+                stats=self.stats, stacklevel=4)
 
     def _move(self) -> None:
         """Follow the text model: its parts as it holds them now, and the buffers where they are."""
@@ -256,6 +255,9 @@ class TextEngine:
         spent compiling (``compile_s``: a fused engine's first call of each body) and capturing
         (``capture_s``). ``record``:
         :func:`lfm2vl_lab.core.capture.eager_stand_in` runs the same path on a CPU."""
+        # weights that moved since the last capture: recapture those graphs first, so the stamp taken
+        # below never vouches for graphs that read the old storage (chat calls capture every turn)
+        self.follow_model()
         real = record is capture_graph
         if real and self.device.type != "cuda":
             raise RuntimeError("TextEngine.capture needs a CUDA device; without one every call runs eagerly")
@@ -267,24 +269,26 @@ class TextEngine:
             if decode:
                 todo[f"decode {B}"] = (self._decode_body, B)
         life = self.life
-        pool = life.pool if life.pool is not None else life.new_pool(real)
+        todo = {k: v for k, v in todo.items() if k not in life.graphs}
+        pool = life.pool if life.pool is not None else life.new_pool(real and bool(todo))
         new, key = {}, None
-        saved = [t.clone() for t in (self.last, self.ids, self.pos)]  # warm-up runs write the buffers
         seconds = {"compile_s": 0.0, "capture_s": 0.0}
-        try:  # all or nothing: a failure (a stopped cell too) keeps no graph of the call
-            with life.all_or_nothing(real, lambda: f"the text engine's {key!r} graph", undo=new.clear), \
-                    self._compiling():
-                for key, (body, *args) in todo.items():
-                    if key not in self.graphs:
-                        new[key] = self._capture_one(lambda body=body, args=args: body(*args), record, pool, seconds)
-        finally:  # after the repair above, so the copies run on the caller's stream
-            for t, s in zip((self.last, self.ids, self.pos), saved):
-                t.copy_(s)
+        if todo:  # (nothing new: no warm-up, no garbage collection, nothing to put back)
+            saved = [t.clone() for t in (self.last, self.ids, self.pos)]  # warm-up runs write the buffers
+            try:  # all or nothing: a failure (a stopped cell too) keeps no graph of the call
+                with life.all_or_nothing(real, lambda: f"the text engine's {key!r} graph", undo=new.clear), \
+                        self._compiling():
+                    for key, (body, *args) in todo.items():
+                        new[key] = self._capture_one(lambda body=body, args=args: body(*args), record, pool,
+                                                     seconds)
+            finally:  # after the repair above, so the copies run on the caller's stream
+                for t, s in zip((self.last, self.ids, self.pos), saved):
+                    t.copy_(s)
         life.graphs.update(new)
         life.pool = pool
         if (list(shapes), decode, record) not in self.captured:
             self.captured.append((list(shapes), decode, record))
-        life.stamped()
+        life.stamped(self._stamp())
         return {"captured": sorted(new), "cache_mib": self.cache.nbytes() / 2**20, **seconds}
 
     def _capture_one(self, fn, record, pool, seconds: dict):
@@ -373,3 +377,8 @@ class TextEngine:
             self._run(f"decode {B}", lambda: self._decode_body(B))
             out[:, s].copy_(self.ids[:n])
         return out
+
+
+def _text_parts(model) -> dict:
+    """The text model and LM head the graphs read, as ``model`` holds them now."""
+    return dict(zip(("language_model", "lm_head"), lfm2_text_parts(model)))
