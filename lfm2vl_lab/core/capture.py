@@ -32,18 +32,19 @@ CAPTURE_MODE = "thread_local"
 
 @contextlib.contextmanager
 def gc_paused():
-    """Collect garbage once, then keep Python's cyclic collector off until the block ends.
+    """Keep Python's cyclic garbage collector off until the block ends (a capture).
 
-    A collection that runs inside a capture (it can start at any allocation) may free an old graph
-    that sits in a reference cycle, and destroying a graph while a capture is recording invalidates
-    that capture ("operation not permitted when stream is capturing"; on the H200 with torch 2.11 the
-    next cuBLAS call then failed). torch.cuda.graph no longer collects first (torch 2.9 made that
-    opt-in), so the kit does, once per capture call rather than per graph. Nested blocks neither
-    collect again nor turn the collector back on early."""
-    if not gc.isenabled():  # an outer block collected and paused already
+    A collection that runs inside a capture (it can start at any allocation, in any thread) may free
+    an old graph that sits in a reference cycle, and destroying a graph while a capture is recording
+    invalidates that capture ("operation not permitted when stream is capturing"; on the H200 with
+    torch 2.11 the next cuBLAS call then failed). What the block leaves is collected after it, at the
+    collector's next turn. No collection first: a full one costs a large process tens of ms or more on
+    every capture call, which is why torch.cuda.graph no longer collects unless asked
+    (``torch.compiler.config.force_cudagraph_gc``). Nested blocks do not turn the collector back on
+    early."""
+    if not gc.isenabled():  # an outer block paused it already
         yield
         return
-    gc.collect()
     gc.disable()
     try:
         yield
