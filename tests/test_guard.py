@@ -379,3 +379,18 @@ def test_gc_paused_keeps_the_collector_off_and_restores_it():
     with pytest.raises(KeyboardInterrupt), gc_paused():
         raise KeyboardInterrupt  # a stopped cell
     assert gc.isenabled()
+
+
+def test_capturing_a_shorter_prompt_after_a_longer_request():
+    """The capture's warm-ups read the engine's index buffers: a longer request's last position must
+    not index past a shorter bucket's prefill (on the H200 it was a device-side assert)."""
+    model = build_model("tiny", text_layers="full", seed=3)
+    eng = TextEngine(model, max_batch=1, max_len=512)
+    H = model.config.text_config.hidden_size
+    eng.capture([(1, 300)], record=eager_stand_in)
+    with eng.request():  # a whole request, as chat and VlmPipeline.run make
+        eng.prefill([300], torch.randn(1, 300, H, generator=torch.Generator().manual_seed(1)))
+        eng.sample()
+    last = eng.last.clone()
+    eng.capture([(1, 20)], record=eager_stand_in)  # then a shorter bucket (chat: the next, shorter turn)
+    assert torch.equal(eng.last, last) and "prefill 1x64" in eng.graphs  # the buffers are put back

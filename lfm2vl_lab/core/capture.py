@@ -24,9 +24,12 @@ import torch
 # Warm-up calls before a capture: the first compiles and autotunes, the second runs as the graph will.
 WARMUP_ITERS = 2
 # What other threads may do while a capture records: with "thread_local" only the capturing thread is
-# barred from calls that would break it (a synchronize, a cudaMalloc); another thread's encode, decode
-# or torch.cuda.synchronize() goes on, where "global" (torch's default) would invalidate this capture
-# and fail that call. Inductor's cudagraph trees capture the same way.
+# barred from calls that would break it (a cudaMalloc, a synchronize); another thread's encode or
+# decode, with their allocations, goes on, where "global" (torch's default) would invalidate this
+# capture. Inductor's cudagraph trees capture the same way. A device-wide torch.cuda.synchronize() in
+# another thread still waits on the capturing stream, which no mode allows: that capture fails with
+# a one-line error and leaves no graph (measured on the H200), so the kit's own phase clocks
+# synchronize their stream, not the device.
 CAPTURE_MODE = "thread_local"
 
 

@@ -18,8 +18,9 @@ What :func:`chat` does, in order:
    the chunk that produced one, and the answer is cut at it;
 4. **the text**: the answer's tokens decoded, special tokens dropped.
 
-Timings are host wall time (``time.perf_counter``) between phases, with ``torch.cuda.synchronize()``
-at each phase's end on CUDA, so the phases add up to the call's wall time (the syncs cost a few µs).
+Timings are host wall time (``time.perf_counter``) between phases, with the current stream
+synchronized at each phase's end on CUDA (the stream, not the device: a device-wide synchronize would
+break another thread's graph capture), so the phases add up to the call's wall time (the syncs cost a few µs).
 
 A model built from a preset has random weights and no tokenizer: ``chat`` then uses the kit's toy
 tokenizer (:mod:`lfm2vl_lab.model.toy_processor`) and the reply says that its text means nothing, showing its tokens.
@@ -176,7 +177,7 @@ def _chat_graphs(model, prompt_len: int, new_tokens: int) -> tuple[GraphedEncode
         cache["engine"] = TextEngine(model, max_batch=1, max_len=max(CHAT_MAX_LEN, prompt_len + new_tokens))
     if cuda:
         captured |= bool(cache["engine"].capture([(1, prompt_len)])["captured"])
-        torch.cuda.synchronize()
+        torch.cuda.current_stream().synchronize()
     return cache["genc"], cache["engine"], (time.perf_counter() - t0) * 1e3 if captured else 0.0
 
 
@@ -188,7 +189,7 @@ class _Clock:
 
     def mark(self, phase: str) -> None:
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().synchronize()
         now = time.perf_counter()
         self.ms[phase], self.t = (now - self.t) * 1e3, now
 

@@ -275,6 +275,9 @@ class TextEngine:
         seconds = {"compile_s": 0.0, "capture_s": 0.0}
         if todo:  # (nothing new: no warm-up, no garbage collection, nothing to put back)
             saved = [t.clone() for t in (self.last, self.ids, self.pos)]  # warm-up runs write the buffers
+            if self.serial.owner is None:  # and read them. No request is held: a finished longer request's
+                for t in (self.last, self.ids, self.pos):  # last position would index past a shorter
+                    t.zero_()  # bucket's prefill (chat: a device-side assert on the H200), so start at 0
             try:  # all or nothing: a failure (a stopped cell too) keeps no graph of the call
                 with life.all_or_nothing(real, lambda: f"the text engine's {key!r} graph", undo=new.clear), \
                         self._compiling():
