@@ -394,3 +394,24 @@ def test_capturing_a_shorter_prompt_after_a_longer_request():
     last = eng.last.clone()
     eng.capture([(1, 20)], record=eager_stand_in)  # then a shorter bucket (chat: the next, shorter turn)
     assert torch.equal(eng.last, last) and "prefill 1x64" in eng.graphs  # the buffers are put back
+
+
+def test_capturing_a_shorter_bucket_inside_a_request_keeps_the_request():
+    """A request made of bare calls (no ``request()`` block) is still held when a shorter bucket is
+    captured: its tokens go on as if no capture had run."""
+    model = build_model("tiny", text_layers="full", seed=3)
+    H = model.config.text_config.hidden_size
+    emb = torch.randn(1, 300, H, generator=torch.Generator().manual_seed(1))
+
+    def run(capture_between: bool) -> torch.Tensor:
+        eng = TextEngine(model, max_batch=1, max_len=512)
+        eng.capture([(1, 300)], record=eager_stand_in)
+        eng.prefill([300], emb)
+        first = eng.sample()
+        if capture_between:
+            eng.capture([(1, 20)], record=eager_stand_in)
+        tokens = torch.cat([first[:, None], eng.decode(6)], 1)
+        return tokens, eng.logits[:1].clone()
+
+    (tokens, logits), (want_tokens, want_logits) = run(True), run(False)
+    assert torch.equal(tokens, want_tokens) and torch.equal(logits, want_logits)  # the cache was kept

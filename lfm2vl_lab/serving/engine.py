@@ -274,10 +274,18 @@ class TextEngine:
         new, key = {}, None
         seconds = {"compile_s": 0.0, "capture_s": 0.0}
         if todo:  # (nothing new: no warm-up, no garbage collection, nothing to put back)
-            saved = [t.clone() for t in (self.last, self.ids, self.pos)]  # warm-up runs write the buffers
-            if self.serial.owner is None:  # and read them. No request is held: a finished longer request's
-                for t in (self.last, self.ids, self.pos):  # last position would index past a shorter
-                    t.zero_()  # bucket's prefill (chat: a device-side assert on the H200), so start at 0
+            # The warm-ups run the bodies on the engine's own buffers: they read the index buffers,
+            # where a longer request's last position would index past a shorter bucket's prefill (in
+            # chat's next, shorter turn: a device-side assert on the H200), so they start at 0; and
+            # they write the cache, which a request still held (a recapture mid-request, or a bare
+            # prefill's request) goes on reading, so that is kept too. All of it is put back after.
+            state = [self.last, self.ids, self.pos]
+            if self.serial.owner is not None:
+                state += [self.hidden, self.logits, *(t for d in (self.cache.k, self.cache.v, self.cache.conv)
+                                                      for t in d.values())]
+            saved = [t.clone() for t in state]
+            for t in (self.last, self.ids, self.pos):
+                t.zero_()
             try:  # all or nothing: a failure (a stopped cell too) keeps no graph of the call
                 with life.all_or_nothing(real, lambda: f"the text engine's {key!r} graph", undo=new.clear), \
                         self._compiling():
@@ -285,7 +293,7 @@ class TextEngine:
                         new[key] = self._capture_one(lambda body=body, args=args: body(*args), record, pool,
                                                      seconds)
             finally:  # after the repair above, so the copies run on the caller's stream
-                for t, s in zip((self.last, self.ids, self.pos), saved):
+                for t, s in zip(state, saved):
                     t.copy_(s)
         life.graphs.update(new)
         life.pool = pool
