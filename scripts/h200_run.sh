@@ -8,7 +8,8 @@
 #                                        again until it says "complete": each call records what the
 #                                        last one left, from the same code (RECORD_CHANGED=1: only the
 #                                        roles whose own files changed); then, here, `python -m
-#                                        lfm2vl_lab record --take <the unpacked res>`
+#                                        lfm2vl_lab record --take <the unpacked res>`; with GPU_LIMIT
+#                                        (seconds), the GPU test suite first (carry ".whl")
 #   bash scripts/h200_run.sh notebooks   every notebook executed against the reference set (NOTEBOOKS:
 #                                        some of them), then the GPU test suite (GPU_TESTS: a subset);
 #                                        carry the Jupyter wheels: `carry: [".whl"]`
@@ -90,6 +91,12 @@ PART=${1:-record}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 case "$PART" in
 record)
+  # GPU_LIMIT: the GPU test suite first, for at most that many seconds (carry ".whl"), so one machine
+  # start serves both: a cold start costs about two minutes of device time
+  if [ -n "${GPU_LIMIT:-}" ]; then
+    jupyter_wheels
+    LOG=pytest TAILN=8 step "$GPU_LIMIT" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests}
+  fi
   # record stops starting steps 15 s before this step's end, so none is ever cut off (RECORD_PART: one
   # part of the steps, encoder or engine; RECORD_CHANGED=1: only the roles whose own files changed)
   LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) \
