@@ -100,10 +100,18 @@ def profile_text(result: dict) -> str:
     return "\n".join(lines)
 
 
+def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
+    """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
+    if lo > claim[1]:
+        return "above"
+    if hi < claim[0]:
+        return "below"
+    return "within" if claim[0] <= lo and hi <= claim[1] else "overlapping"
+
+
 def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
     """Where a TTFT cut stands against the PR's range: below, within or above."""
-    lo, hi = claim
-    return "below" if cut < lo else "above" if cut > hi else "within"
+    return range_verdict(cut, cut, claim)
 
 
 def claim_text(rows: list[dict], preset: str | None = None, image: str | None = None) -> str:
