@@ -13,6 +13,7 @@ from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
 from .refs import Refs, ms, needs, pct, preset_label, table, times
+from .ttft_summary import drift_fails
 
 REQUEST_ROLE = "request-3b"
 REQUESTS = (1, 2, 4)  # the low batch sizes the PR's claim is about
@@ -66,7 +67,7 @@ def e2e_requests_block(refs: Refs, res: dict) -> str:
         for t in ("graphed", "eager"):
             e, g = m.get(mode_name(t, "eager")), m.get(mode_name(t, "graphed"))
             cut = pct(g and g.get("e2e_cut"))
-            if cut and abs(g.get("decode_drift") or 0) > DECODE_DRIFT_WARN:
+            if cut and drift_fails(g):
                 cut += " (drift)"  # the decode control failed: the two decodes differ by more than the saving
             row += [f"{ms(e and e['e2e_ms'], 1)} → {ms(g and g['e2e_ms'], 1)}", cut]
             if t == "graphed":

@@ -60,7 +60,7 @@ def decode_text(rows: list[dict]) -> str:
         drifts = []
         for t in ("eager", "graphed"):
             d = by.get(mode_name(t, "graphed"), {}).get("decode_drift")
-            drifts.append("-" if d is None else f"{d:+.1%}" + (" (!)" if abs(d) > DECODE_DRIFT_WARN else ""))
+            drifts.append("-" if d is None else f"{d:+.1%}" + (" (!)" if drift_beyond(d) else ""))
         lines.append(f"{case[0]:<14}{case[1]:>7}{case[2]:>4} | " + " ".join(cells) + " | " + " / ".join(drifts))
     return "\n".join(lines)
 
@@ -134,7 +134,7 @@ def claim_text(rows: list[dict], preset: str | None = None, image: str | None = 
                 cells.append(f"{'not recorded':>43}")
                 continue
             cut, drift = g["encoder_graph_cut"], g.get("decode_drift")
-            flag = drift is not None and abs(drift) > DECODE_DRIFT_WARN
+            flag = drift_beyond(drift)
             flagged = flagged or flag
             cells.append(f"{cut:>6.1%} ({claim_verdict(cut)}) {e['ttft_ms']:>7.2f} -> {g['ttft_ms']:>6.2f} ms"
                          + (" (!)" if flag else ""))
