@@ -24,9 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..measure.workloads import NXS
-from .plots_common import (  # noqa: F401  (re-exported: notebooks import them from here)
-    DEFAULT_GRAPH_CONFIG,
-    DEFAULT_LAB_OPTIONS,
+from .plots_common import (  # noqa: F401  (some re-exported: notebooks and report import them from here)
     KERNEL_OPTIONS,
     MAX_WIDTH_IN,
     MODE_COLORS,
@@ -44,7 +42,7 @@ from .plots_common import (  # noqa: F401  (re-exported: notebooks import them f
     set_title,
     workloads_of,
 )
-from .plots_e2e_attention import E2E_MODES, attention_figure, e2e_figure  # noqa: F401  (re-exported)
+from .plots_e2e_attention import attention_figure, e2e_figure  # noqa: F401  (re-exported)
 
 BUSY_OVER_WALL = "busy > wall: the profiled call ran slower than the timed median"
 

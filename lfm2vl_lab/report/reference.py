@@ -87,11 +87,6 @@ def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool 
     return data
 
 
-def load_all(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict[str, dict]:
-    """Every file of the reference set, by role (empty where there is no set)."""
-    return {role: load(role, gpu, root) for role in roles(gpu, root)}
-
-
 def load_archived(name: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
     """An earlier run's file from ``<root>/<gpu-slug>/archive/`` by its file name, for a notebook that
     shows an earlier version beside today's (it must say so)."""

@@ -4,6 +4,7 @@ the line that names a part's source files) and the formats of their cells. Every
 
 from __future__ import annotations
 
+from functools import wraps
 from pathlib import Path
 
 import pandas as pd
@@ -72,6 +73,17 @@ class Refs:
         return (("Files: " if len(roles) > 1 else "File: ") + ", ".join(parts)
                 + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "
                 f"recorded {str(prov.get('date'))[:10]}.")
+
+
+def needs(role: str, missing: str, partial: bool = False):
+    """A part drawn from ``role``'s file (``draw(refs, res)``; ``partial``: or a resumable role's partial
+    file); where the set holds neither, the part is the line ``missing`` (which says what records it)."""
+    def wrap(draw):
+        @wraps(draw)
+        def block(refs: Refs) -> str:
+            return draw(refs, refs(role, partial=partial)) if refs.has(role, partial) else missing
+        return block
+    return wrap
 
 
 # --------------------------------------------------------------------------------------------

@@ -126,9 +126,9 @@ def _same_preset(a: dict, b: dict | None) -> bool:
 
 
 def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
-    """Every figure :func:`report` may draw from one reference set (``{role: file}``, as
-    :func:`lfm2vl_lab.report.reference.load_all` gives it) of the GPU ``slug``, as ``(file stem, a
-    function drawing it, [the one file it is drawn from])``. Drawing raises :class:`NoData` when the
+    """Every figure :func:`report` may draw from one reference set (``{role: file}``, one GPU's of
+    :func:`reference_sets`) of the GPU ``slug``, as ``(file stem, a function drawing it, [the one file
+    it is drawn from])``. Drawing raises :class:`NoData` when the
     file holds nothing for that figure. The docs site's figures page reads the third item."""
     jobs = []
     for role, res in files.items():

@@ -15,7 +15,7 @@ from collections import Counter
 
 from ..measure.request import e2e_cuts as request_cuts
 from ..measure.vllm_ab import CASES, TOKENS, case_name
-from .refs import Refs, pct, preset_label, span, table
+from .refs import Refs, needs, pct, preset_label, span, table
 from .tables_vllm import ROLE, judged, presets
 from .ttft_findings import encoder_cuts
 from .ttft_summary import PR_CLAIM, drift_beyond
@@ -102,12 +102,10 @@ def summary(groups: dict[tuple, list[dict]], names: dict[str, str]) -> list[str]
         for label, where in by[v].items()) + "." for v in VERDICT_ORDER if by[v]]
 
 
-def verdict_block(refs: Refs) -> str:
+@needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` records role `{ROLE}`, which "
+       "the verdict reads._", partial=True)
+def verdict_block(refs: Refs, res: dict) -> str:
     """The verdict: a line per outcome, then the table by measure and preset it is read from."""
-    if not refs.has(ROLE, partial=True):
-        return (f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` records role `{ROLE}`, "
-                "which the verdict reads._")
-    res = refs(ROLE, partial=True)
     version = res["provenance"].get("vllm")
     names = {"vllm": f"inside vLLM {version}", "kit": "the kit's pipeline"}
     groups, others = vllm_groups(res), other_runs(refs)

@@ -9,10 +9,10 @@ import pandas as pd
 from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.ttft import mode_name
 from .frames import md
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_rows
 from .refs import Refs, ms, need, pct, preset_label, span, table, times
 from .ttft_findings import e2e_cuts, encoder_cuts
-from .ttft_summary import PR_CLAIM, case_disturbed, claim_verdict, drift_beyond, text_graph_cuts
+from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, text_graph_cuts
 from .ttft_summary import drift_fails as disturbed  # the decode control, stated once
 from .ttft_summary import ttft_cases as cases
 
@@ -118,26 +118,23 @@ def ttft_grid_block(refs: Refs) -> str:
 def decode_ratio_block(refs: Refs) -> str:
     """Decode per token all eager / both graphed over the grid's cases whose decode control holds, with
     the cases at either end; the cases it fails in are left out and shown the same way."""
-    rows = refs("ttft")["rows"]
-    ratios, off = [], []
-    for c in cases(rows):
-        by = ttft_case(rows, *c)
-        if BOTH_EAGER in by and BOTH_GRAPHED in by:
-            e, g = by[BOTH_EAGER]["decode_ms_per_token"], by[BOTH_GRAPHED]["decode_ms_per_token"]
-            (off if case_disturbed(rows, *c) else ratios).append((e / g, c, e, g))
+    df = ttft_frame(refs("ttft"))
+    dec = per_case(df, "decode_ms_per_token")[[BOTH_EAGER, BOTH_GRAPHED]].dropna().assign(
+        ratio=lambda d: d[BOTH_EAGER] / d[BOTH_GRAPHED])
+    failing = (per_case(df, "decode_drift").astype(float).abs() > DECODE_DRIFT_WARN).any(axis=1)  # drift_fails
+    kept, off = dec[~failing.reindex(dec.index)], dec[failing.reindex(dec.index)]
 
     def where(c):
         return f"{preset_label(c[0])} {c[1]} ×{c[2]}"
-    if not ratios:
+    if kept.empty:
         return f"No case of the grid passes the decode control ({len(off)} fail it)."
-    lo, hi = min(ratios), max(ratios)
-    out = (f"Decode per token is {times(lo[0])} ({where(lo[1])}) to {times(hi[0])} ({where(hi[1])}) faster with "
-           f"both graphed than all eager, over the {len(ratios)} cases whose decode control holds: "
-           f"{span([r[3] for r in ratios])} ms per token graphed against {span([r[2] for r in ratios])} ms eager.")
-    if off:  # what the decode control leaves out, shown as the kept cases are
+    lo, hi = kept.ratio.idxmin(), kept.ratio.idxmax()
+    out = (f"Decode per token is {times(kept.ratio[lo])} ({where(lo)}) to {times(kept.ratio[hi])} ({where(hi)}) "
+           f"faster with both graphed than all eager, over the {len(kept)} cases whose decode control holds: "
+           f"{span(kept[BOTH_GRAPHED])} ms per token graphed against {span(kept[BOTH_EAGER])} ms eager.")
+    if len(off):  # what the decode control leaves out, shown as the kept cases are
         out += (f" Left out, their decode control failing: {len(off)} case{'s' * (len(off) > 1)} of "
-                f"{span([r[0] for r in off], times)} ("
-                + ", ".join(where(r[1]) for r in off) + ").")
+                f"{span(off.ratio, times)} (" + ", ".join(map(where, off.index)) + ").")
     return out
 
 

@@ -104,41 +104,25 @@ def goals_table(judged: list[dict]) -> str:
     return table(["goal", "aimed for", "measured", "reached", "note"], rows)
 
 
-def encoder_goals_block(refs: Refs) -> str:
-    judged = encoder_goals(refs)
-    return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached. "
-                        + refs.source("bench-450m", "bench-1.6b")])
+RUN_JUDGED = "judged by the run itself: `targets` in the file"
 
 
-def _run_judged_block(judged: list[dict], refs: Refs, role: str) -> str:
-    """The goals a run judged itself (``targets`` in its file), their count reached, and the file."""
-    return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (judged by the "
-                        "run itself: `targets` in the file). " + refs.source(role)])
-
-
-def ttft_goals_block(refs: Refs) -> str:
-    return _run_judged_block(ttft_goals(refs), refs, "ttft")
-
-
-def engine_goals_block(refs: Refs) -> str:
-    return _run_judged_block(engine_goals(refs), refs, "engine")
-
-
-def guard_goals_block(refs: Refs) -> str:
-    return _run_judged_block(guard_goals(refs), refs, "check")
+def goals_part(goals, *roles: str, how: str = f" ({RUN_JUDGED})"):
+    """A goals table (``goals(refs)``), how many were reached (``how``: by whom), and the files."""
+    def block(refs: Refs) -> str:
+        judged = goals(refs)
+        return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached{how}. "
+                            + refs.source(*roles)])
+    return block
 
 
 def request_goals_block(refs: Refs) -> str:
     judged = request_goals(refs)
     if not judged:
         return "_Not in this reference set: `python -m lfm2vl_lab record` records role `request-3b`._"
-    again = [t for t in judged if "recorded_limit" in t]
-    how = "judged by the run itself: `targets` in the file" + "".join(
-        f"; {t['target']}: judged again against the kit's one capture limit (`floor.TARGETS`), the file was "
-        f"recorded under ≤ {t['recorded_limit']:g} s"
-        for t in again)
-    return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached ({how}). "
-                        + refs.source("request-3b")])
+    again = "".join(f"; {t['target']}: judged again against the kit's one capture limit (`floor.TARGETS`), the file "
+                    f"was recorded under ≤ {t['recorded_limit']:g} s" for t in judged if "recorded_limit" in t)
+    return goals_part(lambda _: judged, "request-3b", how=f" ({RUN_JUDGED}{again})")(refs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -389,10 +373,10 @@ def misses_block(refs: Refs) -> str:
 
 
 BLOCKS = {
-    "goals-encoder": encoder_goals_block,
-    "goals-ttft": ttft_goals_block,
-    "goals-engine": engine_goals_block,
+    "goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b", how=""),
+    "goals-ttft": goals_part(ttft_goals, "ttft"),
+    "goals-engine": goals_part(engine_goals, "engine"),
     "goals-request": request_goals_block,
-    "goals-guard": guard_goals_block,
+    "goals-guard": goals_part(guard_goals, "check"),
     "misses": misses_block,
 }

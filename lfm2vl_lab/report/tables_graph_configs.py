@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..measure.modes import ROW_NAMES, ROW_SETTINGS
 from ..measure.table import short_error
 from .plots_common import workloads_of
-from .refs import Refs, ms, pct, preset_label, table, times
+from .refs import Refs, ms, needs, pct, preset_label, table, times
 
 ROLE = "pr-config"
 
@@ -74,13 +74,11 @@ def other_capture(refs: Refs, preset: str | None) -> str:
             "`request-3b` run.")
 
 
-def pr_config_block(refs: Refs) -> str:
+@needs(ROLE, f"This reference set has no `{ROLE}` file: `python -m lfm2vl_lab record` on the GPU records it, and "
+       "`python -m lfm2vl_lab report --tables-only` then draws the table here.")
+def pr_config_block(refs: Refs, res: dict) -> str:
     """The PR's graph config beside the kit's; while the reference set has no ``pr-config`` file, a
     sentence saying so (the page still builds and stays equal to what the generator writes)."""
-    if ROLE not in refs.manifest["files"]:
-        return (f"This reference set has no `{ROLE}` file: `python -m lfm2vl_lab record` on the GPU records it, "
-                "and `python -m lfm2vl_lab report --tables-only` then draws the table here.")
-    res = refs(ROLE)
     prov = res["provenance"]
     same, differ = shared_settings([r for r in res["rows"] if r.get("graph_config")] or [{}])
     note = (f"lab-graph on {preset_label(prov.get('preset', '?'))}, {prov.get('dtype')}, random weights: median ms "

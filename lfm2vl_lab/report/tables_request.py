@@ -12,17 +12,16 @@ from __future__ import annotations
 from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
-from .refs import Refs, ms, pct, preset_label, table, times
+from .refs import Refs, ms, needs, pct, preset_label, table, times
+from .ttft_summary import drift_fails
 
 REQUEST_ROLE = "request-3b"
 REQUESTS = (1, 2, 4)  # the low batch sizes the PR's claim is about
 
 
-def _missing(refs: Refs, role: str) -> str | None:
-    if role not in refs.manifest.get("files", {}):
-        return (f"_Not in this reference set: `python -m lfm2vl_lab record` records role `{role}` "
-                "(`record --dry-run` shows its command)._")
-    return None
+# the parts below are drawn from the request file
+request_part = needs(REQUEST_ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record` records role "
+                     f"`{REQUEST_ROLE}` (`record --dry-run` shows its command)._")
 
 
 def _tokens(refs: Refs) -> int:
@@ -55,13 +54,11 @@ def _check_cell(check: dict | None) -> str | None:
     return f"{ms(ce, 1)} → {ms(cg, 1)}, {pct(check['cut'])} ({100 * err:+.1f} points)"
 
 
-def e2e_requests_block(refs: Refs) -> str:
+@request_part
+def e2e_requests_block(refs: Refs, res: dict) -> str:
     """Whole requests with decode at 1, 2 and 4 requests: encoder eager → graphed, text graphed and eager.
     Each text-graphed row says whether it was measured or composed from parts; a measured row also gives
     what the composition makes of it, so the composed rows beside it carry a known error."""
-    miss = _missing(refs, REQUEST_ROLE)
-    if miss:
-        return miss
     tokens = _tokens(refs)
     out, checks = [], []
     for cell in e2e_cells(refs):
@@ -70,7 +67,7 @@ def e2e_requests_block(refs: Refs) -> str:
         for t in ("graphed", "eager"):
             e, g = m.get(mode_name(t, "eager")), m.get(mode_name(t, "graphed"))
             cut = pct(g and g.get("e2e_cut"))
-            if cut and abs(g.get("decode_drift") or 0) > DECODE_DRIFT_WARN:
+            if cut and drift_fails(g):
                 cut += " (drift)"  # the decode control failed: the two decodes differ by more than the saving
             row += [f"{ms(e and e['e2e_ms'], 1)} → {ms(g and g['e2e_ms'], 1)}", cut]
             if t == "graphed":
@@ -99,19 +96,17 @@ def e2e_requests_block(refs: Refs) -> str:
     return table(head, out) + "\n\n" + note + "\n\n" + refs.source(REQUEST_ROLE, "ttft")
 
 
-def throughput_block(refs: Refs) -> str:
+@request_part
+def throughput_block(refs: Refs, res: dict) -> str:
     """The offline-throughput run: requests and tokens per second, encoder eager and graphed."""
-    miss = _missing(refs, REQUEST_ROLE)
-    if miss:
-        return miss
     out = []
-    for tp in refs(REQUEST_ROLE).get("throughput", []):
+    for tp in res.get("throughput", []):
         for m, r in tp["modes"].items():
             out.append([preset_label(tp["preset"]), m.split("+")[1].replace("encoder-", "encoder "),
                         f"{r['requests_per_s']:.2f}", f"{r['tokens_per_s']:.0f}", ms(r["pass_s"], 2)])
     if not out:
         return "_This request file has no throughput run._"
-    tp = refs(REQUEST_ROLE)["throughput"][0]
+    tp = res["throughput"][0]
     note = (f"{tp['requests']} requests of the seeded workload's mixed image sizes, in arrival order, batches of up to "
             f"{tp['batch']}, {tp['new_tokens']} output tokens each, text model graphed; median of {tp['passes']} "
             f"passes in turns. Encoder graphs: {times(tp['speedup'], 3)} the throughput.")
@@ -119,9 +114,10 @@ def throughput_block(refs: Refs) -> str:
             + "\n\n" + refs.source(REQUEST_ROLE))
 
 
-def like_for_like_block(refs: Refs) -> str:
+@request_part
+def like_for_like_block(refs: Refs, res: dict) -> str:
     """The PR's claim, like for like: one sentence from the request file."""
-    return _missing(refs, REQUEST_ROLE) or like_for_like(refs(REQUEST_ROLE)) + "\n\n" + refs.source(REQUEST_ROLE)
+    return like_for_like(res) + "\n\n" + refs.source(REQUEST_ROLE)
 
 
 BLOCKS = {"e2e-requests": e2e_requests_block, "throughput": throughput_block, "like-for-like": like_for_like_block}

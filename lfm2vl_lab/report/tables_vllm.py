@@ -14,19 +14,16 @@ import pandas as pd
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
 from .frames import frame, md
-from .refs import Refs, missing, ms, need, preset_label, table
-from .ttft_summary import PR_CLAIM
+from .refs import Refs, missing, ms, need, needs, preset_label, table
+from .ttft_summary import range_verdict
 from .vllm_report import find as _row
 
 ROLE = "vllm"
 
 
-def _missing(refs: Refs) -> str | None:
-    if not refs.has(ROLE, partial=True):
-        return (f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` on the H200 records role "
-                f"`{ROLE}`._")
-    refs(ROLE, partial=True)  # read once, partial or whole: every part below reads it from the cache
-    return None
+# the parts below are drawn from the vllm file, partial or whole
+vllm_part = needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` on the H200 records "
+                  f"role `{ROLE}`._", partial=True)
 
 
 def still_to_record(res: dict) -> list[str]:
@@ -89,23 +86,17 @@ def _settings(res: dict) -> str:
             + "".join(f" Left out in vLLM: {s_}." for s_ in skipped) + partial_note(res))
 
 
-def ttft_block(refs: Refs) -> str:
+@vllm_part
+def ttft_block(refs: Refs, res: dict) -> str:
     """TTFT per preset and case: vLLM's and the kit's pipeline's, with the encoder graphs' cuts."""
-    miss = _missing(refs)
-    if miss:
-        return miss
-    res = refs(ROLE, partial=True)
     return "\n\n".join([_table(res, "ttft_cut", "ttft_ms", TOKENS[:1]),
                         f"Time to first token, processor included in both, from requests of {TOKENS[0]} tokens. "
                         + _settings(res), refs.source(ROLE)])
 
 
-def requests_block(refs: Refs) -> str:
+@vllm_part
+def requests_block(refs: Refs, res: dict) -> str:
     """Whole requests of 16 and 128 tokens: vLLM's and the kit's pipeline's, with the encoder graphs' cuts."""
-    miss = _missing(refs)
-    if miss:
-        return miss
-    res = refs(ROLE, partial=True)
     return "\n\n".join([_table(res, "e2e_cut", "e2e_ms", TOKENS),
                         "Whole requests, from the call to the last token on the host. " + _settings(res),
                         refs.source(ROLE)])
@@ -118,14 +109,8 @@ VERDICTS = {"within": "within it", "above": "above it", "below": "below it",
 def judged(c: dict) -> str:
     """Where a cut stands against the PR's 10–20%, by its whole 95% interval: ``within`` the range,
     ``above`` or ``below`` it, or ``open`` where the interval reaches across an edge of it."""
-    lo, hi = c["ci"]
-    if hi < PR_CLAIM[0]:
-        return "below"
-    if lo > PR_CLAIM[1]:
-        return "above"
-    if PR_CLAIM[0] <= lo and hi <= PR_CLAIM[1]:
-        return "within"
-    return "open"
+    verdict = range_verdict(*c["ci"])
+    return "open" if verdict == "overlapping" else verdict
 
 
 def _cases(res: dict, engine: str, key: str, tokens_list, arm: str = "pr") -> list[tuple[str, dict]]:
@@ -143,18 +128,15 @@ def _cases(res: dict, engine: str, key: str, tokens_list, arm: str = "pr") -> li
 def _verdict(cases: list[tuple[str, dict]]) -> str:
     groups: dict[str, list[str]] = {k: [] for k in VERDICTS}
     for name, c in cases:
-        groups[judged(c)].append(f"{name} {100 * c['cut']:.1f}% ({100 * c['ci'][0]:.1f} to {100 * c['ci'][1]:.1f})")
+        groups[judged(c)].append(f"{name} {cut(c)}")
     parts = [f"{VERDICTS[k]} in {len(v)} of {len(cases)}: {', '.join(v)}" for k, v in groups.items() if v]
     return "; ".join(parts)
 
 
-def claim_block(refs: Refs) -> str:
+@vllm_part
+def claim_block(refs: Refs, res: dict) -> str:
     """The PR's claim judged from vLLM's own A/B with the PR's graph config, then from the kit's pipeline
     on the same weights and images: each whole-request and TTFT cut set against 10–20%."""
-    miss = _missing(refs)
-    if miss:
-        return miss
-    res = refs(ROLE, partial=True)
     return "\n".join(claim_lines(res)) + ("\n\nThe PR claimed 10–20% lower end-to-end latency at low batch size. A cut "
                                           "counts as within, above or below that range only when its whole 95% "
                                           "interval is; the median and the interval follow each case."
@@ -172,12 +154,9 @@ def claim_lines(res: dict) -> list[str]:
              "- **The kit's pipeline, first token**: " + _verdict(_cases(res, "kit", "ttft_cut", TOKENS[:1])) + "."]
 
 
-def breakdown_block(refs: Refs) -> str:
+@vllm_part
+def breakdown_block(refs: Refs, res: dict) -> str:
     """Where one request's first token goes (one 512 px image), vLLM's parts beside the kit's phases."""
-    miss = _missing(refs)
-    if miss:
-        return miss
-    res = refs(ROLE, partial=True)
     head = ["preset", "engine", "TTFT (ms)", "processor", "wait for a step", "step to the first token",
             "encoder (GPU stream)", "frontend and pipe (composed)"]
     rows = []
@@ -212,12 +191,9 @@ def _capture_mib(cap: dict) -> str | None:
     return "not seen" if cap.get("graphs") else None
 
 
-def engines_block(refs: Refs) -> str:
+@vllm_part
+def engines_block(refs: Refs, res: dict) -> str:
     """Per preset and engine: start-up, the encoder graphs (count, capture, memory, hits) and parity."""
-    miss = _missing(refs)
-    if miss:
-        return miss
-    res = refs(ROLE, partial=True)
     head = ["preset", "engine", "start-up (s)", "encoder budgets", "encoder graphs", "capture (s)", "memory (MiB)",
             "graph hits / misses", "parity: logits vs float32 (transformers bf16)", "tokens on float32's path"]
     rows = []

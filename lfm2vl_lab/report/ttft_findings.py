@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..measure.ttft import mode_name
 from .plots_ttft import ttft_case
-from .ttft_summary import PR_CLAIM, _not_recorded, case_disturbed, drift_beyond, ttft_cases
+from .ttft_summary import PR_CLAIM, _not_recorded, case_disturbed, drift_beyond, range_verdict, ttft_cases
 
 
 def _case_name(case: tuple) -> str:
@@ -129,15 +129,6 @@ def claim_ranges_text(ttft_rows: list[dict], e2e_rows: list[dict] | None = None)
     for name, cuts in settings:
         lines += [f"{name}:"] + ["  " + range_text(cuts, requests=n, claim=PR_CLAIM) for n in (1, None)]
     return "\n".join(lines)
-
-
-def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
-    """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
-    if lo > claim[1]:
-        return "above"
-    if hi < claim[0]:
-        return "below"
-    return "within" if claim[0] <= lo and hi <= claim[1] else "overlapping"
 
 
 def decode_speedups(rows: list[dict]) -> list[dict]:

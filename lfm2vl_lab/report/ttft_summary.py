@@ -60,7 +60,7 @@ def decode_text(rows: list[dict]) -> str:
         drifts = []
         for t in ("eager", "graphed"):
             d = by.get(mode_name(t, "graphed"), {}).get("decode_drift")
-            drifts.append("-" if d is None else f"{d:+.1%}" + (" (!)" if abs(d) > DECODE_DRIFT_WARN else ""))
+            drifts.append("-" if d is None else f"{d:+.1%}" + (" (!)" if drift_beyond(d) else ""))
         lines.append(f"{case[0]:<14}{case[1]:>7}{case[2]:>4} | " + " ".join(cells) + " | " + " / ".join(drifts))
     return "\n".join(lines)
 
@@ -100,10 +100,18 @@ def profile_text(result: dict) -> str:
     return "\n".join(lines)
 
 
+def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
+    """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
+    if lo > claim[1]:
+        return "above"
+    if hi < claim[0]:
+        return "below"
+    return "within" if claim[0] <= lo and hi <= claim[1] else "overlapping"
+
+
 def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
     """Where a TTFT cut stands against the PR's range: below, within or above."""
-    lo, hi = claim
-    return "below" if cut < lo else "above" if cut > hi else "within"
+    return range_verdict(cut, cut, claim)
 
 
 def claim_text(rows: list[dict], preset: str | None = None, image: str | None = None) -> str:
@@ -126,7 +134,7 @@ def claim_text(rows: list[dict], preset: str | None = None, image: str | None = 
                 cells.append(f"{'not recorded':>43}")
                 continue
             cut, drift = g["encoder_graph_cut"], g.get("decode_drift")
-            flag = drift is not None and abs(drift) > DECODE_DRIFT_WARN
+            flag = drift_beyond(drift)
             flagged = flagged or flag
             cells.append(f"{cut:>6.1%} ({claim_verdict(cut)}) {e['ttft_ms']:>7.2f} -> {g['ttft_ms']:>6.2f} ms"
                          + (" (!)" if flag else ""))
