@@ -17,6 +17,26 @@ TINY = ("bench", "--preset", "tiny", "--mode", "lab-eager", "--workload", "1x256
         "--device", "cpu", "--no-progress", "--figure", "none")
 
 
+# A stand-in for ``python -m lfm2vl_lab bench … --name N --out ROOT``: it writes ``ROOT/cpu/N-<ns>.json``
+# as bench would, in milliseconds instead of the seconds a real bench takes to import torch. The first
+# test runs the real bench through record; the tests of what record keeps in its manifest use this one.
+BENCH = '''import json, sys, pathlib, time
+args = sys.argv[3:]  # -m lfm2vl_lab bench ... --name <name> ... --out <root>
+out = pathlib.Path(args[args.index("--out") + 1]) / "cpu"
+name = args[args.index("--name") + 1]
+(out / f"{name}-{time.time_ns()}.json").write_text(json.dumps({"provenance": {"gpu": "cpu"}}))
+'''
+
+
+@pytest.fixture
+def fake_bench(tmp_path):
+    """The path of an executable that runs :data:`BENCH` (``run_record``'s ``python``)."""
+    path = tmp_path / "fake-bench-python"
+    path.write_text(f"#!{sys.executable}\n" + BENCH)
+    path.chmod(0o755)
+    return str(path)
+
+
 def _steps(bad: bool):
     return (rec.Step("t-one", "encoder", "t-one", (*TINY, "--name", "t-one"), 120),
             rec.Step("t-two", "engine", "t-two", (*TINY, "--name", "t-two") if not bad else
@@ -53,7 +73,7 @@ def test_record_leaves_steps_that_do_not_fit_the_deadline(tmp_path):
     assert sum("left for the next call" in s for s in said) == 2
 
 
-def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(tmp_path):
+def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(tmp_path, fake_bench):
     """A set may hold roles of several code versions: a call records the roles this tree has not, and
     each entry it writes names this tree's code and the files the role measures."""
     folder = tmp_path / "cpu"
@@ -61,7 +81,7 @@ def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(t
     (folder / "reference.json").write_text(json.dumps({"gpu": "cpu", "code_hash": "sha256:old", "files": {
         "t-one": {"file": "gone.json"}, "t-two": {"file": "kept.json"}}}))
     man = rec.run_record(parts=("encoder",), out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=lambda s: None,
-                         repo_root=tmp_path)
+                         repo_root=tmp_path, python=fake_bench)
     one = man["files"]["t-one"]
     assert man["code_hash"] == code_hash() and man["format"] == rec.FORMAT and one["file"] != "gone.json"
     assert one["code_hash"] == code_hash() and one["role_hash"] == role_code(("lfm2vl_lab.measure.bench",))["role_hash"]
@@ -69,9 +89,10 @@ def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(t
     assert man["files"]["t-two"] == {"file": "kept.json", "code_hash": "sha256:old"}  # not chosen: kept, as it was
 
 
-def test_changed_records_only_the_roles_whose_own_files_changed(tmp_path):
+def test_changed_records_only_the_roles_whose_own_files_changed(tmp_path, fake_bench):
     steps = _steps(bad=False)
-    man = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=lambda s: None, repo_root=tmp_path)
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=lambda s: None, repo_root=tmp_path,
+                         python=fake_bench)
     path = tmp_path / "cpu" / "reference.json"
     # as if the manifest had been written by other code, whose bench.py differed and whose other files did not
     man["code_hash"] = "sha256:other"
@@ -84,7 +105,8 @@ def test_changed_records_only_the_roles_whose_own_files_changed(tmp_path):
     assert rec.stale(man, steps[1], True, code_hash()) == ["lfm2vl_lab/measure/bench.py"]
     assert rec.stale(man, steps[0], False, code_hash()) == ["code other"]  # a full record runs both
     said = []
-    new = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=said.append, repo_root=tmp_path, changed=True)
+    new = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=said.append, repo_root=tmp_path, changed=True,
+                         python=fake_bench)
     assert new["files"]["t-one"] == man["files"]["t-one"]  # its files are as they were: kept
     assert new["files"]["t-two"]["code_hash"] == code_hash() != man["files"]["t-two"]["code_hash"]
     assert any("t-two" in s and "why: lfm2vl_lab/measure/bench.py" in s for s in said)
@@ -153,7 +175,7 @@ def test_reference_load_names_what_is_missing(tmp_path):
     assert reference.load("bench-450m", root=tmp_path, required=False) is None
 
 
-def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path):
+def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path, fake_bench):
     """vLLM's role is recorded apart, when its part is named, by code that may differ from the rest of
     the set's: it joins the set there, whose other roles keep the code that recorded them."""
     folder = tmp_path / "cpu"
@@ -163,13 +185,13 @@ def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path):
     (folder / "reference.json").write_text(json.dumps(old))
     beside = rec.Step("t-b", "b", "t-b", (*TINY, "--name", "t-b"), 120, beside=True)
     man = rec.run_record(parts=("b",), out=tmp_path, gpu="cpu", steps=(*_steps(bad=False)[:1], beside),
-                         say=lambda s: None, repo_root=tmp_path)
+                         say=lambda s: None, repo_root=tmp_path, python=fake_bench)
     assert man["files"]["t-one"] == {**old["files"]["t-one"], "code_hash": "sha256:old"}
     assert man["files"]["t-b"]["code_hash"] == code_hash() and man["complete"]
     assert man["started"] == old["started"]
     # a step of the set, run by this code, replaces only its own role
     man = rec.run_record(parts=("encoder",), out=tmp_path, gpu="cpu", steps=(*_steps(bad=False)[:1], beside),
-                         say=lambda s: None, repo_root=tmp_path)
+                         say=lambda s: None, repo_root=tmp_path, python=fake_bench)
     assert man["files"]["t-one"]["code_hash"] == code_hash() and "t-b" in man["files"]
 
 

@@ -283,23 +283,47 @@ def visit(browser, url: str, shot: Path | None = None) -> tuple[list[str], objec
     return problems, page
 
 
-@pytest.mark.browser
-@pytest.mark.slow
-def test_every_page_loads_clean_in_chromium(real_site, browser):
-    """Each HTML page of the site, over HTTP: images have pixels, no console error, no failed request."""
+def read_notebook_page(page, name: str) -> dict:
+    """What a notebook page of the real site shows: the first line of each code cell that carries an
+    nbval marker and, on notebook 02, its "5.2" table-of-contents entry and the heading it jumps to."""
+    code = page.locator(".jp-CodeCell .jp-InputArea").all_inner_texts()
+    seen = {"code_cells": len(code), "markers": [c.splitlines()[0] for c in code if "NBVAL_" in c]}
+    if name.startswith("02_"):
+        link = page.locator(".md-sidebar--secondary a.md-nav__link", has_text="5.2")
+        seen["toc_visible"] = link.is_visible()
+        seen["toc_text"] = " ".join(link.inner_text().split()) if seen["toc_visible"] else None
+        target = page.locator(f"[id='{link.get_attribute('href').lstrip('#')}']") if seen["toc_visible"] else None
+        seen["targets"] = [target.nth(i).inner_text() for i in range(target.count())] if target else []
+    return seen
+
+
+@pytest.fixture(scope="module")
+def site_in_chromium(real_site, browser) -> dict:
+    """Every HTML page of the real site loaded once over HTTP (one screenshot each): the problems each
+    showed and, for the notebook pages, what :func:`read_notebook_page` read off them."""
     pages = sorted(p.relative_to(real_site).as_posix() for p in real_site.rglob("*.html"))
-    assert "index.html" in pages and "figures.html" in pages and "api.html" in pages
     httpd, base = serve(real_site)
-    failures = {}
+    problems, notebooks = {}, {}
     try:
         for rel in pages:
-            problems, page = visit(browser, base + rel, SHOTS / (rel.removesuffix(".html").replace("/", "__") + ".png"))
+            seen, page = visit(browser, base + rel, SHOTS / (rel.removesuffix(".html").replace("/", "__") + ".png"))
+            problems[rel] = seen
+            if rel.startswith("notebooks/"):
+                notebooks[rel.removeprefix("notebooks/")] = read_notebook_page(page, rel.removeprefix("notebooks/"))
             page.close()
-            if problems:
-                failures[rel] = problems
     finally:
         httpd.shutdown()
     print(f"\n{len(pages)} pages checked; screenshots in {SHOTS}")
+    return {"pages": pages, "problems": problems, "notebooks": notebooks}
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_every_page_loads_clean_in_chromium(site_in_chromium):
+    """Each HTML page of the site, over HTTP: images have pixels, no console error, no failed request."""
+    pages = site_in_chromium["pages"]
+    assert "index.html" in pages and "figures.html" in pages and "api.html" in pages
+    failures = {rel: seen for rel, seen in site_in_chromium["problems"].items() if seen}
     assert not failures, json.dumps(failures, indent=1)
 
 
@@ -356,25 +380,16 @@ def test_notebook_pages_use_the_window_and_figures_open_at_full_size(fixture_sit
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_notebook_pages_read_as_written_in_chromium(real_site, browser):
+def test_notebook_pages_read_as_written_in_chromium(real_site, site_in_chromium):
     """In the browser: notebook 02's table of contents shows "5.2 `torch.cuda.make_graphed_callables`"
     with its code and jumps to that heading; no notebook page shows an nbval marker in a code cell."""
-    httpd, base = serve(real_site)
-    markers = {}
-    try:
-        for html in sorted((real_site / "notebooks").glob("*.html")):
-            problems, page = visit(browser, f"{base}notebooks/{html.name}")
-            assert not problems, problems
-            code = page.locator(".jp-CodeCell .jp-InputArea").all_inner_texts()
-            assert code, f"{html.name}: no code cell found"
-            markers[html.name] = [c.splitlines()[0] for c in code if "NBVAL_" in c]
-            if html.name.startswith("02_"):
-                link = page.locator(".md-sidebar--secondary a.md-nav__link", has_text="5.2")
-                assert link.is_visible()
-                assert " ".join(link.inner_text().split()) == "5.2 torch.cuda.make_graphed_callables"
-                target = page.locator(f"[id='{link.get_attribute('href').lstrip('#')}']")
-                assert target.count() == 1 and "make_graphed_callables" in target.inner_text()
-            page.close()
-    finally:
-        httpd.shutdown()
+    seen = site_in_chromium["notebooks"]
+    assert sorted(seen) == sorted(p.name for p in (real_site / "notebooks").glob("*.html"))
+    assert any(name.startswith("02_") for name in seen), sorted(seen)
+    for name, page in seen.items():
+        assert page["code_cells"], f"{name}: no code cell found"
+        if name.startswith("02_"):
+            assert page["toc_visible"] and page["toc_text"] == "5.2 torch.cuda.make_graphed_callables", page
+            assert len(page["targets"]) == 1 and "make_graphed_callables" in page["targets"][0], page
+    markers = {name: page["markers"] for name, page in seen.items()}
     assert not any(markers.values()), markers
