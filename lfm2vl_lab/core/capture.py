@@ -23,13 +23,13 @@ import torch
 
 # Warm-up calls before a capture: the first compiles and autotunes, the second runs as the graph will.
 WARMUP_ITERS = 2
-# What other threads may do while a capture records: with "thread_local" only the capturing thread is
-# barred from calls that would break it (a cudaMalloc, a synchronize); another thread's encode or
-# decode, with their allocations, goes on, where "global" (torch's default) would invalidate this
+# What other threads may do while a capture records: in "thread_local" mode only the capturing thread
+# is barred from calls that would break it (a cudaMalloc, a synchronize), so another thread's encode
+# or decode, with its allocations, may go on; in "global" mode (torch's default) they invalidate the
 # capture. Inductor's cudagraph trees capture the same way. A device-wide torch.cuda.synchronize() in
-# another thread still waits on the capturing stream, which no mode allows: that capture fails with
-# a one-line error and leaves no graph (measured on the H200), so the kit's own phase clocks
-# synchronize their stream, not the device.
+# another thread still waits on the capturing stream, which no mode allows: on the H200 that capture
+# failed with the one-line error and left no graph (data/results/nvidia-h200/probes/2026-12-02), so
+# the kit's own phase clocks synchronize their stream, not the device.
 CAPTURE_MODE = "thread_local"
 
 
