@@ -9,7 +9,8 @@
 #                                        last one left, from the same code (RECORD_CHANGED=1: only the
 #                                        roles whose own files changed); then, here, `python -m
 #                                        lfm2vl_lab record --take <the unpacked res>`; with GPU_LIMIT
-#                                        (seconds), the GPU test suite first (carry ".whl")
+#                                        (seconds), the GPU test suite first (carry ".whl"); with
+#                                        STARTUP_PROBE=1, scripts/startup_probe.py before either
 #   bash scripts/h200_run.sh notebooks   every notebook executed against the reference set (NOTEBOOKS:
 #                                        some of them), then the GPU test suite (GPU_TESTS: a subset);
 #                                        carry the Jupyter wheels: `carry: [".whl"]`
@@ -97,6 +98,9 @@ case "$PART" in
 record)
   # GPU_LIMIT: the GPU test suite first, for at most that many seconds (carry ".whl"), so one machine
   # start serves both: a cold start costs about two minutes of device time
+  # STARTUP_PROBE=1: first, where a step's fixed seconds go (scripts/startup_probe.py, about a minute)
+  [ -n "${STARTUP_PROBE:-}" ] && LOG=startup TAILN=20 step 120 python3 scripts/startup_probe.py \
+    --presets lfm2-vl-450m lfm2-vl-1.6b
   if [ -n "${GPU_LIMIT:-}" ]; then
     jupyter_wheels
     LOG=pytest TAILN=8 step "$GPU_LIMIT" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests}
