@@ -27,7 +27,14 @@ import copy
 import difflib
 from collections import defaultdict
 
-from nbval.plugin import coalesce_streams, find_comment_markers, find_metadata_tags, transform_streams_for_comparison
+
+def _nbval():
+    """nbval's plugin module, imported on first use: this helper loads where nbval is missing (the GPU
+    image has no Jupyter), and only a comparison needs it."""
+    from nbval import plugin
+
+    return plugin
+
 
 # nbval's IPyNbFile.skip_compare without --nbdime: keys it never compares (a widget's model id is random,
 # images differ by renderer and machine).
@@ -37,8 +44,9 @@ SKIP_COMPARE = ("metadata", "traceback", "prompt_number", "output_type", "name",
 
 def _options(cell) -> dict:
     """nbval's options for one code cell: metadata tags first, comment markers over them."""
-    options = defaultdict(bool, find_metadata_tags(cell.get("metadata", {})))
-    options.update(dict(find_comment_markers(cell.source)))
+    nbval = _nbval()
+    options = defaultdict(bool, nbval.find_metadata_tags(cell.get("metadata", {})))
+    options.update(dict(nbval.find_comment_markers(cell.source)))
     return options
 
 
@@ -61,8 +69,8 @@ def checked_cells(nb) -> list[int]:
 
 def _by_key(outputs) -> dict[str, list]:
     """Outputs as nbval compares them: every value of every compared key, in output order."""
-    flat = defaultdict(list)
-    for out in transform_streams_for_comparison(coalesce_streams(copy.deepcopy(list(outputs)))):
+    nbval, flat = _nbval(), defaultdict(list)
+    for out in nbval.transform_streams_for_comparison(nbval.coalesce_streams(copy.deepcopy(list(outputs)))):
         for key, value in out.items():
             if key in SKIP_COMPARE:
                 continue

@@ -38,8 +38,9 @@ from nbcheck import output_mismatches
 
 try:  # the GPU image has no Jupyter: skip there (fail under LAB_REQUIRE_SITE_TESTS=1, as without Chromium)
     import nbformat
-except ModuleNotFoundError:
-    missing("nbformat is not installed: pip install -e '.[test]'")
+    import nbval  # noqa: F401  (nbcheck's comparison is nbval's)
+except ModuleNotFoundError as e:
+    missing(f"{e.name} is not installed: pip install -e '.[test]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
