@@ -40,7 +40,9 @@ bench: | $(VPY)
 
 # ruff first (seconds; its settings are in pyproject.toml), then the CPU tests, then every notebook;
 # -rs lists why each skipped test skipped (most need a CUDA GPU: docs/gpu.md), --durations=15 the
-# slowest tests (where the run's minutes go).
+# slowest tests (where the run's minutes go). Each notebook runs once: where Chromium is installed,
+# tests/test_jupyterlab.py runs it in JupyterLab and compares its NBVAL_CHECK_OUTPUT cells as nbval
+# does, and tests/conftest.py leaves nbval's run of it out; without Chromium nbval runs it.
 test: | $(VPY)
 	$(VENV)/bin/ruff check .
 ifneq ($(NOTEBOOKS),)

@@ -20,14 +20,24 @@ def missing(reason: str):
     pytest.skip(reason, allow_module_level=True)
 
 
+def unavailable() -> str | None:
+    """Why the browser tests cannot start a browser here (what ``missing`` says), or None."""
+    try:
+        from playwright import sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed: pip install -e '.[docs]'"
+    if not CHROMIUM.is_file():
+        return f"no Chromium at {CHROMIUM}: run scripts/install_chromium.sh (Debian's chromium)"
+    return None
+
+
 def launch_browser():
     """Yield a headless Chromium (for the ``browser`` fixture), or skip/fail saying what is missing."""
-    try:
-        from playwright import sync_api
-    except ImportError:
-        missing("playwright is not installed: pip install -e '.[docs]'")
-    if not CHROMIUM.is_file():
-        missing(f"no Chromium at {CHROMIUM}: run scripts/install_chromium.sh (Debian's chromium)")
+    reason = unavailable()
+    if reason is not None:
+        missing(reason)
+    from playwright import sync_api
+
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield b

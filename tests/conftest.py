@@ -1,5 +1,5 @@
 """Shared test setup: offline hub, no user checkpoint, the `gpu` marker's auto-skip, one "no CUDA
-device" notice per run, and the expensive fixtures.
+device" notice per run, nbval left out for the notebooks JupyterLab runs, and the expensive fixtures.
 
 Everything here runs at import, before any test module imports transformers, so no test can
 reach a model hub.
@@ -7,6 +7,7 @@ reach a model hub.
 
 import os
 import warnings
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -43,13 +44,56 @@ def pytest_runtest_setup(item):
         warnings.filterwarnings("ignore", message=NO_CUDA_NOTICE, category=UserWarning)
 
 
+# The JupyterLab test of one notebook (tests/test_jupyterlab.py), parametrised by the notebook's file name.
+LAB_NOTEBOOK_TEST = "test_notebook_runs_clean_in_jupyterlab"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m: only a JupyterLab test that will run counts
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    _run_each_notebook_once(config, items)
+
+
+def _run_each_notebook_once(config, items):
+    """Leave out nbval's cells of every notebook that JupyterLab runs in this session.
+
+    ``make test`` passes ``--nbval-lax notebooks/`` and collects tests/test_jupyterlab.py, which runs
+    every notebook in JupyterLab and compares the cells marked ``NBVAL_CHECK_OUTPUT`` as nbval does
+    (tests/nbcheck.py): nbval's own run of the notebook would execute it a second time and check
+    nothing more. Where the browser tests cannot start (no Chromium or Playwright: they skip, or under
+    ``LAB_REQUIRE_SITE_TESTS=1`` fail) nbval's run stays, so the notebooks are still executed and compared.
+    """
+    in_lab = {item.callspec.params["name"] for item in items
+              if getattr(item, "originalname", None) == LAB_NOTEBOOK_TEST and item.path.name == "test_jupyterlab.py"}
+    if not in_lab:
         return
-    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    from chromium import unavailable
+
+    if unavailable() is not None:
+        return
+    twice = [item for item in items
+             if item.path.suffix == ".ipynb" and item.path.resolve().parent == NOTEBOOKS and item.path.name in in_lab]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        left_out = set(twice)
+        items[:] = [item for item in items if item not in left_out]
+        config.stash[_LEFT_TO_LAB] = sorted({item.path.name for item in twice})
+
+
+_LEFT_TO_LAB = pytest.StashKey[list]()
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    names = config.stash.get(_LEFT_TO_LAB, [])
+    if names:
+        return (f"nbval: {len(names)} notebooks left out, tests/test_jupyterlab.py runs them in JupyterLab and "
+                f"compares their NBVAL_CHECK_OUTPUT cells: {' '.join(names)}")
+    return None
 
 
 @pytest.fixture(scope="session")

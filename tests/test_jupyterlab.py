@@ -7,7 +7,10 @@ headless on a free port with a random token), open every notebook in Debian's Ch
 Playwright (never a browser Playwright downloads), click Run > Run All Cells and wait until every cell
 ran. A notebook passes when every code cell ran in order, no output is an error or a stderr box (what C++
 code writes to file descriptor 2 included: the server starts without pytest's variables, as a learner's
-does), and the first cell printed its environment check. One screenshot per notebook lands in
+does), the first cell printed its environment check, and the saved run's cells marked
+``NBVAL_CHECK_OUTPUT`` show what the committed notebook shows, compared as ``pytest --nbval-lax``
+compares them (tests/nbcheck.py). That is nbval's check, so ``make test`` leaves nbval's own run of
+these notebooks out (conftest.py): each notebook executes once. One screenshot per notebook lands in
 ``lab-screenshots/`` (git-ignored). Then: notebook 03's budget explorer answers its slider, tqdm's
 progress bar renders as a widget, and ``git status`` of the repository is what it was before, although
 every notebook ran and was saved. Without Chromium or Playwright they skip, saying so; under
@@ -31,11 +34,13 @@ from pathlib import Path
 
 import pytest
 from chromium import missing
+from nbcheck import output_mismatches
 
 try:  # the GPU image has no Jupyter: skip there (fail under LAB_REQUIRE_SITE_TESTS=1, as without Chromium)
     import nbformat
-except ModuleNotFoundError:
-    missing("nbformat is not installed: pip install -e '.[test]'")
+    import nbval  # noqa: F401  (nbcheck's comparison is nbval's)
+except ModuleNotFoundError as e:
+    missing(f"{e.name} is not installed: pip install -e '.[test]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
@@ -233,6 +238,11 @@ def exercise_slider(page, shot: Path | None = None, timeout_s: float = 30) -> di
     return {**seen, "error": "the padding waste did not change when the slider moved to its ends"}
 
 
+def saved_run(lab: Lab, name: str):
+    """The notebook as JupyterLab saved it after Run All (``run_in_lab`` waits for the save)."""
+    return nbformat.read(lab.folder / name, as_version=4)
+
+
 def ran(lab: Lab, browser, name: str) -> dict:
     """``run_in_lab`` once per notebook and module (the git status test needs them all)."""
     if name not in lab.results:
@@ -265,6 +275,9 @@ def test_notebook_runs_clean_in_jupyterlab(lab, browser, name):
     assert not result["elsewhere"], f"{name}: JupyterLab fetched from elsewhere: {result['elsewhere']}"
     assert not result["page_errors"], f"{name}: errors in the page: {result['page_errors']}"
     assert "DEVICE=" in cells[0]["text"], f"{name}: the first cell printed no environment check: {cells[0]['text']!r}"
+    committed = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    problems = output_mismatches(saved_run(lab, name), committed)
+    assert not problems, f"{name}: outputs differ from the committed notebook's:\n" + "\n".join(problems)
 
 
 @pytest.mark.browser
@@ -328,10 +341,30 @@ def test_the_stderr_check_sees_what_cpp_writes_to_fd_2(lab, browser):
 
 
 @pytest.mark.browser
+def test_the_output_check_sees_a_changed_output(lab, browser):
+    """The comparison with the committed outputs reads what JupyterLab saved after Run All, not the copy
+    as it was before: a checked cell whose stored output is not what it prints fails, the others pass."""
+    meta = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    stored = [nbformat.v4.new_output("stream", name="stdout", text=text) for text in ("kept\n", "stored\n")]
+    # the sleep: run_in_lab waits to see a cell queued, which a notebook done within one poll never is
+    cells = [nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nimport time\ntime.sleep(2)\nprint('kept')",
+                                       outputs=stored[:1], execution_count=1),
+             nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint('printed')", outputs=stored[1:], execution_count=2)]
+    committed = nbformat.v4.new_notebook(cells=cells, metadata=meta)
+    nbformat.write(committed, lab.folder / "zz-changed-output.ipynb")
+    result = run_in_lab(lab, browser, "zz-changed-output.ipynb", None)
+    assert [c["prompt"] for c in result["cells"]] == ["[1]:", "[2]:"], result["cells"]
+    problems = output_mismatches(saved_run(lab, "zz-changed-output.ipynb"), committed)
+    assert len(problems) == 1 and problems[0].startswith("code cell 1 (NBVAL_CHECK_OUTPUT): 'stdout' differs"), problems
+    assert "-stored" in problems[0] and "+printed" in problems[0], problems[0]
+
+
+@pytest.mark.browser
 def test_progress_bars_render_as_widgets(lab, browser):
     """tqdm.auto in JupyterLab draws an ipywidgets bar, not the "IProgress not found" warning."""
-    one_cell_notebook(lab.folder, "zz-progress-bar.ipynb",
-                      "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='steps'):\n    pass")
+    # the sleep: run_in_lab waits to see the cell queued, which a cell done within one poll never is
+    one_cell_notebook(lab.folder, "zz-progress-bar.ipynb", "import time\nfrom tqdm.auto import tqdm\n"
+                      "time.sleep(2)\nfor _ in tqdm(range(3), desc='steps'):\n    pass")
     bars = []
     result = run_in_lab(lab, browser, "zz-progress-bar.ipynb", SHOTS / "zz-progress-bar.png",
                         then=lambda page: bars.append(page.locator(".jp-OutputArea .widget-hprogress").count()))

@@ -1,14 +1,15 @@
 """The exercises that end notebooks 01 to 07: their shape, which the docs site and the
-workshop rely on. nbval runs every cell, the tagged solutions included, so a solution that stops
-working fails the build; this file checks that there is something to run and that it is findable.
+workshop rely on. ``make test`` runs every cell, the tagged solutions included (in JupyterLab, or
+through nbval without Chromium), so a solution that stops working fails the build; this file checks
+that there is something to run and that it is findable.
 
 The shape: the last ``##`` section of the notebook is ``## Exercises``; it holds one or two
 ``### Exercise N: ...`` markdown cells that ask the learner to **predict** before measuring; each
 exercise has a code cell for the learner's prediction and at least one code cell tagged ``solution``
 (the docs site hides those behind a toggle), and every solution cell ``assert``s what it claims, so
-a solution that stops being true fails nbval. Whatever follows the first solution cell of an exercise
+a solution that stops being true fails the run. Whatever follows the first solution cell of an exercise
 (the explanation of the answer) is tagged too, so neither the site nor a handout gives the answer
-away next to the question. Solutions are never skipped by nbval.
+away next to the question. Solutions are never skipped (no ``NBVAL_SKIP``).
 """
 
 from __future__ import annotations
