@@ -43,12 +43,17 @@ bench: | $(VPY)
 # slowest tests (where the run's minutes go). Each notebook runs once: where Chromium is installed,
 # tests/test_jupyterlab.py runs it in JupyterLab and compares its NBVAL_CHECK_OUTPUT cells as nbval
 # does, and tests/conftest.py leaves nbval's run of it out; without Chromium nbval runs it.
+#
+# Two pytest-xdist workers, each given whole files (a file's module fixtures, JupyterLab's server among
+# them, start once; nbval runs a notebook's cells in one kernel), the longest files first (conftest.py).
+# XDIST= runs everything in one process.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: | $(VPY)
 	$(VENV)/bin/ruff check .
 ifneq ($(NOTEBOOKS),)
-	$(VPY) -m pytest -q -rs --durations=15 tests --nbval-lax --nbval-current-env notebooks/
+	$(VPY) -m pytest -q -rs --durations=15 $(XDIST) tests --nbval-lax --nbval-current-env notebooks/
 else
-	$(VPY) -m pytest -q -rs --durations=15
+	$(VPY) -m pytest -q -rs --durations=15 $(XDIST)
 endif
 
 # JupyterLab refuses to start as root ("Running as root is not recommended. Use --allow-root"), and

@@ -46,7 +46,8 @@ def pytest_runtest_setup(item):
 
 # The JupyterLab test of one notebook (tests/test_jupyterlab.py), parametrised by the notebook's file name.
 LAB_NOTEBOOK_TEST = "test_notebook_runs_clean_in_jupyterlab"
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+TESTS = Path(__file__).resolve().parent
+NOTEBOOKS = TESTS.parent / "notebooks"
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m: only a JupyterLab test that will run counts
@@ -57,6 +58,21 @@ def pytest_collection_modifyitems(config, items):
             if "gpu" in item.keywords:
                 item.add_marker(skip)
     _run_each_notebook_once(config, items)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (``make test`` runs two)
+        _longest_files_first(items)
+
+
+# The files whose tests take longest in all (JupyterLab runs every notebook; the site test builds and
+# opens the docs site), in that order. ``make test`` hands out whole files to its workers in the order
+# they were collected (``--dist loadfile --no-loadscope-reorder``): these start first, one per worker,
+# and the rest fill in around them, so no worker is left with a minutes-long file at the end.
+LONGEST_FILES = ("test_jupyterlab.py", "test_site.py")
+
+
+def _longest_files_first(items):
+    """Move the tests of ``LONGEST_FILES`` to the front, each file's own order kept (a stable sort)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent == TESTS else len(rank))
 
 
 def _run_each_notebook_once(config, items):
@@ -83,17 +99,37 @@ def _run_each_notebook_once(config, items):
         left_out = set(twice)
         items[:] = [item for item in items if item not in left_out]
         config.stash[_LEFT_TO_LAB] = sorted({item.path.name for item in twice})
+        if hasattr(config, "workerinput"):  # an xdist worker's collection report never shows: tell the controller
+            config.workeroutput[_LEFT_TO_LAB_KEY] = config.stash[_LEFT_TO_LAB]
 
 
 _LEFT_TO_LAB = pytest.StashKey[list]()
+_LEFT_TO_LAB_KEY = "nbval_left_to_jupyterlab"
+
+
+def _left_out_notice(names: list[str]) -> str:
+    return (f"nbval: {len(names)} notebooks left out, tests/test_jupyterlab.py runs them in JupyterLab and "
+            f"compares their NBVAL_CHECK_OUTPUT cells: {' '.join(names)}")
 
 
 def pytest_report_collectionfinish(config, start_path, items):
     names = config.stash.get(_LEFT_TO_LAB, [])
+    return _left_out_notice(names) if names else None
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it installed, never called
+def pytest_testnodedown(node, error):
+    """Under pytest-xdist (the controller collects nothing): what the workers left out of nbval's run."""
+    names = getattr(node, "workeroutput", {}).get(_LEFT_TO_LAB_KEY)
     if names:
-        return (f"nbval: {len(names)} notebooks left out, tests/test_jupyterlab.py runs them in JupyterLab and "
-                f"compares their NBVAL_CHECK_OUTPUT cells: {' '.join(names)}")
-    return None
+        node.config.stash[_LEFT_TO_LAB] = names
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("dsession"):
+        names = config.stash.get(_LEFT_TO_LAB, [])
+        if names:
+            terminalreporter.write_line(_left_out_notice(names))
 
 
 @pytest.fixture(scope="session")
