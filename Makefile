@@ -46,8 +46,9 @@ bench: | $(VPY)
 #
 # Two pytest-xdist workers, each given whole files (a file's module fixtures, JupyterLab's server among
 # them, start once; nbval runs a notebook's cells in one kernel), the longest files first (conftest.py).
-# XDIST= runs everything in one process.
-XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
+# XDIST= runs everything in one process, as does a venv made before pytest-xdist joined the test extra
+# (`make install` adds it).
+XDIST ?= $(if $(shell $(VPY) -c 'import xdist' 2>/dev/null && echo y),-n 2 --dist loadfile --no-loadscope-reorder)
 test: | $(VPY)
 	$(VENV)/bin/ruff check .
 ifneq ($(NOTEBOOKS),)
