@@ -96,11 +96,11 @@ PART=${1:-record}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 case "$PART" in
 record)
-  # GPU_LIMIT: the GPU test suite first, for at most that many seconds (carry ".whl"), so one machine
-  # start serves both: a cold start costs about two minutes of device time
   # STARTUP_PROBE=1: first, where a step's fixed seconds go (scripts/startup_probe.py, about a minute)
   [ -n "${STARTUP_PROBE:-}" ] && LOG=startup TAILN=20 step 120 python3 scripts/startup_probe.py \
     --presets lfm2-vl-450m lfm2-vl-1.6b
+  # GPU_LIMIT: the GPU test suite next, for at most that many seconds (carry ".whl"), so one machine
+  # start serves both: a cold start costs about two minutes of device time
   if [ -n "${GPU_LIMIT:-}" ]; then
     jupyter_wheels
     LOG=pytest TAILN=8 step "$GPU_LIMIT" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests}
