@@ -195,7 +195,8 @@ def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path, fake_bench):
     assert man["files"]["t-one"]["code_hash"] == code_hash() and "t-b" in man["files"]
 
 
-FAKE = '''import json, sys, pathlib, datetime
+FAKE = '''import json, sys, pathlib, datetime, time
+time.sleep(0.2)  # a call that takes time, so that the manifest has seconds to sum
 args = sys.argv[3:]  # -m lfm2vl_lab <argv>
 out = pathlib.Path(args[args.index("--out") + 1]) / "cpu"
 resume = args[args.index("--resume") + 1] if "--resume" in args else None
@@ -229,6 +230,10 @@ def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
     assert man["files"]["slow"]["file"] == "slow-20260101-000000.json" and "partial" not in man
     assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 2
     assert any("resuming slow-20260101-000000.json" in s for s in said)
+    # the role cost both calls: each call's seconds kept, their sum in `seconds`
+    entry = man["files"]["slow"]
+    assert len(entry["calls"]) == 2 and all(c > 0 for c in entry["calls"])
+    assert entry["seconds"] == round(sum(entry["calls"]), 1) > max(entry["calls"])
 
 
 def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
@@ -252,6 +257,20 @@ def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
     assert not any("resuming" in s for s in said)
     assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 1
     assert man["partial"]["slow"]["code_hash"] == code_hash()
+    assert "calls" not in man["partial"]["slow"], "a fresh start does not count the other code's call"
+
+
+def test_the_cost_table_says_what_a_resumed_roles_seconds_cover():
+    """The record-cost table sums a resumed role's calls, and says when its entry holds only the last."""
+    from lfm2vl_lab.report.tables import _beside_seconds
+
+    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True)
+    once = rec.Step("once", "b", "once", ("once",), 600, beside=True)
+    man = {"files": {"slow": {"seconds": 30.0, "calls": [10.0, 20.0]}, "once": {"seconds": 7.0}}}
+    assert _beside_seconds(man, slow) == "30 (2 calls: 10 + 20)"
+    assert _beside_seconds(man, once) == "7"
+    man["files"]["slow"] = {"seconds": 20.0}
+    assert _beside_seconds(man, slow).startswith("20 (its last call only")
 
 
 FAST = '''import json, sys, pathlib

@@ -225,10 +225,17 @@ def _complete(path: Path) -> bool:
     return bool(json.loads(path.read_text()).get("complete"))
 
 
-def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path, hash_: str, say) -> None:
+def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path, hash_: str, say,
+               resumed: bool = False) -> None:
     """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
-    not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``)."""
-    man.setdefault("partial", {}).pop(step.role, None)
+    not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``).
+
+    A step that ``resumed`` its partial file keeps the seconds of every call it took (``calls``) and
+    sums them in ``seconds``: a role that took three calls cost the three, not the last one."""
+    prior = man.setdefault("partial", {}).pop(step.role, None)
+    if resumed and prior is not None and prior.get("seconds") is not None:
+        calls = [*prior.get("calls", [prior["seconds"]]), entry["seconds"]]
+        entry = {**entry, "calls": calls, "seconds": round(sum(calls), 1)}
     entry = {**entry, "code_hash": hash_, **role_code(step.modules)}
     if entry["rc"] == 0 and len(new) == 1 and not (step.resumable and not _complete(new[0])):
         man["files"][step.role] = entry
@@ -292,7 +299,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
         say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
             f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
         entry, new = _run_step(step, folder, out, python, left, resume)
-        _file_step(man, step, entry, new, folder, hash_, say)
+        _file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None)
         man.update(format=FORMAT, code_hash=hash_, finished=_now())
         man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
         (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")

@@ -66,6 +66,18 @@ def reference_block(refs: Refs) -> str:
         f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
 
 
+def _beside_seconds(man: dict, step) -> str:
+    """A role beside the set's seconds: the sum over the calls a resumable step took (``calls``), or,
+    where its entry predates ``calls``, its last call's seconds, said to be only that."""
+    entry = man["files"][step.role]
+    calls = entry.get("calls")
+    if calls:
+        return f"{entry['seconds']:.0f} ({len(calls)} calls: " + " + ".join(f"{c:.0f}" for c in calls) + ")"
+    if step.resumable:
+        return f"{entry['seconds']:.0f} (its last call only: this manifest does not sum a resumed step's calls)"
+    return f"{entry['seconds']:.0f}"
+
+
 def record_cost_block(refs: Refs) -> str:
     """What a re-record costs: every role, then what `record --changed` re-runs after a change to each
     group of files (the files that move the same roles), with the seconds those roles took in the set."""
@@ -80,17 +92,20 @@ def record_cost_block(refs: Refs) -> str:
         groups.setdefault(tuple(r for r in closure if f in closure[r]), []).append(f)
     own = [s.role for s in recorded if not s.beside]
     rows = [[f"every role of the kit's own ({len(own)})", "a full `record`", f"{sum(seconds[r] for r in own):.0f}"]]
-    rows += [[f"`{s.role}` (beside the set, timed apart)", f"`record --part {s.part}`", f"{seconds[s.role]:.0f}"]
+    rows += [[f"`{s.role}` (beside the set, timed apart)", f"`record --part {s.part}`", _beside_seconds(man, s)]
              for s in recorded if s.beside]
+    # a resumed role whose entry holds only its last call's seconds: a sum with it is a lower bound
+    last_only = {s.role for s in recorded if s.resumable and not man["files"][s.role].get("calls")}
     for roles, files in sorted(groups.items(), key=lambda kv: (-sum(seconds[r] for r in kv[0]), kv[1])):
         shown = ", ".join(f"`{f.removeprefix('lfm2vl_lab/')}`" for f in files[:6])
         rows.append([shown + (f" and {len(files) - 6} more" if len(files) > 6 else ""),
                      "all" if len(roles) == len(recorded) else ", ".join(f"`{r}`" for r in roles),
-                     f"{sum(seconds[r] for r in roles):.0f}"])
+                     ("≥ " if last_only & set(roles) else "") + f"{sum(seconds[r] for r in roles):.0f}"])
     return "\n\n".join([
         table(["a change to", "re-records", "seconds of steps"], rows),
         "Seconds of steps: what each role's step took when the set was recorded (the manifest's `seconds`), "
-        "summed; a call adds the machine's start and the copy of the tree. Which roles a file moves is the "
+        "summed; a call adds the machine's start and the copy of the tree; ≥: the sum holds a resumed role's last "
+        "call only. Which roles a file moves is the "
         "import closure of each role's command (`lfm2vl_lab.measure.role_code`); a file in no row (a table, a "
         "figure, the site) moves none.", f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
 
