@@ -105,10 +105,15 @@ record)
     jupyter_wheels
     LOG=pytest TAILN=8 step "$GPU_LIMIT" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests}
   fi
+  # A warm machine keeps /tmp: this call goes on from what the last one recorded there (a cold one from
+  # the tree's set, where the last call's res was copied), so a set in several calls needs no copy
+  # back in between.
+  [ -d /tmp/h200-res ] && cp -r /tmp/h200-res/. "$R"/
   # record stops starting steps 15 s before this step's end, so none is ever cut off (RECORD_PART: one
   # part of the steps, encoder or engine; RECORD_CHANGED=1: only the roles whose own files changed)
   LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) \
-    ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed} ;;
+    ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed}
+  rm -rf /tmp/h200-res && cp -r "$R" /tmp/h200-res ;;
 finish)
   # what the reference set still lacks (steps of RECORD_LIMIT seconds at most), then every notebook
   # against it, then the GPU tests (GPU_TESTS) in the time left; carry the Jupyter wheels
