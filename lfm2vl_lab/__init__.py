@@ -30,18 +30,22 @@ from typing import TYPE_CHECKING
 # ``--help``, imports no torch. The same names under TYPE_CHECKING below are what type checkers and
 # the API reference read; tests/test_cli_lazy.py keeps the two lists equal.
 API = {
-    "core.capture": ("recover_from_failed_capture",),
-    "core.config": ("EncoderGraphConfig", "GraphOptions", "auto_budgets"),
+    "core.capture": ("capture_graph", "eager_stand_in", "recover_from_failed_capture"),
+    "core.config": ("EncoderGraphConfig", "GraphOptions", "auto_budgets", "auto_max_items",
+                    "pad_cu_seqlens_repeat_last"),
+    "core.dense": ("DenseGraphConfig",),
     "core.encoder": ("PackedVisionEncoder", "SplitProjector"),
     "core.graphed_encoder": ("GraphedEncoder",),
-    "core.packing": ("PackedBatch", "pack_inputs"),
-    "core.plan": ("plan_batches", "plan_stats"),
+    "core.packing": ("PackedBatch", "lfm2vl_local_gather_idx", "pack_inputs", "tokens_for"),
+    "core.plan": ("plan_batches", "plan_config", "plan_stats"),
+    "core.protocol": ("EncoderGraphModel", "pad_default", "protocol_members"),
     "core.ptrcheck": ("build_pointer_check",),
     "model.hf": ("hf_image_features",),
     "model.inputs": ("image_limits", "item_image", "process_images", "processor_for", "to_rgb"),
-    "model.parity": ("max_rel_error", "rel_error"),
+    "model.parity": ("float32_reference", "judge_replay", "lowp_parity", "max_rel_error", "rel_error"),
     "model.presets": ("Preset", "available_presets", "build_model", "checkpoint_from_env", "count_params",
                       "load_model", "model_for"),
+    "serving.cache": ("bucket_len",),
     "serving.chat": ("ChatReply", "chat"),
     "serving.engine": ("TextEngine",),
     "serving.pipeline": ("VlmPipeline",),
@@ -49,16 +53,24 @@ API = {
 API_NAMES = {name: module for module, names in API.items() for name in names}
 
 if TYPE_CHECKING:
-    from .core.capture import recover_from_failed_capture
-    from .core.config import EncoderGraphConfig, GraphOptions, auto_budgets
+    from .core.capture import capture_graph, eager_stand_in, recover_from_failed_capture
+    from .core.config import (
+        EncoderGraphConfig,
+        GraphOptions,
+        auto_budgets,
+        auto_max_items,
+        pad_cu_seqlens_repeat_last,
+    )
+    from .core.dense import DenseGraphConfig
     from .core.encoder import PackedVisionEncoder, SplitProjector
     from .core.graphed_encoder import GraphedEncoder
-    from .core.packing import PackedBatch, pack_inputs
-    from .core.plan import plan_batches, plan_stats
+    from .core.packing import PackedBatch, lfm2vl_local_gather_idx, pack_inputs, tokens_for
+    from .core.plan import plan_batches, plan_config, plan_stats
+    from .core.protocol import EncoderGraphModel, pad_default, protocol_members
     from .core.ptrcheck import build_pointer_check
     from .model.hf import hf_image_features
     from .model.inputs import image_limits, item_image, process_images, processor_for, to_rgb
-    from .model.parity import max_rel_error, rel_error
+    from .model.parity import float32_reference, judge_replay, lowp_parity, max_rel_error, rel_error
     from .model.presets import (
         Preset,
         available_presets,
@@ -68,6 +80,7 @@ if TYPE_CHECKING:
         load_model,
         model_for,
     )
+    from .serving.cache import bucket_len
     from .serving.chat import ChatReply, chat
     from .serving.engine import TextEngine
     from .serving.pipeline import VlmPipeline
@@ -75,12 +88,15 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChatReply", "EncoderGraphConfig", "GraphOptions", "GraphedEncoder", "PackedBatch", "PackedVisionEncoder",
-    "Preset", "SplitProjector", "auto_budgets", "available_presets", "build_model", "build_pointer_check", "chat",
-    "checkpoint_from_env", "count_params", "hf_image_features", "image_limits", "item_image", "load_model",
-    "load_sample_images", "max_rel_error", "model_for", "pack_inputs", "plan_batches", "plan_stats", "process_images",
-    "processor_for", "random_processor_output", "recover_from_failed_capture", "rel_error", "synthetic_image",
-    "synthetic_workload", "TextEngine", "to_rgb", "VlmPipeline",
+    "auto_budgets", "auto_max_items", "available_presets", "bucket_len", "build_model", "build_pointer_check",
+    "capture_graph", "chat", "ChatReply", "checkpoint_from_env", "count_params", "DenseGraphConfig", "eager_stand_in",
+    "EncoderGraphConfig", "EncoderGraphModel", "float32_reference", "GraphedEncoder", "GraphOptions",
+    "hf_image_features", "image_limits", "item_image", "judge_replay", "lfm2vl_local_gather_idx", "load_model",
+    "load_sample_images", "lowp_parity", "max_rel_error", "model_for", "pack_inputs", "PackedBatch",
+    "PackedVisionEncoder", "pad_cu_seqlens_repeat_last", "pad_default", "plan_batches", "plan_config", "plan_stats",
+    "Preset", "process_images", "processor_for", "protocol_members", "random_processor_output",
+    "recover_from_failed_capture", "rel_error", "SplitProjector", "synthetic_image", "synthetic_workload",
+    "TextEngine", "to_rgb", "tokens_for", "VlmPipeline",
 ]
 
 # every module of the instrument, read off its folders (importing none of them): name -> package

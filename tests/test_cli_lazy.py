@@ -64,6 +64,10 @@ def test_import_lfm2vl_lab_imports_no_torch_and_every_public_name_loads():
     code = "import sys, lfm2vl_lab; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+    # the two public packages of the instrument are as lazy (tests/test_public_api.py checks their names)
+    code = f"import sys, lfm2vl_lab.measure, lfm2vl_lab.report; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
     for name in lfm2vl_lab.__all__:
         assert getattr(lfm2vl_lab, name) is not None, name
     for name, module in lfm2vl_lab.API_NAMES.items():

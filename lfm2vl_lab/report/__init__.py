@@ -1,4 +1,68 @@
 """What the recorded files say: the reference set and its DataFrames, the generated tables and sentences of
 the pages, the figures, the docs site's figure page, and the notebooks' helpers that read the set. It reads
 result files and the measuring code's definitions; it measures nothing.
+
+The names below are what the notebooks call (``from lfm2vl_lab.report import setup, load_recorded,
+timeline_figure``); every module is reachable the same way (``from lfm2vl_lab.report import ttft_summary``).
+Each loads on first use: ``import lfm2vl_lab.report`` imports no pandas, matplotlib or torch.
 """
+
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING
+
+# The public names, by module (where each is defined). The same names under TYPE_CHECKING below are
+# what type checkers and editors read; tests/test_public_api.py keeps the two lists equal.
+API = {
+    "notebook": ("live_or_recorded", "load_first_version", "load_recorded", "setup"),
+    "plots": ("floor_share_figure", "graph_memory_figure", "latency_figure", "padding_waste_figure",
+              "speedup_figure", "timeline_figure"),
+    "plots_common": ("MODE_ORDER", "NoData", "is_default_config"),
+    "plots_e2e_attention": ("attention_figure", "e2e_figure"),
+    "plots_engine": ("decode_vs_floor",),
+    "plots_ttft": ("TTFT_MODES", "decode_figure", "ttft_breakdown_figure", "ttft_case", "ttft_grid_figure"),
+    "plots_vllm": ("vllm_breakdown_figure", "vllm_cuts_figure"),
+}
+API_NAMES = {name: module for module, names in API.items() for name in names}
+# this package's modules, read off its folder (importing none of them)
+MODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__))
+
+if TYPE_CHECKING:
+    from .notebook import live_or_recorded, load_first_version, load_recorded, setup
+    from .plots import (
+        floor_share_figure,
+        graph_memory_figure,
+        latency_figure,
+        padding_waste_figure,
+        speedup_figure,
+        timeline_figure,
+    )
+    from .plots_common import MODE_ORDER, NoData, is_default_config
+    from .plots_e2e_attention import attention_figure, e2e_figure
+    from .plots_engine import decode_vs_floor
+    from .plots_ttft import TTFT_MODES, decode_figure, ttft_breakdown_figure, ttft_case, ttft_grid_figure
+    from .plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
+
+__all__ = [
+    "attention_figure", "decode_figure", "decode_vs_floor", "e2e_figure", "floor_share_figure",
+    "graph_memory_figure", "is_default_config", "latency_figure", "live_or_recorded", "load_first_version",
+    "load_recorded", "MODE_ORDER", "NoData", "padding_waste_figure", "setup", "speedup_figure", "timeline_figure",
+    "ttft_breakdown_figure", "ttft_case", "ttft_grid_figure", "TTFT_MODES", "vllm_breakdown_figure",
+    "vllm_cuts_figure",
+]
+
+
+def __getattr__(name: str):
+    """``lfm2vl_lab.report.load_recorded`` loads ``lfm2vl_lab.report.notebook`` (:data:`API`);
+    ``lfm2vl_lab.report.ttft_summary`` loads that module."""
+    if name in API_NAMES:
+        value = getattr(importlib.import_module(f".{API_NAMES[name]}", __name__), name)
+        globals()[name] = value  # the next lookup finds it without this function
+        return value
+    if name in MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *API_NAMES, *MODULES})
