@@ -16,7 +16,9 @@ Seven packages, the technique first:
 The first four use torch and transformers only and never import the instrument
 (``tests/test_layers.py`` checks which package may import which). The names below are the public
 API; the instrument's modules are also reachable as ``lfm2vl_lab.bench``, ``lfm2vl_lab.e2e`` …, and
-its workload helpers as ``lfm2vl_lab.load_sample_images`` … Every name loads on first use:
+its workload helpers as ``lfm2vl_lab.load_sample_images`` … The helpers a learner calls to measure
+(``from lfm2vl_lab.measure import time_calls``) and to read the recorded set (``from lfm2vl_lab.report
+import load_recorded``) are public there, in the same lazy way. Every name loads on first use:
 ``import lfm2vl_lab`` imports no torch and no module of the instrument.
 """
 
