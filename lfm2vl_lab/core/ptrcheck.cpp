@@ -60,6 +60,18 @@ struct PointerCheck {
 
 PyObject* modules_name = nullptr;  // the interned "_modules"
 
+// Where a TensorImpl keeps its element count (a protected field, next to the offset and dtype the
+// address needs): its address is prefetched, never read through this.
+struct ImplFields : c10::TensorImpl {
+  static constexpr int64_t c10::TensorImpl::*numel = &ImplFields::numel_;
+};
+
+// How far ahead the loop prefetches: each tensor's address is three dependent loads (Python object,
+// TensorImpl, StorageImpl) over four cache lines, so the loop waits on memory, not on arithmetic.
+// Fetching the objects 12 tensors ahead and the TensorImpls' two lines 6 ahead overlaps those waits
+// (about a fifth off the 450M's 203 tensors on a 2-core EPYC, and more when they are not in cache).
+constexpr Py_ssize_t kObjectsAhead = 12, kImplsAhead = 6;
+
 // The tensor's data address as at::Tensor::data_ptr() computes it (TensorImpl::data_impl).
 inline uintptr_t address(PyObject* obj) {
   const at::Tensor& t = THPVariable_Unpack(obj);
@@ -203,9 +215,18 @@ PyObject* PointerCheck_equal(PyObject* op, PyObject* /*unused*/) {
     }
   }
   try {
-    const Watched* end = self->tensors + self->n_tensors;
-    for (const Watched* w = self->tensors; w != end; ++w) {
-      if (address(w->tensor) != w->pointer) {
+    const Watched* w = self->tensors;
+    const Py_ssize_t n = self->n_tensors;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (i + kObjectsAhead < n) {
+        __builtin_prefetch(&reinterpret_cast<THPVariable*>(w[i + kObjectsAhead].tensor)->cdata);
+      }
+      if (i + kImplsAhead < n) {
+        const c10::TensorImpl* ahead = THPVariable_Unpack(w[i + kImplsAhead].tensor).unsafeGetTensorImpl();
+        __builtin_prefetch(&ahead->unsafe_storage());
+        __builtin_prefetch(&(ahead->*ImplFields::numel));
+      }
+      if (address(w[i].tensor) != w[i].pointer) {
         Py_RETURN_FALSE;
       }
     }
