@@ -7,9 +7,9 @@
 // tensors and their pointers once (at capture, and again at rearm) and its equal() takes no
 // arguments: per tensor it reads one pointer and compares it, with no conversion.
 //
-// Why a plain CPython type and no pybind11: equal() is the whole hot path, and pybind11's dispatch
-// (argument loaders, overload chain, bool cast) cost more than the loop over 200 tensors. Here it is
-// a METH_NOARGS method: CPython calls the C function directly.
+// Why a plain CPython type and no pybind11: equal() is the whole hot path, and pybind11's call
+// dispatch (argument loaders, overload chain, result cast) is a fixed cost on every call on top of the
+// loop. Here it is a METH_NOARGS method: CPython calls the C function directly (about 20 ns).
 //
 // It keeps the Python tensor objects, not at::Tensor handles, and reads each one's TensorImpl through
 // it on every call: torch.utils.swap_tensors gives a Python object another TensorImpl, and a handle
@@ -18,7 +18,8 @@
 // one at::Tensor::data_ptr() gives (storage address plus offset times item size, null for a tensor
 // with no elements), read from the TensorImpl's fields rather than through data_ptr(), which first
 // asks the virtual has_storage(); a tensor with no storage or no dtype goes through data_ptr()
-// itself (which raises as torch's function would).
+// itself (which raises as torch's function would). The storage is read as const: unlike data_ptr(),
+// that never materializes a copy-on-write storage, which would move the very tensor being checked.
 //
 // It also holds each ModuleList of the parts with the dictionary and length it had (the Python
 // check `m._modules is not modules or len(modules) != n`): insert, del and pop re-key a list with no
@@ -34,7 +35,6 @@
 
 #include <cstdint>
 #include <exception>
-#include <string>
 
 namespace {  // internal linkage: nothing here clashes with another extension's names
 

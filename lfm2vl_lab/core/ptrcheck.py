@@ -8,7 +8,7 @@ graphs read still have the storage pointer it had at capture? Same comparison, s
   use). Always there. Its loop is C++, but pybind converts its Python lists of tensors, pointers and
   indices element by element on every call, and that is most of its cost.
 * ``"extension"``: ``PointerCheck`` from ``ptrcheck.cpp`` beside this file, a plain CPython type
-  (pybind11's call dispatch alone would cost more than its loop). It takes the tensors, their
+  (no pybind11 call dispatch on every call). It takes the tensors, their
   pointers and the parts' module lists once, when the stamp is armed, and its call takes no
   arguments: per list, its dictionary's identity and length; per tensor, one pointer read from the
   tensor's fields and one comparison.
