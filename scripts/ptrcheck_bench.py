@@ -1,6 +1,6 @@
-"""The weight stamp's pointer check both ways (core/ptrcheck.py), on one preset's encoder stamp.
+"""The weight stamp's pointer check both ways (core/ptrcheck.py), on each preset's encoder stamp.
 
-Builds the preset with random weights on ``--device``, stamps what the encoder's graphs read (as the
+Builds each ``--preset`` with random weights on ``--device``, stamps what the encoder's graphs read (as the
 graph manager does at capture), and times one call with ``timeit`` (the median, and the fastest, of
 ``--rounds`` rounds of ``--calls`` calls): torch's ``_tensors_data_ptrs_at_indices_equal`` on the
 stamp's lists, the kit's ``PointerCheck.equal``, and the whole ``WeightStamp.current()`` with each.
@@ -9,7 +9,7 @@ it, ``build_pointer_check()`` as a user calls it, into torch's extension cache, 
 it) and loading the build from a fresh process, and checks that both ways see a ``.data`` swap and a
 ``torch.utils.swap_tensors``. A host-side measurement: its numbers are not a GPU result file.
 
-    python scripts/ptrcheck_bench.py --preset lfm2-vl-450m --cold --json ptrcheck.json
+    python scripts/ptrcheck_bench.py --preset lfm2-vl-450m --preset lfm2-vl-1.6b --cold --json ptrcheck.json
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def build_times(cold: bool) -> dict:
 
 def stamp_for(adapter, which: str) -> WeightStamp:
     ptrcheck._CHOSEN["ext"] = ptrcheck.load_built() if which == ptrcheck.EXTENSION else None
-    stamp = WeightStamp(adapter.weights, adapter.holders())
+    stamp = adapter.weight_stamp()  # what the graph manager stamps at capture
     assert stamp.pointer_check == which and stamp.current(), (stamp.pointer_check, stamp.dirty, stamp.changes())
     return stamp
 
@@ -79,18 +79,9 @@ def sees_swaps() -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="lfm2-vl-450m")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--cold", action="store_true", help="build into a fresh folder (the compiler runs)")
-    ap.add_argument("--json", type=Path, help="write the numbers here")
-    args = ap.parse_args()
-    result = {"torch": torch.__version__, "python": sys.version.split()[0], "device": args.device,
-              "preset": args.preset, "build": build_times(args.cold)}
-    model = build_model(args.preset, dtype=torch.bfloat16, device=args.device)
+def time_preset(preset: str, device: str, calls: int, rounds: int) -> dict:
+    """One preset's encoder stamp: each way's time per call."""
+    model = build_model(preset, dtype=torch.bfloat16, device=device)
     adapter = GraphedEncoder(model).adapter  # fuses q/k/v first, as capture finds them
     stamps = {which: stamp_for(adapter, which) for which in (ptrcheck.TORCH, ptrcheck.EXTENSION)}
     assert all(s.current() for s in stamps.values())
@@ -100,11 +91,27 @@ def main() -> None:
     fn = torch._C._tensors_data_ptrs_at_indices_equal
     timed = {"torch function": lambda: fn(tensors, pointers, indices), "PointerCheck.equal": raw.equal,
              **{f"WeightStamp.current ({which})": s.current for which, s in stamps.items()}}
-    result["tensors"] = len(tensors)
-    result["per_call"] = {name: per_call_us(f, args.calls, args.rounds) for name, f in timed.items()}
-    result["sees_swaps"] = sees_swaps()
-    for name, t in result["per_call"].items():
+    per_call = {name: per_call_us(f, calls, rounds) for name, f in timed.items()}
+    print(f"{preset}:")
+    for name, t in per_call.items():
         print(f"{name:>34}: median {t['median_us']:.3f} µs, fastest {t['min_us']:.3f} µs ({len(tensors)} tensors)")
+    return {"tensors": len(tensors), "per_call": per_call}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", action="append", help="a preset to time (repeat for more; default lfm2-vl-450m)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--cold", action="store_true", help="build into a fresh folder (the compiler runs)")
+    ap.add_argument("--json", type=Path, help="write the numbers here")
+    args = ap.parse_args()
+    presets = args.preset or ["lfm2-vl-450m"]
+    result = {"torch": torch.__version__, "python": sys.version.split()[0], "device": args.device,
+              "build": build_times(args.cold),
+              "presets": {p: time_preset(p, args.device, args.calls, args.rounds) for p in presets},
+              "sees_swaps": sees_swaps()}
     print(json.dumps({k: result[k] for k in ("build", "sees_swaps")}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

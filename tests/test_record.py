@@ -151,6 +151,7 @@ def test_code_hash_equals_gits_own_for_a_commit(tmp_path):
     (tmp_path / "data" / "presets").mkdir(parents=True)
     (tmp_path / "lfm2vl_lab" / "a.py").write_text("x = 1\n")
     (tmp_path / "lfm2vl_lab" / "sub" / "b.py").write_bytes(b"y = 2\n")
+    (tmp_path / "lfm2vl_lab" / "sub" / "c.cpp").write_text("int z;\n")  # a C++ source the package builds
     (tmp_path / "lfm2vl_lab" / "notes.txt").write_text("not code\n")
     (tmp_path / "data" / "presets" / "p.json").write_text("{}\n")
     git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
@@ -164,6 +165,9 @@ def test_code_hash_equals_gits_own_for_a_commit(tmp_path):
     (tmp_path / "lfm2vl_lab" / "a.py").write_text("x = 3\n")  # a change of code changes the hash
     assert code_hash(tmp_path) != first
     (tmp_path / "lfm2vl_lab" / "a.py").write_text("x = 1\n")
+    (tmp_path / "lfm2vl_lab" / "sub" / "c.cpp").write_text("int w;\n")  # so does a change to the C++ it builds
+    assert code_hash(tmp_path) != first
+    (tmp_path / "lfm2vl_lab" / "sub" / "c.cpp").write_text("int z;\n")
     (tmp_path / "lfm2vl_lab" / "notes.txt").write_text("edited\n")  # what is not code does not
     assert code_hash(tmp_path) == first
     assert hash_code_entries([("b", "2"), ("a", "1")]) == hash_code_entries([("a", "1"), ("b", "2")])

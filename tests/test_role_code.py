@@ -61,6 +61,33 @@ def test_the_closure_follows_relative_and_function_level_imports(tmp_path):
     assert rc.changed_files({"file": "x.json"}, ("lfm2vl_lab.measure.m",), root) is None  # names no code
 
 
+def test_a_role_measures_the_cpp_its_modules_build():
+    """core/ptrcheck.cpp is compiled and run by core/ptrcheck.py, which no import names: every role
+    whose closure holds ptrcheck.py measures it too, and each C++ source of the package is named."""
+    cpp = {p.relative_to(rc.REPO_ROOT).as_posix() for p in (rc.REPO_ROOT / rc.PACKAGE).rglob("*.cpp")}
+    assert cpp == {src for srcs in rc.BUILT_SOURCES.values() for src in srcs} and cpp
+    assert all((rc.REPO_ROOT / f).is_file() for f in rc.BUILT_SOURCES)
+    for step in STEPS:
+        files = rc.measured_files(step.modules)
+        assert ("lfm2vl_lab/core/ptrcheck.cpp" in files) == ("lfm2vl_lab/core/ptrcheck.py" in files), step.role
+    assert "lfm2vl_lab/core/ptrcheck.cpp" in rc.measured_files(rc.command_modules("bench"))
+
+
+def test_a_change_to_a_built_cpp_makes_its_role_stale(tmp_path):
+    root = _tree(tmp_path, {
+        **{f: "" for f in rc.ALWAYS}, "lfm2vl_lab/core/__init__.py": "",
+        "lfm2vl_lab/measure/m.py": "from ..core import guard\n", "lfm2vl_lab/measure/n.py": "",
+        "lfm2vl_lab/core/guard.py": "from .ptrcheck import make_check\n", "lfm2vl_lab/core/ptrcheck.py": "",
+        "lfm2vl_lab/core/ptrcheck.cpp": "int x;\n", "data/presets/p.json": "{}"})
+    assert "lfm2vl_lab/core/ptrcheck.cpp" in rc.measured_files(("lfm2vl_lab.measure.m",), root)
+    assert "lfm2vl_lab/core/ptrcheck.cpp" not in rc.measured_files(("lfm2vl_lab.measure.n",), root)
+    entry, other = rc.role_code(("lfm2vl_lab.measure.m",), root), rc.role_code(("lfm2vl_lab.measure.n",), root)
+    (root / "lfm2vl_lab/core/ptrcheck.cpp").write_text("int y;\n")
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == ["lfm2vl_lab/core/ptrcheck.cpp"]
+    assert rc.role_code(("lfm2vl_lab.measure.m",), root)["role_hash"] != entry["role_hash"]
+    assert rc.changed_files(other, ("lfm2vl_lab.measure.n",), root) == []  # a role that does not build it
+
+
 def test_an_unknown_command_names_the_table_to_extend():
     with pytest.raises(KeyError, match="no modules are named for the command 'nope'.*COMMAND_MODULES"):
         rc.command_modules("nope")

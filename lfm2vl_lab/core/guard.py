@@ -29,10 +29,12 @@ A stamp reads its parts through a callable, so the slow path sees the model *as 
 replaced on the module above it (``model.model.multi_modal_projector = new``) is found, because the
 modules above the parts (``holders``) are watched for registrations too. ``ModuleList`` methods that
 re-key the list without a registration (``insert``, ``del``, ``pop``) are seen by the list's own
-dictionary and length, checked with the pointers.
+dictionary and length, checked with the pointers (in the same C++ call where the kit's check is built).
 
 Not seen: a tensor given the *same* storage under another shape or stride (``p.data = p.data.t()``),
-which keeps its pointer.
+which keeps its pointer; and a module written straight into a list's private dictionary
+(``layers._modules["3"] = new``), which fires no hook and keeps the dictionary and its length
+(``layers[3] = new`` goes through ``nn.Module.__setattr__`` and is seen).
 """
 
 from __future__ import annotations
@@ -123,25 +125,23 @@ class WeightStamp:
         """What :meth:`current` compares: the tensors in the recorded order with their recorded
         pointers, and each ``ModuleList``'s dictionary and length."""
         names = list(self.recorded)
-        # which: "extension" or "torch" (core/ptrcheck.py); _equal: the comparison, with no arguments
+        lists = [(m, m._modules, len(m._modules)) for part in parts.values() for m in part.modules()
+                 if isinstance(m, nn.ModuleList)]
+        # which: "extension" or "torch" (core/ptrcheck.py); _equal: the whole comparison (lists, then
+        # pointers), with no arguments
         self.pointer_check, self._equal = make_check([tensors[n] for n in names],
-                                                     [self.recorded[n][0] for n in names])
-        self._lists = [(m, m._modules, len(m._modules)) for part in parts.values() for m in part.modules()
-                       if isinstance(m, nn.ModuleList)]
+                                                     [self.recorded[n][0] for n in names], lists)
 
     def drop(self) -> None:
         """Raise the flag and let go of the tensors (a model moved off the GPU frees its memory at
         once, not at the next call)."""
-        self.dirty, self._equal, self._lists = True, None, []
+        self.dirty, self._equal = True, None
 
     def current(self) -> bool:
         """The hot-path check: False when a hook fired, a list was re-keyed or any tensor's storage
         moved (then ask :meth:`changes` what, if anything, changed)."""
         if self.dirty:
             return False
-        for m, modules, n in self._lists:
-            if m._modules is not modules or len(modules) != n:
-                return False
         return self._equal()
 
     def _read(self) -> dict[str, Record]:

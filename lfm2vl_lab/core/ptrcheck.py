@@ -7,9 +7,13 @@ graphs read still have the storage pointer it had at capture? Same comparison, s
 * ``"torch"``: ``torch._C._tensors_data_ptrs_at_indices_equal`` (what inductor's CUDA-graph trees
   use). Always there. Its loop is C++, but pybind converts its Python lists of tensors, pointers and
   indices element by element on every call, and that is most of its cost.
-* ``"extension"``: ``PointerCheck`` from ``ptrcheck.cpp`` beside this file. It takes the tensors and
-  their pointers once, when the stamp is armed, and its call takes no arguments: per tensor, one
-  pointer read and one comparison.
+* ``"extension"``: ``PointerCheck`` from ``ptrcheck.cpp`` beside this file, a plain CPython type
+  (no pybind11 call dispatch on every call). It takes the tensors, their
+  pointers and the parts' module lists once, when the stamp is armed, and its call takes no
+  arguments: per list, its dictionary's identity and length; per tensor, one pointer read from the
+  tensor's fields and one comparison.
+
+With torch's function the lists are compared in Python first, as the stamp always did.
 
 The extension is built by the host's C++ compiler through ``torch.utils.cpp_extension`` (with ninja;
 no CUDA code, so no nvcc), into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
@@ -131,16 +135,33 @@ def _choose():
         return None
 
 
-def make_check(tensors: list, pointers: list):
+def _lists_kept(lists) -> bool:
+    """Each ``(module, modules, length)``: the module still holds that ``_modules`` dictionary, at that length."""
+    for m, modules, n in lists:
+        if m._modules is not modules or len(modules) != n:
+            return False
+    return True
+
+
+def make_check(tensors: list, pointers: list, lists=()):
     """``(which, equal)``: which check is used (``"extension"`` or ``"torch"``), and a call with no
-    arguments that is True while every tensor still has its pointer."""
+    arguments that is True while every tensor still has its pointer and every ``(module, modules,
+    length)`` of ``lists`` still has ``module._modules is modules`` and ``len(modules) == length``."""
     if "ext" not in _CHOSEN:
         _CHOSEN["ext"] = _choose()
     ext = _CHOSEN["ext"]
+    lists = [tuple(x) for x in lists]
     if ext is not None:
-        return EXTENSION, ext.PointerCheck(tensors, pointers).equal
+        return EXTENSION, ext.PointerCheck(tensors, pointers, lists).equal
     indices = list(range(len(tensors)))
-    return TORCH, functools.partial(torch._C._tensors_data_ptrs_at_indices_equal, tensors, pointers, indices)
+    pointers_kept = functools.partial(torch._C._tensors_data_ptrs_at_indices_equal, tensors, pointers, indices)
+    if not lists:
+        return TORCH, pointers_kept
+
+    def equal() -> bool:
+        return _lists_kept(lists) and pointers_kept()
+
+    return TORCH, equal
 
 
 def use_pointer_check(which: str) -> None:

@@ -24,9 +24,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ROOT = REPO_ROOT / "data" / "results"
 FIGURES_ROOT = RESULTS_ROOT.parent / "figures"  # where `python -m lfm2vl_lab report` writes the PNGs
-# What makes the numbers: the package's Python files and the model presets. Their content hash is the
-# code version a result names (git's own commit id is no help on a machine that got a copy of the tree).
-CODE_PATHS = (("lfm2vl_lab", ".py"), ("data/presets", ".json"))
+# What makes the numbers: the package's Python files, the C++ sources it builds (core/ptrcheck.cpp, the
+# weight stamp's check on every call) and the model presets. Their content hash is the code version a
+# result names (git's own commit id is no help on a machine that got a copy of the tree).
+CODE_PATHS = (("lfm2vl_lab", ".py"), ("lfm2vl_lab", ".cpp"), ("data/presets", ".json"))
 
 
 def gpu_slug(name: str) -> str:
@@ -65,7 +66,7 @@ def is_code_path(path: str) -> bool:
 
 def code_hash(root: Path = REPO_ROOT) -> str:
     """The content hash of the code under ``root`` that makes the numbers (:data:`CODE_PATHS`):
-    every ``*.py`` of ``lfm2vl_lab/`` and ``*.json`` of ``data/presets/``, caches left out."""
+    every ``*.py`` and ``*.cpp`` of ``lfm2vl_lab/`` and ``*.json`` of ``data/presets/``, caches left out."""
     entries = []
     for folder, ext in CODE_PATHS:
         for f in (Path(root) / folder).rglob(f"*{ext}"):

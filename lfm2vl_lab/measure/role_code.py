@@ -3,8 +3,9 @@
 A role's numbers depend on the modules its command runs, not on the whole package: a new table or
 figure changes no timing, and a change to ``check`` moves no benchmark. So each role names its code:
 the import closure of the modules its command runs (:data:`COMMAND_MODULES`), found by reading their
-``import`` statements (function-level ones included), plus the files every command runs
-(:data:`ALWAYS`: the dispatcher) and the presets. Three rules keep the closure to what makes numbers:
+``import`` statements (function-level ones included), the C++ sources its modules build
+(:data:`BUILT_SOURCES`), plus the files every command runs (:data:`ALWAYS`: the dispatcher) and the
+presets. Three rules keep the closure to what makes numbers:
 
 * a package's ``__init__.py`` is part of it (importing a module runs it), but the names it re-exports
   are not followed: ``lfm2vl_lab/__init__.py`` re-exports the whole public API, and a benchmark of the
@@ -45,6 +46,11 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 ALWAYS = ("lfm2vl_lab/__init__.py", "lfm2vl_lab/__main__.py", "lfm2vl_lab/cli/__init__.py",
           "lfm2vl_lab/measure/__init__.py", "lfm2vl_lab/cli/cli.py", "lfm2vl_lab/cli/cli_options.py")
 PRESETS = "data/presets"
+# The C++ sources a module compiles and runs (no import statement names them): a role whose closure holds
+# the module measures them too. Every *.cpp of the package is named here (tests/test_role_code.py).
+BUILT_SOURCES: dict[str, tuple[str, ...]] = {
+    "lfm2vl_lab/core/ptrcheck.py": ("lfm2vl_lab/core/ptrcheck.cpp",),  # the weight stamp's per-call check
+}
 # The report layer reads result files and makes no number (measure/ never imports it: tests/test_layers.py);
 # a command may print its summary through it after the run, which moves nothing it recorded.
 REPORT = "lfm2vl_lab.report"
@@ -92,7 +98,8 @@ def command_modules(command: str) -> tuple[str, ...]:
 
 def measured_files(modules, root: Path = REPO_ROOT) -> list[str]:
     """Every file (repo-relative) whose content can move the numbers of code that runs ``modules``:
-    their closure (see the module), :data:`ALWAYS` and the presets, sorted."""
+    their closure (see the module), the C++ sources it builds (:data:`BUILT_SOURCES`), :data:`ALWAYS`
+    and the presets, sorted."""
     seen: set[str] = set()
     todo = list(modules)
     files = set(ALWAYS)
@@ -109,6 +116,7 @@ def measured_files(modules, root: Path = REPO_ROOT) -> list[str]:
         parts = name.split(".")
         files |= {p for p in (module_path(".".join(parts[:i]), root) for i in range(1, len(parts))) if p}
         todo += sorted(imported_modules(name, root))
+    files |= {src for f in files for src in BUILT_SOURCES.get(f, ())}
     files |= {p.relative_to(root).as_posix() for p in (Path(root) / PRESETS).glob("*.json")}
     return sorted(files)
 
