@@ -13,6 +13,14 @@ folders) become placeholders, and tqdm's "IProgress not found" warning, which sa
 about the kernel's environment and nothing about the notebook, is dropped.
 ``--sanitize-only`` applies just that to notebooks that are already committed.
 
+Every notebook's kernel is started before the first notebook runs, all at once, and imports the
+libraries the course uses (:data:`WARM_UP`: torch, transformers, matplotlib and the kit; nothing that
+touches the GPU). A kernel spends about 6 s on those imports, every notebook's first cell would pay them
+one notebook after another, and the GPU idles meanwhile; done side by side beforehand, they cost about
+one notebook's imports in all. The notebooks still run one at a time, each alone on the GPU, and
+import what they import themselves (a name already imported costs nothing). ``--cold`` starts each
+kernel only when its notebook runs, as before.
+
 When a kernel dies (a crash in native code leaves nbclient nothing but "DeadKernelError"), the
 notebook's code cells are run once more as an IPython script in a child process with
 faulthandler on, and the tail of its output and its exit status (a negative status is the signal)
@@ -22,6 +30,7 @@ are printed: that is the diagnosis a GPU log needs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import os
 import re
@@ -35,6 +44,22 @@ import nbformat
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 NBVAL_CHECK = "# NBVAL_CHECK_OUTPUT"
+# What a warm kernel imports before its notebook runs: what the notebooks' first cells import, and the
+# transformers classes their presets build (a lazy import inside transformers, about 2 s). No CUDA call.
+# Inside a function, so the notebook's namespace starts empty: a notebook that forgets an import still
+# fails here as it would for a learner. The kernel keeps the seconds the imports took.
+WARM_UP = """\
+def _lfm2vl_warm_up():
+    import time
+    t0 = time.perf_counter()
+    import matplotlib.pyplot, torch, transformers
+    from transformers import Lfm2VlForConditionalGeneration, Lfm2VlProcessor
+    import lfm2vl_lab, lfm2vl_lab.measure
+    from lfm2vl_lab.report import setup
+    return time.perf_counter() - t0
+_lfm2vl_warm_s = _lfm2vl_warm_up()
+"""
+WARM_DONE = "del _lfm2vl_warm_up, _lfm2vl_warm_s"
 # tqdm.auto inside a kernel without ipywidgets: the warning line, then the source line it quotes.
 TQDM_WIDGET_WARNING = re.compile(
     r"^[^\n]*TqdmWarning: IProgress not found[^\n]*(?:\n|$)(?:[ \t]+from \.autonotebook import[^\n]*(?:\n|$))?", re.M)
@@ -122,19 +147,59 @@ def diagnose_dead_kernel(nb, path: Path, timeout: int) -> str:
         script.unlink(missing_ok=True)
 
 
-def execute(nb, path: Path, timeout: int) -> str:
-    """Run ``nb`` with nbclient (cwd: the notebook's folder); returns "ok" or why it failed."""
+async def _warm_kernel(path: Path, timeout: int):
+    """A kernel started in ``path``'s folder that has run :data:`WARM_UP`, and the seconds its imports
+    took; (None, None) where that failed (the notebook then starts its own kernel, as with ``--cold``)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    km = AsyncKernelManager(kernel_name="python3")
+    try:
+        await km.start_kernel(cwd=str(path.parent))
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=timeout)
+        # silent: no output, no history, no execution count; the notebook's cells count from 1
+        reply = await kc.execute_interactive(WARM_UP, silent=True, timeout=timeout, output_hook=lambda msg: None,
+                                             user_expressions={"s": "_lfm2vl_warm_s"})
+        content = reply["content"]
+        if content["status"] != "ok" or content["user_expressions"]["s"]["status"] != "ok":
+            raise RuntimeError(content.get("evalue", "the warm-up failed"))
+        seconds = float(content["user_expressions"]["s"]["data"]["text/plain"])
+        await kc.execute_interactive(WARM_DONE, silent=True, timeout=timeout, output_hook=lambda msg: None)
+        kc.stop_channels()
+        return km, seconds
+    except Exception as exc:  # a cold start is slower, not wrong
+        print(f"{path.name}: no warm kernel ({type(exc).__name__}: {exc}); it starts its own", flush=True)
+        if km.has_kernel:
+            await km.shutdown_kernel(now=True)
+        return None, None
+
+
+def warm_kernels(paths: list[Path], timeout: int) -> list[tuple]:
+    """One warm kernel per notebook and its import seconds (:func:`_warm_kernel`), started side by side."""
+    async def all_of_them():
+        return await asyncio.gather(*(_warm_kernel(p, timeout) for p in paths))
+    return asyncio.run(all_of_them())
+
+
+def execute(nb, path: Path, timeout: int, km=None) -> str:
+    """Run ``nb`` with nbclient (cwd: the notebook's folder), on ``km`` where given (a warm kernel, shut
+    down here afterwards); returns "ok" or why it failed."""
     from nbclient import NotebookClient  # only needed here: --sanitize-only works without Jupyter
 
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        client = NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute()
         return "ok"
     except Exception as exc:  # report it and go on to the next notebook
         if type(exc).__name__ == "DeadKernelError":
             print(f"{path.name}: the kernel died; rerunning its code as a script to see why", flush=True)
             print(diagnose_dead_kernel(nb, path, timeout), flush=True)
         return f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"
+    finally:
+        if km is not None and km.has_kernel:  # nbclient leaves a kernel it did not start running
+            asyncio.run(km.shutdown_kernel(now=True))
 
 
 def main() -> int:
@@ -144,19 +209,32 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     ap.add_argument("--sanitize-only", action="store_true",
                     help="do not execute: only sanitise the outputs the notebooks already have")
+    ap.add_argument("--cold", action="store_true",
+                    help="start each notebook's kernel when it runs, not all of them warm beforehand")
     args = ap.parse_args()
     os.environ.setdefault("PYTHONFAULTHANDLER", "1")  # kernels inherit it: a native crash prints a traceback
+    paths = list(map(Path, args.notebooks))
+    t_start = time.time()
+    kms = [None] * len(paths)
+    if not (args.sanitize_only or args.cold):
+        kms, secs = zip(*warm_kernels(paths, args.timeout))
+        took = [s for s in secs if s is not None]
+        print(f"{len(took)} of {len(paths)} kernels warm in {time.time() - t_start:.1f}s"
+              + (f" (their imports took {min(took):.1f}-{max(took):.1f}s each, side by side; a kernel started"
+                 " for one notebook pays them in its first cell)" if took else ""), flush=True)
     failed = 0
-    for p in map(Path, args.notebooks):
+    for p, km in zip(paths, kms):
         nb = nbformat.read(p, as_version=4)
         t0 = time.time()
-        status = "sanitised" if args.sanitize_only else execute(nb, p, args.timeout)
+        status = "sanitised" if args.sanitize_only else execute(nb, p, args.timeout, km)
         failed += status.startswith("FAILED")
         cleaned = sanitize_notebook(nb)
         dest = Path(args.out) / p.name if args.out else p
         dest.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, dest)
         print(f"{p.name}: {status} in {time.time() - t0:.1f}s ({cleaned} cells cleaned)", flush=True)
+    if not args.sanitize_only:
+        print(f"{len(paths)} notebooks in {time.time() - t_start:.1f}s, {failed} failed", flush=True)
     return 1 if failed else 0
 
 

@@ -1,0 +1,54 @@
+"""The notebook runner's warm kernels (scripts/run_notebooks.py): a notebook run on a kernel warmed
+beforehand sees what it would see on a fresh one, so a warm run cannot hide a notebook's own bug."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_runner():
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+rn = load_runner()
+# What a notebook can see of its kernel: its names, the kernel's execution counter and input history.
+PROBE = ("import torch\nprint(torch.zeros(2).sum().item())",
+         "print(sorted(dir()))\n"
+         "print(get_ipython().execution_count, len(In))")
+
+
+def notebook(tmp_path: Path, name: str, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    return path
+
+
+def run(path: Path, km) -> tuple[str, list]:
+    nb = nbformat.read(path, as_version=4)
+    status = rn.execute(nb, path, 300, km)
+    return status, [[o.get("text") for o in c.outputs] for c in nb.cells]
+
+
+def test_a_warm_kernel_shows_a_notebook_what_a_fresh_one_shows(tmp_path):
+    probe = notebook(tmp_path, "probe.ipynb", *PROBE)
+    forgot = notebook(tmp_path, "forgot.ipynb", "print(torch.zeros(1))")  # no import: must fail, warm or not
+    warm = rn.warm_kernels([probe, forgot], timeout=300)
+    assert all(km is not None and s > 0 for km, s in warm), f"the warm-up failed: {warm}"
+    warm_probe = run(probe, warm[0][0])
+    assert warm_probe == run(probe, None), "a warm kernel showed the notebook names, counts or history a fresh one does not"
+    status, _ = run(forgot, warm[1][0])
+    assert status.startswith("FAILED") and "torch" in status, status
+    assert not warm[0][0].has_kernel and not warm[1][0].has_kernel, "a warm kernel outlived its notebook"
