@@ -8,7 +8,7 @@ import random
 import pytest
 
 from lfm2vl_lab.measure import vllm_ab as ab
-from lfm2vl_lab.report.plots_common import NoData
+from lfm2vl_lab.report.plots import NoData
 from lfm2vl_lab.report.plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
 
 

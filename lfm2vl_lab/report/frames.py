@@ -12,16 +12,20 @@ of samples stay lists in their cells, and the file's provenance travels in ``df.
 
 Named ``frames``, not ``results``: :mod:`lfm2vl_lab.measure.results` is the module that *writes* result
 files with their provenance. :func:`md` is the one Markdown writer of the generated pages
-(:mod:`lfm2vl_lab.report.tables`).
+(:mod:`lfm2vl_lab.report.tables`). :func:`pick_rows` and :func:`one_per` choose which row of one run a
+figure or table shows: the default configuration's where a file holds several; two rows of equal
+standing for one bar are rows of two runs, refused (:class:`MixedRuns`) rather than silently picked.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pandas as pd
 from tabulate import DataRow, TableFormat
 
+from ..measure.modes import row_labels
 from ..measure.results import REPO_ROOT, RESULTS_ROOT
 from . import reference
 from .reference import REFERENCE_GPU, ReferenceError
@@ -92,3 +96,77 @@ def md(df: pd.DataFrame) -> str:
     a missing cell (None, NaN) as a dash, the index left out."""
     cells = df.astype(object).where(df.notna(), DASH)
     return cells.to_markdown(index=False, tablefmt=PAGE_TABLE, stralign=None, numalign=None, disable_numparse=True)
+
+
+# Which row of a run a figure or table shows
+
+_DEFAULT_ROW = row_labels("lab-graph")  # how a row of the default settings names them
+# preferred (budget_set, cu_rule, max_seqlen_mode) in figures: the defaults'
+DEFAULT_GRAPH_CONFIG = tuple(_DEFAULT_ROW[k] for k in ("budget_set", "cu_rule", "max_seqlen_mode"))
+DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default
+# The kit's kernel options and their defaults; a row without the key ran before the option existed (off)
+KERNEL_OPTIONS = {k: _DEFAULT_ROW[k] for k in ("fuse_qkv", "fuse_elementwise", "dense_graphs")}
+
+
+class MixedRuns(ValueError):
+    """The rows handed to a figure hold two candidates for one bar or point: rows of more than one
+    run, which a figure must not mix (draw one result file's rows)."""
+
+
+def is_default_config(row: dict, ignore=()) -> bool:
+    """Whether a result row ran the kit's default configuration: for graph rows the automatic
+    budgets, the safe ``cu_seqlens`` rule and tight ``max_seqlen`` (``DEFAULT_GRAPH_CONFIG``); a
+    default attention backend (``DEFAULT_LAB_OPTIONS``); and, for the lab modes, each of
+    ``KERNEL_OPTIONS`` at its default (``dense_graphs`` for ``lab-graph`` only). ``ignore`` names
+    kernel options not to compare (for files recorded before and after a default changed); it may
+    also name ``"budget_set"`` (any budget set counts)."""
+    budgets_ok = "budget_set" in ignore or row.get("budget_set") in (None, DEFAULT_GRAPH_CONFIG[0])
+    graph_ok = row.get("budget_set") is None or (
+        budgets_ok and (row.get("cu_rule"), row.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:])
+    lab = row.get("mode") in ("lab-eager", "lab-graph", "lab-graph-fused")
+    opts_ok = not lab or all(bool(row.get(k, False)) == v for k, v in KERNEL_OPTIONS.items()
+                             if k not in ignore and (k != "dense_graphs" or row.get("mode") == "lab-graph"))
+    return graph_ok and opts_ok and row.get("attention") in DEFAULT_LAB_OPTIONS
+
+
+def one_per(rows: Iterable[dict], key: Callable[[dict], tuple], what: str, rank=None) -> list[dict]:
+    """One row per ``key(row)``, in first-seen order: the row of highest ``rank(row)`` (default: all
+    equal). Two rows of the same key and the same, highest, rank raise :class:`MixedRuns` naming the
+    key: within one run the rank tells its rows apart, so a tie means rows of several runs."""
+    best: dict = {}
+    tied: set = set()
+    for r in rows:
+        k, score = key(r), rank(r) if rank else ()
+        cur = best.get(k)
+        if cur is None or score > cur[0]:
+            best[k] = (score, r)
+            tied.discard(k)
+        elif score == cur[0]:
+            tied.add(k)
+    if tied:
+        raise MixedRuns(f"{what}: several rows of equal standing for {sorted(tied, key=str)[0]}: rows of more "
+                        "than one run, or several configurations and none the default? draw one run's rows")
+    return [r for _, r in best.values()]
+
+
+def _pick_rank(r: dict) -> tuple:
+    # the default configuration; else the default graph settings (rows recorded before a kernel option
+    # existed carry none of them); then a profiled row
+    return (is_default_config(r), is_default_config(r, ignore=tuple(KERNEL_OPTIONS)), r.get("gpu_busy_ms") is not None)
+
+
+def pick_rows(rows: list[dict]) -> list[dict]:
+    """One row per (mode, workload) of one run's rows: the default configuration's
+    (:func:`is_default_config`) where the run holds several configurations, else the one with the
+    default graph settings (budgets, ``cu_seqlens`` rule, ``max_seqlen``), and of those a profiled
+    row (it has the GPU-busy floor and a timeline). Rows without ``median_ms`` are left out.
+
+    Raises :class:`MixedRuns` where two rows of equal standing share a (mode, workload), e.g. the
+    default rows of two files: a figure draws one run, never a pick across runs."""
+    return one_per((r for r in rows if r.get("median_ms") is not None), lambda r: (r.get("mode"), r.get("workload")),
+                   "pick_rows", rank=_pick_rank)
+
+
+def workloads_of(rows) -> list[str]:
+    """The rows' workloads in first-seen order."""
+    return list(dict.fromkeys(r["workload"] for r in rows))

@@ -2,7 +2,7 @@
 
 Both take the whole result file (its ``rows`` and, per preset, its ``breakdown``) and return a
 ``matplotlib.figure.Figure`` built without ``pyplot``; a file without the data raises
-:class:`~lfm2vl_lab.report.plots_common.NoData`.
+:class:`~lfm2vl_lab.report.plots.NoData`.
 
 * :func:`vllm_cuts_figure`      — the encoder graphs' cut of TTFT and of whole requests, per case, with
   each cut's 95% interval: vLLM with the PR's and the kit's graph config, the kit's pipeline beside
@@ -16,7 +16,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .plots_common import NoData, page_width, set_title
+from .plots import NoData, page_width, set_title
 from .ttft_summary import PR_CLAIM
 from .vllm_report import find as _row
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..measure.floor import kernel_breakdown
 from ..measure.workloads import NXS, TILED_SIZE
-from . import plots_common
+from . import frames
 from .frames import frame, md
 from .refs import Refs, missing, ms, need, pct, preset_label, span, table, times
 
@@ -21,7 +21,7 @@ EARLIER_BENCH = "floor-20261201-015028.json"
 # What a result file records of the machine and libraries it ran on, compared field by field.
 MACHINE_FIELDS = (("gpu", "GPU"), ("platform", "platform"), ("host_cpu", "CPU"), ("cpu_count", "CPU count"),
                   ("torch", "torch"), ("cuda", "CUDA"), ("transformers", "transformers"), ("python", "Python"))
-KERNEL_OPTIONS = tuple(plots_common.KERNEL_OPTIONS)  # the kernel options' row names
+KERNEL_OPTIONS = tuple(frames.KERNEL_OPTIONS)  # the kernel options' row names
 DEFAULT_GRAPH = ("budget_set", "cu_rule", "max_seqlen_mode", "attention", *KERNEL_OPTIONS)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..measure.modes import ROW_NAMES, ROW_SETTINGS
 from ..measure.table import short_error
-from .plots_common import workloads_of
+from .frames import workloads_of
 from .refs import Refs, ms, needs, pct, preset_label, table, times
 
 ROLE = "pr-config"
