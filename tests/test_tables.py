@@ -11,7 +11,7 @@ import pytest
 
 from lfm2vl_lab.cli.cli import main
 from lfm2vl_lab.report import tables, tables_encoder, tables_engine, tables_goals, tables_graph_configs
-from lfm2vl_lab.report.refs import Refs, TableError
+from lfm2vl_lab.report.frames import Refs, TableError
 from lfm2vl_lab.report.tables import render_text, write_tables
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from lfm2vl_lab.report import tables_claim
-from lfm2vl_lab.report.refs import Refs
+from lfm2vl_lab.report.frames import Refs
 
 
 def cut(median, lo, hi):

@@ -33,8 +33,8 @@ from . import (
     tables_request,
     tables_vllm,
 )
+from .frames import Refs, TableError, ms, table
 from .reference import REFERENCE_GPU, load_manifest, manifest_path
-from .refs import Refs, TableError, ms, table
 
 OPEN = re.compile(r"<!-- table:([A-Za-z0-9._-]+) -->")
 CLOSE = "<!-- /table:{} -->"

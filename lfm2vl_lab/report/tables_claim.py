@@ -15,7 +15,7 @@ from collections import Counter
 
 from ..measure.request import e2e_cuts as request_cuts
 from ..measure.vllm_ab import CASES, TOKENS, case_name
-from .refs import Refs, needs, pct, preset_label, span, table
+from .frames import Refs, needs, pct, preset_label, span, table
 from .tables_vllm import ROLE, judged, presets
 from .ttft_findings import encoder_cuts
 from .ttft_summary import PR_CLAIM, drift_beyond

@@ -11,8 +11,7 @@ import pandas as pd
 from ..measure.floor import kernel_breakdown
 from ..measure.workloads import NXS, TILED_SIZE
 from . import frames
-from .frames import frame, md
-from .refs import Refs, missing, ms, need, pct, preset_label, span, table, times
+from .frames import Refs, frame, md, missing, ms, need, pct, preset_label, span, table, times
 
 ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-eager", "packed, eager"),
                  ("lab-graph", "lab-graph"))

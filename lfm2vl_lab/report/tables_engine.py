@@ -8,9 +8,8 @@ import pandas as pd
 
 from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.ttft import mode_name
-from .frames import md
+from .frames import Refs, md, ms, need, pct, preset_label, span, table, times
 from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_rows
-from .refs import Refs, ms, need, pct, preset_label, span, table, times
 from .ttft_findings import e2e_cuts, encoder_cuts
 from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, text_graph_cuts
 from .ttft_summary import drift_fails as disturbed  # the decode control, stated once

@@ -16,7 +16,7 @@ from ..measure.floor import TARGETS as FLOOR_TARGETS
 from ..measure.floor import judge_targets, kernel_breakdown
 from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
-from .refs import Refs, ms, pct, preset_label, table
+from .frames import Refs, ms, pct, preset_label, table
 from .tables_encoder import by_mode
 from .tables_engine import mode_label
 

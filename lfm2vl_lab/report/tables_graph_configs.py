@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from ..measure.modes import ROW_NAMES, ROW_SETTINGS
 from ..measure.table import short_error
-from .frames import workloads_of
-from .refs import Refs, ms, needs, pct, preset_label, table, times
+from .frames import Refs, ms, needs, pct, preset_label, table, times, workloads_of
 
 ROLE = "pr-config"
 

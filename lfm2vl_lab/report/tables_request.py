@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
-from .refs import Refs, ms, needs, pct, preset_label, table, times
+from .frames import Refs, ms, needs, pct, preset_label, table, times
 from .ttft_summary import drift_fails
 
 REQUEST_ROLE = "request-3b"

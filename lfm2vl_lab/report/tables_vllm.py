@@ -13,8 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .frames import frame, md
-from .refs import Refs, missing, ms, need, needs, preset_label, table
+from .frames import Refs, frame, md, missing, ms, need, needs, preset_label, table
 from .ttft_summary import range_verdict
 from .vllm_report import find as _row
 
