@@ -1,6 +1,6 @@
 """Generated parts about time to first token (:mod:`lfm2vl_lab.report.tables` draws them into the pages):
 the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; TTFT inside
-``generate`` (``e2e``); and the PR's claim set beside both, like for like."""
+``generate`` (``e2e``); the image path; the text model's peers (``engine``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.ttft import mode_name
 from .frames import Refs, md, ms, need, pct, preset_label, span, table, times
 from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_rows
-from .ttft_findings import e2e_cuts, encoder_cuts
-from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, text_graph_cuts
+from .ttft_summary import drift_beyond, text_graph_cuts
 from .ttft_summary import drift_fails as disturbed  # the decode control, stated once
 from .ttft_summary import ttft_cases as cases
 
@@ -199,46 +198,6 @@ def e2e_profile_block(refs: Refs) -> str:
     return "\n\n".join([table(head, rows), refs.source("e2e")])
 
 
-def _range(cuts: list[tuple]) -> str:
-    n = len(cuts)
-    return f"{span([c[0] for c in cuts], pct)} over {n} case{'s' if n != 1 else ''}" if cuts else "no undisturbed case"
-
-
-def _claim_line(what: str, cuts: list[tuple]) -> str:
-    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
-    their range, j of them within it (named)`` from ``(cut, (preset, image, requests), disturbed)`` tuples.
-    What the decode control leaves out is shown as the kept cases are, so a reader sees what it removed."""
-    lo, hi = PR_CLAIM
-
-    def within(xs):
-        return sum(claim_verdict(c[0]) == "within" for c in xs)
-
-    kept, off = [c for c in cuts if not c[2]], [c for c in cuts if c[2]]
-    line = f"- {what}: {_range(kept)}, {within(kept)} of them within {pct(lo, 0)}–{pct(hi, 0)}"
-    if off:
-        line += (f"; left out for decode drift: {_range(off)}, {within(off)} of them within "
-                 f"{pct(lo, 0)}–{pct(hi, 0)} (" + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
-                 + ")")
-    return line + "."
-
-
-def pr_claim_block(refs: Refs) -> str:
-    """The encoder graphs' TTFT cut beside the PR's claimed range: text graphed (as in vLLM), text eager,
-    and inside ``generate``; cases with decode drift are left out of the ranges and named."""
-    def marked(cuts: list[dict]) -> list[tuple]:  # (cut, case, whether its decode control fails)
-        return [(c["cut"], c["case"], drift_beyond(c["drift"])) for c in cuts]
-
-    rows = refs("ttft")["rows"]
-    per_text = {t: marked(encoder_cuts(rows, t)) for t in ("graphed", "eager")}
-    first = [x for x in per_text["graphed"] if x[1][1:] == ("1x512", 1)]
-    lines = ["- Text model graphed, one 512 px request: " + ", ".join(
-        f"**{pct(x[0])}** on {preset_label(x[1][0])} ({claim_verdict(x[0])} the PR's range)" for x in first) + "."]
-    lines.append(_claim_line("Text model graphed, the other cases", [x for x in per_text["graphed"] if x not in first]))
-    lines.append(_claim_line("Text model eager, every case", per_text["eager"]))
-    lines.append(_claim_line("Inside `generate` (paired)", marked(e2e_cuts(refs("e2e")["rows"]))))
-    return "\n".join(lines) + "\n\n" + refs.source("ttft", "e2e")
-
-
 def _image_path_pairs(refs: Refs, kind: str, side: str):
     """The ``ttft`` file's image-path records of ``kind``, each with the record of ``side`` for the
     same preset and workload (``{}`` where it has none)."""
@@ -338,5 +297,4 @@ BLOCKS = {
     "processor": processor_block,
     "e2e": e2e_block,
     "e2e-profile": e2e_profile_block,
-    "pr-claim": pr_claim_block,
 }

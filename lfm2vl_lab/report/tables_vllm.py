@@ -6,15 +6,28 @@
 * ``vllm-claim``: the PR's claim judged from vLLM's own measurement, then from the kit's pipeline.
 * ``vllm-breakdown``: where one request's first token goes in vLLM and in the kit's pipeline.
 * ``vllm-engines``: start-up, encoder capture and graph hits per engine, and parity on shared weights.
+* ``pr-claim``: the encoder graphs' TTFT cut of the kit's own runs (``ttft``, ``e2e``) beside the PR's range.
+* ``pr-verdict``: the one verdict on vLLM PR #44930's claim, "~10-20% lower e2e latency for low batch
+  size" (:data:`~.ttft_summary.PR_CLAIM`), drawn into docs/goals.md: by measure (whole requests of each
+  output length, the first token) and preset, where the claim holds and where it does not, inside vLLM
+  itself and in the kit's pipeline on the same weights (the ``vllm`` file), with the kit's other runs
+  beside them. Every other page and notebook links to it instead of judging the claim again. A cut is
+  placed against the range by its whole 95% interval (:func:`judged`); a group of cases by
+  :func:`group_verdict`. The kit's other runs have no interval, so their cells give medians only and no
+  verdict.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
 
+from ..measure.request import e2e_cuts as request_cuts
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .frames import Refs, frame, md, missing, ms, need, needs, preset_label, table
-from .ttft_summary import range_verdict
+from .frames import Refs, frame, md, missing, ms, need, needs, pct, preset_label, span, table
+from .ttft_findings import e2e_cuts, encoder_cuts
+from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, range_verdict
 from .vllm_report import find as _row
 
 ROLE = "vllm"
@@ -38,7 +51,6 @@ def partial_note(res: dict) -> str:
         return ""
     return (f" **Partial:** this file holds {', '.join(preset_label(p) for p in presets(res))} so far; "
             f"{', '.join(preset_label(p) for p in left)} still to record (`record --part vllm` resumes it).")
-
 
 
 def cut(c: dict | None) -> str | None:
@@ -229,5 +241,154 @@ def engines_block(refs: Refs, res: dict) -> str:
                         "tiled image).", refs.source(ROLE)])
 
 
+# The PR's claim
+
+
+def _range(cuts: list[tuple]) -> str:
+    n = len(cuts)
+    return f"{span([c[0] for c in cuts], pct)} over {n} case{'s' if n != 1 else ''}" if cuts else "no undisturbed case"
+
+
+def _claim_line(what: str, cuts: list[tuple]) -> str:
+    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
+    their range, j of them within it (named)`` from ``(cut, (preset, image, requests), disturbed)`` tuples.
+    What the decode control leaves out is shown as the kept cases are, so a reader sees what it removed."""
+    lo, hi = PR_CLAIM
+
+    def within(xs):
+        return sum(claim_verdict(c[0]) == "within" for c in xs)
+
+    kept, off = [c for c in cuts if not c[2]], [c for c in cuts if c[2]]
+    line = f"- {what}: {_range(kept)}, {within(kept)} of them within {pct(lo, 0)}–{pct(hi, 0)}"
+    if off:
+        line += (f"; left out for decode drift: {_range(off)}, {within(off)} of them within "
+                 f"{pct(lo, 0)}–{pct(hi, 0)} (" + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
+                 + ")")
+    return line + "."
+
+
+def pr_claim_block(refs: Refs) -> str:
+    """The encoder graphs' TTFT cut beside the PR's claimed range: text graphed (as in vLLM), text eager,
+    and inside ``generate``; cases with decode drift are left out of the ranges and named."""
+    def marked(cuts: list[dict]) -> list[tuple]:  # (cut, case, whether its decode control fails)
+        return [(c["cut"], c["case"], drift_beyond(c["drift"])) for c in cuts]
+
+    rows = refs("ttft")["rows"]
+    per_text = {t: marked(encoder_cuts(rows, t)) for t in ("graphed", "eager")}
+    first = [x for x in per_text["graphed"] if x[1][1:] == ("1x512", 1)]
+    lines = ["- Text model graphed, one 512 px request: " + ", ".join(
+        f"**{pct(x[0])}** on {preset_label(x[1][0])} ({claim_verdict(x[0])} the PR's range)" for x in first) + "."]
+    lines.append(_claim_line("Text model graphed, the other cases", [x for x in per_text["graphed"] if x not in first]))
+    lines.append(_claim_line("Text model eager, every case", per_text["eager"]))
+    lines.append(_claim_line("Inside `generate` (paired)", marked(e2e_cuts(refs("e2e")["rows"]))))
+    return "\n".join(lines) + "\n\n" + refs.source("ttft", "e2e")
+
+
+REQUEST_ROLE = "request-3b"
+ENGINES = (("vllm", "inside vLLM"), ("kit", "the kit's pipeline"))
+VERDICT_ORDER = ("holds", "does not hold", "mixed", "not settled")
+
+
+def measures() -> list[tuple[str, str, int]]:
+    """``(label, key, tokens)`` per measure of the ``vllm`` file: whole requests per output length, then
+    the first token (timed in the shortest requests)."""
+    return ([(f"whole requests of {t} tokens", "e2e_cut", t) for t in TOKENS]
+            + [("first token", "ttft_cut", TOKENS[0])])
+
+
+def group_verdict(cuts: list[dict]) -> str:
+    """A group of cases against the PR's range: ``holds`` where some interval lies within or above it and
+    none below, ``does not hold`` where some lies below and none within or above, ``mixed`` where both
+    happen, ``not settled`` where every interval reaches across an edge of the range."""
+    kinds = {judged(c) for c in cuts}
+    up, down = bool(kinds & {"within", "above"}), "below" in kinds
+    return "mixed" if up and down else "holds" if up else "does not hold" if down else "not settled"
+
+
+def group_cell(cuts: list[dict]) -> str | None:
+    """``**verdict**: lo–hi over n cases (k above, j open, …)`` for one group, None without cases."""
+    if not cuts:
+        return None
+    counts = Counter(judged(c) for c in cuts)
+    how = ", ".join(f"{counts[k]} {k}" for k in ("above", "within", "below", "open") if counts[k])
+    n = len(cuts)
+    return f"**{group_verdict(cuts)}**: {span([c['cut'] for c in cuts], pct)} over {n} case{'s' * (n > 1)} ({how})"
+
+
+def vllm_groups(res: dict) -> dict[tuple, list[dict]]:
+    """``{(measure label, preset, engine): [cut, ...]}``: the PR config's paired cuts with their intervals."""
+    out = {}
+    for label, key, tokens in measures():
+        for preset in presets(res):
+            for engine, _ in ENGINES:
+                rows = [_row(res, engine, preset, case_name(im, n), tokens, "pr") for im, n in CASES]
+                out[(label, preset, engine)] = [r[key] for r in rows if r and r.get(key)]
+    return out
+
+
+def other_runs(refs: Refs) -> dict[tuple, str]:
+    """``{(measure label, preset): cell}``: the kit's runs without intervals, as median ranges."""
+    out = {}
+    if refs.has(REQUEST_ROLE):
+        res = refs(REQUEST_ROLE)
+        tokens = next((r["e2e_tokens"] for r in res["rows"] if "e2e_tokens" in r), None)
+        for preset in dict.fromkeys(s["preset"] for s in res.get("setup", [])):
+            cuts = [v for im in ("1x512", "tiled") for v in request_cuts(res["rows"], preset, im).values()]
+            if cuts:
+                out[(f"whole requests of {tokens} tokens", preset)] = (
+                    f"{span(cuts, pct)} over {len(cuts)} cases at 1–4 requests (`{REQUEST_ROLE}`)")
+    if refs.has("ttft"):
+        cuts = encoder_cuts(refs("ttft")["rows"], "graphed")
+        for preset in dict.fromkeys(c["case"][0] for c in cuts):
+            mine = [c for c in cuts if c["case"][0] == preset]
+            kept = [c["cut"] for c in mine if not drift_beyond(c["drift"])]
+            off = [c["cut"] for c in mine if drift_beyond(c["drift"])]
+            reqs = sorted({c["case"][2] for c in mine})
+            cell = f"{span(kept, pct)} over {len(kept)} cases at {reqs[0]}–{reqs[-1]} requests (`ttft`)" if kept else ""
+            if off:  # what the decode control leaves out, shown as the kept cases are
+                cell += f"; left out for decode drift: {span(off, pct)} over {len(off)} cases"
+            out[("first token", preset)] = cell or None
+    return out
+
+
+def summary(groups: dict[tuple, list[dict]], names: dict[str, str]) -> list[str]:
+    """One line per verdict: the measures it covers, and under each the engines and their presets."""
+    by: dict[str, dict[str, dict[str, list[str]]]] = {v: {} for v in VERDICT_ORDER}
+    for (label, preset, engine), cuts in groups.items():
+        if cuts:
+            by[group_verdict(cuts)].setdefault(label, {}).setdefault(names[engine], []).append(preset_label(preset))
+    words = {"holds": "It holds", "does not hold": "It does not hold", "mixed": "Mixed",
+             "not settled": "Not settled by this run"}
+    order = list(names.values())
+    return [f"- **{words[v]}** for " + "; ".join(
+        f"{label} ({'; '.join(f'{e}: ' + ', '.join(where[e]) for e in sorted(where, key=order.index))})"
+        for label, where in by[v].items()) + "." for v in VERDICT_ORDER if by[v]]
+
+
+@needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` records role `{ROLE}`, which "
+       "the verdict reads._", partial=True)
+def verdict_block(refs: Refs, res: dict) -> str:
+    """The verdict: a line per outcome, then the table by measure and preset it is read from."""
+    version = res["provenance"].get("vllm")
+    names = {"vllm": f"inside vLLM {version}", "kit": "the kit's pipeline"}
+    groups, others = vllm_groups(res), other_runs(refs)
+    rows = [[label, preset_label(preset)] + [group_cell(groups[(label, preset, e)]) for e, _ in ENGINES]
+            + [others.get((label, preset))] for label, _, _ in measures() for preset in presets(res)]
+    head = ["measure", "preset", f"inside vLLM {version}, PR config", "the kit's pipeline, PR config, same weights",
+            "the kit's other runs (medians, no interval)"]
+    lo, hi = PR_CLAIM
+    rule = (f"The PR claimed {pct(lo, 0)}–{pct(hi, 0)} lower end-to-end latency at low batch size. A case counts as "
+            "within, above or below that range only when its whole 95% interval of the paired cut is (open: the "
+            "interval reaches across an edge). A group holds where some case lies within or above the range and none "
+            "below it, does not hold where some lies below and none within or above, and is not settled where every "
+            "interval is open. The first token is not what the PR claimed: it holds the encoder's whole saving in "
+            "less time than a whole request, so its cut is the larger one. The kit's other runs are the same "
+            "pipeline in separate processes, with more request counts; they record medians only, so they give no "
+            "verdict.")
+    sources = refs.source(ROLE, *[r for r in (REQUEST_ROLE, "ttft") if refs.has(r)])
+    return "\n\n".join(["\n".join(summary(groups, names)), table(head, rows), rule, sources])
+
+
 BLOCKS = {"vllm-ttft": ttft_block, "vllm-requests": requests_block, "vllm-claim": claim_block,
-          "vllm-breakdown": breakdown_block, "vllm-engines": engines_block}
+          "vllm-breakdown": breakdown_block, "vllm-engines": engines_block, "pr-claim": pr_claim_block,
+          "pr-verdict": verdict_block}
