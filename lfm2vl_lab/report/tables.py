@@ -12,7 +12,7 @@ stale and exits 1 (``tests/test_tables.py`` runs that check on the committed pag
 table or a few sentences whose numbers are all computed here: prose outside the markers holds no
 measured number. The parts themselves live by topic: :mod:`~lfm2vl_lab.report.tables_encoder`,
 :mod:`~lfm2vl_lab.report.tables_engine`, :mod:`~lfm2vl_lab.report.tables_graph_configs`,
-:mod:`~lfm2vl_lab.report.tables_request`, :mod:`~lfm2vl_lab.report.tables_vllm` (with the one verdict
+:mod:`~lfm2vl_lab.report.tables_vllm` (with the one verdict
 on the PR's claim) and :mod:`~lfm2vl_lab.report.tables_goals` (the goals page).
 """
 
@@ -28,7 +28,6 @@ from . import (
     tables_engine,
     tables_goals,
     tables_graph_configs,
-    tables_request,
     tables_vllm,
 )
 from .frames import Refs, TableError, ms, table
@@ -114,7 +113,7 @@ BLOCKS = {"reference-set": reference_block, "record-cost": record_cost_block}
 def blocks() -> dict[str, Callable[[Refs], str]]:
     """Every part a page may mark, by name."""
     return {**BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS,
-            **tables_graph_configs.BLOCKS, **tables_request.BLOCKS, **tables_vllm.BLOCKS}
+            **tables_graph_configs.BLOCKS, **tables_vllm.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
