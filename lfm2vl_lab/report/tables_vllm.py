@@ -124,16 +124,16 @@ def judged(c: dict) -> str:
     return "open" if verdict == "overlapping" else verdict
 
 
-def _cases(res: dict, engine: str, key: str, tokens_list, arm: str = "pr") -> list[tuple[str, dict]]:
-    out = []
-    for preset in presets(res):
-        for image, n in CASES:
-            for tokens in tokens_list:
-                r = _row(res, engine, preset, case_name(image, n), tokens, arm)
-                if r and r.get(key):
-                    out.append((f"{preset_label(preset)} {case_name(image, n)}"
-                                + (f" {tokens} tokens" if key == "e2e_cut" else ""), r[key]))
-    return out
+def pr_cuts(res: dict, engine: str, key: str, tokens_list, preset: str | None = None) -> list[tuple]:
+    """The PR config's ``key`` cuts of ``engine`` as ``(preset, case, tokens, cut)``, by preset (smallest
+    first, or only ``preset``), case and output length, where the file holds one."""
+    return [(p, c, t, r[key]) for p in ([preset] if preset else presets(res)) for c in (case_name(*x) for x in CASES)
+            for t in tokens_list if (r := _row(res, engine, p, c, t, "pr")) and r.get(key)]
+
+
+def _cases(res: dict, engine: str, key: str, tokens_list) -> list[tuple[str, dict]]:
+    return [(f"{preset_label(p)} {c}" + (f" {t} tokens" if key == "e2e_cut" else ""), cut)
+            for p, c, t, cut in pr_cuts(res, engine, key, tokens_list)]
 
 
 def _verdict(cases: list[tuple[str, dict]]) -> str:
@@ -317,13 +317,8 @@ def group_cell(cuts: list[dict]) -> str | None:
 
 def vllm_groups(res: dict) -> dict[tuple, list[dict]]:
     """``{(measure label, preset, engine): [cut, ...]}``: the PR config's paired cuts with their intervals."""
-    out = {}
-    for label, key, tokens in measures():
-        for preset in presets(res):
-            for engine, _ in ENGINES:
-                rows = [_row(res, engine, preset, case_name(im, n), tokens, "pr") for im, n in CASES]
-                out[(label, preset, engine)] = [r[key] for r in rows if r and r.get(key)]
-    return out
+    return {(label, preset, engine): [c for *_, c in pr_cuts(res, engine, key, [tokens], preset)]
+            for label, key, tokens in measures() for preset in presets(res) for engine, _ in ENGINES}
 
 
 def other_runs(refs: Refs) -> dict[tuple, str]:
