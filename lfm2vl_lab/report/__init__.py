@@ -20,7 +20,7 @@ API = {
               "latency_figure", "padding_waste_figure", "speedup_figure", "timeline_figure"),
     "plots_ttft": ("TTFT_MODES", "decode_figure", "decode_vs_floor", "e2e_figure", "ttft_breakdown_figure",
                    "ttft_case", "ttft_grid_figure"),
-    "plots_vllm": ("vllm_breakdown_figure", "vllm_cuts_figure"),
+    "vllm_report": ("vllm_breakdown_figure", "vllm_cuts_figure"),
 }
 API_NAMES = {name: module for module, names in API.items() for name in names}
 # this package's modules, read off its folder (importing none of them)
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
         ttft_case,
         ttft_grid_figure,
     )
-    from .plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
+    from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure
 
 __all__ = [
     "attention_figure", "decode_figure", "decode_vs_floor", "e2e_figure", "floor_share_figure",

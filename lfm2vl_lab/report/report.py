@@ -41,8 +41,8 @@ from .plots import (
     timeline_figure,
 )
 from .plots_ttft import decode_figure, e2e_figure, ttft_breakdown_figure, ttft_grid_figure
-from .plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
 from .tables import run_tables
+from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure
 
 BENCH_PREFIX = "bench-"  # roles of the per-preset benchmark runs
 BUDGETS_ROLE = "sweep-budgets"  # the budget sweep: the padding-waste figure of its preset
