@@ -1,14 +1,13 @@
 """Figures of the encoder's benchmark files (``bench``, the sweeps, the attention probe), and what every
-figure module shares: colours per mode, which row of a run a figure draws, and the checks that keep a
-figure to one run.
+figure module shares: colours per mode, page widths, titles, :class:`NoData`.
 
 Every figure function takes plain data (the rows of ONE result file, timelines, capture-info rows) and
 returns a ``matplotlib.figure.Figure`` built without ``pyplot``, so nothing depends on a GUI backend or
-global state; in a notebook a returned Figure displays itself. :func:`pick_rows` chooses, within one
-file, one row per (mode, workload): the default configuration's where the file holds several. Rows of
-two runs for the same bar cannot be told apart by their fields, so two candidates of equal standing are
-refused (:class:`MixedRuns`) rather than silently picked. :func:`lfm2vl_lab.report.report.report` draws
-every figure of the reference set, each from one file named in its title.
+global state; in a notebook a returned Figure displays itself. Which row of the file a bar draws is
+:func:`~lfm2vl_lab.report.frames.pick_rows`' choice: rows of two runs for one bar are refused
+(:class:`~lfm2vl_lab.report.frames.MixedRuns`), never silently picked.
+:func:`lfm2vl_lab.report.report.report` draws every figure of the reference set, each from one file
+named in its title.
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ BUSY_OVER_WALL = "busy > wall: the profiled call ran slower than the timed media
 
 def latency_figure(rows: list[dict], title: str | None = None, log: bool = False) -> Figure:
     """Median latency (ms) per mode, bars grouped by workload; the whisker reaches p90. ``rows``:
-    one run's (:func:`pick_rows` chooses one per mode and workload)."""
+    one run's (:func:`~lfm2vl_lab.report.frames.pick_rows` chooses one per mode and workload)."""
     rows = pick_rows(rows)
     if not rows:
         raise NoData("latency_figure: no rows with median_ms")

@@ -42,7 +42,7 @@ NO_ROWS = "no TTFT grid rows (python -m lfm2vl_lab ttft on a GPU records them)"
 def ttft_rows(rows: list[dict]) -> list[dict]:
     """The TTFT grid's rows among ``rows`` (one run's): one per (preset, image, requests, mode). Two
     rows of one case and mode are rows of two runs, which a figure or table must not mix: they raise
-    :class:`~lfm2vl_lab.report.plots.MixedRuns`."""
+    :class:`~lfm2vl_lab.report.frames.MixedRuns`."""
     return one_per((r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in TTFT_MODES),
                    lambda r: (r.get("preset"), r.get("image"), r.get("requests"), r["mode"]), "ttft_rows")
 
@@ -261,7 +261,7 @@ def e2e_figure(rows: list[dict], title: str | None = None, share: bool = False) 
     """Time to first token per (preset, image, requests): transformers' image path vs the graphed
     encoder, with the encoder's own time drawn inside each bar and the TTFT change labelled.
     ``share=True`` adds a panel below with the encoder's share of TTFT per mode. ``rows``: one run's
-    (two rows for one bar raise :class:`~lfm2vl_lab.report.plots.MixedRuns`)."""
+    (two rows for one bar raise :class:`~lfm2vl_lab.report.frames.MixedRuns`)."""
     rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in E2E_MODES]
     if not rows:
         raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")
