@@ -342,16 +342,8 @@ def model_changes_block(refs: Refs) -> str:
     return "\n\n".join([table(head, rows), "\n".join(notes), refs.source("check")])
 
 
-BLOCKS = {
-    "model-changes": model_changes_block,
-    "encoder-450m": encoder_block("bench-450m"),
-    "encoder-1.6b": encoder_block("bench-1.6b"),
-    "kernel-classes": kernel_classes_block,
-    "kernel-options": kernel_options_block,
-    "attention": attention_block,
-    "sweeps": sweeps_block,
-    "same-config": same_config_block,
-    "machine-variation": machine_block,
-    "busy-over-wall": busy_over_wall_block,
-    "check": check_block,
-}
+BLOCKS = {"model-changes": model_changes_block, "encoder-450m": encoder_block("bench-450m"),
+          "encoder-1.6b": encoder_block("bench-1.6b"), "kernel-classes": kernel_classes_block,
+          "kernel-options": kernel_options_block, "attention": attention_block, "sweeps": sweeps_block,
+          "same-config": same_config_block, "machine-variation": machine_block,
+          "busy-over-wall": busy_over_wall_block, "check": check_block}

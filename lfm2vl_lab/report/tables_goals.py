@@ -372,11 +372,7 @@ def misses_block(refs: Refs) -> str:
     return "\n\n".join(out)
 
 
-BLOCKS = {
-    "goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b", how=""),
-    "goals-ttft": goals_part(ttft_goals, "ttft"),
-    "goals-engine": goals_part(engine_goals, "engine"),
-    "goals-request": request_goals_block,
-    "goals-guard": goals_part(guard_goals, "check"),
-    "misses": misses_block,
-}
+BLOCKS = {"goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b", how=""),
+          "goals-ttft": goals_part(ttft_goals, "ttft"), "goals-engine": goals_part(engine_goals, "engine"),
+          "goals-request": request_goals_block, "goals-guard": goals_part(guard_goals, "check"),
+          "misses": misses_block}
