@@ -26,7 +26,7 @@ import pandas as pd
 from ..measure.request import e2e_cuts as request_cuts
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
 from .frames import Refs, frame, md, missing, ms, need, needs, pct, preset_label, span, table
-from .ttft_findings import e2e_cuts, encoder_cuts
+from .ttft_findings import cut_range, e2e_cuts, encoder_cuts
 from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, range_verdict
 from .vllm_report import find as _row
 
@@ -244,44 +244,36 @@ def engines_block(refs: Refs, res: dict) -> str:
 # The PR's claim
 
 
-def _range(cuts: list[tuple]) -> str:
-    n = len(cuts)
-    return f"{span([c[0] for c in cuts], pct)} over {n} case{'s' if n != 1 else ''}" if cuts else "no undisturbed case"
-
-
-def _claim_line(what: str, cuts: list[tuple]) -> str:
+def _claim_line(what: str, cuts: list[dict]) -> str:
     """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
-    their range, j of them within it (named)`` from ``(cut, (preset, image, requests), disturbed)`` tuples.
-    What the decode control leaves out is shown as the kept cases are, so a reader sees what it removed."""
-    lo, hi = PR_CLAIM
+    their range, j of them within it (named)`` from :func:`~.ttft_findings.encoder_cuts`-like cuts, kept
+    and left out by :func:`~.ttft_findings.cut_range`. What the decode control leaves out is shown as the
+    kept cases are, so a reader sees what it removed."""
+    def part(xs: list[dict]) -> str:
+        n, (lo, hi) = len(xs), PR_CLAIM
+        return (f"{span([c['cut'] for c in xs], pct)} over {n} case{'s' if n != 1 else ''}" if xs else
+                "no undisturbed case") + (f", {sum(claim_verdict(c['cut']) == 'within' for c in xs)} of them within "
+                                         f"{pct(lo, 0)}–{pct(hi, 0)}")
 
-    def within(xs):
-        return sum(claim_verdict(c[0]) == "within" for c in xs)
-
-    kept, off = [c for c in cuts if not c[2]], [c for c in cuts if c[2]]
-    line = f"- {what}: {_range(kept)}, {within(kept)} of them within {pct(lo, 0)}–{pct(hi, 0)}"
-    if off:
-        line += (f"; left out for decode drift: {_range(off)}, {within(off)} of them within "
-                 f"{pct(lo, 0)}–{pct(hi, 0)} (" + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
-                 + ")")
-    return line + "."
+    r = cut_range(cuts)
+    off = r["left_out"]
+    return (f"- {what}: {part(r['kept'])}" + (f"; left out for decode drift: {part(off)} (" + ", ".join(
+        f"{preset_label(p)} {im} ×{n}" for p, im, n in (c["case"] for c in off)) + ")" if off else "") + ".")
 
 
 def pr_claim_block(refs: Refs) -> str:
     """The encoder graphs' TTFT cut beside the PR's claimed range: text graphed (as in vLLM), text eager,
     and inside ``generate``; cases with decode drift are left out of the ranges and named."""
-    def marked(cuts: list[dict]) -> list[tuple]:  # (cut, case, whether its decode control fails)
-        return [(c["cut"], c["case"], drift_beyond(c["drift"])) for c in cuts]
-
     rows = refs("ttft")["rows"]
-    per_text = {t: marked(encoder_cuts(rows, t)) for t in ("graphed", "eager")}
-    first = [x for x in per_text["graphed"] if x[1][1:] == ("1x512", 1)]
-    lines = ["- Text model graphed, one 512 px request: " + ", ".join(
-        f"**{pct(x[0])}** on {preset_label(x[1][0])} ({claim_verdict(x[0])} the PR's range)" for x in first) + "."]
-    lines.append(_claim_line("Text model graphed, the other cases", [x for x in per_text["graphed"] if x not in first]))
-    lines.append(_claim_line("Text model eager, every case", per_text["eager"]))
-    lines.append(_claim_line("Inside `generate` (paired)", marked(e2e_cuts(refs("e2e")["rows"]))))
-    return "\n".join(lines) + "\n\n" + refs.source("ttft", "e2e")
+    graphed = encoder_cuts(rows, "graphed")
+    first = [c for c in graphed if c["case"][1:] == ("1x512", 1)]
+    return "\n".join([
+        "- Text model graphed, one 512 px request: " + ", ".join(
+            f"**{pct(c['cut'])}** on {preset_label(c['case'][0])} ({claim_verdict(c['cut'])} the PR's range)"
+            for c in first) + ".",
+        _claim_line("Text model graphed, the other cases", [c for c in graphed if c not in first]),
+        _claim_line("Text model eager, every case", encoder_cuts(rows, "eager")),
+        _claim_line("Inside `generate` (paired)", e2e_cuts(refs("e2e")["rows"]))]) + "\n\n" + refs.source("ttft", "e2e")
 
 
 REQUEST_ROLE = "request-3b"
