@@ -27,7 +27,7 @@ from ..measure.request import e2e_cuts as request_cuts
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
 from .frames import Refs, frame, md, missing, ms, need, needs, pct, preset_label, span, table
 from .ttft_findings import cut_range, e2e_cuts, encoder_cuts
-from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, range_verdict
+from .ttft_summary import PR_CLAIM, claim_verdict, range_verdict
 from .vllm_report import find as _row
 
 ROLE = "vllm"
@@ -328,8 +328,8 @@ def other_runs(refs: Refs) -> dict[tuple, str]:
         cuts = encoder_cuts(refs("ttft")["rows"], "graphed")
         for preset in dict.fromkeys(c["case"][0] for c in cuts):
             mine = [c for c in cuts if c["case"][0] == preset]
-            kept = [c["cut"] for c in mine if not drift_beyond(c["drift"])]
-            off = [c["cut"] for c in mine if drift_beyond(c["drift"])]
+            split = cut_range(mine)  # the decode control's kept and left-out cases
+            kept, off = [c["cut"] for c in split["kept"]], [c["cut"] for c in split["left_out"]]
             reqs = sorted({c["case"][2] for c in mine})
             cell = f"{span(kept, pct)} over {len(kept)} cases at {reqs[0]}–{reqs[-1]} requests (`ttft`)" if kept else ""
             if off:  # what the decode control leaves out, shown as the kept cases are
