@@ -201,7 +201,7 @@ def e2e_profile_block(refs: Refs) -> str:
     return "\n\n".join([table(head, rows), refs.source("e2e")])
 
 
-def _image_path_pairs(refs: Refs, kind: str, side: str):
+def image_path_pairs(refs: Refs, kind: str, side: str):
     """The ``ttft`` file's image-path records of ``kind``, each with the record of ``side`` for the
     same preset and workload (``{}`` where it has none)."""
     ip = refs("ttft").get("image_path") or []
@@ -212,7 +212,7 @@ def _image_path_pairs(refs: Refs, kind: str, side: str):
 def image_path_block(refs: Refs) -> str:
     """``encode()`` fed the processor's CPU output against GPU-resident input, and the staging split."""
     rows = []
-    for r, s in _image_path_pairs(refs, "encode_sources", "staging_split"):
+    for r, s in image_path_pairs(refs, "encode_sources", "staging_split"):
         rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
                      times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
                      ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3),
@@ -226,7 +226,7 @@ def image_path_block(refs: Refs) -> str:
 def processor_block(refs: Refs) -> str:
     """The image processor on the CPU against the same on the GPU (``device="cuda"``)."""
     rows = []
-    for r, p in _image_path_pairs(refs, "processor_time", "processor_parity"):
+    for r, p in image_path_pairs(refs, "processor_time", "processor_parity"):
         levels = p.get("max_diff_levels")
         rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["cpu_ms_median"]),
                      ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
