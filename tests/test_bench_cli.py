@@ -219,7 +219,9 @@ def test_subcommand_table_is_extensible():
 
 
 def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
-    from lfm2vl_lab.report.plots import MixedRuns, NoData, attention_figure, e2e_figure
+    from lfm2vl_lab.report.frames import MixedRuns
+    from lfm2vl_lab.report.plots import NoData, attention_figure
+    from lfm2vl_lab.report.plots_ttft import e2e_figure
 
     rows = [
         {"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 30.0, "encoder_ms": 5.0},
@@ -254,7 +256,7 @@ def test_e2e_and_attention_figures_draw_and_refuse_empty_input():
 
 
 def test_attention_layouts_are_written_short():
-    from lfm2vl_lab.report.plots_e2e_attention import layout_label
+    from lfm2vl_lab.report.plots import layout_label
 
     assert layout_label([1024]) == "1024" and layout_label([256] * 16) == "16×256"
     assert layout_label([1024, 1024, 576, 64]) == "2×1024+576+64"
@@ -279,7 +281,8 @@ def test_run_bench_checkpoints_after_each_mode(tmp_path):
 
 
 def test_figures_pick_the_default_config_over_experiments():
-    from lfm2vl_lab.report.plots import MixedRuns, latency_figure, pick_rows
+    from lfm2vl_lab.report.frames import MixedRuns, pick_rows
+    from lfm2vl_lab.report.plots import latency_figure
 
     base = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
             "max_seqlen_mode": "tight", "attention": "varlen", "fuse_qkv": True, "fuse_elementwise": True,

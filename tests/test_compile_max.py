@@ -11,7 +11,7 @@ from lfm2vl_lab.measure.bench import RunSpec, measure_fixed, run_bench
 from lfm2vl_lab.measure.modes import COMPILED_MODES, CUDA_ONLY, DEFAULT_MODES, MODES, Runner, make_runner, row_labels
 from lfm2vl_lab.measure.table import format_table
 from lfm2vl_lab.model.hf import hf_image_features
-from lfm2vl_lab.report.plots_common import MODE_COLORS, MODE_ORDER
+from lfm2vl_lab.report.plots import MODE_COLORS, MODE_ORDER
 
 
 def test_compile_max_is_a_mode_but_not_a_default_one():

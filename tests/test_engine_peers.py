@@ -17,8 +17,8 @@ from lfm2vl_lab.measure import engine_peers as peers
 from lfm2vl_lab.measure.engine_measure import PROFILE_KEYS, TARGETS, judge_engine, measure_preset, summary_lines
 from lfm2vl_lab.measure.record import STEPS
 from lfm2vl_lab.measure.workloads import default_device
-from lfm2vl_lab.report.plots_common import NoData
-from lfm2vl_lab.report.plots_engine import decode_vs_floor
+from lfm2vl_lab.report.plots import NoData
+from lfm2vl_lab.report.plots_ttft import decode_vs_floor
 from lfm2vl_lab.serving.engine import TextEngine
 
 FUSED = "fuse" in inspect.signature(TextEngine).parameters

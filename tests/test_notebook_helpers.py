@@ -19,8 +19,10 @@ import transformers
 import lfm2vl_lab
 from lfm2vl_lab.measure.results import save_result
 from lfm2vl_lab.measure.workloads import device_defaults
+from lfm2vl_lab.report.frames import KERNEL_OPTIONS, is_default_config
 from lfm2vl_lab.report.notebook import RECORDED_GPU, load_recorded, setup
-from lfm2vl_lab.report.plots import KERNEL_OPTIONS, count_nxs_workloads, e2e_figure, is_default_config
+from lfm2vl_lab.report.plots import count_nxs_workloads
+from lfm2vl_lab.report.plots_ttft import e2e_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -13,7 +13,8 @@ import pytest
 from lfm2vl_lab.measure.results import gpu_slug, save_result
 from lfm2vl_lab.measure.ttft import mode_name
 from lfm2vl_lab.report import reference
-from lfm2vl_lab.report.plots import MixedRuns, NoData
+from lfm2vl_lab.report.frames import MixedRuns
+from lfm2vl_lab.report.plots import NoData
 from lfm2vl_lab.report.plots_ttft import (
     PROCESSOR,
     TTFT_MODES,

@@ -155,8 +155,8 @@ def test_goals_of_an_older_file_leave_out_what_only_said_it_was_recorded():
 
 def test_tables_read_the_request_file(tmp_path, rows):
     """The e2e table and the sentence are drawn from a reference set holding a request file."""
-    from lfm2vl_lab.report.refs import Refs
-    from lfm2vl_lab.report.tables_request import e2e_requests_block, like_for_like_block, throughput_block
+    from lfm2vl_lab.report.frames import Refs
+    from lfm2vl_lab.report.tables_engine import e2e_requests_block, like_for_like_block, throughput_block
 
     folder = tmp_path / "nvidia-h200"
     folder.mkdir()

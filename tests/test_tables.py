@@ -10,8 +10,8 @@ import json
 import pytest
 
 from lfm2vl_lab.cli.cli import main
-from lfm2vl_lab.report import tables, tables_encoder, tables_engine, tables_goals, tables_graph_configs
-from lfm2vl_lab.report.refs import Refs, TableError
+from lfm2vl_lab.report import tables, tables_encoder, tables_engine, tables_goals, tables_graph_configs, tables_vllm
+from lfm2vl_lab.report.frames import Refs, TableError
 from lfm2vl_lab.report.tables import render_text, write_tables
 
 
@@ -249,7 +249,7 @@ def test_the_pr_claim_leaves_out_and_names_the_cases_with_decode_drift(tmp_path)
             "ttft_reduction_paired": 0.15, "decode_drift": -0.2},
            {"preset": "lfm2-vl-450m", "image": "tiled", "requests": 1, "mode": "lab-graph",
             "ttft_reduction_paired": 0.25, "decode_drift": 0.1}]
-    out = tables_engine.pr_claim_block(make_set(tmp_path, {"ttft": {"rows": rows}, "e2e": {"rows": e2e}}))
+    out = tables_vllm.pr_claim_block(make_set(tmp_path, {"ttft": {"rows": rows}, "e2e": {"rows": e2e}}))
     assert "**60.0%** on LFM2-VL-450M (above the PR's range)" in out
     assert "the other cases: 15.0%–50.0% over 2 cases, 1 of them within 10%–20%." in out
     assert "every case: 30.0% over 2 cases, 0 of them within 10%–20%; left out for decode drift: 90.0% over " \

@@ -1,4 +1,4 @@
-"""The one verdict on the PR's claim (report/tables_claim.py): each group of cases is placed by the
+"""The one verdict on the PR's claim (report/tables_vllm.py): each group of cases is placed by the
 intervals of its cuts, the lines say where the claim holds and where it does not, and a set without a
 ``vllm`` file says what to record."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from lfm2vl_lab.report import tables_claim
-from lfm2vl_lab.report.refs import Refs
+from lfm2vl_lab.report import tables_vllm
+from lfm2vl_lab.report.frames import Refs
 
 
 def cut(median, lo, hi):
@@ -24,7 +24,7 @@ def cut(median, lo, hi):
     ([cut(0.12, 0.05, 0.2), cut(0.15, 0.08, 0.3)], "not settled"),  # every interval open
 ])
 def test_a_group_is_placed_by_its_intervals(cuts, verdict):
-    assert tables_claim.group_verdict(cuts) == verdict
+    assert tables_vllm.group_verdict(cuts) == verdict
 
 
 def vllm_row(engine, preset, case, tokens, e2e, ttft):
@@ -49,7 +49,7 @@ def make_refs(tmp_path, with_vllm=True) -> Refs:
 
 
 def test_the_verdict_says_where_the_claim_holds_and_where_it_does_not(tmp_path):
-    out = tables_claim.verdict_block(make_refs(tmp_path))
+    out = tables_vllm.verdict_block(make_refs(tmp_path))
     lines = out.splitlines()
     assert lines[0] == ("- **It holds** for whole requests of 16 tokens (inside vLLM 0.25.1: LFM2-VL-3B; the kit's "
                         "pipeline: LFM2-VL-3B); first token (inside vLLM 0.25.1: LFM2-VL-3B; the kit's pipeline: "
@@ -61,5 +61,5 @@ def test_the_verdict_says_where_the_claim_holds_and_where_it_does_not(tmp_path):
 
 
 def test_without_a_vllm_file_the_verdict_says_what_to_record(tmp_path):
-    out = tables_claim.verdict_block(make_refs(tmp_path, with_vllm=False))
+    out = tables_vllm.verdict_block(make_refs(tmp_path, with_vllm=False))
     assert "record --part vllm" in out and "role `vllm`" in out

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from lfm2vl_lab.measure import vllm_ab as ab
-from lfm2vl_lab.report.plots_common import NoData
-from lfm2vl_lab.report.plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
+from lfm2vl_lab.report.plots import NoData
+from lfm2vl_lab.report.vllm_report import vllm_breakdown_figure, vllm_cuts_figure
 
 
 def fake_result(presets=("lfm2-vl-450m", "lfm2-vl-3b"), rounds: int = 6) -> dict:

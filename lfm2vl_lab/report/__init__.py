@@ -15,21 +15,24 @@ from typing import TYPE_CHECKING
 # what type checkers and editors read; tests/test_public_api.py keeps the two lists equal.
 API = {
     "notebook": ("live_or_recorded", "load_first_version", "load_recorded", "setup"),
-    "plots": ("floor_share_figure", "graph_memory_figure", "latency_figure", "padding_waste_figure",
-              "speedup_figure", "timeline_figure"),
-    "plots_common": ("MODE_ORDER", "NoData", "is_default_config"),
-    "plots_e2e_attention": ("attention_figure", "e2e_figure"),
-    "plots_engine": ("decode_vs_floor",),
-    "plots_ttft": ("TTFT_MODES", "decode_figure", "ttft_breakdown_figure", "ttft_case", "ttft_grid_figure"),
-    "plots_vllm": ("vllm_breakdown_figure", "vllm_cuts_figure"),
+    "frames": ("is_default_config",),
+    "plots": ("MODE_ORDER", "NoData", "attention_figure", "floor_share_figure", "graph_memory_figure",
+              "latency_figure", "padding_waste_figure", "speedup_figure", "timeline_figure"),
+    "plots_ttft": ("TTFT_MODES", "decode_figure", "decode_vs_floor", "e2e_figure", "ttft_breakdown_figure",
+                   "ttft_case", "ttft_grid_figure"),
+    "vllm_report": ("vllm_breakdown_figure", "vllm_cuts_figure"),
 }
 API_NAMES = {name: module for module, names in API.items() for name in names}
 # this package's modules, read off its folder (importing none of them)
 MODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__))
 
 if TYPE_CHECKING:
+    from .frames import is_default_config
     from .notebook import live_or_recorded, load_first_version, load_recorded, setup
     from .plots import (
+        MODE_ORDER,
+        NoData,
+        attention_figure,
         floor_share_figure,
         graph_memory_figure,
         latency_figure,
@@ -37,11 +40,16 @@ if TYPE_CHECKING:
         speedup_figure,
         timeline_figure,
     )
-    from .plots_common import MODE_ORDER, NoData, is_default_config
-    from .plots_e2e_attention import attention_figure, e2e_figure
-    from .plots_engine import decode_vs_floor
-    from .plots_ttft import TTFT_MODES, decode_figure, ttft_breakdown_figure, ttft_case, ttft_grid_figure
-    from .plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
+    from .plots_ttft import (
+        TTFT_MODES,
+        decode_figure,
+        decode_vs_floor,
+        e2e_figure,
+        ttft_breakdown_figure,
+        ttft_case,
+        ttft_grid_figure,
+    )
+    from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure
 
 __all__ = [
     "attention_figure", "decode_figure", "decode_vs_floor", "e2e_figure", "floor_share_figure",

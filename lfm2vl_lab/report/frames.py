@@ -12,19 +12,26 @@ of samples stay lists in their cells, and the file's provenance travels in ``df.
 
 Named ``frames``, not ``results``: :mod:`lfm2vl_lab.measure.results` is the module that *writes* result
 files with their provenance. :func:`md` is the one Markdown writer of the generated pages
-(:mod:`lfm2vl_lab.report.tables`).
+(:mod:`lfm2vl_lab.report.tables`). :func:`pick_rows` and :func:`one_per` choose which row of one run a
+figure or table shows: the default configuration's where a file holds several; two rows of equal
+standing for one bar are rows of two runs, refused (:class:`MixedRuns`) rather than silently picked.
+:class:`Refs` is the set as the generated pages read it (each role's file read once, and the line that
+names a part's source files), with the formats of their cells (:func:`ms`, :func:`pct`, ...).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from functools import wraps
 from pathlib import Path
 
 import pandas as pd
 from tabulate import DataRow, TableFormat
 
+from ..measure.modes import row_labels
 from ..measure.results import REPO_ROOT, RESULTS_ROOT
 from . import reference
-from .reference import REFERENCE_GPU, ReferenceError
+from .reference import REFERENCE_GPU, ReferenceError, load_archived, load_manifest, manifest_path
 
 DASH = "–"  # a missing cell in the pages' tables
 # The pages' Markdown: no padding, a bare "|---|" rule; tabulate pads columns in every built-in format.
@@ -33,13 +40,13 @@ PAGE_TABLE = TableFormat(lineabove=None, linebelowheader=lambda widths, _aligns:
                          datarow=DataRow("|", "|", "|"), padding=1, with_header_hide=None)
 
 
-def shown_path(path) -> str:
-    """A result file's path from the repo root where it lies in the repo, else as given."""
+def shown_path(path, base=None) -> str:
+    """A result file's path from the repo root where it lies in the repo, else from ``base`` (else as given)."""
     path = Path(path).resolve()
     try:
         return path.relative_to(REPO_ROOT).as_posix()
     except ValueError:
-        return str(path)
+        return path.relative_to(base).as_posix() if base is not None else str(path)
 
 
 def _table_of(res: dict, table: str):
@@ -92,3 +99,185 @@ def md(df: pd.DataFrame) -> str:
     a missing cell (None, NaN) as a dash, the index left out."""
     cells = df.astype(object).where(df.notna(), DASH)
     return cells.to_markdown(index=False, tablefmt=PAGE_TABLE, stralign=None, numalign=None, disable_numparse=True)
+
+
+class TableError(ValueError):
+    """A page's markers are broken (unclosed, nested, unknown name), or a part cannot be drawn."""
+
+
+class Refs:
+    """The reference set of ``gpu`` under ``root``, each role's file read once."""
+
+    def __init__(self, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT):
+        self.gpu, self.root = gpu, Path(root)
+        self._cache: dict[str, dict] = {}
+
+    @property
+    def manifest(self) -> dict:
+        man = load_manifest(self.gpu, self.root)
+        if man is None:
+            raise TableError(f"no reference set: {manifest_path(self.gpu, self.root)} is missing "
+                             "(`python -m lfm2vl_lab record` on the GPU writes it)")
+        return man
+
+    def __call__(self, role: str, partial: bool = False) -> dict:
+        """``role``'s file; ``partial``: a resumable role's partial file where it is not recorded whole."""
+        if role not in self._cache:
+            self._cache[role] = reference.load(role, self.gpu, self.root, partial=partial)
+        return self._cache[role]
+
+    def frame(self, role: str, *cols: str, table: str = "rows") -> pd.DataFrame:
+        """``role``'s ``table`` as a DataFrame (:func:`frame`), with ``cols``."""
+        return need(frame(self(role), table), *cols)
+
+    def has(self, role: str, partial: bool = False) -> bool:
+        """Whether the set holds ``role`` (``partial``: or a partial file of it)."""
+        man = self.manifest
+        return role in man.get("files", {}) or (partial and role in man.get("partial", {}))
+
+    def archived(self, name: str) -> dict:
+        key = "archive/" + name
+        if key not in self._cache:
+            self._cache[key] = load_archived(name, self.gpu, self.root)
+        return self._cache[key]
+
+    def shown(self, res) -> str:
+        """A result file's path (or the file itself) as a reader finds it: from the repo root where it
+        lies in the repo, else from the results root's parent."""
+        return shown_path(res["_path"] if isinstance(res, dict) else res, self.root.resolve().parent)
+
+    def source(self, *roles: str) -> str:
+        """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions."""
+        parts = []
+        for role in roles:
+            res = self._cache.get(role) or self(role)
+            parts.append(f"`{self.shown(res)}` (role `{role}`{', partial' if res.get('_partial') else ''})")
+        prov = self(roles[0])["provenance"]
+        return (("Files: " if len(roles) > 1 else "File: ") + ", ".join(parts)
+                + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "
+                f"recorded {str(prov.get('date'))[:10]}.")
+
+
+def needs(role: str, missing: str, partial: bool = False):
+    """A part drawn from ``role``'s file (``draw(refs, res)``; ``partial``: or a resumable role's partial
+    file); where the set holds neither, the part is the line ``missing`` (which says what records it)."""
+    def wrap(draw):
+        @wraps(draw)
+        def block(refs: Refs) -> str:
+            return draw(refs, refs(role, partial=partial)) if refs.has(role, partial) else missing
+        return block
+    return wrap
+
+
+# The formats of the pages' cells
+
+def missing(v) -> bool:
+    """Whether a cell holds no value: None, or NaN (what a DataFrame puts where a row lacks a field)."""
+    return v is None or (isinstance(v, float) and v != v)
+
+
+def ms(v, digits: int = 2) -> str | None:
+    return None if missing(v) else f"{v:.{digits}f}"
+
+
+def times(v, digits: int = 1) -> str | None:
+    return None if missing(v) else f"{v:.{digits}f}×"
+
+
+def pct(v, digits: int = 1, sign: bool = False) -> str | None:
+    return None if missing(v) else f"{100 * v:{'+' if sign else ''}.{digits}f}%"
+
+
+def span(values, fmt=ms, unit: str = "") -> str:
+    """``a–b`` (or one value where all are equal) of the formatted min and max."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return (lo if lo == hi else f"{lo}–{hi}") + unit
+
+
+def table(head: list[str], rows: list[list]) -> str:
+    """Rows of cells under ``head`` as one of the pages' tables (:func:`md`)."""
+    return md(pd.DataFrame(rows, columns=head, dtype=object))
+
+
+def need(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """``df`` with every column of ``cols``, empty where its rows lack the field."""
+    return df.reindex(columns=[*df.columns, *(c for c in cols if c not in df.columns)])
+
+
+def preset_label(preset: str) -> str:
+    """``lfm2-vl-450m`` → ``LFM2-VL-450M``."""
+    return preset.upper()
+
+
+# Which row of a run a figure or table shows
+
+_DEFAULT_ROW = row_labels("lab-graph")  # how a row of the default settings names them
+# preferred (budget_set, cu_rule, max_seqlen_mode) in figures: the defaults'
+DEFAULT_GRAPH_CONFIG = tuple(_DEFAULT_ROW[k] for k in ("budget_set", "cu_rule", "max_seqlen_mode"))
+DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default
+# The kit's kernel options and their defaults; a row without the key ran before the option existed (off)
+KERNEL_OPTIONS = {k: _DEFAULT_ROW[k] for k in ("fuse_qkv", "fuse_elementwise", "dense_graphs")}
+
+
+class MixedRuns(ValueError):
+    """The rows handed to a figure hold two candidates for one bar or point: rows of more than one
+    run, which a figure must not mix (draw one result file's rows)."""
+
+
+def is_default_config(row: dict, ignore=()) -> bool:
+    """Whether a result row ran the kit's default configuration: for graph rows the automatic
+    budgets, the safe ``cu_seqlens`` rule and tight ``max_seqlen`` (``DEFAULT_GRAPH_CONFIG``); a
+    default attention backend (``DEFAULT_LAB_OPTIONS``); and, for the lab modes, each of
+    ``KERNEL_OPTIONS`` at its default (``dense_graphs`` for ``lab-graph`` only). ``ignore`` names
+    kernel options not to compare (for files recorded before and after a default changed); it may
+    also name ``"budget_set"`` (any budget set counts)."""
+    budgets_ok = "budget_set" in ignore or row.get("budget_set") in (None, DEFAULT_GRAPH_CONFIG[0])
+    graph_ok = row.get("budget_set") is None or (
+        budgets_ok and (row.get("cu_rule"), row.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:])
+    lab = row.get("mode") in ("lab-eager", "lab-graph", "lab-graph-fused")
+    opts_ok = not lab or all(bool(row.get(k, False)) == v for k, v in KERNEL_OPTIONS.items()
+                             if k not in ignore and (k != "dense_graphs" or row.get("mode") == "lab-graph"))
+    return graph_ok and opts_ok and row.get("attention") in DEFAULT_LAB_OPTIONS
+
+
+def one_per(rows: Iterable[dict], key: Callable[[dict], tuple], what: str, rank=None) -> list[dict]:
+    """One row per ``key(row)``, in first-seen order: the row of highest ``rank(row)`` (default: all
+    equal). Two rows of the same key and the same, highest, rank raise :class:`MixedRuns` naming the
+    key: within one run the rank tells its rows apart, so a tie means rows of several runs."""
+    best: dict = {}
+    tied: set = set()
+    for r in rows:
+        k, score = key(r), rank(r) if rank else ()
+        cur = best.get(k)
+        if cur is None or score > cur[0]:
+            best[k] = (score, r)
+            tied.discard(k)
+        elif score == cur[0]:
+            tied.add(k)
+    if tied:
+        raise MixedRuns(f"{what}: several rows of equal standing for {sorted(tied, key=str)[0]}: rows of more "
+                        "than one run, or several configurations and none the default? draw one run's rows")
+    return [r for _, r in best.values()]
+
+
+def _pick_rank(r: dict) -> tuple:
+    # the default configuration; else the default graph settings (rows recorded before a kernel option
+    # existed carry none of them); then a profiled row
+    return (is_default_config(r), is_default_config(r, ignore=tuple(KERNEL_OPTIONS)), r.get("gpu_busy_ms") is not None)
+
+
+def pick_rows(rows: list[dict]) -> list[dict]:
+    """One row per (mode, workload) of one run's rows: the default configuration's
+    (:func:`is_default_config`) where the run holds several configurations, else the one with the
+    default graph settings (budgets, ``cu_seqlens`` rule, ``max_seqlen``), and of those a profiled
+    row (it has the GPU-busy floor and a timeline). Rows without ``median_ms`` are left out.
+
+    Raises :class:`MixedRuns` where two rows of equal standing share a (mode, workload), e.g. the
+    default rows of two files: a figure draws one run, never a pick across runs."""
+    return one_per((r for r in rows if r.get("median_ms") is not None), lambda r: (r.get("mode"), r.get("workload")),
+                   "pick_rows", rank=_pick_rank)
+
+
+def workloads_of(rows) -> list[str]:
+    """The rows' workloads in first-seen order."""
+    return list(dict.fromkeys(r["workload"] for r in rows))

@@ -1,60 +1,72 @@
-"""Figures from benchmark results (the JSON that :mod:`lfm2vl_lab.measure.bench` writes).
+"""Figures of the encoder's benchmark files (``bench``, the sweeps, the attention probe), and what every
+figure module shares: colours per mode, page widths, titles, :class:`NoData`.
 
-Every figure function takes plain data (the rows of ONE result file, timelines, capture-info rows)
-and returns a ``matplotlib.figure.Figure``. Figures are built without ``pyplot``, so nothing depends
-on a GUI backend or global state (safe on headless machines and in tests); in a notebook a returned
-Figure displays itself. A figure draws one run: rows of two runs for the same bar raise
-:class:`MixedRuns` (:func:`pick_rows`). :func:`lfm2vl_lab.report.report.report` draws every figure of
-the reference set, each from one file named in its title.
-
-* :func:`latency_figure`      — median latency per mode, bars grouped by workload (p90 whisker)
-* :func:`speedup_figure`      — speedup over hf-eager vs number of images (``NxS`` workloads)
-* :func:`floor_share_figure`  — median split into GPU-busy floor and everything else
-  (rows where busy > wall, :func:`busy_exceeds_wall`, are marked)
-* :func:`timeline_figure`     — CPU launch lane vs GPU kernel lane, eager vs graph
-* :func:`padding_waste_figure`— padded / real tokens per budget set (or per workload, for one set)
-* :func:`graph_memory_figure` — graph memory and capture time per budget
-* :func:`e2e_figure`          — time to first token, transformers' image path vs the graphed encoder
-* :func:`attention_figure`    — attention per layer inside CUDA graphs, per backend (log axis)
+Every figure function takes plain data (the rows of ONE result file, timelines, capture-info rows) and
+returns a ``matplotlib.figure.Figure`` built without ``pyplot``, so nothing depends on a GUI backend or
+global state; in a notebook a returned Figure displays itself. Which row of the file a bar draws is
+:func:`~lfm2vl_lab.report.frames.pick_rows`' choice: rows of two runs for one bar are refused
+(:class:`~lfm2vl_lab.report.frames.MixedRuns`), never silently picked.
+:func:`lfm2vl_lab.report.report.report` draws every figure of the reference set, each from one file
+named in its title.
 """
 
 from __future__ import annotations
 
+import textwrap
+from itertools import groupby
+
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from ..measure.floor import busy_over_wall as busy_exceeds_wall  # the one rule, under the plots' name
 from ..measure.workloads import NXS
-from .plots_common import (  # noqa: F401  (some re-exported: notebooks and report import them from here)
-    KERNEL_OPTIONS,
-    MAX_WIDTH_IN,
-    MODE_COLORS,
-    MODE_ORDER,
-    MixedRuns,
-    NoData,
-    busy_exceeds_wall,
-    count_nxs_workloads,
-    is_default_config,
-    mode_key,
-    modes_of,
-    one_per,
-    page_width,
-    pick_rows,
-    set_title,
-    workloads_of,
-)
-from .plots_e2e_attention import attention_figure, e2e_figure  # noqa: F401  (re-exported)
+from .frames import is_default_config, one_per, pick_rows, workloads_of
+
+MODE_ORDER = ("hf-eager", "compile", "compile-max", "lab-eager", "lab-graph", "lab-graph-fused")
+MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "compile-max": "#e377c2", "lab-eager": "#1f77b4",
+               "lab-graph": "#2ca02c", "lab-graph-fused": "#d62728"}
+MAX_WIDTH_IN = 12.0  # figures fit a page: at most this wide (inches; 1440 px at the report's 120 dpi)
+
+
+class NoData(ValueError):
+    """A figure has no data to draw (``report`` skips it and prints the reason)."""
+
+
+def mode_key(mode: str) -> tuple:
+    """Sort key of a mode: :data:`MODE_ORDER`, unknown modes last by name."""
+    return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
+
+
+def count_nxs_workloads(rows: list[dict]) -> int:
+    """How many distinct ``NxS`` workloads (N images of S px) the rows have: the speedup figure
+    draws a line over them, so it needs at least two."""
+    return len({r["workload"] for r in rows if NXS.fullmatch(str(r.get("workload")))})
+
+
+def modes_of(rows) -> list[str]:
+    """The rows' modes in :data:`MODE_ORDER`."""
+    return sorted({r["mode"] for r in rows}, key=mode_key)
+
+
+def page_width(wanted: float, least: float = 6.0) -> float:
+    """A figure width (inches) between ``least`` and :data:`MAX_WIDTH_IN`."""
+    return min(MAX_WIDTH_IN, max(least, wanted))
+
+
+def set_title(fig: Figure, title: str | None) -> None:
+    """The figure's title (it names the run: file and date, where the caller knows them), each line
+    wrapped to the figure's width so that none is cut off."""
+    if title:
+        chars = int(12 * fig.get_figwidth())  # what fits at 10 pt
+        fig.suptitle("\n".join(textwrap.fill(line, chars) for line in title.splitlines()), fontsize=10)
+
 
 BUSY_OVER_WALL = "busy > wall: the profiled call ran slower than the timed median"
 
 
-# --------------------------------------------------------------------------------------------
-# Latency, speedup, floor share
-# --------------------------------------------------------------------------------------------
-
-
 def latency_figure(rows: list[dict], title: str | None = None, log: bool = False) -> Figure:
     """Median latency (ms) per mode, bars grouped by workload; the whisker reaches p90. ``rows``:
-    one run's (:func:`pick_rows` chooses one per mode and workload)."""
+    one run's (:func:`~lfm2vl_lab.report.frames.pick_rows` chooses one per mode and workload)."""
     rows = pick_rows(rows)
     if not rows:
         raise NoData("latency_figure: no rows with median_ms")
@@ -172,10 +184,6 @@ def floor_share_figure(rows: list[dict], title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------
-# Timeline
-# --------------------------------------------------------------------------------------------
-
 TIMELINE_COLORS = {"launch": "#ff7f0e", "other": "#999999", "gpu": "#2ca02c"}
 TIMELINE_LABELS = {"launch": "CPU: kernel / graph launch calls",
                    "other": "CPU: other CUDA calls (copies, syncs, queries) or CPU operators",
@@ -226,11 +234,6 @@ def timeline_figure(timelines: dict, title: str | None = None, max_us: float | N
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
     set_title(fig, title or "One call: CPU launch calls vs GPU kernels")
     return fig
-
-
-# --------------------------------------------------------------------------------------------
-# Budgets: padding waste, graph memory
-# --------------------------------------------------------------------------------------------
 
 
 def _padding_rows(rows: list[dict]) -> list[dict]:
@@ -323,4 +326,54 @@ def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=9, loc="upper left")
     set_title(fig, title or "Graph memory and capture time per budget")
+    return fig
+
+
+def layout_label(layout) -> str:
+    """A packed layout in short: ``[1024, 1024, 576, 64]`` → ``"2×1024+576+64"``; 16 × 256 → ``"16×256"``."""
+    return "+".join(f"{len(run)}×{n}" if len(run) > 1 else str(n)
+                    for n, run in ((n, list(g)) for n, g in groupby(layout)))
+
+
+def _attention_panel(ax, rows: list[dict], backends: list[str]) -> None:
+    """One preset's bars: one group per layout, one bar per backend (µs per layer, log axis)."""
+    layouts = list(dict.fromkeys(tuple(r["layout"]) for r in rows))
+    by = {(tuple(r["layout"]), r["backend"]): r for r in rows}
+    width = 0.8 / len(backends)
+    for i, b in enumerate(backends):
+        pts = [(j + (i - (len(backends) - 1) / 2) * width, 1000 * by[lay, b]["graph_ms_per_layer"])
+               for j, lay in enumerate(layouts) if (lay, b) in by]
+        bars = ax.bar([x for x, _ in pts], [y for _, y in pts], width, label=b, color=f"C{i}")
+        ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
+    ax.set_yscale("log")
+    ax.margins(y=0.15)
+    ax.set_xticks(range(len(layouts)), [layout_label(lay) for lay in layouts], fontsize=8)
+    ax.set_ylabel("µs per layer (log)")
+
+
+def attention_figure(rows: list[dict], title: str | None = None, log: bool = True) -> Figure:
+    """Attention time per layer inside a CUDA graph, per backend and packed layout (attention probe),
+    one panel per preset. The axis is logarithmic (``log``), because one slow backend is tens of times
+    the others; layouts are written short (``2×1024+576+64`` rows). Backends that produced no time
+    (an error on every layout) are named under the panels."""
+    timed = [r for r in rows if r.get("graph_ms_per_layer") is not None]
+    if not timed:
+        raise NoData("attention_figure: no attention-probe rows (python -m lfm2vl_lab attention on a GPU)")
+    timed = one_per(timed, lambda r: (r["preset"], tuple(r["layout"]), r["backend"]), "attention_figure")
+    presets = list(dict.fromkeys(r["preset"] for r in timed))
+    backends = list(dict.fromkeys(r["backend"] for r in timed))
+    most = max(len({tuple(r["layout"]) for r in timed if r["preset"] == p}) for p in presets)
+    fig = Figure(figsize=(page_width(1.5 * most + 2.5), 2.9 * len(presets) + 1.1), layout="constrained")
+    axes = fig.subplots(len(presets), 1, squeeze=False)[:, 0]
+    for ax, p in zip(axes, presets, strict=True):
+        _attention_panel(ax, [r for r in timed if r["preset"] == p], backends)
+        ax.set_title(p, fontsize=9, loc="left")
+        if not log:
+            ax.set_yscale("linear")
+    axes[-1].set_xlabel("packed layout (rows per item; N×S: N items of S rows)")
+    untimed = sorted({r.get("backend") for r in rows if r.get("graph_ms_per_layer") is None} - set(backends) - {None})
+    note = f" · no time (failed on every layout): {', '.join(untimed)}" if untimed else ""
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(backends), fontsize=8,
+               title=f"backend (timed inside a CUDA graph){note}", title_fontsize=8)
+    set_title(fig, title or "Capturable attention kernels, timed inside CUDA graphs")
     return fig

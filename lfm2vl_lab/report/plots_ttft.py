@@ -1,25 +1,33 @@
-"""Figures of the TTFT grid (``python -m lfm2vl_lab ttft``, :mod:`lfm2vl_lab.measure.ttft`).
+"""Figures of the request past the encoder: the TTFT grid (``python -m lfm2vl_lab ttft``,
+:mod:`lfm2vl_lab.measure.ttft`), TTFT inside ``generate`` (``e2e``) and the text model's peers
+(``engine``). Like :mod:`lfm2vl_lab.report.plots`, every function takes one run's rows (or file) and
+returns a ``matplotlib.figure.Figure`` built without ``pyplot``.
 
 The grid's rows carry ``preset``, ``image``, ``requests``, ``mode`` (one of :data:`TTFT_MODES`),
 ``ttft_ms`` (processor excluded), ``phases_ms`` (processor, h2d, encoder, merge, prefill, sample)
-and ``decode_ms_per_token``. Like :mod:`lfm2vl_lab.report.plots`, every function takes plain rows and
-returns a ``matplotlib.figure.Figure`` built without ``pyplot``; rows without the data a figure needs
-raise :class:`~lfm2vl_lab.report.plots.NoData`, whose message says what is missing and what is there.
+and ``decode_ms_per_token``; rows without the data a figure needs raise
+:class:`~lfm2vl_lab.report.plots.NoData`, whose message says what is missing and what is there.
 
 * :func:`ttft_breakdown_figure` — one request batch's first token, phase by phase: a stacked bar per mode
 * :func:`ttft_grid_figure`      — TTFT against requests, one line per mode, one panel per (preset, image)
 * :func:`decode_figure`         — decode ms per token against requests, laid out the same way
+* :func:`e2e_figure`            — time to first token, transformers' image path vs the graphed encoder
+* :func:`decode_vs_floor`       — decode ms per token of the text model's peers against the weights' floor
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
+from ..measure.engine_peers import MODES as PEER_MODES
 from ..measure.ttft import mode_name
 from ..serving.pipeline import MODES
-from .plots_common import NoData, one_per, set_title
+from .frames import one_per
+from .plots import MODE_COLORS, NoData, page_width, set_title
 
 TTFT_MODES = tuple(mode_name(t, e) for t in MODES for e in MODES)  # all eager first, both graphed last
 PROCESSOR = "processor"  # runs on the CPU before the pipeline; outside the TTFT target
@@ -34,7 +42,7 @@ NO_ROWS = "no TTFT grid rows (python -m lfm2vl_lab ttft on a GPU records them)"
 def ttft_rows(rows: list[dict]) -> list[dict]:
     """The TTFT grid's rows among ``rows`` (one run's): one per (preset, image, requests, mode). Two
     rows of one case and mode are rows of two runs, which a figure or table must not mix: they raise
-    :class:`~lfm2vl_lab.report.plots.MixedRuns`."""
+    :class:`~lfm2vl_lab.report.frames.MixedRuns`."""
     return one_per((r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in TTFT_MODES),
                    lambda r: (r.get("preset"), r.get("image"), r.get("requests"), r["mode"]), "ttft_rows")
 
@@ -197,3 +205,126 @@ def decode_figure(rows: list[dict], presets=None, images=None, title: str | None
     the encoder, so at one text mode the two encoder modes should draw the same line."""
     return _per_request_figure(rows, "decode_ms_per_token", "decode (ms per token)",
                                title or "Decode time per token per mode against requests", presets, images, log)
+
+
+E2E_MODES = ("hf-eager", "lab-graph", "lab-eager")  # transformers' image path, the graphed encoder (or its eager run)
+
+
+def _e2e_lab_mode(rows: list[dict]) -> str:
+    # the graphed encoder's rows say "lab-eager" where nothing was captured (e2e on a CPU)
+    return "lab-graph" if any(r["mode"] == "lab-graph" for r in rows) else "lab-eager"
+
+
+def _darker(color: str, by: float = 0.55) -> tuple:
+    return tuple(by * c for c in to_rgb(color))
+
+
+def _e2e_ttft_bars(ax, keys: list, by: dict, lab: str) -> None:
+    """TTFT bars per mode, the encoder's part drawn inside in a darker shade of the mode's colour
+    (its own legend entry, the same colour), each bar labelled with its TTFT change."""
+    for i, mode in enumerate(("hf-eager", lab)):
+        color = MODE_COLORS.get(mode, "C0")
+        for j, k in enumerate(keys):
+            r = by.get((*k, mode))
+            if r is None:
+                continue
+            x = j + (i - 0.5) * 0.38
+            first = j == 0  # one legend entry per mode and part
+            ax.bar(x, r["ttft_ms"], 0.36, color=color, label=f"{mode}: time to first token" if first else None)
+            ax.bar(x, r["encoder_ms"], 0.36, color=_darker(color), label=f"{mode}: its encoder part" if first else None)
+            base = by.get((*k, "hf-eager"))
+            note = f"{r['ttft_ms']:.1f}" if mode == "hf-eager" or base is None else \
+                f"{r['ttft_ms']:.1f}\n({100 * (r['ttft_ms'] / base['ttft_ms'] - 1):+.0f}%)"
+            ax.text(x, r["ttft_ms"], note, ha="center", va="bottom", fontsize=7)
+    ax.margins(y=0.12)
+    ax.set_ylabel("time to first token (ms)")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _e2e_share_bars(ax, keys: list, by: dict, lab: str) -> None:
+    """The encoder's share of TTFT per mode (``encoder_share_of_ttft``, else encoder / TTFT)."""
+    for i, mode in enumerate(("hf-eager", lab)):
+        xs, ys = [], []
+        for j, k in enumerate(keys):
+            r = by.get((*k, mode))
+            if r is not None:
+                xs.append(j + (i - 0.5) * 0.38)
+                ys.append(100 * r.get("encoder_share_of_ttft", r["encoder_ms"] / r["ttft_ms"]))
+        bars = ax.bar(xs, ys, 0.36, color=MODE_COLORS.get(mode), label=mode)
+        ax.bar_label(bars, fmt="%.0f%%", fontsize=7, padding=1)
+    ax.margins(y=0.15)  # room for the labels
+    ax.set_ylabel("encoder share of TTFT (%)")
+    ax.legend(fontsize=8)
+
+
+def e2e_figure(rows: list[dict], title: str | None = None, share: bool = False) -> Figure:
+    """Time to first token per (preset, image, requests): transformers' image path vs the graphed
+    encoder, with the encoder's own time drawn inside each bar and the TTFT change labelled.
+    ``share=True`` adds a panel below with the encoder's share of TTFT per mode. ``rows``: one run's
+    (two rows for one bar raise :class:`~lfm2vl_lab.report.frames.MixedRuns`)."""
+    rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in E2E_MODES]
+    if not rows:
+        raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")
+    rows = one_per(rows, lambda r: (r["preset"], r["image"], r["requests"], r["mode"]), "e2e_figure")
+    keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows))
+    by = {(r["preset"], r["image"], r["requests"], r["mode"]): r for r in rows}
+    lab = _e2e_lab_mode(rows)
+    fig = Figure(figsize=(page_width(1.2 * len(keys) + 2), 6.5 if share else 4.5), layout="constrained")
+    if share:
+        ax, ax_share = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+        _e2e_share_bars(ax_share, keys, by, lab)
+    else:
+        ax = ax_share = fig.add_subplot()
+    _e2e_ttft_bars(ax, keys, by, lab)
+    ax_share.set_xticks(range(len(keys)), [f"{p}\n{im} ×{n} requests" for p, im, n in keys], fontsize=8)
+    set_title(fig, title or "Time to first token: transformers' image path vs the graphed encoder")
+    return fig
+
+
+PEER_COLORS = dict(zip(PEER_MODES, ("#7f7f7f", "#9467bd", "#8c564b", "#2ca02c", "#d62728")))
+
+
+def run_title(result: dict) -> str:
+    """Which run a figure draws: GPU, date and file (where the file was loaded from one)."""
+    p = result.get("provenance", {})
+    where = f" ({Path(result['_path']).name})" if result.get("_path") else ""
+    return f"{p.get('gpu', '?')}, {str(p.get('date', ''))[:10]}{where}"
+
+
+def _decode_rows(result: dict, preset: str) -> list[dict]:
+    return [r for r in result.get("rows", []) if r.get("preset") == preset and r.get("requests") == 1]
+
+
+def decode_vs_floor(result: dict, title: str | None = None) -> Figure:
+    """Decode ms per token per mode (one request) against the bandwidth floor, a panel per preset.
+    A mode recorded with an error has no bar; its label says "error"."""
+    presets = [s["preset"] for s in result.get("setup", []) if _decode_rows(result, s["preset"])]
+    if not presets:
+        raise NoData("no decode rows in this file (python -m lfm2vl_lab engine records them)")
+    fig = Figure(figsize=(page_width(4.2 * len(presets) + 1), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(presets), squeeze=False)[0]
+    floors = {s["preset"]: s["floor"] for s in result["setup"]}
+    for ax, preset in zip(axes, presets):
+        rows = _decode_rows(result, preset)
+        labels = [r["mode"] + ("\n(error)" if "error" in r else "") for r in rows]
+        vals = [r.get("decode_ms_per_token") or 0.0 for r in rows]
+        err = [max(0.0, (r.get("decode_p90_ms_per_token") or v) - v) for r, v in zip(rows, vals)]
+        x = range(len(rows))
+        ax.bar(x, vals, yerr=[[0.0] * len(err), err], capsize=3, label="decode, median (whisker: p90)",
+               color=[PEER_COLORS.get(r["mode"], "#1f77b4") for r in rows])
+        fl = floors[preset]
+        ax.axhline(fl["floor_ms"], color="black", linestyle="--", linewidth=1,
+                   label=f"bandwidth floor {fl['floor_ms']:.3f} ms ({fl['param_bytes'] / 1e9:.2f} GB at "
+                         f"{fl['bandwidth_B_per_s'] / 1e12:.1f} TB/s)")
+        for i, v in zip(x, vals):  # each bar's value, and how far above the floor it is
+            if v > 0:
+                ax.annotate(f"{v:.2f} ms\n{v / fl['floor_ms']:.1f}× floor", (i, v), xytext=(0, 3),
+                            textcoords="offset points", ha="center", fontsize=7)
+        ax.set_yscale("log")  # generate's eager step is ~100x the floor, the engines' a few times it
+        ax.set_ylim(fl["floor_ms"] / 2, max(vals + [fl["floor_ms"]]) * 4)
+        ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("ms per decode token (one request, log scale)")
+        ax.set_title(preset, fontsize=10)
+        ax.legend(fontsize=7, loc="upper right")
+    set_title(fig, title or f"Decode per token against the bandwidth floor: {run_title(result)}")
+    return fig

@@ -28,22 +28,21 @@ from pathlib import Path
 from ..measure.results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, recorded_tag
 from . import reference
 from .figure_source import save_figure, source_of
+from .frames import pick_rows
 from .plots import (
     NoData,
     attention_figure,
     count_nxs_workloads,
-    e2e_figure,
     floor_share_figure,
     graph_memory_figure,
     latency_figure,
     padding_waste_figure,
-    pick_rows,
     speedup_figure,
     timeline_figure,
 )
-from .plots_ttft import decode_figure, ttft_breakdown_figure, ttft_grid_figure
-from .plots_vllm import vllm_breakdown_figure, vllm_cuts_figure
+from .plots_ttft import decode_figure, e2e_figure, ttft_breakdown_figure, ttft_grid_figure
 from .tables import run_tables
+from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure
 
 BENCH_PREFIX = "bench-"  # roles of the per-preset benchmark runs
 BUDGETS_ROLE = "sweep-budgets"  # the budget sweep: the padding-waste figure of its preset
@@ -79,7 +78,7 @@ def _timeline_pair(rows: list[dict]):
 
 def capture_groups(rows: list[dict]) -> dict:
     """``{label: capture_info}`` of one file's graph rows, one per (mode, budget set): the capture of
-    the row :func:`~lfm2vl_lab.report.plots.pick_rows` chooses first (every workload of a mode reuses
+    the row :func:`~lfm2vl_lab.report.frames.pick_rows` chooses first (every workload of a mode reuses
     one capture). What :func:`~lfm2vl_lab.report.plots.graph_memory_figure` draws."""
     out: dict = {}
     for r in pick_rows(rows):

@@ -12,9 +12,8 @@ stale and exits 1 (``tests/test_tables.py`` runs that check on the committed pag
 table or a few sentences whose numbers are all computed here: prose outside the markers holds no
 measured number. The parts themselves live by topic: :mod:`~lfm2vl_lab.report.tables_encoder`,
 :mod:`~lfm2vl_lab.report.tables_engine`, :mod:`~lfm2vl_lab.report.tables_graph_configs`,
-:mod:`~lfm2vl_lab.report.tables_request`, :mod:`~lfm2vl_lab.report.tables_vllm`,
-:mod:`~lfm2vl_lab.report.tables_goals` (the goals page) and :mod:`~lfm2vl_lab.report.tables_claim` (the one
-verdict on the PR's claim, on the goals page).
+:mod:`~lfm2vl_lab.report.tables_vllm` (with the one verdict
+on the PR's claim) and :mod:`~lfm2vl_lab.report.tables_goals` (the goals page).
 """
 
 from __future__ import annotations
@@ -25,16 +24,14 @@ from pathlib import Path
 
 from ..measure.results import REPO_ROOT, RESULTS_ROOT
 from . import (
-    tables_claim,
     tables_encoder,
     tables_engine,
     tables_goals,
     tables_graph_configs,
-    tables_request,
     tables_vllm,
 )
+from .frames import Refs, TableError, ms, table
 from .reference import REFERENCE_GPU, load_manifest, manifest_path
-from .refs import Refs, TableError, ms, table
 
 OPEN = re.compile(r"<!-- table:([A-Za-z0-9._-]+) -->")
 CLOSE = "<!-- /table:{} -->"
@@ -116,7 +113,7 @@ BLOCKS = {"reference-set": reference_block, "record-cost": record_cost_block}
 def blocks() -> dict[str, Callable[[Refs], str]]:
     """Every part a page may mark, by name."""
     return {**BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS,
-            **tables_graph_configs.BLOCKS, **tables_request.BLOCKS, **tables_vllm.BLOCKS, **tables_claim.BLOCKS}
+            **tables_graph_configs.BLOCKS, **tables_vllm.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:

@@ -10,9 +10,8 @@ import pandas as pd
 
 from ..measure.floor import kernel_breakdown
 from ..measure.workloads import NXS, TILED_SIZE
-from . import plots_common
-from .frames import frame, md
-from .refs import Refs, missing, ms, need, pct, preset_label, span, table, times
+from . import frames
+from .frames import Refs, frame, md, missing, ms, need, pct, preset_label, span, table, times
 
 ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-eager", "packed, eager"),
                  ("lab-graph", "lab-graph"))
@@ -21,7 +20,7 @@ EARLIER_BENCH = "floor-20261201-015028.json"
 # What a result file records of the machine and libraries it ran on, compared field by field.
 MACHINE_FIELDS = (("gpu", "GPU"), ("platform", "platform"), ("host_cpu", "CPU"), ("cpu_count", "CPU count"),
                   ("torch", "torch"), ("cuda", "CUDA"), ("transformers", "transformers"), ("python", "Python"))
-KERNEL_OPTIONS = tuple(plots_common.KERNEL_OPTIONS)  # the kernel options' row names
+KERNEL_OPTIONS = tuple(frames.KERNEL_OPTIONS)  # the kernel options' row names
 DEFAULT_GRAPH = ("budget_set", "cu_rule", "max_seqlen_mode", "attention", *KERNEL_OPTIONS)
 
 
@@ -343,16 +342,8 @@ def model_changes_block(refs: Refs) -> str:
     return "\n\n".join([table(head, rows), "\n".join(notes), refs.source("check")])
 
 
-BLOCKS = {
-    "model-changes": model_changes_block,
-    "encoder-450m": encoder_block("bench-450m"),
-    "encoder-1.6b": encoder_block("bench-1.6b"),
-    "kernel-classes": kernel_classes_block,
-    "kernel-options": kernel_options_block,
-    "attention": attention_block,
-    "sweeps": sweeps_block,
-    "same-config": same_config_block,
-    "machine-variation": machine_block,
-    "busy-over-wall": busy_over_wall_block,
-    "check": check_block,
-}
+BLOCKS = {"model-changes": model_changes_block, "encoder-450m": encoder_block("bench-450m"),
+          "encoder-1.6b": encoder_block("bench-1.6b"), "kernel-classes": kernel_classes_block,
+          "kernel-options": kernel_options_block, "attention": attention_block, "sweeps": sweeps_block,
+          "same-config": same_config_block, "machine-variation": machine_block,
+          "busy-over-wall": busy_over_wall_block, "check": check_block}

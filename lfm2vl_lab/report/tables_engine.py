@@ -1,19 +1,25 @@
-"""Generated parts about time to first token (:mod:`lfm2vl_lab.report.tables` draws them into the pages):
-the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; TTFT inside
-``generate`` (``e2e``); and the PR's claim set beside both, like for like."""
+"""Generated parts about the request past the encoder (:mod:`lfm2vl_lab.report.tables` draws them into
+the pages): the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; TTFT inside
+``generate`` (``e2e``); the text model's peers (``engine``); and whole requests
+(:mod:`~lfm2vl_lab.measure.request`): the end-to-end table with decode, the offline-throughput run, and
+the PR's claim like for like.
+
+The whole requests' 3B rows come from the ``request-3b`` file: measured whole requests where the text
+model is graphed, composed from the measured parts where it is eager. The 450M and 1.6B rows are
+composed from the ``ttft`` grid's parts (:func:`~lfm2vl_lab.measure.request.composed_e2e`), at the same
+number of output tokens; the 3B file's graphed rows carry both, which says how close the composition is.
+"""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from ..measure.e2e import DECODE_DRIFT_WARN
+from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
-from .frames import md
+from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times
 from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_rows
-from .refs import Refs, ms, need, pct, preset_label, span, table, times
-from .ttft_findings import e2e_cuts, encoder_cuts
-from .ttft_summary import PR_CLAIM, claim_verdict, drift_beyond, text_graph_cuts
-from .ttft_summary import drift_fails as disturbed  # the decode control, stated once
+from .ttft_summary import drift_beyond, drift_fails, text_graph_cuts
 from .ttft_summary import ttft_cases as cases
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
@@ -81,17 +87,18 @@ def ttft_phases_block(refs: Refs) -> str:
     return "\n\n".join(["Median ms of one 512 px request.", md(out), refs.source("ttft")])
 
 
+def _profiled(where: list, r: dict, busy: float | None, *graphs: str) -> list:
+    """A profiled call's row of cells: ``where`` (preset, mode, ...), its kernels, launch calls (and
+    ``graphs``, its graph launches), GPU-busy and wall ms, then ``busy``, the busy share."""
+    return [*where, f"{r['kernels']:.0f}", f"{r['launch_calls']:.0f}", *graphs, ms(r["gpu_busy_ms"]),
+            ms(r["wall_ms"]), pct(busy, 0)]
+
+
 def ttft_profile_block(refs: Refs) -> str:
     """One profiled request per preset and mode: kernels, launch calls, graph launches, busy share."""
     res = refs("ttft")
-    rows = []
-    for p in res.get("profile") or []:
-        for m in TTFT_MODES:
-            r = p.get(m)
-            if r:
-                rows.append([preset_label(p["preset"]), mode_label(m), f"{r['kernels']:.0f}",
-                             f"{r['launch_calls']:.0f}", f"{r['graph_launches']:.0f}", ms(r["gpu_busy_ms"]),
-                             ms(r["wall_ms"]), pct(r.get("busy_share"), 0)])
+    rows = [_profiled([preset_label(p["preset"]), mode_label(m)], r, r.get("busy_share"), f"{r['graph_launches']:.0f}")
+            for p in res.get("profile") or [] for m in TTFT_MODES if (r := p.get(m))]
     head = ["preset", "mode", "kernels", "launch calls", "graph launches", "GPU-busy ms", "wall ms", "busy"]
     return "\n\n".join(["One profiled request (512 px, processor excluded), the mean of "
                         f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows),
@@ -174,7 +181,7 @@ def e2e_block(refs: Refs) -> str:
         hf, g = by.get("hf-eager"), by.get("lab-graph")
         if not (hf and g):
             continue
-        drift = pct(g.get("decode_drift"), 0, sign=True) + (" (disturbed)" if disturbed(g) else "")
+        drift = pct(g.get("decode_drift"), 0, sign=True) + (" (disturbed)" if drift_fails(g) else "")
         rows.append([preset_label(k[0]), k[1], k[2], ms(hf["ttft_ms"]), ms(g["ttft_ms"]),
                      pct(-g["ttft_reduction"], sign=True), pct(-g["ttft_reduction_paired"], sign=True),
                      f"{ms(hf['encoder_ms'])} → {ms(g['encoder_ms'])}", drift])
@@ -187,60 +194,14 @@ def e2e_block(refs: Refs) -> str:
 
 def e2e_profile_block(refs: Refs) -> str:
     """One profiled TTFT call inside ``generate``, split into the encoder and the text model."""
-    rows = []
-    for p in refs("e2e").get("ttft_profile") or []:
-        for mode in ("hf-eager", "lab-graph"):
-            for part in ("encoder", "text"):
-                r = (p.get(mode) or {}).get(part)
-                if r:
-                    rows.append([preset_label(p["preset"]), mode, part, f"{r['kernels']:.0f}",
-                                 f"{r['launch_calls']:.0f}", ms(r["gpu_busy_ms"]), ms(r["wall_ms"]),
-                                 pct(r["gpu_busy_ms"] / r["wall_ms"], 0)])
+    rows = [_profiled([preset_label(p["preset"]), mode, part], r, r["gpu_busy_ms"] / r["wall_ms"])
+            for p in refs("e2e").get("ttft_profile") or [] for mode in ("hf-eager", "lab-graph")
+            for part in ("encoder", "text") if (r := (p.get(mode) or {}).get(part))]
     head = ["preset", "mode", "part", "kernels", "launch calls", "GPU-busy ms", "wall ms", "busy"]
     return "\n\n".join([table(head, rows), refs.source("e2e")])
 
 
-def _range(cuts: list[tuple]) -> str:
-    n = len(cuts)
-    return f"{span([c[0] for c in cuts], pct)} over {n} case{'s' if n != 1 else ''}" if cuts else "no undisturbed case"
-
-
-def _claim_line(what: str, cuts: list[tuple]) -> str:
-    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
-    their range, j of them within it (named)`` from ``(cut, (preset, image, requests), disturbed)`` tuples.
-    What the decode control leaves out is shown as the kept cases are, so a reader sees what it removed."""
-    lo, hi = PR_CLAIM
-
-    def within(xs):
-        return sum(claim_verdict(c[0]) == "within" for c in xs)
-
-    kept, off = [c for c in cuts if not c[2]], [c for c in cuts if c[2]]
-    line = f"- {what}: {_range(kept)}, {within(kept)} of them within {pct(lo, 0)}–{pct(hi, 0)}"
-    if off:
-        line += (f"; left out for decode drift: {_range(off)}, {within(off)} of them within "
-                 f"{pct(lo, 0)}–{pct(hi, 0)} (" + ", ".join(f"{preset_label(p)} {im} ×{n}" for _, (p, im, n), _ in off)
-                 + ")")
-    return line + "."
-
-
-def pr_claim_block(refs: Refs) -> str:
-    """The encoder graphs' TTFT cut beside the PR's claimed range: text graphed (as in vLLM), text eager,
-    and inside ``generate``; cases with decode drift are left out of the ranges and named."""
-    def marked(cuts: list[dict]) -> list[tuple]:  # (cut, case, whether its decode control fails)
-        return [(c["cut"], c["case"], drift_beyond(c["drift"])) for c in cuts]
-
-    rows = refs("ttft")["rows"]
-    per_text = {t: marked(encoder_cuts(rows, t)) for t in ("graphed", "eager")}
-    first = [x for x in per_text["graphed"] if x[1][1:] == ("1x512", 1)]
-    lines = ["- Text model graphed, one 512 px request: " + ", ".join(
-        f"**{pct(x[0])}** on {preset_label(x[1][0])} ({claim_verdict(x[0])} the PR's range)" for x in first) + "."]
-    lines.append(_claim_line("Text model graphed, the other cases", [x for x in per_text["graphed"] if x not in first]))
-    lines.append(_claim_line("Text model eager, every case", per_text["eager"]))
-    lines.append(_claim_line("Inside `generate` (paired)", marked(e2e_cuts(refs("e2e")["rows"]))))
-    return "\n".join(lines) + "\n\n" + refs.source("ttft", "e2e")
-
-
-def _image_path_pairs(refs: Refs, kind: str, side: str):
+def image_path_pairs(refs: Refs, kind: str, side: str):
     """The ``ttft`` file's image-path records of ``kind``, each with the record of ``side`` for the
     same preset and workload (``{}`` where it has none)."""
     ip = refs("ttft").get("image_path") or []
@@ -251,7 +212,7 @@ def _image_path_pairs(refs: Refs, kind: str, side: str):
 def image_path_block(refs: Refs) -> str:
     """``encode()`` fed the processor's CPU output against GPU-resident input, and the staging split."""
     rows = []
-    for r, s in _image_path_pairs(refs, "encode_sources", "staging_split"):
+    for r, s in image_path_pairs(refs, "encode_sources", "staging_split"):
         rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
                      times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
                      ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3),
@@ -265,7 +226,7 @@ def image_path_block(refs: Refs) -> str:
 def processor_block(refs: Refs) -> str:
     """The image processor on the CPU against the same on the GPU (``device="cuda"``)."""
     rows = []
-    for r, p in _image_path_pairs(refs, "processor_time", "processor_parity"):
+    for r, p in image_path_pairs(refs, "processor_time", "processor_parity"):
         levels = p.get("max_diff_levels")
         rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["cpu_ms_median"]),
                      ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
@@ -325,19 +286,107 @@ def engine_peers_block(refs: Refs) -> str:
     return "\n\n".join([table(head, rows), note, refs.source("engine")])
 
 
-BLOCKS = {
-    "engine-peers": engine_peers_block,
-    "ttft-modes": ttft_modes_block,
-    "ttft-phases": ttft_phases_block,
-    "ttft-profile": ttft_profile_block,
-    "ttft-grid": ttft_grid_block,
-    "ttft-decode": decode_ratio_block,
-    "ttft-text-cuts": text_cuts_block,
-    "ttft-engine": engine_setup_block,
-    "ttft-parity": ttft_parity_block,
-    "image-path": image_path_block,
-    "processor": processor_block,
-    "e2e": e2e_block,
-    "e2e-profile": e2e_profile_block,
-    "pr-claim": pr_claim_block,
-}
+REQUEST_ROLE = "request-3b"
+REQUESTS = (1, 2, 4)  # the low batch sizes the PR's claim is about
+
+
+# the parts below are drawn from the request file
+request_part = needs(REQUEST_ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record` records role "
+                     f"`{REQUEST_ROLE}` (`record --dry-run` shows its command)._")
+
+
+def _tokens(refs: Refs) -> int:
+    return next((r["e2e_tokens"] for r in refs(REQUEST_ROLE)["rows"] if "e2e_tokens" in r), NEW_TOKENS)
+
+
+def e2e_cells(refs: Refs) -> dict[tuple, dict]:
+    """Per (preset, image, requests), its rows by mode: e2e ms, its source, and the encoder graphs' cuts."""
+    tokens = _tokens(refs)
+    grid = [dict(r, e2e_ms=composed_e2e(r, tokens), e2e_source="composed") for r in refs("ttft")["rows"]
+            if r["requests"] in REQUESTS]
+    for r in grid:
+        if r["encoder_mode"] == "graphed":
+            eager = next(e for e in grid if (e["preset"], e["image"], e["requests"], e["mode"])
+                         == (r["preset"], r["image"], r["requests"], mode_name(r["text_mode"], "eager")))
+            r["e2e_cut"] = 1 - r["e2e_ms"] / eager["e2e_ms"]
+    cells: dict[tuple, dict] = {}
+    for r in grid + [r for r in refs(REQUEST_ROLE)["rows"] if "e2e_ms" in r and r["requests"] in REQUESTS]:
+        cells.setdefault((r["preset"], r["image"], r["requests"]), {})[r["mode"]] = r
+    return cells
+
+
+def _check_cell(check: dict | None) -> str | None:
+    """A measured row's composition beside it: composed ms eager → graphed, the cut it gives, its error."""
+    return check and (f"{ms(check['composed_ms'][0], 1)} → {ms(check['composed_ms'][1], 1)}, {pct(check['cut'])} "
+                      f"({100 * check['cut_error']:+.1f} points)")
+
+
+@request_part
+def e2e_requests_block(refs: Refs, res: dict) -> str:
+    """Whole requests with decode at 1, 2 and 4 requests: encoder eager → graphed, text graphed and eager.
+    Each text-graphed row says whether it was measured or composed from parts; a measured row also gives
+    what the composition makes of it, so the composed rows beside it carry a known error."""
+    tokens = _tokens(refs)
+    out, checks = [], []
+    for (preset, image, n), m in e2e_cells(refs).items():
+        row = [preset_label(preset), image, n]
+        for t in ("graphed", "eager"):
+            e, g = m.get(mode_name(t, "eager")), m.get(mode_name(t, "graphed"))
+            cut = pct(g and g.get("e2e_cut"))
+            if cut and drift_fails(g):
+                cut += " (drift)"  # the decode control failed: the two decodes differ by more than the saving
+            row += [f"{ms(e and e['e2e_ms'], 1)} → {ms(g and g['e2e_ms'], 1)}", cut]
+            if t == "graphed":
+                check = composition_check(e, g) if e and g else None
+                checks += [check] if check else []
+                row += ["measured" if (g or {}).get("e2e_source") == "measured" else "composed", _check_cell(check)]
+        out.append(row)
+    head = ["preset", "image", "requests", "text graphed: ms, encoder eager → graphed", "cut",
+            "text graphed: measured or composed",
+            "text graphed, composed from the measured rows' parts: ms, cut (error)",
+            "text eager (composed): ms, encoder eager → graphed", "cut"]
+    ms_gap = max((abs(x) for c in checks for x in c["ms_error"]), default=None)
+    cut_gap = max((abs(c["cut_error"]) for c in checks), default=None)
+    check_note = (f"On the {len(checks)} measured rows the composition lands within {pct(ms_gap)} of each measured "
+                  f"whole request, and its cut is off by up to {100 * cut_gap:.1f} points (the error in brackets); "
+                  "the composed rows of the other presets have no measurement beside them. " if checks else
+                  "No row was measured, so the composition's error is not known here. ")
+    note = (f"Whole requests of {tokens} output tokens, bf16, medians; processor to tokens on the host. "
+            f"Measured: whole requests in paired turns (text model graphed, the `{REQUEST_ROLE}` file). "
+            "Composed: the request to its first token plus the decode steps, each measured "
+            f"(`request.composed_e2e`). {check_note}"
+            "The text model eager is transformers' own, and its rows are composed on every preset. (drift): the "
+            f"cell's decode control fails, its two encoder modes decoded more than {pct(DECODE_DRIFT_WARN, 0)} "
+            "apart although decode never runs the encoder, so that cut is not the encoder alone. "
+            f"{STAND_IN[0].upper() + STAND_IN[1:]}.")
+    return table(head, out) + "\n\n" + note + "\n\n" + refs.source(REQUEST_ROLE, "ttft")
+
+
+@request_part
+def throughput_block(refs: Refs, res: dict) -> str:
+    """The offline-throughput run: requests and tokens per second, encoder eager and graphed."""
+    out = [[preset_label(tp["preset"]), m.split("+")[1].replace("encoder-", "encoder "), f"{r['requests_per_s']:.2f}",
+            f"{r['tokens_per_s']:.0f}", ms(r["pass_s"], 2)] for tp in res.get("throughput", [])
+           for m, r in tp["modes"].items()]
+    if not out:
+        return "_This request file has no throughput run._"
+    tp = res["throughput"][0]
+    note = (f"{tp['requests']} requests of the seeded workload's mixed image sizes, in arrival order, batches of up to "
+            f"{tp['batch']}, {tp['new_tokens']} output tokens each, text model graphed; median of {tp['passes']} "
+            f"passes in turns. Encoder graphs: {times(tp['speedup'], 3)} the throughput.")
+    return (table(["preset", "encoder", "requests/s", "output tokens/s", "s per pass"], out) + "\n\n" + note
+            + "\n\n" + refs.source(REQUEST_ROLE))
+
+
+@request_part
+def like_for_like_block(refs: Refs, res: dict) -> str:
+    """The PR's claim, like for like: one sentence from the request file."""
+    return like_for_like(res) + "\n\n" + refs.source(REQUEST_ROLE)
+
+
+BLOCKS = {"e2e-requests": e2e_requests_block, "throughput": throughput_block, "like-for-like": like_for_like_block,
+          "engine-peers": engine_peers_block, "ttft-modes": ttft_modes_block, "ttft-phases": ttft_phases_block,
+          "ttft-profile": ttft_profile_block, "ttft-grid": ttft_grid_block, "ttft-decode": decode_ratio_block,
+          "ttft-text-cuts": text_cuts_block, "ttft-engine": engine_setup_block, "ttft-parity": ttft_parity_block,
+          "image-path": image_path_block, "processor": processor_block, "e2e": e2e_block,
+          "e2e-profile": e2e_profile_block}

@@ -16,9 +16,9 @@ from ..measure.floor import TARGETS as FLOOR_TARGETS
 from ..measure.floor import judge_targets, kernel_breakdown
 from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
-from .refs import Refs, ms, pct, preset_label, table
+from .frames import Refs, ms, pct, preset_label, table
 from .tables_encoder import by_mode
-from .tables_engine import mode_label
+from .tables_engine import image_path_pairs, mode_label
 
 
 def encoder_goals(refs: Refs) -> list[dict]:
@@ -184,13 +184,12 @@ def explain_16b_tiled(refs: Refs) -> str:
 
 
 def explain_cpu_input(refs: Refs) -> str:
-    ip = refs("ttft").get("image_path") or []
-    preset = "lfm2-vl-450m"
+    pairs = {(r.get("preset"), r["workload"]): (r, s) for r, s in image_path_pairs(refs, "encode_sources",
+                                                                                   "staging_split")}
     lim = TTFT_TARGETS["cpu_input_encode_ratio"]
     out = []
     for w in CPU_INPUT_WORKLOADS:
-        of = {x["kind"]: x for x in ip if x["workload"] == w and x.get("preset") == preset}
-        src, sp = of.get("encode_sources"), of.get("staging_split")
+        src, sp = pairs.get(("lfm2-vl-450m", w), (None, None))
         if not (src and sp):
             continue
         slack = (lim - 1) * src["gpu_ms_median"]
@@ -372,11 +371,7 @@ def misses_block(refs: Refs) -> str:
     return "\n\n".join(out)
 
 
-BLOCKS = {
-    "goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b", how=""),
-    "goals-ttft": goals_part(ttft_goals, "ttft"),
-    "goals-engine": goals_part(engine_goals, "engine"),
-    "goals-request": request_goals_block,
-    "goals-guard": goals_part(guard_goals, "check"),
-    "misses": misses_block,
-}
+BLOCKS = {"goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b", how=""),
+          "goals-ttft": goals_part(ttft_goals, "ttft"), "goals-engine": goals_part(engine_goals, "engine"),
+          "goals-request": request_goals_block, "goals-guard": goals_part(guard_goals, "check"),
+          "misses": misses_block}

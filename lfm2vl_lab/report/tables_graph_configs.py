@@ -4,10 +4,11 @@ from the reference set's ``pr-config`` file (``bench --mode lab-graph --graph-co
 
 from __future__ import annotations
 
+import pandas as pd
+
 from ..measure.modes import ROW_NAMES, ROW_SETTINGS
 from ..measure.table import short_error
-from .plots_common import workloads_of
-from .refs import Refs, ms, needs, pct, preset_label, table, times
+from .frames import Refs, frame, md, ms, need, needs, pct, preset_label, times
 
 ROLE = "pr-config"
 
@@ -36,26 +37,24 @@ def pr_config_table(res: dict) -> str:
     """One row per named config of a ``--graph-config`` bench file: its resolved budgets and item
     limit, the graphs it captured, capture s, graph MiB, the stream's padding waste and the median ms
     per workload; then, where both ran, each "pr" median over the kit's."""
-    rows = [r for r in res["rows"] if r.get("mode") == "lab-graph" and r.get("graph_config")]
-    names = list(dict.fromkeys(r["graph_config"] for r in rows))
-    ws = workloads_of(rows)
-    by = {(r["graph_config"], r["workload"]): r for r in rows if r.get("median_ms") is not None}
-    head = ["graph config", "budgets", "max items", "graphs", "capture s", "graphs MiB"] \
-        + (["stream padding waste"] if "stream" in ws else []) + [f"{w} ms" for w in ws]
-    out = []
-    for n in names:
-        first = next(r for r in rows if r["graph_config"] == n)
-        stream = by.get((n, "stream"))
-        out.append([f"`{n}`", _budgets(first), first.get("max_items"),
-                    _graphs(first), ms(first.get("capture_s")),
-                    None if first.get("graph_total_mb") is None else f"{first['graph_total_mb']:.0f}"]
-                   + ([pct(stream.get("padding_waste")) if stream else None] if "stream" in ws else [])
-                   + [ms(by[n, w]["median_ms"]) if (n, w) in by else None for w in ws])
+    df = need(frame(res), "mode", "graph_config", "median_ms", "padding_waste")
+    df = df[(df["mode"] == "lab-graph") & df.graph_config.astype(bool) & df.graph_config.notna()]
+    names, ws = list(dict.fromkeys(df.graph_config)), list(dict.fromkeys(df.workload))
+    timed = df.dropna(subset=["median_ms"]).drop_duplicates(["graph_config", "workload"], keep="last")
+    med = timed.pivot(index="graph_config", columns="workload", values="median_ms").reindex(index=names, columns=ws)
+    first = [res["rows"][i] for i in df.drop_duplicates("graph_config").index]  # each config's first row
+    out = pd.DataFrame({"graph config": [f"`{n}`" for n in names], "budgets": [_budgets(r) for r in first],
+                        "max items": [r.get("max_items") for r in first], "graphs": [_graphs(r) for r in first],
+                        "capture s": [ms(r.get("capture_s")) for r in first],
+                        "graphs MiB": [ms(r.get("graph_total_mb"), 0) for r in first]}, dtype=object)
+    if "stream" in ws:
+        out["stream padding waste"] = timed[timed.workload == "stream"].set_index("graph_config").padding_waste.reindex(
+            names).map(pct).values
+    out[[f"{w} ms" for w in ws]] = med.map(ms).values
     if "kit" in names and "pr" in names:
-        ratio = [times(by["pr", w]["median_ms"] / by["kit", w]["median_ms"], 2)
-                 if ("pr", w) in by and ("kit", w) in by else None for w in ws]
-        out.append(["`pr` ÷ `kit`", None, None, None, None, None] + ([None] if "stream" in ws else []) + ratio)
-    return table(head, out)
+        out.loc[len(out)] = ["`pr` ÷ `kit`", *[None] * (len(out.columns) - len(ws) - 1),
+                             *(med.loc["pr"] / med.loc["kit"]).map(lambda v: times(v, 2))]
+    return md(out)
 
 
 def other_capture(refs: Refs, preset: str | None) -> str:

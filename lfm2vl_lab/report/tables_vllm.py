@@ -6,16 +6,28 @@
 * ``vllm-claim``: the PR's claim judged from vLLM's own measurement, then from the kit's pipeline.
 * ``vllm-breakdown``: where one request's first token goes in vLLM and in the kit's pipeline.
 * ``vllm-engines``: start-up, encoder capture and graph hits per engine, and parity on shared weights.
+* ``pr-claim``: the encoder graphs' TTFT cut of the kit's own runs (``ttft``, ``e2e``) beside the PR's range.
+* ``pr-verdict``: the one verdict on vLLM PR #44930's claim, "~10-20% lower e2e latency for low batch
+  size" (:data:`~.ttft_summary.PR_CLAIM`), drawn into docs/goals.md: by measure (whole requests of each
+  output length, the first token) and preset, where the claim holds and where it does not, inside vLLM
+  itself and in the kit's pipeline on the same weights (the ``vllm`` file), with the kit's other runs
+  beside them. Every other page and notebook links to it instead of judging the claim again. A cut is
+  placed against the range by its whole 95% interval (:func:`judged`); a group of cases by
+  :func:`group_verdict`. The kit's other runs have no interval, so their cells give medians only and no
+  verdict.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
 
+from ..measure.request import e2e_cuts as request_cuts
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .frames import frame, md
-from .refs import Refs, missing, ms, need, needs, preset_label, table
-from .ttft_summary import range_verdict
+from .frames import Refs, frame, md, missing, ms, need, needs, pct, preset_label, span, table
+from .ttft_findings import cut_range, e2e_cuts, encoder_cuts
+from .ttft_summary import PR_CLAIM, claim_verdict, range_verdict
 from .vllm_report import find as _row
 
 ROLE = "vllm"
@@ -39,7 +51,6 @@ def partial_note(res: dict) -> str:
         return ""
     return (f" **Partial:** this file holds {', '.join(preset_label(p) for p in presets(res))} so far; "
             f"{', '.join(preset_label(p) for p in left)} still to record (`record --part vllm` resumes it).")
-
 
 
 def cut(c: dict | None) -> str | None:
@@ -113,16 +124,16 @@ def judged(c: dict) -> str:
     return "open" if verdict == "overlapping" else verdict
 
 
-def _cases(res: dict, engine: str, key: str, tokens_list, arm: str = "pr") -> list[tuple[str, dict]]:
-    out = []
-    for preset in presets(res):
-        for image, n in CASES:
-            for tokens in tokens_list:
-                r = _row(res, engine, preset, case_name(image, n), tokens, arm)
-                if r and r.get(key):
-                    out.append((f"{preset_label(preset)} {case_name(image, n)}"
-                                + (f" {tokens} tokens" if key == "e2e_cut" else ""), r[key]))
-    return out
+def pr_cuts(res: dict, engine: str, key: str, tokens_list, preset: str | None = None) -> list[tuple]:
+    """The PR config's ``key`` cuts of ``engine`` as ``(preset, case, tokens, cut)``, by preset (smallest
+    first, or only ``preset``), case and output length, where the file holds one."""
+    return [(p, c, t, r[key]) for p in ([preset] if preset else presets(res)) for c in (case_name(*x) for x in CASES)
+            for t in tokens_list if (r := _row(res, engine, p, c, t, "pr")) and r.get(key)]
+
+
+def _cases(res: dict, engine: str, key: str, tokens_list) -> list[tuple[str, dict]]:
+    return [(f"{preset_label(p)} {c}" + (f" {t} tokens" if key == "e2e_cut" else ""), cut)
+            for p, c, t, cut in pr_cuts(res, engine, key, tokens_list)]
 
 
 def _verdict(cases: list[tuple[str, dict]]) -> str:
@@ -230,5 +241,141 @@ def engines_block(refs: Refs, res: dict) -> str:
                         "tiled image).", refs.source(ROLE)])
 
 
+# The PR's claim
+
+
+def _claim_line(what: str, cuts: list[dict]) -> str:
+    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
+    their range, j of them within it (named)`` from :func:`~.ttft_findings.encoder_cuts`-like cuts, kept
+    and left out by :func:`~.ttft_findings.cut_range`. What the decode control leaves out is shown as the
+    kept cases are, so a reader sees what it removed."""
+    def part(xs: list[dict]) -> str:
+        n, (lo, hi) = len(xs), PR_CLAIM
+        return (f"{span([c['cut'] for c in xs], pct)} over {n} case{'s' if n != 1 else ''}" if xs else
+                "no undisturbed case") + (f", {sum(claim_verdict(c['cut']) == 'within' for c in xs)} of them within "
+                                         f"{pct(lo, 0)}–{pct(hi, 0)}")
+
+    r = cut_range(cuts)
+    off = r["left_out"]
+    return (f"- {what}: {part(r['kept'])}" + (f"; left out for decode drift: {part(off)} (" + ", ".join(
+        f"{preset_label(p)} {im} ×{n}" for p, im, n in (c["case"] for c in off)) + ")" if off else "") + ".")
+
+
+def pr_claim_block(refs: Refs) -> str:
+    """The encoder graphs' TTFT cut beside the PR's claimed range: text graphed (as in vLLM), text eager,
+    and inside ``generate``; cases with decode drift are left out of the ranges and named."""
+    rows = refs("ttft")["rows"]
+    graphed = encoder_cuts(rows, "graphed")
+    first = [c for c in graphed if c["case"][1:] == ("1x512", 1)]
+    return "\n".join([
+        "- Text model graphed, one 512 px request: " + ", ".join(
+            f"**{pct(c['cut'])}** on {preset_label(c['case'][0])} ({claim_verdict(c['cut'])} the PR's range)"
+            for c in first) + ".",
+        _claim_line("Text model graphed, the other cases", [c for c in graphed if c not in first]),
+        _claim_line("Text model eager, every case", encoder_cuts(rows, "eager")),
+        _claim_line("Inside `generate` (paired)", e2e_cuts(refs("e2e")["rows"]))]) + "\n\n" + refs.source("ttft", "e2e")
+
+
+REQUEST_ROLE = "request-3b"
+ENGINES = (("vllm", "inside vLLM"), ("kit", "the kit's pipeline"))
+VERDICT_ORDER = ("holds", "does not hold", "mixed", "not settled")
+
+
+def measures() -> list[tuple[str, str, int]]:
+    """``(label, key, tokens)`` per measure of the ``vllm`` file: whole requests per output length, then
+    the first token (timed in the shortest requests)."""
+    return ([(f"whole requests of {t} tokens", "e2e_cut", t) for t in TOKENS]
+            + [("first token", "ttft_cut", TOKENS[0])])
+
+
+def group_verdict(cuts: list[dict]) -> str:
+    """A group of cases against the PR's range: ``holds`` where some interval lies within or above it and
+    none below, ``does not hold`` where some lies below and none within or above, ``mixed`` where both
+    happen, ``not settled`` where every interval reaches across an edge of the range."""
+    kinds = {judged(c) for c in cuts}
+    up, down = bool(kinds & {"within", "above"}), "below" in kinds
+    return "mixed" if up and down else "holds" if up else "does not hold" if down else "not settled"
+
+
+def group_cell(cuts: list[dict]) -> str | None:
+    """``**verdict**: lo–hi over n cases (k above, j open, …)`` for one group, None without cases."""
+    if not cuts:
+        return None
+    counts = Counter(judged(c) for c in cuts)
+    how = ", ".join(f"{counts[k]} {k}" for k in ("above", "within", "below", "open") if counts[k])
+    n = len(cuts)
+    return f"**{group_verdict(cuts)}**: {span([c['cut'] for c in cuts], pct)} over {n} case{'s' * (n > 1)} ({how})"
+
+
+def vllm_groups(res: dict) -> dict[tuple, list[dict]]:
+    """``{(measure label, preset, engine): [cut, ...]}``: the PR config's paired cuts with their intervals."""
+    return {(label, preset, engine): [c for *_, c in pr_cuts(res, engine, key, [tokens], preset)]
+            for label, key, tokens in measures() for preset in presets(res) for engine, _ in ENGINES}
+
+
+def other_runs(refs: Refs) -> dict[tuple, str]:
+    """``{(measure label, preset): cell}``: the kit's runs without intervals, as median ranges."""
+    out = {}
+    if refs.has(REQUEST_ROLE):
+        res = refs(REQUEST_ROLE)
+        tokens = next((r["e2e_tokens"] for r in res["rows"] if "e2e_tokens" in r), None)
+        for preset in dict.fromkeys(s["preset"] for s in res.get("setup", [])):
+            cuts = [v for im in ("1x512", "tiled") for v in request_cuts(res["rows"], preset, im).values()]
+            if cuts:
+                out[(f"whole requests of {tokens} tokens", preset)] = (
+                    f"{span(cuts, pct)} over {len(cuts)} cases at 1–4 requests (`{REQUEST_ROLE}`)")
+    if refs.has("ttft"):
+        cuts = encoder_cuts(refs("ttft")["rows"], "graphed")
+        for preset in dict.fromkeys(c["case"][0] for c in cuts):
+            mine = [c for c in cuts if c["case"][0] == preset]
+            split = cut_range(mine)  # the decode control's kept and left-out cases
+            kept, off = [c["cut"] for c in split["kept"]], [c["cut"] for c in split["left_out"]]
+            reqs = sorted({c["case"][2] for c in mine})
+            cell = f"{span(kept, pct)} over {len(kept)} cases at {reqs[0]}–{reqs[-1]} requests (`ttft`)" if kept else ""
+            if off:  # what the decode control leaves out, shown as the kept cases are
+                cell += f"; left out for decode drift: {span(off, pct)} over {len(off)} cases"
+            out[("first token", preset)] = cell or None
+    return out
+
+
+def summary(groups: dict[tuple, list[dict]], names: dict[str, str]) -> list[str]:
+    """One line per verdict: the measures it covers, and under each the engines and their presets."""
+    by: dict[str, dict[str, dict[str, list[str]]]] = {v: {} for v in VERDICT_ORDER}
+    for (label, preset, engine), cuts in groups.items():
+        if cuts:
+            by[group_verdict(cuts)].setdefault(label, {}).setdefault(names[engine], []).append(preset_label(preset))
+    words = {"holds": "It holds", "does not hold": "It does not hold", "mixed": "Mixed",
+             "not settled": "Not settled by this run"}
+    order = list(names.values())
+    return [f"- **{words[v]}** for " + "; ".join(
+        f"{label} ({'; '.join(f'{e}: ' + ', '.join(where[e]) for e in sorted(where, key=order.index))})"
+        for label, where in by[v].items()) + "." for v in VERDICT_ORDER if by[v]]
+
+
+@needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` records role `{ROLE}`, which "
+       "the verdict reads._", partial=True)
+def verdict_block(refs: Refs, res: dict) -> str:
+    """The verdict: a line per outcome, then the table by measure and preset it is read from."""
+    version = res["provenance"].get("vllm")
+    names = {"vllm": f"inside vLLM {version}", "kit": "the kit's pipeline"}
+    groups, others = vllm_groups(res), other_runs(refs)
+    rows = [[label, preset_label(preset)] + [group_cell(groups[(label, preset, e)]) for e, _ in ENGINES]
+            + [others.get((label, preset))] for label, _, _ in measures() for preset in presets(res)]
+    head = ["measure", "preset", f"inside vLLM {version}, PR config", "the kit's pipeline, PR config, same weights",
+            "the kit's other runs (medians, no interval)"]
+    lo, hi = PR_CLAIM
+    rule = (f"The PR claimed {pct(lo, 0)}–{pct(hi, 0)} lower end-to-end latency at low batch size. A case counts as "
+            "within, above or below that range only when its whole 95% interval of the paired cut is (open: the "
+            "interval reaches across an edge). A group holds where some case lies within or above the range and none "
+            "below it, does not hold where some lies below and none within or above, and is not settled where every "
+            "interval is open. The first token is not what the PR claimed: it holds the encoder's whole saving in "
+            "less time than a whole request, so its cut is the larger one. The kit's other runs are the same "
+            "pipeline in separate processes, with more request counts; they record medians only, so they give no "
+            "verdict.")
+    sources = refs.source(ROLE, *[r for r in (REQUEST_ROLE, "ttft") if refs.has(r)])
+    return "\n\n".join(["\n".join(summary(groups, names)), table(head, rows), rule, sources])
+
+
 BLOCKS = {"vllm-ttft": ttft_block, "vllm-requests": requests_block, "vllm-claim": claim_block,
-          "vllm-breakdown": breakdown_block, "vllm-engines": engines_block}
+          "vllm-breakdown": breakdown_block, "vllm-engines": engines_block, "pr-claim": pr_claim_block,
+          "pr-verdict": verdict_block}

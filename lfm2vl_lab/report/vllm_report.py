@@ -1,11 +1,25 @@
-"""How a ``vllm`` result reads: the terminal's summary, and the lines and tables made from the file.
+"""How a ``vllm`` result reads (``python -m lfm2vl_lab vllm``: vLLM's own A/B beside the kit's pipeline):
+the terminal's summary, the row lookup the pages' tables share (:mod:`.tables_vllm`), and the figures.
 
-Every number here is read from the result file (:mod:`.cli_vllm` writes it); nothing is measured.
+Every number here is read from the result file (:mod:`.cli_vllm` writes it); nothing is measured. The
+figures take the whole result file (its ``rows`` and, per preset, its ``breakdown``) and return a
+``matplotlib.figure.Figure`` built without ``pyplot``; a file without the data raises
+:class:`~lfm2vl_lab.report.plots.NoData`.
+
+* :func:`vllm_cuts_figure`      — the encoder graphs' cut of TTFT and of whole requests, per case, with
+  each cut's 95% interval: vLLM with the PR's and the kit's graph config, the kit's pipeline beside
+  it, and the PR's claimed 10-20% as a band
+* :func:`vllm_breakdown_figure` — where one request's first token goes, in vLLM and in the kit's
+  pipeline, per preset: why the same encoder saving is a large share of one and a small one of the other
 """
 
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
+from .plots import NoData, page_width, set_title
+from .ttft_summary import PR_CLAIM
 
 
 def pct(x: float | None) -> str:
@@ -66,3 +80,133 @@ def summary_lines(result: dict) -> list[str]:
     if result.get("errors"):
         out += [f"error: {e['error']}" for e in result["errors"]]
     return out
+
+
+ARM_LABELS = {"off": "encoder eager", "pr": "encoder graphs, PR config", "kit": "encoder graphs, kit config"}
+SERIES = (("vllm", "pr", "vLLM, PR config", "#1f77b4"), ("vllm", "kit", "vLLM, kit config", "#aec7e8"),
+          ("kit", "pr", "kit's pipeline, PR config", "#2ca02c"),
+          ("kit", "kit", "kit's pipeline, kit config", "#98df8a"))
+VLLM_PARTS = (("processor_ms", "processor (host)", "#e8e8e8"), ("queue_ms", "wait for a step", "#c5b0d5"),
+              ("encoder_gpu_ms", "encoder (GPU stream)", "#2ca02c"),
+              ("step_rest", "rest of vLLM's step: prefill, sampling", "#3b5b92"),
+              ("rest_ms_composed", "frontend and pipe (composed)", "#ff7f0e"))
+KIT_PARTS = (("processor", "processor (host)", "#e8e8e8"), ("h2d", "upload", "#8c564b"),
+             ("encoder", "encoder (GPU stream)", "#2ca02c"), ("merge", "merge", "#bcbd22"),
+             ("prefill", "prefill", "#1f77b4"), ("sample", "sampling", "#17becf"))
+
+
+def _presets(res: dict) -> list[str]:
+    presets = list(res.get("presets", {}))
+    if not presets or not res.get("rows"):
+        raise NoData("no vLLM A/B in this file (python -m lfm2vl_lab vllm on a GPU with vLLM records it)")
+    return presets
+
+
+# A few paired intervals of six kit repeats reach far below zero (one disturbed round); the axis stops
+# here so the medians stay readable, and a marker on the floor shows each interval that goes on.
+Y_FLOOR = -50.0
+
+
+def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
+    """Rows: TTFT, whole request; columns: presets; per case and token count, one bar per series
+    (:data:`SERIES`) with its 95% interval. A cut above 0 is a saving; an interval that reaches below
+    :data:`Y_FLOOR` ends there in a marker."""
+    presets = _presets(res)
+    groups = [(case_name(im, n), t) for im, n in CASES for t in TOKENS]
+    fig = Figure(figsize=(page_width(4.2 * len(presets), least=9.0), 7.2), layout="constrained")
+    axes = fig.subplots(2, len(presets), squeeze=False, sharey="row")
+    width = 0.8 / len(SERIES)
+    clipped_seen = False
+    for col, preset in enumerate(presets):
+        for row, (key, what) in enumerate((("ttft_cut", "TTFT"), ("e2e_cut", "whole request"))):
+            ax = axes[row][col]
+            if key == "e2e_cut":
+                ax.axhspan(100 * PR_CLAIM[0], 100 * PR_CLAIM[1], color="#ffdd99", alpha=0.5,
+                           label="the PR's claim: 10-20% (e2e, low batch)")
+            for k, (engine, arm, label, color) in enumerate(SERIES):
+                xs, ys, err = [], [], [[], []]
+                for g, (case, tokens) in enumerate(groups):
+                    r = find(res, engine, preset, case, tokens, arm)
+                    if r is None or r.get(key) is None:
+                        continue
+                    c = r[key]
+                    xs.append(g - 0.4 + width * (k + 0.5))
+                    ys.append(100 * c["cut"])
+                    err[0].append(100 * (c["cut"] - c["ci"][0]))
+                    err[1].append(100 * (c["ci"][1] - c["cut"]))
+                if xs:
+                    clipped = [x for x, y, e in zip(xs, ys, err[0]) if y - e < Y_FLOOR]
+                    err[0] = [min(e, y - Y_FLOOR) for y, e in zip(ys, err[0])]
+                    ax.bar(xs, ys, width, color=color, label=label, yerr=err, capsize=2, ecolor="#444444")
+                    ax.plot(clipped, [Y_FLOOR + 2] * len(clipped), "v", color="#444444", ms=4,
+                            label=None if clipped_seen else f"interval reaches below {Y_FLOOR:.0f}%")
+                    clipped_seen = clipped_seen or bool(clipped)
+            ax.axhline(0, color="black", lw=0.8)
+            ax.set_ylim(bottom=Y_FLOOR)
+            ax.tick_params(labelleft=True)  # every panel keeps its own scale readable
+            ax.set_xticks(range(len(groups)), [f"{c}\n{t} tok" for c, t in groups], fontsize=8)
+            ax.set_title(f"{preset}: {what}", fontsize=10)
+            if col == 0:
+                ax.set_ylabel(f"{what} cut by encoder graphs (%)\n(whisker: 95% interval)")
+            ax.grid(axis="y", alpha=0.3)
+    legend = {}  # label -> handle, over every panel (the floor's marker may show in one only)
+    for ax in (axes[1][0], *axes.flat):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(lab, h)
+    fig.legend(legend.values(), legend.keys(), loc="outside lower center", ncols=3, fontsize=8)
+    set_title(fig, title)
+    return fig
+
+
+def _stack(ax, y: float, parts: list[tuple[str, float, str]], seen: set) -> float:
+    left = 0.0
+    for label, v, color in parts:
+        if v is None or v <= 0:
+            continue
+        ax.barh(y, v, left=left, color=color, edgecolor="white", label=None if label in seen else label)
+        seen.add(label)
+        left += v
+    return left
+
+
+def _vllm_parts(b: dict) -> list[tuple[str, float, str]]:
+    step = b.get("scheduled_to_first_ms")
+    enc = b.get("encoder_gpu_ms")
+    vals = dict(b, step_rest=None if step is None else step - (enc or 0.0))
+    return [(label, vals.get(key), color) for key, label, color in VLLM_PARTS]
+
+
+def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
+    """Per preset, one request of one 512 px image: a stacked bar per engine and arm, vLLM's from its
+    own timestamps (:func:`~lfm2vl_lab.measure.vllm_ab.breakdown`), the kit's from its phases, with the
+    TTFT each measured at the bar's end."""
+    presets = _presets(res)
+    fig = Figure(figsize=(page_width(11), 1.9 + 2.3 * len(presets)), layout="constrained")
+    axes = fig.subplots(len(presets), 1, squeeze=False)[:, 0]
+    seen: set = set()
+    for ax, preset in zip(axes, presets):
+        labels, y = [], 0
+        for arm in ARMS:
+            b = res["presets"][preset].get("breakdown", {}).get(f"{arm}/1x512")
+            if b:
+                end = _stack(ax, y, _vllm_parts(b), seen)
+                ax.text(end, y, f"  TTFT {b['ttft_ms']:.1f} ms", va="center", fontsize=8)
+                labels.append(f"vLLM, {ARM_LABELS[arm]}")
+                y += 1
+        for arm in ARMS:
+            r = find(res, "kit", preset, "1x512", TOKENS[0], arm)
+            if r and r.get("phases_ms"):
+                parts = [(label, r["phases_ms"].get(key), color) for key, label, color in KIT_PARTS]
+                end = _stack(ax, y, parts, seen)
+                ax.text(end, y, f"  TTFT {r['ttft_ms']:.1f} ms", va="center", fontsize=8)
+                labels.append(f"kit's pipeline, {ARM_LABELS[arm]}")
+                y += 1
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{preset}: one request, one 512 px image", fontsize=10)
+        ax.set_xlabel("ms to the first token")
+        ax.margins(x=0.15)
+    fig.legend(loc="outside lower center", ncols=4, fontsize=8)
+    set_title(fig, title)
+    return fig
+
