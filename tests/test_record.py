@@ -240,9 +240,9 @@ def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
     assert entry["seconds"] == round(sum(entry["calls"]), 1) > max(entry["calls"])
 
 
-def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
-    """A file names one code version: a partial file that other code left is started afresh, not
-    continued by this code (its sections would be credited to code that did not make them)."""
+def _partial_run(tmp_path):
+    """A resumable step's first call, which leaves its partial file; the manifest's path, the keywords
+    of the call and what it said."""
     fake = tmp_path / "fake-python"
     fake.write_text(f"#!{sys.executable}\n" + FAKE)
     fake.chmod(0o755)
@@ -252,16 +252,60 @@ def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
     kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
               python=str(fake), deadline_s=300)
     rec.run_record(**kw)
-    path = tmp_path / "cpu" / "reference.json"
+    return tmp_path / "cpu" / "reference.json", kw, said
+
+
+def _edit_partial(path, **changes):
     man = json.loads(path.read_text())
-    man["partial"]["slow"]["code_hash"] = "sha256:other"
+    entry = man["partial"]["slow"]
+    for key, value in changes.items():
+        if key == "measures":
+            entry["measures"] = {**entry["measures"], **value}
+        else:
+            entry[key] = value
     path.write_text(json.dumps(man))
+
+
+def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
+    """A file names one version of the code that makes its numbers: a partial file left while one of its
+    role's files differed is started afresh, not continued by this code (its sections would be credited
+    to code that did not make them)."""
+    path, kw, said = _partial_run(tmp_path)
+    _edit_partial(path, code_hash="sha256:other", role_hash="sha256:other",
+                  measures={"lfm2vl_lab/measure/bench.py": "0" * 40})
     man = rec.run_record(**kw)
-    assert any("recorded by other code (sha256:other): starting afresh" in s for s in said)
+    assert any("its role's files changed since (lfm2vl_lab/measure/bench.py): starting afresh" in s for s in said), said
     assert not any("resuming" in s for s in said)
     assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 1
     assert man["partial"]["slow"]["code_hash"] == code_hash()
     assert "calls" not in man["partial"]["slow"], "a fresh start does not count the other code's call"
+
+
+def test_a_partial_file_from_a_tree_that_differs_elsewhere_is_resumed(tmp_path):
+    """A change outside the role's files (a table, a figure, another command) moves the whole tree's
+    code hash but not what makes the role's numbers: its partial file goes on, and the entry keeps each
+    call's whole-tree code hash beside its seconds."""
+    path, kw, said = _partial_run(tmp_path)
+    _edit_partial(path, code_hash="sha256:other")
+    man = rec.run_record(**kw)
+    assert any("resuming slow-20260101-000000.json" in s for s in said), said
+    assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 2
+    entry = man["files"]["slow"]
+    assert entry["calls_code_hash"] == ["sha256:other", code_hash()] and entry["code_hash"] == code_hash()
+    assert len(entry["calls"]) == 2
+
+
+def test_a_partial_entry_that_names_no_files_resumes_only_under_the_same_code(tmp_path):
+    """An entry from before roles named their files has only the whole tree's code hash to go by."""
+    path, kw, said = _partial_run(tmp_path)
+    man = json.loads(path.read_text())
+    for key in ("measures", "role_hash"):
+        man["partial"]["slow"].pop(key)
+    man["partial"]["slow"]["code_hash"] = "sha256:other"
+    path.write_text(json.dumps(man))
+    rec.run_record(**kw)
+    assert any("recorded by other code (sha256:other): starting afresh" in s for s in said), said
+    assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 1
 
 
 def test_the_cost_table_says_what_a_resumed_roles_seconds_cover():

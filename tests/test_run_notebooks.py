@@ -48,7 +48,7 @@ def test_a_warm_kernel_shows_a_notebook_what_a_fresh_one_shows(tmp_path):
     warm = rn.warm_kernels([probe, forgot], timeout=300)
     assert all(km is not None and s > 0 for km, s in warm), f"the warm-up failed: {warm}"
     warm_probe = run(probe, warm[0][0])
-    assert warm_probe == run(probe, None), "a warm kernel showed the notebook names, counts or history a fresh one does not"
+    assert warm_probe == run(probe, None), "a warm kernel showed names, counts or history that a fresh one does not"
     status, _ = run(forgot, warm[1][0])
     assert status.startswith("FAILED") and "torch" in status, status
     assert not warm[0][0].has_kernel and not warm[1][0].has_kernel, "a warm kernel outlived its notebook"

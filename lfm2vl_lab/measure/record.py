@@ -21,9 +21,10 @@ and moves the files the new manifest no longer names into ``archive/``.
 
 A step *beside* the set (``vllm``: vLLM itself, which the kit's code only drives) is recorded only
 when its part is named (``--part vllm``). A *resumable* step (``vllm`` again: about five minutes a
-preset) can take more than one call: it gets ``--deadline`` and, once it has left a partial file of
-the same code, ``--resume`` with it; its file joins the set when it says ``"complete": true``, and
-until then the manifest lists it under ``partial``.
+preset) can take more than one call: it gets ``--deadline`` and, once it has left a partial file
+recorded by the same files of its role, ``--resume`` with it (a change elsewhere in the tree leaves it
+resumable, and its entry keeps each call's whole-tree code hash); its file joins the set when it says
+``"complete": true``, and until then the manifest lists it under ``partial``.
 """
 
 from __future__ import annotations
@@ -169,12 +170,19 @@ def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_RO
 
 def _partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | None:
     """The partial file a resumable step left in an earlier call (under ``--out`` or in the repo), if
-    the same code recorded it: a file holds one code version, so other code starts the step afresh."""
+    the same code recorded it: the same files of its role (``measures``), so that every section of the
+    file comes from one version of the code that makes its numbers. A change elsewhere (a table, a
+    figure, another command) leaves it resumable; a change to one of its files, or an entry that names
+    no files and other whole code, starts the step afresh."""
     entry = man.get("partial", {}).get(step.role)
     if not step.resumable or entry is None:
         return None
-    if entry.get("code_hash", man.get("code_hash")) != hash_:
+    files = changed_files(entry, step.modules)
+    if files is None and entry.get("code_hash", man.get("code_hash")) != hash_:
         say(f"   {entry['file']} is partial but recorded by other code ({entry.get('code_hash')}): starting afresh")
+        return None
+    if files:
+        say(f"   {entry['file']} is partial but its role's files changed since ({why_text(files)}): starting afresh")
         return None
     return next((f / entry["file"] for f in folders if (f / entry["file"]).is_file()), None)
 
@@ -231,11 +239,14 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
     not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``).
 
     A step that ``resumed`` its partial file keeps the seconds of every call it took (``calls``) and
-    sums them in ``seconds``: a role that took three calls cost the three, not the last one."""
+    sums them in ``seconds``: a role that took three calls cost the three, not the last one. Each call's
+    whole-tree code hash is kept beside them (``calls_code_hash``): the calls may have run in trees that
+    differ outside the role's files (:func:`_partial_file`), and ``code_hash`` names the last."""
     prior = man.setdefault("partial", {}).pop(step.role, None)
     if resumed and prior is not None and prior.get("seconds") is not None:
         calls = [*prior.get("calls", [prior["seconds"]]), entry["seconds"]]
-        entry = {**entry, "calls": calls, "seconds": round(sum(calls), 1)}
+        codes = [*prior.get("calls_code_hash", [prior.get("code_hash")] * (len(calls) - 1)), hash_]
+        entry = {**entry, "calls": calls, "seconds": round(sum(calls), 1), "calls_code_hash": codes}
     entry = {**entry, "code_hash": hash_, **role_code(step.modules)}
     if entry["rc"] == 0 and len(new) == 1 and not (step.resumable and not _complete(new[0])):
         man["files"][step.role] = entry
