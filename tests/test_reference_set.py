@@ -55,8 +55,10 @@ def _git(*args):
 
 @pytest.mark.skipif(_git("rev-parse").returncode != 0, reason="needs the git checkout")
 def test_the_code_of_the_reference_run_is_recoverable():
-    """Every code version the set names (the set's, and a role's own beside it) is the tree of a
-    commit that wrote the manifest: the commit that recorded those files."""
+    """Every code version the set names (the set's, each file's, each call of a resumed role) is the
+    tree of a commit: a reader can check out the code that recorded any number. Most are the tree of a
+    commit that wrote the manifest; a role recorded before a change elsewhere (a table, a figure, which
+    leaves it current) names the tree of an earlier commit, found among those that changed the code."""
     if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
         pytest.skip("a shallow clone: the commit that added the reference set may be outside it")
     manifest = str(reference.manifest_path().relative_to(REPO_ROOT))
@@ -65,12 +67,13 @@ def test_the_code_of_the_reference_run_is_recoverable():
     entries = [*MAN["files"].values(), *MAN.get("partial", {}).values()]
     versions = {MAN["code_hash"]} | {json.loads((FOLDER / e["file"]).read_text())["provenance"]["code_hash"]
                                      for e in entries}
+    versions |= {h for e in entries for h in [e.get("code_hash"), *e.get("calls_code_hash", [])] if h}
     trees = set()
-    for commit in commits:
+    for commit in [*commits, *_git("log", "--format=%H", "--", "lfm2vl_lab", "data/presets").stdout.split()]:
         trees.add(reference.code_hash_at(commit))
         if versions <= trees:
             break
-    assert versions <= trees, f"no commit that wrote {manifest} holds the code of {sorted(versions - trees)}"
+    assert versions <= trees, f"no commit's tree holds the code of {sorted(versions - trees)}"
 
 
 def test_each_role_describes_the_code_of_this_tree():
