@@ -147,38 +147,55 @@ def diagnose_dead_kernel(nb, path: Path, timeout: int) -> str:
         script.unlink(missing_ok=True)
 
 
-async def _warm_kernel(path: Path, timeout: int):
-    """A kernel started in ``path``'s folder that has run :data:`WARM_UP`, and the seconds its imports
-    took; (None, None) where that failed (the notebook then starts its own kernel, as with ``--cold``)."""
+READY_S = 60  # a warm kernel that has not answered by then is dead (one that lost its TCP port, say)
+
+
+async def _start_warm(path: Path, timeout: int, start_lock: asyncio.Lock):
+    """One try at a warm kernel: started (one start at a time, so that the ports it picks cannot race
+    another start of this process), ready within :data:`READY_S`, then :data:`WARM_UP` run in it."""
     from jupyter_client.manager import AsyncKernelManager
 
     km = AsyncKernelManager(kernel_name="python3")
     try:
-        await km.start_kernel(cwd=str(path.parent))
+        async with start_lock:
+            await km.start_kernel(cwd=str(path.parent))
         kc = km.client()
         kc.start_channels()
-        await kc.wait_for_ready(timeout=timeout)
-        # silent: no output, no history, no execution count; the notebook's cells count from 1
-        reply = await kc.execute_interactive(WARM_UP, silent=True, timeout=timeout, output_hook=lambda msg: None,
-                                             user_expressions={"s": "_lfm2vl_warm_s"})
-        content = reply["content"]
-        if content["status"] != "ok" or content["user_expressions"]["s"]["status"] != "ok":
-            raise RuntimeError(content.get("evalue", "the warm-up failed"))
-        seconds = float(content["user_expressions"]["s"]["data"]["text/plain"])
-        await kc.execute_interactive(WARM_DONE, silent=True, timeout=timeout, output_hook=lambda msg: None)
-        kc.stop_channels()
-        return km, seconds
-    except Exception as exc:  # a cold start is slower, not wrong
-        print(f"{path.name}: no warm kernel ({type(exc).__name__}: {exc}); it starts its own", flush=True)
+        try:
+            await kc.wait_for_ready(timeout=READY_S)
+            # silent: no output, no history, no execution count; the notebook's cells count from 1
+            reply = await kc.execute_interactive(WARM_UP, silent=True, timeout=timeout, output_hook=lambda msg: None,
+                                                 user_expressions={"s": "_lfm2vl_warm_s"})
+            content = reply["content"]
+            if content["status"] != "ok" or content["user_expressions"]["s"]["status"] != "ok":
+                raise RuntimeError(content.get("evalue", "the warm-up failed"))
+            await kc.execute_interactive(WARM_DONE, silent=True, timeout=timeout, output_hook=lambda msg: None)
+        finally:
+            kc.stop_channels()
+        return km, float(content["user_expressions"]["s"]["data"]["text/plain"])
+    except BaseException:
         if km.has_kernel:
             await km.shutdown_kernel(now=True)
-        return None, None
+        raise
+
+
+async def _warm_kernel(path: Path, timeout: int, start_lock: asyncio.Lock):
+    """A kernel started in ``path``'s folder that has run :data:`WARM_UP`, and the seconds its imports
+    took; tried twice, then (None, None): the notebook starts its own kernel, as with ``--cold``."""
+    for attempt in (1, 2):
+        try:
+            return await _start_warm(path, timeout, start_lock)
+        except Exception as exc:  # a cold start is slower, not wrong
+            print(f"{path.name}: no warm kernel, try {attempt} ({type(exc).__name__}: {exc})", flush=True)
+    print(f"{path.name}: it starts its own kernel", flush=True)
+    return None, None
 
 
 def warm_kernels(paths: list[Path], timeout: int) -> list[tuple]:
-    """One warm kernel per notebook and its import seconds (:func:`_warm_kernel`), started side by side."""
+    """One warm kernel per notebook and its import seconds (:func:`_warm_kernel`), warmed side by side."""
     async def all_of_them():
-        return await asyncio.gather(*(_warm_kernel(p, timeout) for p in paths))
+        lock = asyncio.Lock()
+        return await asyncio.gather(*(_warm_kernel(p, timeout, lock) for p in paths))
     return asyncio.run(all_of_them())
 
 

@@ -52,3 +52,19 @@ def test_a_warm_kernel_shows_a_notebook_what_a_fresh_one_shows(tmp_path):
     status, _ = run(forgot, warm[1][0])
     assert status.startswith("FAILED") and "torch" in status, status
     assert not warm[0][0].has_kernel and not warm[1][0].has_kernel, "a warm kernel outlived its notebook"
+
+
+def test_a_warm_kernel_that_fails_is_tried_once_more_then_left_to_start_cold(tmp_path, monkeypatch, capsys):
+    """A kernel can die before it answers (two processes took the same TCP port): the runner tries once
+    more, and after a second failure the notebook starts its own kernel; it never waits out the run."""
+    tries = []
+
+    async def failing(path, timeout, lock):
+        tries.append(path.name)
+        raise RuntimeError("Kernel died before replying to kernel_info")
+
+    monkeypatch.setattr(rn, "_start_warm", failing)
+    assert rn.warm_kernels([tmp_path / "a.ipynb"], timeout=5) == [(None, None)]
+    assert tries == ["a.ipynb", "a.ipynb"]
+    assert "it starts its own kernel" in capsys.readouterr().out
+    assert rn.READY_S <= 120, "a dead kernel must be noticed long before a device call's limit"
