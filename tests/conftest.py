@@ -18,9 +18,21 @@ os.environ.pop("LFM2VL_CHECKPOINT", None)
 # Nor may a user's choice of pointer check (core/ptrcheck.py): with LFM2VL_PTRCHECK=build the suite would
 # compile into their extension cache. The tests that need the C++ check build their own (built_pointer_check).
 os.environ.pop("LFM2VL_PTRCHECK", None)
+# pytest-xdist workers share the machine's cores (``make test`` runs two on two cores). torch gives each
+# process one OpenMP thread per core, so two workers would run twice as many busy threads as there are
+# cores, and OpenMP threads that wait for a busy core spin: on two cores the CPU-heavy files took more
+# than twice the CPU time. Each worker gets its share of the cores instead, and so does what it starts
+# (CLI subprocesses, mkdocs, the notebooks' kernels), which inherit the variable. One set by the user stays.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if _WORKERS > 1:  # torch may have been imported already (by a plugin), before the variable was set
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 GPU_SKIP_REASON = "needs a CUDA GPU; run on the device (see docs/gpu.md)"
 
