@@ -167,16 +167,25 @@ def model_450m():
 def built_pointer_check(tmp_path_factory):
     """The C++ pointer check (core/ptrcheck.py), built once per test run into a folder of its own
     (the user's torch extension cache is left alone): ``(module, folder)``; skipped where it cannot
-    be built. Tens of seconds on two cores, the first time in a run."""
+    be built. About 18 s of compiling, the first time in a run: under pytest-xdist the workers share
+    the run's folder, the first one builds (holding a file lock) and the others load its build."""
+    from filelock import FileLock  # a dependency of torch's
+
     from lfm2vl_lab.core import ptrcheck
 
     reason = ptrcheck.cannot_build()
     if reason is not None:
         pytest.skip(f"the C++ pointer check cannot be built here: {reason}")
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # a worker's basetemp is a folder of the run's, which its other workers share
+    folder = root / "torch_extensions"
     saved, chosen = os.environ.get("TORCH_EXTENSIONS_DIR"), dict(ptrcheck._CHOSEN)
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(tmp_path_factory.mktemp("torch_extensions"))
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
     try:
-        return ptrcheck.build_pointer_check(), os.environ["TORCH_EXTENSIONS_DIR"]
+        with FileLock(str(root / "torch_extensions.lock")):
+            folder.mkdir(exist_ok=True)
+            return ptrcheck.build_pointer_check(), str(folder)
     finally:  # what the build changed, back: each test picks its check itself
         if saved is None:
             del os.environ["TORCH_EXTENSIONS_DIR"]
