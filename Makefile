@@ -45,7 +45,8 @@ bench: | $(VPY)
 # does, and tests/conftest.py leaves nbval's run of it out; without Chromium nbval runs it.
 #
 # Two pytest-xdist workers, each given whole files (a file's module fixtures, JupyterLab's server among
-# them, start once; nbval runs a notebook's cells in one kernel), the longest files first (conftest.py).
+# them, start once; nbval runs a notebook's cells in one kernel), the longest files first, and each
+# worker its share of the cores for torch's threads (both in tests/conftest.py).
 # XDIST= runs everything in one process, as does a venv made before pytest-xdist joined the test extra
 # (`make install` adds it).
 XDIST ?= $(if $(shell $(VPY) -c 'import xdist' 2>/dev/null && echo y),-n 2 --dist loadfile --no-loadscope-reorder)

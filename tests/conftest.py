@@ -18,9 +18,21 @@ os.environ.pop("LFM2VL_CHECKPOINT", None)
 # Nor may a user's choice of pointer check (core/ptrcheck.py): with LFM2VL_PTRCHECK=build the suite would
 # compile into their extension cache. The tests that need the C++ check build their own (built_pointer_check).
 os.environ.pop("LFM2VL_PTRCHECK", None)
+# pytest-xdist workers share the machine's cores (``make test`` runs two on two cores). torch gives each
+# process one OpenMP thread per core, so two workers would run twice as many busy threads as there are
+# cores, and OpenMP threads that wait for a busy core spin: on two cores the CPU-heavy files took more
+# than twice the CPU time. Each worker gets its share of the cores instead, and so does what it starts
+# (CLI subprocesses, mkdocs, the notebooks' kernels), which inherit the variable. One set by the user stays.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if _WORKERS > 1:  # torch may have been imported already (by a plugin), before the variable was set
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 GPU_SKIP_REASON = "needs a CUDA GPU; run on the device (see docs/gpu.md)"
 
@@ -155,16 +167,25 @@ def model_450m():
 def built_pointer_check(tmp_path_factory):
     """The C++ pointer check (core/ptrcheck.py), built once per test run into a folder of its own
     (the user's torch extension cache is left alone): ``(module, folder)``; skipped where it cannot
-    be built. Tens of seconds on two cores, the first time in a run."""
+    be built. About 18 s of compiling, the first time in a run: under pytest-xdist the workers share
+    the run's folder, the first one builds (holding a file lock) and the others load its build."""
+    from filelock import FileLock  # a dependency of torch's
+
     from lfm2vl_lab.core import ptrcheck
 
     reason = ptrcheck.cannot_build()
     if reason is not None:
         pytest.skip(f"the C++ pointer check cannot be built here: {reason}")
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # a worker's basetemp is a folder of the run's, which its other workers share
+    folder = root / "torch_extensions"
     saved, chosen = os.environ.get("TORCH_EXTENSIONS_DIR"), dict(ptrcheck._CHOSEN)
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(tmp_path_factory.mktemp("torch_extensions"))
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
     try:
-        return ptrcheck.build_pointer_check(), os.environ["TORCH_EXTENSIONS_DIR"]
+        with FileLock(str(root / "torch_extensions.lock")):
+            folder.mkdir(exist_ok=True)
+            return ptrcheck.build_pointer_check(), str(folder)
     finally:  # what the build changed, back: each test picks its check itself
         if saved is None:
             del os.environ["TORCH_EXTENSIONS_DIR"]

@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -79,6 +80,8 @@ class Lab:
         self.folder, self.token, port = tmp / "lab-notebooks", secrets.token_hex(16), _free_port()
         self.base, self.log = f"http://127.0.0.1:{port}", tmp / "jupyterlab.log"
         self.results: dict[str, dict] = {}  # notebook name -> what running it found
+        self.ending: list[threading.Thread] = []  # sessions being deleted (end_session)
+        self.end_errors: list[Exception] = []
         settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
         settings.mkdir(parents=True)  # no news and update checks: nothing from the network, no toast over cells
         (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
@@ -113,7 +116,24 @@ class Lab:
                 time.sleep(0.5)
         raise AssertionError(f"JupyterLab did not answer in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
 
+    def end_session(self, session_id: str) -> None:
+        """Delete a notebook's session, so that its kernel leaves the CPU to the next notebook. The
+        server answers once the kernel has shut down (about 2 s for a kernel that imported torch,
+        nearly all of it waiting), so the request runs in a thread while the next notebook opens;
+        ``stop`` waits for it and raises what it raised."""
+        def end():
+            try:
+                self.api(f"sessions/{session_id}", method="DELETE")
+            except Exception as e:  # raised again by stop
+                self.end_errors.append(e)
+
+        thread = threading.Thread(target=end, daemon=True)
+        thread.start()
+        self.ending.append(thread)
+
     def stop(self) -> None:
+        for thread in self.ending:
+            thread.join(timeout=60)
         for session in self.api("sessions"):
             self.api(f"sessions/{session['id']}", method="DELETE")
         os.killpg(self.proc.pid, signal.SIGTERM)  # make and the jupyter it started: one process group
@@ -122,6 +142,8 @@ class Lab:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        if self.end_errors:
+            raise self.end_errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +223,7 @@ def run_in_lab(lab: Lab, browser, name: str, shot: Path | None, then=None) -> di
                 page.locator(STDERR).first.scroll_into_view_if_needed()
                 page.wait_for_timeout(1000)
                 page.screenshot(path=str(shot.with_name(f"{shot.stem}-first-stderr.png")))
-        lab.api(f"sessions/{session['id']}", method="DELETE")  # the next notebook gets the CPU
+        lab.end_session(session["id"])  # the next notebook gets the CPU
         return {"cells": cells, "seconds": seconds, "extra": extra, "elsewhere": elsewhere, "page_errors": page_errors}
     finally:
         page.close()

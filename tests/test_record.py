@@ -19,7 +19,8 @@ TINY = ("bench", "--preset", "tiny", "--mode", "lab-eager", "--workload", "1x256
 
 # A stand-in for ``python -m lfm2vl_lab bench … --name N --out ROOT``: it writes ``ROOT/cpu/N-<ns>.json``
 # as bench would, in milliseconds instead of the seconds a real bench takes to import torch. The first
-# test runs the real bench through record; the tests of what record keeps in its manifest use this one.
+# test runs the real bench through record (and this one where it resumes); the tests of what record keeps
+# in its manifest use this one.
 BENCH = '''import json, sys, pathlib, time
 args = sys.argv[3:]  # -m lfm2vl_lab bench ... --name <name> ... --out <root>
 out = pathlib.Path(args[args.index("--out") + 1]) / "cpu"
@@ -43,7 +44,7 @@ def _steps(bad: bool):
                      ("bench", "--preset", "no-such-preset", "--name", "t-two"), 120))
 
 
-def test_record_keeps_a_manifest_resumes_and_sets_failures_aside(tmp_path):
+def test_record_keeps_a_manifest_resumes_and_sets_failures_aside(tmp_path, fake_bench):
     said = []
     man = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=True), say=said.append, repo_root=tmp_path / "r")
     folder = tmp_path / "cpu"
@@ -56,13 +57,16 @@ def test_record_keeps_a_manifest_resumes_and_sets_failures_aside(tmp_path):
     log = (folder / "logs" / "t-two.log").read_text()
     assert "no-such-preset" in log  # the step's own one-line error
     assert all(re.match(r"\[ *\d+\.\d s\] ", line) for line in log.splitlines())  # each line with its second
-    # the next call records only what is missing, into the same manifest
-    man2 = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path / "r")
+    # the next call records only what is missing, into the same manifest (the stand-in bench: the real
+    # one's file is t-one's, and a t-one run again would show as a second t-one file)
+    man2 = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path / "r",
+                          python=fake_bench)
     assert man2["complete"] and man2["failed"] == {} and man2["started"] == man["started"]
     assert man2["files"]["t-one"] == man["files"]["t-one"]  # not run again
     assert len(list(folder.glob("t-one-*.json"))) == 1 and len(list(folder.glob("t-two-*.json"))) == 1
-    loaded = reference.load("t-two", gpu="cpu", root=tmp_path)
-    assert loaded["_role"] == "t-two" and loaded["provenance"]["code_hash"] == man2["code_hash"]
+    assert reference.load("t-two", gpu="cpu", root=tmp_path)["_role"] == "t-two"
+    loaded = reference.load("t-one", gpu="cpu", root=tmp_path)  # what the real bench wrote, through record
+    assert loaded["_role"] == "t-one" and loaded["provenance"]["code_hash"] == man2["code_hash"]
 
 
 def test_record_leaves_steps_that_do_not_fit_the_deadline(tmp_path):
