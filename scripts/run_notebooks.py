@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import copy
 import os
 import re
@@ -150,6 +151,13 @@ def diagnose_dead_kernel(nb, path: Path, timeout: int) -> str:
 READY_S = 60  # a warm kernel that has not answered by then is dead (one that lost its TCP port, say)
 
 
+def _run(coro):
+    """``asyncio.run(coro)`` in a thread of its own: the caller may be running an event loop already
+    (a test under pytest, a notebook), where ``asyncio.run`` refuses to start another."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 async def _start_warm(path: Path, timeout: int, start_lock: asyncio.Lock):
     """One try at a warm kernel: started (one start at a time, so that the ports it picks cannot race
     another start of this process), ready within :data:`READY_S`, then :data:`WARM_UP` run in it."""
@@ -196,7 +204,7 @@ def warm_kernels(paths: list[Path], timeout: int) -> list[tuple]:
     async def all_of_them():
         lock = asyncio.Lock()
         return await asyncio.gather(*(_warm_kernel(p, timeout, lock) for p in paths))
-    return asyncio.run(all_of_them())
+    return _run(all_of_them())
 
 
 def execute(nb, path: Path, timeout: int, km=None) -> str:
@@ -216,7 +224,7 @@ def execute(nb, path: Path, timeout: int, km=None) -> str:
         return f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"
     finally:
         if km is not None and km.has_kernel:  # nbclient leaves a kernel it did not start running
-            asyncio.run(km.shutdown_kernel(now=True))
+            _run(km.shutdown_kernel(now=True))
 
 
 def main() -> int:
