@@ -29,6 +29,18 @@ PROBE = ("import torch\nprint(torch.zeros(2).sum().item())",
          "print(get_ipython().execution_count, len(In))")
 
 
+def with_a_running_loop(fn):
+    """``fn()`` called while an event loop runs in this thread, as under a test runner or in a notebook
+    (an earlier test's browser driver may have left one running: then as it is)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        async def inside():
+            return fn()
+        return asyncio.run(inside())
+    return fn()
+
+
 def notebook(tmp_path: Path, name: str, *sources: str) -> Path:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -66,10 +78,7 @@ def test_a_warm_kernel_that_fails_is_tried_once_more_then_left_to_start_cold(tmp
 
     monkeypatch.setattr(rn, "_start_warm", failing)
 
-    async def from_a_running_loop():  # as under a test runner or in a notebook that holds a loop
-        return rn.warm_kernels([tmp_path / "a.ipynb"], timeout=5)
-
-    assert asyncio.run(from_a_running_loop()) == [(None, None)]
+    assert with_a_running_loop(lambda: rn.warm_kernels([tmp_path / "a.ipynb"], timeout=5)) == [(None, None)]
     assert tries == ["a.ipynb", "a.ipynb"]
     assert "it starts its own kernel" in capsys.readouterr().out
     assert rn.READY_S <= 120, "a dead kernel must be noticed long before a device call's limit"
