@@ -94,6 +94,9 @@ sanitize_steps() {
 }
 PART=${1:-record}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+# the host's speed (scripts/host_probe.py, a few seconds): machines that report the same CPU launch at
+# different rates, and eager and launch-bound numbers move with it; HOST_PROBE=0 leaves it out
+[ "${HOST_PROBE:-1}" = 0 ] || python3 scripts/host_probe.py || echo "host probe failed (exit $?)"
 case "$PART" in
 record)
   # STARTUP_PROBE=1: first, where a step's fixed seconds go (scripts/startup_probe.py, about a minute)
