@@ -168,7 +168,11 @@ def lab(browser, status_before, tmp_path_factory):
 
 # a queued or running cell shows [*]: in its prompt
 QUEUED = "[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].some(e => e.textContent.includes('*'))"
-ANY_RUNNING_JS, NONE_RUNNING_JS = f"() => {QUEUED}", f"() => !{QUEUED}"
+NONE_RUNNING_JS = f"() => !{QUEUED}"
+PROMPTS_JS = "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim())"
+# Run All has started once a cell is queued, or once a prompt has changed: a one-cell notebook whose
+# kernel has its imports cached can go from [ ]: to [1]: between two polls, never showing [*]:
+STARTED_JS = f"before => {QUEUED} || JSON.stringify(({PROMPTS_JS})()) !== JSON.stringify(before)"
 TO_TOP_JS = "() => document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => { e.scrollTop = 0; })"
 CELLS_JS = """sel => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')].map(c => ({
   prompt: (c.querySelector('.jp-InputPrompt') || {textContent: ''}).textContent.trim(),
@@ -205,8 +209,17 @@ def run_in_lab(lab: Lab, browser, name: str, shot: Path | None, then=None) -> di
         page.goto(f"{lab.base}/lab/tree/{name}?reset&token={lab.token}", wait_until="load")
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
         session = wait_for_idle_kernel(lab, name, 90)
-        menu(page, "Run", "Run All Cells")
-        page.wait_for_function(ANY_RUNNING_JS, timeout=30_000)
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        prompts = page.evaluate(PROMPTS_JS)
+        for attempt in (1, 2):  # a menu click can land before the notebook takes it: one more try
+            menu(page, "Run", "Run All Cells")
+            try:
+                page.wait_for_function(STARTED_JS, arg=prompts, timeout=30_000)
+                break
+            except PlaywrightTimeout:
+                if attempt == 2:
+                    raise AssertionError(f"{name}: Run All Cells started nothing in 2 x 30 s (prompts {prompts})")
         page.wait_for_function(NONE_RUNNING_JS, timeout=NOTEBOOK_TIMEOUT_S * 1000, polling=500)
         wait_for_idle_kernel(lab, name, 60)
         seconds = time.monotonic() - t0
@@ -355,8 +368,7 @@ def test_the_stderr_check_sees_what_cpp_writes_to_fd_2(lab, browser):
     """C++ libraries (torch's profiler among them) log to file descriptor 2, not to ``sys.stderr``: a
     learner sees those lines as stderr boxes, so the notebook check must see them too. ipykernel stops
     forwarding fd 2 when it finds ``PYTEST_CURRENT_TEST`` in its environment, so the lab must start without it."""
-    # the sleep: run_in_lab waits to see the cell queued, which a cell done within one poll never is
-    source = 'import os, time\ntime.sleep(2)\nos.write(2, b"written to fd 2\\n")'
+    source = 'import os\nos.write(2, b"written to fd 2\\n")'
     name = one_cell_notebook(lab.folder, "zz-fd-stderr.ipynb", source)
     cells = run_in_lab(lab, browser, name, SHOTS / "zz-fd-stderr.png")["cells"]
     assert any("written to fd 2" in box for box in cells[0]["stderr"]), cells[0]
@@ -368,7 +380,8 @@ def test_the_output_check_sees_a_changed_output(lab, browser):
     as it was before: a checked cell whose stored output is not what it prints fails, the others pass."""
     meta = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     stored = [nbformat.v4.new_output("stream", name="stdout", text=text) for text in ("kept\n", "stored\n")]
-    # the sleep: run_in_lab waits to see a cell queued, which a notebook done within one poll never is
+    # the sleep: its stored prompts are the ones a fresh run gives, so run_in_lab sees the run start
+    # only while a cell shows [*]:, which a cell done within one poll never does
     cells = [nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nimport time\ntime.sleep(2)\nprint('kept')",
                                        outputs=stored[:1], execution_count=1),
              nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint('printed')", outputs=stored[1:], execution_count=2)]
@@ -384,9 +397,8 @@ def test_the_output_check_sees_a_changed_output(lab, browser):
 @pytest.mark.browser
 def test_progress_bars_render_as_widgets(lab, browser):
     """tqdm.auto in JupyterLab draws an ipywidgets bar, not the "IProgress not found" warning."""
-    # the sleep: run_in_lab waits to see the cell queued, which a cell done within one poll never is
-    one_cell_notebook(lab.folder, "zz-progress-bar.ipynb", "import time\nfrom tqdm.auto import tqdm\n"
-                      "time.sleep(2)\nfor _ in tqdm(range(3), desc='steps'):\n    pass")
+    one_cell_notebook(lab.folder, "zz-progress-bar.ipynb", "from tqdm.auto import tqdm\n"
+                      "for _ in tqdm(range(3), desc='steps'):\n    pass")
     bars = []
     result = run_in_lab(lab, browser, "zz-progress-bar.ipynb", SHOTS / "zz-progress-bar.png",
                         then=lambda page: bars.append(page.locator(".jp-OutputArea .widget-hprogress").count()))
