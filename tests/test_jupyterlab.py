@@ -219,7 +219,7 @@ def run_in_lab(lab: Lab, browser, name: str, shot: Path | None, then=None) -> di
                 break
             except PlaywrightTimeout:
                 if attempt == 2:
-                    raise AssertionError(f"{name}: Run All Cells started nothing in 2 x 30 s (prompts {prompts})")
+                    raise AssertionError(f"{name}: Run All Cells started nothing (prompts {prompts})") from None
         page.wait_for_function(NONE_RUNNING_JS, timeout=NOTEBOOK_TIMEOUT_S * 1000, polling=500)
         wait_for_idle_kernel(lab, name, 60)
         seconds = time.monotonic() - t0
