@@ -20,6 +20,7 @@ import torch
 from lfm2vl_lab.core.config import auto_budgets, auto_max_items, pad_cu_seqlens_repeat_last
 from lfm2vl_lab.core.manager import pad_default
 from lfm2vl_lab.core.packing import PositionEmbeddingCache, lfm2vl_cu_seqlens, lfm2vl_gather_idx, lfm2vl_pack_pixels
+from lfm2vl_lab.core.plan import plan_batches
 
 # Not `pip install '.[vllm]'`: that pulls vLLM's own CUDA torch, GBs. The script layers vLLM onto .venv (~0.9 GB).
 vllm_lfm2 = pytest.importorskip(
@@ -109,6 +110,65 @@ def test_padding_functions_match_vllm(seed):
     pad_default(ours, data)
     Manager._copy_padded_buffer(theirs, data)
     assert torch.equal(ours, theirs)
+
+
+# -- which items replay together: plan_batches beside vLLM's own greedy packing ----------------------------
+
+
+def vllm_batches(tokens: list[int], budgets: list[int], max_items: int) -> tuple[list, list[int]]:
+    """The batches vLLM's manager forms for items of ``tokens`` output tokens: its own
+    ``_execute_local`` on a manager built without a GPU (no capture), whose model side only says how
+    many tokens each item has and whose graph replay only records what it was asked to run.
+    Returns (graph batches with their budget, items run eagerly)."""
+    specs = [vllm_graphs.EncoderItemSpec(input_size=4 * t, output_tokens=t) for t in tokens]
+    replays, eager = [], []
+
+    def eager_forward(kw):
+        eager.extend(kw["items"])
+        return torch.zeros(sum(tokens[i] for i in kw["items"]), 1)
+
+    def replay(kw, budget, path="default"):
+        replays.append((list(kw["items"]), budget))
+        return torch.zeros(budget, 1)
+
+    def postprocess(output, batch, per_item, out, **_):
+        out.update((i, output[:1]) for i in batch)
+
+    manager = object.__new__(Manager)
+    manager.config = SimpleNamespace(enable_dual_path_graph=False)
+    manager.token_budgets, manager.max_batch_size = sorted(budgets), max_items
+    manager.graph_hits = manager.graph_misses = 0
+    manager.model = SimpleNamespace(get_encoder_cudagraph_item_specs=lambda kw: specs,
+                                    select_encoder_cudagraph_items=lambda kw, idx: {"items": list(idx)},
+                                    encoder_eager_forward=eager_forward, postprocess_encoder_output=postprocess)
+    manager._run_budget_graph = replay
+    assert len(manager._execute_local({})) == len(tokens)
+    return replays, eager
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plan_batches_replays_as_often_as_vllm(seed):
+    """The kit packs largest first, vLLM smallest first: both cut one sorted sequence greedily into
+    runs under the same two limits (tokens ≤ the largest budget, items ≤ the item limit), so both
+    make the fewest such runs: the same number of replays, and the same items left to eager. Where
+    every item has the same tokens (a stream of one image size), the batches have the same sizes."""
+    rng = random.Random(seed)
+    lo, hi = rng.choice([(64, 1024), (64, 4096), (256, 2048), (100, 700)])
+    budgets = auto_budgets(lo, hi)
+    max_items = rng.choice([auto_max_items(budgets, lo), rng.randint(1, 8)])
+    same = seed % 4 == 0
+    size = rng.randint(16, hi)
+    tokens = [size if same else rng.randint(16, hi + hi // 4) for _ in range(rng.randint(1, 14))]
+
+    replays, vllm_eager = vllm_batches(tokens, budgets, max_items)
+    batches, eager = plan_batches(tokens, max(budgets), max_items)
+
+    assert sorted(eager) == sorted(vllm_eager) == sorted(i for i, t in enumerate(tokens) if t > max(budgets))
+    assert len(batches) == len(replays), (tokens, max_items, batches, replays)
+    assert sorted(i for b in batches for i in b) == sorted(set(range(len(tokens))) - set(eager))
+    assert all(sum(tokens[i] for i in b) <= max(budgets) and len(b) <= max_items for b in batches)
+    if same:
+        assert sorted(map(len, batches)) == sorted(len(b) for b, _ in replays)
 
 
 # -- the model folder (lfm2vl_lab.model.folder): vLLM's own model, processor and detokenizer read it --------
