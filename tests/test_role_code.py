@@ -1,6 +1,11 @@
 """measure/role_code: which files each role of the reference set measures, so that `record --changed`
 re-records exactly the roles a change can move."""
 
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -91,3 +96,64 @@ def test_a_change_to_a_built_cpp_makes_its_role_stale(tmp_path):
 def test_an_unknown_command_names_the_table_to_extend():
     with pytest.raises(KeyError, match="no modules are named for the command 'nope'.*COMMAND_MODULES"):
         rc.command_modules("nope")
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+MODULE = '''"""A module."""
+
+def f(x):
+    """Twice x (measured: 49 graphs)."""
+    # why: doubling
+    return 2 * x
+'''
+
+
+def _recorded_role(tmp_path: Path) -> tuple[Path, dict]:
+    """A tree whose role runs ``measure/m.py``, committed in git, and the entry a record of it keeps."""
+    root = _tree(tmp_path / "repo", {**{f: "" for f in rc.ALWAYS}, "lfm2vl_lab/measure/m.py": MODULE,
+                                     "data/presets/p.json": "{}"})
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "recorded")
+    return root, rc.role_code(("lfm2vl_lab.measure.m",), root)
+
+
+def test_comments_and_docstrings_alone_leave_a_role_current(tmp_path):
+    root, entry = _recorded_role(tmp_path)
+    m = root / "lfm2vl_lab/measure/m.py"
+    m.write_text('"""A module, its history moved to the result files."""\n\n\ndef f(x):\n    return 2 * x  # why\n')
+    assert rc.role_code(("lfm2vl_lab.measure.m",), root)["role_hash"] != entry["role_hash"]  # the bytes moved
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == []
+    m.write_text(MODULE.replace("2 * x", "3 * x"))  # the code moved
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == ["lfm2vl_lab/measure/m.py"]
+    m.write_text(MODULE.replace('    """Twice x (measured: 49 graphs)."""\n', '    doc = "Twice x"\n'))
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == ["lfm2vl_lab/measure/m.py"]
+
+
+def test_a_tree_without_history_reads_the_recorded_versions_from_the_carried_blobs(tmp_path):
+    root, entry = _recorded_role(tmp_path)
+    (root / "lfm2vl_lab/measure/m.py").write_text(MODULE.replace("    # why: doubling\n", ""))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "comment gone")
+    copy = tmp_path / "device"  # what a device call gets: the working tree, no .git
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git"))
+    # unable to read what was recorded, it counts the file as changed rather than guess
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), copy) == ["lfm2vl_lab/measure/m.py"]
+    manifest = root / "data/results/gpu/reference.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"files": {"r": entry}, "partial": {}}))
+    scripts = Path(__file__).parents[1] / "scripts"
+    script = importlib.util.spec_from_file_location("carry_blobs", scripts / "carry_blobs.py")
+    carry = importlib.util.module_from_spec(script)
+    script.loader.exec_module(carry)
+    assert carry.main(["--root", str(root)]) == 0
+    assert sorted(p.name for p in (root / rc.BLOBS).iterdir()) == [entry["measures"]["lfm2vl_lab/measure/m.py"]]
+    shutil.copytree(root / rc.BLOBS, copy / rc.BLOBS)
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), copy) == []
+    (copy / rc.BLOBS / entry["measures"]["lfm2vl_lab/measure/m.py"]).write_text("not the blob")
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), copy) == ["lfm2vl_lab/measure/m.py"]

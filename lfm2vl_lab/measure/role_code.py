@@ -16,6 +16,13 @@ presets. Three rules keep the closure to what makes numbers:
   module imports it: ``cli/cli.py`` and ``cli/cli_options.py`` hold each command's options and
   defaults, and reach every command.
 
+A file whose bytes changed still makes the same numbers when only its comments, blank lines or
+docstrings changed: :func:`code_id` (its syntax tree without docstrings) is then the same, and
+:func:`changed_files` does not count it. That needs the recorded version's bytes, which the entry names
+by blob id: git has them in a clone; a device call, which gets the working tree without its history,
+reads them from :data:`BLOBS` (``scripts/carry_blobs.py`` writes that folder, carried with the call).
+Where neither has them, the file counts as changed.
+
 The role's *hash* is the kit's code hash (:func:`~lfm2vl_lab.measure.results.hash_code_entries`: path and
 git blob id of each file) over just those files. ``record`` stores it with the file list in each
 role's manifest entry with each file's blob id, and ``record --changed`` re-runs the roles whose hash
@@ -25,6 +32,8 @@ the working tree no longer gives (:func:`changed_files` says which files moved i
 from __future__ import annotations
 
 import ast
+import hashlib
+import subprocess
 from pathlib import Path
 
 from .results import REPO_ROOT, blob_sha1, hash_code_entries
@@ -54,6 +63,11 @@ BUILT_SOURCES: dict[str, tuple[str, ...]] = {
 # The report layer reads result files and makes no number (measure/ never imports it: tests/test_layers.py);
 # a command may print its summary through it after the run, which moves nothing it recorded.
 REPORT = "lfm2vl_lab.report"
+
+
+# Recorded versions of measured files, by blob id, for a tree without git history (a device call's):
+# scripts/carry_blobs.py writes them, git ignores the folder.
+BLOBS = ".blobs"
 
 
 def module_path(name: str, root: Path = REPO_ROOT) -> str | None:
@@ -134,14 +148,55 @@ def role_code(modules, root: Path = REPO_ROOT) -> dict:
     return {"role_hash": hash_code_entries(measures.items()), "measures": measures}
 
 
+def code_id(data: bytes, path: str) -> str:
+    """What of a file can move a number. A Python module: its syntax tree without docstrings (no
+    comments, blank lines or positions are in it), so an edit of those alone keeps the id. Any other
+    file (C++, a preset): its bytes. A module that does not parse: its bytes too."""
+    if path.endswith(".py"):
+        try:
+            tree = ast.parse(data)
+        except SyntaxError:
+            return blob_sha1(data)
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        return "ast:" + hashlib.sha1(ast.dump(tree).encode()).hexdigest()
+    return blob_sha1(data)
+
+
+def recorded_bytes(blob: str, root: Path = REPO_ROOT) -> bytes | None:
+    """The bytes of blob ``blob`` (a recorded version of a file): from git where ``root`` is a clone,
+    else from :data:`BLOBS`; None where neither has it."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "cat-file", "blob", blob], capture_output=True, timeout=30)
+        if out.returncode == 0 and blob_sha1(out.stdout) == blob:
+            return out.stdout
+    except (OSError, subprocess.SubprocessError):
+        pass
+    kept = Path(root) / BLOBS / blob
+    return kept.read_bytes() if kept.is_file() and blob_sha1(kept.read_bytes()) == blob else None
+
+
+def same_code(path: str, blob: str, root: Path = REPO_ROOT) -> bool:
+    """Whether ``path`` under ``root`` makes the numbers its recorded version (``blob``) made: the
+    same :func:`code_id`. False where that version's bytes cannot be read."""
+    then, now = recorded_bytes(blob, root), Path(root) / path
+    return then is not None and now.is_file() and code_id(then, path) == code_id(now.read_bytes(), path)
+
+
 def changed_files(entry: dict, modules, root: Path = REPO_ROOT) -> list[str] | None:
-    """The files that make a manifest entry's role stale in the tree under ``root``: changed, new in
-    the role's closure, or gone from it. Empty: the role is current. None: the entry names no code of
-    its own (a set recorded before roles did), so every role of it counts as changed."""
+    """The files that make a manifest entry's role stale in the tree under ``root``: changed (beyond
+    comments and docstrings: :func:`same_code`), new in the role's closure, or gone from it. Empty: the
+    role is current. None: the entry names no code of its own (a set recorded before roles did), so
+    every role of it counts as changed."""
     if "role_hash" not in entry:
         return None
     now = role_code(modules, root)
     if now["role_hash"] == entry["role_hash"]:
         return []
     then = entry.get("measures", {})
-    return sorted(f for f in set(then) | set(now["measures"]) if then.get(f) != now["measures"].get(f))
+    moved = [f for f in set(then) | set(now["measures"]) if then.get(f) != now["measures"].get(f)]
+    return sorted(f for f in moved if f not in then or f not in now["measures"] or not same_code(f, then[f], root))
