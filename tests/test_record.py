@@ -362,3 +362,28 @@ def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeyp
     # once complete, every call leaves the figures and tables drawn from the set
     man = rec.run_record(out=repo, repo_root=repo, **dict(kw, deadline_s=None))
     assert man["complete"] and drawn[1:] == [(str(repo), str(tmp_path / "data" / "figures"))] and len(tabled) == 2
+
+
+def test_each_entry_a_call_records_names_that_calls_host(tmp_path, fake_bench, monkeypatch):
+    """Machines lent under one name differ in host speed (measure/host): every entry keeps the probe
+    of the call that recorded it, taken once before its first step; a call that records nothing
+    probes nothing."""
+    probes = []
+    speed = {"python_ms": 50.0, "torch_op_us": 1.5, "cuda_launch_us": 4.2, "device": "cpu"}
+    monkeypatch.setattr(rec, "host_speed", lambda python: probes.append(python) or dict(speed))
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=lambda s: None, repo_root=tmp_path,
+                         python=fake_bench)
+    assert probes == [fake_bench]
+    assert [e["host"] for e in man["files"].values()] == [speed, speed]
+    rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=lambda s: None, repo_root=tmp_path,
+                   python=fake_bench)
+    assert probes == [fake_bench]  # all recorded already: no step, no probe
+
+
+def test_the_host_probe_runs_in_a_process_of_its_own_and_a_broken_one_stops_nothing(tmp_path):
+    found = rec.host_speed(sys.executable)
+    assert found["python_ms"] > 0 and found["torch_op_us"] > 0 and found["device"] == "cpu", found
+    broken = tmp_path / "broken-python"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    assert rec.host_speed(str(broken))["error"].startswith("IndexError"), rec.host_speed(str(broken))

@@ -233,21 +233,35 @@ def _complete(path: Path) -> bool:
     return bool(json.loads(path.read_text()).get("complete"))
 
 
+def host_speed(python: str = sys.executable) -> dict:
+    """This call's host speed (:mod:`.host`), probed in a process of its own so that no CUDA context of
+    the recording process outlives it; ``{"error": ...}`` where the probe fails (the record goes on)."""
+    try:
+        out = subprocess.run([python, "-m", "lfm2vl_lab.measure.host", "--json"], capture_output=True, text=True,
+                             timeout=180, cwd=REPO_ROOT)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+
+
 def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path, hash_: str, say,
-               resumed: bool = False) -> None:
+               resumed: bool = False, host: dict | None = None) -> None:
     """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
     not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``).
 
     A step that ``resumed`` its partial file keeps the seconds of every call it took (``calls``) and
     sums them in ``seconds``: a role that took three calls cost the three, not the last one. Each call's
     whole-tree code hash is kept beside them (``calls_code_hash``): the calls may have run in trees that
-    differ outside the role's files (:func:`_partial_file`), and ``code_hash`` names the last."""
+    differ outside the role's files (:func:`_partial_file`), and ``code_hash`` names the last. So is each
+    call's ``host`` (:func:`host_speed`, ``calls_host``): a call may have had another machine."""
     prior = man.setdefault("partial", {}).pop(step.role, None)
     if resumed and prior is not None and prior.get("seconds") is not None:
         calls = [*prior.get("calls", [prior["seconds"]]), entry["seconds"]]
         codes = [*prior.get("calls_code_hash", [prior.get("code_hash")] * (len(calls) - 1)), hash_]
-        entry = {**entry, "calls": calls, "seconds": round(sum(calls), 1), "calls_code_hash": codes}
-    entry = {**entry, "code_hash": hash_, **role_code(step.modules)}
+        hosts = [*prior.get("calls_host", [prior.get("host")] * (len(calls) - 1)), host]
+        entry = {**entry, "calls": calls, "seconds": round(sum(calls), 1), "calls_code_hash": codes,
+                 "calls_host": hosts}
+    entry = {**entry, "code_hash": hash_, **role_code(step.modules), **({"host": host} if host else {})}
     if entry["rc"] == 0 and len(new) == 1 and not (step.resumable and not _complete(new[0])):
         man["files"][step.role] = entry
         man["failed"].pop(step.role, None)
@@ -301,6 +315,9 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
     why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
     todo = [s for s in steps if why.get(s.role)]
+    host = host_speed(python) if todo else None  # once a call: the roles it records share one machine
+    if host:
+        say(f"== host: {json.dumps(host)}")
     for k, step in enumerate(todo, 1):
         left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
         if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
@@ -310,7 +327,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
         say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
             f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
         entry, new = _run_step(step, folder, out, python, left, resume)
-        _file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None)
+        _file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None, host=host)
         man.update(format=FORMAT, code_hash=hash_, finished=_now())
         man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
         (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
