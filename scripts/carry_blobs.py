@@ -6,6 +6,7 @@ recorded, by its blob id. A clone has them in git; a device call gets the workin
 history, so before such a call run this, and name ``.blobs`` in the call's ``carry``:
 
     python scripts/carry_blobs.py          # every manifest under data/results/
+    python scripts/carry_blobs.py --check  # on the device: exit 1 if a recorded version is unreadable
 
 It writes each blob that a manifest entry (recorded or partial) names and the tree no longer holds,
 and nothing else (a few hundred KB at most). Git ignores the folder.
@@ -40,7 +41,18 @@ def needed(root: Path) -> dict[str, str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the repo (default: this one)")
-    root = Path(p.parse_args(argv).root)
+    p.add_argument("--check", action="store_true",
+                   help="write nothing: exit 1 naming each recorded version neither git nor .blobs/ holds "
+                        "(scripts/h200_run.sh runs this before it records: such a role would record again)")
+    args = p.parse_args(argv)
+    root = Path(args.root)
+    if args.check:
+        unread = [f"{path} ({blob[:12]})" for blob, path in sorted(needed(root).items())
+                  if recorded_bytes(blob, root) is None]
+        print(f"carry_blobs --check: {len(needed(root))} recorded versions needed"
+              + (f"; UNREADABLE, so their roles would record again: {', '.join(unread)} (run "
+                 "`python scripts/carry_blobs.py` where git is, and carry .blobs)" if unread else ", all readable"))
+        return 1 if unread else 0
     folder = root / BLOBS
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()

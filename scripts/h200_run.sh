@@ -113,7 +113,9 @@ record)
   # back in between.
   [ -d /tmp/h200-res ] && cp -r /tmp/h200-res/. "$R"/
   # record stops starting steps 15 s before this step's end, so none is ever cut off (RECORD_PART: one
-  # part of the steps, encoder or engine; RECORD_CHANGED=1: only the roles whose own files changed)
+  # part of the steps, encoder or engine; RECORD_CHANGED=1: only the roles whose own files changed,
+  # which needs the recorded versions of files changed in comments alone: carry .blobs)
+  [ -n "${RECORD_CHANGED:-}" ] && { python3 scripts/carry_blobs.py --check || exit 1; }
   LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) \
     ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed}
   rm -rf /tmp/h200-res && cp -r "$R" /tmp/h200-res ;;
@@ -144,6 +146,9 @@ gpu-tests)
 vllm-stage)
   vllm_install; rc=$?; [ "$rc" -eq 3 ] && rc=0; exit "$rc" ;;  # a part still missing is what staging expects
 vllm)
+  # the partial file resumes only if its role's files are the recorded ones (comments and docstrings
+  # aside): that needs the recorded versions, which a tree without git reads from .blobs (carry it)
+  python3 scripts/carry_blobs.py --check || exit 1
   vllm_install || exit $?
   vllm_env
   out=$(python3 -c 'import vllm; print("== vllm", vllm.__version__, "from", vllm.__file__)' 2>&1) \

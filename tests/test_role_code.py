@@ -144,16 +144,19 @@ def test_a_tree_without_history_reads_the_recorded_versions_from_the_carried_blo
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git"))
     # unable to read what was recorded, it counts the file as changed rather than guess
     assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), copy) == ["lfm2vl_lab/measure/m.py"]
-    manifest = root / "data/results/gpu/reference.json"
-    manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"files": {"r": entry}, "partial": {}}))
+    for tree in (root, copy):
+        manifest = tree / "data/results/gpu/reference.json"
+        manifest.parent.mkdir(parents=True)
+        manifest.write_text(json.dumps({"files": {"r": entry}, "partial": {}}))
     scripts = Path(__file__).parents[1] / "scripts"
     script = importlib.util.spec_from_file_location("carry_blobs", scripts / "carry_blobs.py")
     carry = importlib.util.module_from_spec(script)
     script.loader.exec_module(carry)
+    assert carry.main(["--root", str(copy), "--check"]) == 1  # what the device call checks before it records
     assert carry.main(["--root", str(root)]) == 0
     assert sorted(p.name for p in (root / rc.BLOBS).iterdir()) == [entry["measures"]["lfm2vl_lab/measure/m.py"]]
     shutil.copytree(root / rc.BLOBS, copy / rc.BLOBS)
     assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), copy) == []
+    assert carry.main(["--root", str(copy), "--check"]) == 0
     (copy / rc.BLOBS / entry["measures"]["lfm2vl_lab/measure/m.py"]).write_text("not the blob")
     assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), copy) == ["lfm2vl_lab/measure/m.py"]
