@@ -387,3 +387,16 @@ def test_the_host_probe_runs_in_a_process_of_its_own_and_a_broken_one_stops_noth
     broken.write_text("#!/bin/sh\nexit 3\n")
     broken.chmod(0o755)
     assert rec.host_speed(str(broken))["error"].startswith("IndexError"), rec.host_speed(str(broken))
+
+
+def test_a_role_recorded_by_another_command_is_stale_whatever_its_code(tmp_path, fake_bench):
+    """A step's arguments (repeats, workloads, presets) make its numbers as much as its code does: a
+    change to them in STEPS records the role again, in a full and in a partial re-record."""
+    steps = _steps(bad=False)
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=lambda s: None, repo_root=tmp_path,
+                         python=fake_bench)
+    fewer = rec.Step("t-one", "encoder", "t-one", (*TINY[:-4], "--repeats", "2", *TINY[-4:], "--name", "t-one"), 120)
+    assert fewer.command != steps[0].command
+    for changed in (False, True):
+        assert rec.stale(man, steps[0], changed, man["code_hash"]) is None
+        assert rec.stale(man, fewer, changed, man["code_hash"]) == ["its command changed"]

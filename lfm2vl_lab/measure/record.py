@@ -156,12 +156,15 @@ def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str) -> dic
 
 def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_ROOT) -> list[str] | None:
     """Why ``step``'s role must be recorded (again) by this tree; None: it need not be. A missing role
-    must be. Otherwise, ``changed``: when the files it measures differ from those that recorded it
-    (the files, or every file where its entry names none); else when any code differs (a full record:
-    every role of exactly this tree, which also resumes a full record cut short)."""
+    must be, and so must one recorded by another command (:data:`STEPS` changed its arguments).
+    Otherwise, ``changed``: when the files it measures differ from those that recorded it (the files,
+    or every file where its entry names none); else when any code differs (a full record: every role of
+    exactly this tree, which also resumes a full record cut short)."""
     entry = man["files"].get(step.role)
     if entry is None:
         return ["not recorded"]
+    if entry.get("command", step.command) != step.command:  # other arguments: other numbers, whatever the code
+        return ["its command changed"]
     if not changed:
         return None if entry.get("code_hash") == hash_ else [f"code {str(entry.get('code_hash'))[7:19]}"]
     files = changed_files(entry, step.modules, root)
@@ -176,6 +179,9 @@ def _partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | Non
     no files and other whole code, starts the step afresh."""
     entry = man.get("partial", {}).get(step.role)
     if not step.resumable or entry is None:
+        return None
+    if entry.get("command", step.command) != step.command:
+        say(f"   {entry['file']} is partial but was recorded by another command ({entry['command']}): starting afresh")
         return None
     files = changed_files(entry, step.modules)
     if files is None and entry.get("code_hash", man.get("code_hash")) != hash_:
