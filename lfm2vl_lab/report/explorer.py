@@ -1,20 +1,9 @@
-"""The budget explorer: what a budget set and an item limit do to the kit's request stream.
+"""The budget explorer: what a budget set and an item limit do to the bench's stream of mixed requests,
+planned by the manager's own planner (host arithmetic, runs anywhere). The one GPU number, each
+budget's graph memory, is read from the reference set, never estimated.
 
-Host arithmetic only, so it runs anywhere: the manager's own planner (:func:`~..core.plan.plan_config`,
-:func:`~..core.plan.plan_stats`) over the bench's stream of mixed requests (:func:`stream_tokens`,
-the seeded :func:`~.workloads.synthetic_workload` the ``stream`` workload serves), served
-``per_call`` requests per encoder call. The one GPU number it shows is each budget's graph memory,
-read from the reference set (role ``bench-450m``: its ``lab-graph`` rows carry ``capture_info``); a
-budget that run did not capture is shown as "not recorded", never estimated.
-
-    >>> res = explore([64, 128, 256, 512, 1024], max_items=4, per_call=8)
-    >>> print(explore_text(res))          # padding waste, replays per budget, misses, memory
-    >>> budget_explorer()                 # the same, live, as ipywidgets (in a notebook)
-
-The planner is the manager's with its defaults: a run of full-length items (512 px images or tiles,
-256 tokens each) may share one replay in a run budget of ``max_run_items`` × 256 tokens, which pads
-nothing (notebook 05 explains runs).
-"""
+    >>> print(explore_text(explore([64, 128, 256, 512, 1024], max_items=4, per_call=8)))
+    >>> budget_explorer()                 # the same, live, as ipywidgets"""
 
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
-"""The reference set as pandas DataFrames: each role's rows, one table to explore.
+"""The reference set as pandas DataFrames, and what the generated pages share: :func:`md` (the pages'
+Markdown), :class:`Refs` (each role's file read once, and the line naming a part's sources), the cell
+formats, and which row of one run a figure shows (:func:`pick_rows`: two rows of equal standing for
+one bar are rows of two runs, refused as :class:`MixedRuns`, never silently picked).
 
-    >>> from lfm2vl_lab import frames
-    >>> df = frames.load("bench-450m")
+    >>> df = load("bench-450m")
     >>> df.pivot_table(index="workload", columns="mode", values="median_ms", sort=False)
-    >>> df.attrs["file"], df.attrs["provenance"]["gpu"]
 
-:func:`load` reads one role's file (:func:`lfm2vl_lab.report.reference.load`) and returns its ``rows``
-as a DataFrame: nested dicts become dotted columns (``phases_ms.encoder``, ``ttft_spread.p90``), lists
-of samples stay lists in their cells, and the file's provenance travels in ``df.attrs`` (``provenance``,
-``file``, ``role``, ``code_hash``), so a number shown from the frame can name where it came from.
-
-Named ``frames``, not ``results``: :mod:`lfm2vl_lab.measure.results` is the module that *writes* result
-files with their provenance. :func:`md` is the one Markdown writer of the generated pages
-(:mod:`lfm2vl_lab.report.tables`). :func:`pick_rows` and :func:`one_per` choose which row of one run a
-figure or table shows: the default configuration's where a file holds several; two rows of equal
-standing for one bar are rows of two runs, refused (:class:`MixedRuns`) rather than silently picked.
-:class:`Refs` is the set as the generated pages read it (each role's file read once, and the line that
-names a part's source files), with the formats of their cells (:func:`ms`, :func:`pct`, ...).
-"""
+Named ``frames``, not ``results``: :mod:`lfm2vl_lab.measure.results` writes the files."""
 
 from __future__ import annotations
 

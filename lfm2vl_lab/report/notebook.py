@@ -1,20 +1,6 @@
-"""What every notebook shares: its first cell's setup, and reading recorded results.
-
-The first cell of each notebook is::
-
-    %matplotlib inline
-    import torch
-    import lfm2vl_lab as lab
-    from lfm2vl_lab.report.notebook import setup
-
-    DEVICE, PRESET, DTYPE = setup(shows={"what a cell shows": "any", ...})
-
-``shows`` lists what the notebook shows and where from (:data:`SHOW_KINDS`), so the first cell's
-environment check can say what this machine shows live and what comes from recorded results.
-Cells that show recorded GPU numbers start with :func:`load_recorded`, which reads one role of the
-reference set (``data/results/nvidia-h200/reference.json``) and prints where the numbers come from
-(or that the set lacks them) before any of them is shown.
-"""
+"""What every notebook shares: its first cell's :func:`setup` (``shows`` lists what the notebook shows
+live and what from recorded results), and :func:`load_recorded`, which reads one role of the
+reference set and says where its numbers come from before any is shown."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Figures of the encoder's benchmark files (``bench``, the sweeps, the attention probe), and what every
-figure module shares: colours per mode, page widths, titles, :class:`NoData`.
-
-Every figure function takes plain data (the rows of ONE result file, timelines, capture-info rows) and
-returns a ``matplotlib.figure.Figure`` built without ``pyplot``, so nothing depends on a GUI backend or
-global state; in a notebook a returned Figure displays itself. Which row of the file a bar draws is
-:func:`~lfm2vl_lab.report.frames.pick_rows`' choice: rows of two runs for one bar are refused
-(:class:`~lfm2vl_lab.report.frames.MixedRuns`), never silently picked.
-:func:`lfm2vl_lab.report.report.report` draws every figure of the reference set, each from one file
-named in its title.
-"""
+"""Figures of the encoder's files (``bench``, the sweeps, the attention probe), and what every figure
+module shares: colours per mode, page widths, titles, :class:`NoData`. A figure takes one run's
+rows and returns a ``Figure`` built without ``pyplot`` (no GUI backend, no global state)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Figures of the request past the encoder: the TTFT grid (``python -m lfm2vl_lab ttft``,
-:mod:`lfm2vl_lab.measure.ttft`), TTFT inside ``generate`` (``e2e``) and the text model's peers
-(``engine``). Like :mod:`lfm2vl_lab.report.plots`, every function takes one run's rows (or file) and
-returns a ``matplotlib.figure.Figure`` built without ``pyplot``.
-
-The grid's rows carry ``preset``, ``image``, ``requests``, ``mode`` (one of :data:`TTFT_MODES`),
-``ttft_ms`` (processor excluded), ``phases_ms`` (processor, h2d, encoder, merge, prefill, sample)
-and ``decode_ms_per_token``; rows without the data a figure needs raise
-:class:`~lfm2vl_lab.report.plots.NoData`, whose message says what is missing and what is there.
-
-* :func:`ttft_breakdown_figure` — one request batch's first token, phase by phase: a stacked bar per mode
-* :func:`ttft_grid_figure`      — TTFT against requests, one line per mode, one panel per (preset, image)
-* :func:`decode_figure`         — decode ms per token against requests, laid out the same way
-* :func:`e2e_figure`            — time to first token, transformers' image path vs the graphed encoder
-* :func:`decode_vs_floor`       — decode ms per token of the text model's peers against the weights' floor
-"""
+"""Figures of the request past the encoder: the TTFT grid (``ttft``), TTFT inside ``generate``
+(``e2e``) and the text model's peers (``engine``); like :mod:`.plots`, one run's rows in, a
+``Figure`` out, :class:`~.plots.NoData` naming what is missing."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
 """The reference set: one recorded GPU run that every figure, table and notebook number reads.
-
-``data/results/<gpu>/reference.json`` (the *manifest*) names, for each *role* the course needs
-(``bench-450m``, ``ttft``, ``check``, …), the result file of that run, the command that wrote it, and
-the code version the whole run came from: ``code_hash``, a content hash of the code that makes the
-numbers (:data:`~lfm2vl_lab.measure.results.CODE_PATHS`). Any commit's version of that code hashes the
-same way from git's own objects (:func:`code_hash_at`), so the code behind the numbers can be found
-again: it is the tree of the commit that added the manifest. ``python -m lfm2vl_lab record`` writes
-the run and its manifest (:mod:`lfm2vl_lab.measure.record`).
-
-Files of earlier runs stay in ``data/results/<gpu>/archive/`` as history; nothing the course shows
-reads them, except where a notebook shows "the first version" beside today's and says so
-(:func:`load_archived`).
-"""
+``data/results/<gpu>/reference.json`` (the manifest) names each role's file and the ``code_hash`` of
+the code that made it, which any commit's tree hashes the same way (:func:`code_hash_at`). Files of
+earlier runs stay in ``archive/``; only :func:`load_archived` reads them, for a notebook that says so."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""``python -m lfm2vl_lab report``: the figures of the reference set, as PNGs.
-
-Every figure is drawn from ONE file of the reference set (:mod:`lfm2vl_lab.report.reference`), named
-with its date in the figure's title, and no rows of other files come in:
-
-* each ``bench-<preset>`` file (roles ``bench-450m``, ``bench-1.6b``): that preset's latency, speedup,
-  floor-share, timeline and graph-memory figures (the graph memory of its ``lab-graph`` rows, the
-  automatic budgets), and its padding-waste figure, which comes from the budget sweep
-  (``sweep-budgets``) where the reference set has one of that preset, else from the bench file;
-* ``e2e``, ``attention``: one figure each; ``ttft``: three (:mod:`lfm2vl_lab.report.plots_ttft`: the
-  phase breakdown at one 512 px request, TTFT and decode per token against requests).
-
-Figures are named ``<gpu-slug>-<preset>-<dtype>-<figure>.png`` and ``<gpu-slug>-<role>[-<part>].png``.
-A figure without data is skipped and the reason printed.
-
-Each PNG carries its source in a text chunk: the file(s) it is drawn from, their role(s) and the code
-hash the manifest gives them (:mod:`lfm2vl_lab.report.figure_source`); the docs site's figures page
-captions each figure from it. The PNGs hold no date or version, so a second ``report`` rewrites
-nothing.
-"""
+"""``python -m lfm2vl_lab report``: every figure of the reference set as a PNG, each drawn from ONE file
+of the set (named with its date in the title) and carrying that source in the PNG
+(:mod:`.figure_source`), so a second ``report`` rewrites nothing. A figure without data is skipped
+and the reason printed."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""The docs site's figures page (``make docs``): every committed figure of a GPU, with the provenance
-of the reference-set file it is drawn from, written at build time from ``data/results/`` (no number on
-the page is typed by hand).
-
-Which file a figure comes from is what the figure itself says: the ``Source`` text chunk that
-``python -m lfm2vl_lab report`` writes into each PNG (:mod:`lfm2vl_lab.report.figure_source`), checked
-against the GPU's reference set (:mod:`lfm2vl_lab.report.reference`). A committed figure that the set
-does not explain is an error, for the page would otherwise show a figure without its source: one
-``report`` does not draw (:func:`lfm2vl_lab.report.report.figure_jobs`), one that names no source, and
-one drawn from a file that is no longer the set's for its role, or under another code hash.
-"""
+"""The docs site's figures page: every committed figure of a GPU under the provenance of the file it is
+drawn from, which the PNG itself names (:mod:`.figure_source`). A figure the reference set does not
+explain (one ``report`` does not draw, one naming no source, or a source no longer the set's) is an
+error: the page would show a figure without its source."""
 
 from __future__ import annotations
 

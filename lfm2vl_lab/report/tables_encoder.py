@@ -1,6 +1,5 @@
-"""Generated parts about the encoder alone (:mod:`lfm2vl_lab.report.tables` draws them into the pages):
-every mode per workload, the kernel classes of one call, the kernel options, the attention probe, the
-sweeps, the correctness check, and the caveats read off the same files."""
+"""The pages' parts about the encoder alone: modes per workload, kernels, options, attention, sweeps,
+the correctness check and the caveats read off the same files."""
 
 from __future__ import annotations
 

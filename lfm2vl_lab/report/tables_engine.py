@@ -1,14 +1,7 @@
-"""Generated parts about the request past the encoder (:mod:`lfm2vl_lab.report.tables` draws them into
-the pages): the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; TTFT inside
-``generate`` (``e2e``); the text model's peers (``engine``); and whole requests
-(:mod:`~lfm2vl_lab.measure.request`): the end-to-end table with decode, the offline-throughput run, and
-the PR's claim like for like.
-
-The whole requests' 3B rows come from the ``request-3b`` file: measured whole requests where the text
-model is graphed, composed from the measured parts where it is eager. The 450M and 1.6B rows are
-composed from the ``ttft`` grid's parts (:func:`~lfm2vl_lab.measure.request.composed_e2e`), at the same
-number of output tokens; the 3B file's graphed rows carry both, which says how close the composition is.
-"""
+"""The pages' parts about the request past the encoder: the ``ttft`` grid and its phases, profiles,
+parity and image path; TTFT inside ``generate`` (``e2e``); the text model's peers (``engine``); and
+whole requests (``request-3b``), measured where the text model is graphed and composed from measured
+parts elsewhere, the measured rows saying how close the composition is."""
 
 from __future__ import annotations
 

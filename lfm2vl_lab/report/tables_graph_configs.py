@@ -1,6 +1,4 @@
-"""Generated part about the named graph configs (:mod:`lfm2vl_lab.report.tables` draws it into the
-pages): the graph config vLLM PR #44930 measured with (``GraphOptions.named("pr")``) beside the kit's,
-from the reference set's ``pr-config`` file (``bench --mode lab-graph --graph-config kit,pr``)."""
+"""The generated ``pr-config`` part: the graph config vLLM PR #44930 measured with beside the kit's."""
 
 from __future__ import annotations
 

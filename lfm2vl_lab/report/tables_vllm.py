@@ -1,21 +1,7 @@
-"""The generated parts of the pages that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline.
-
-* ``vllm-ttft`` and ``vllm-requests``: per preset and case, vLLM with encoder graphs off and the two
-  graphed engines' paired cuts with their 95% intervals, and the kit's pipeline on the same weights
-  and images beside them.
-* ``vllm-claim``: the PR's claim judged from vLLM's own measurement, then from the kit's pipeline.
-* ``vllm-breakdown``: where one request's first token goes in vLLM and in the kit's pipeline.
-* ``vllm-engines``: start-up, encoder capture and graph hits per engine, and parity on shared weights.
-* ``pr-claim``: the encoder graphs' TTFT cut of the kit's own runs (``ttft``, ``e2e``) beside the PR's range.
-* ``pr-verdict``: the one verdict on vLLM PR #44930's claim, "~10-20% lower e2e latency for low batch
-  size" (:data:`~.ttft_summary.PR_CLAIM`), drawn into docs/goals.md: by measure (whole requests of each
-  output length, the first token) and preset, where the claim holds and where it does not, inside vLLM
-  itself and in the kit's pipeline on the same weights (the ``vllm`` file), with the kit's other runs
-  beside them. Every other page and notebook links to it instead of judging the claim again. A cut is
-  placed against the range by its whole 95% interval (:func:`judged`); a group of cases by
-  :func:`group_verdict`. The kit's other runs have no interval, so their cells give medians only and no
-  verdict.
-"""
+"""The pages' parts that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline (TTFT, whole
+requests, breakdown, engines), and ``pr-verdict``, the one verdict on the PR's claim
+(:data:`~.ttft_summary.PR_CLAIM`) that every other page links to. A cut is placed against the range
+by its whole 95% interval; the kit's other runs have no interval, so they give medians, no verdict."""
 
 from __future__ import annotations
 

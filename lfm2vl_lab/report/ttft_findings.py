@@ -1,18 +1,7 @@
-"""What the recorded TTFT and end-to-end files show, in sentences (notebook 07 prints them).
-
-A notebook sentence with a measured number is printed from the file; these functions build them:
-
-* :func:`coverage_text`       — what a file covers: presets, images, requests, modes, tokens, repeats
-* :func:`claim_ranges_text`   — the encoder graphs' TTFT cut as ranges, next to vLLM PR #44930's claim:
-  in the engine grid (``ttft-*.json``) with the text model graphed and eager, and inside ``generate``
-  (``e2e-*.json``); cases whose decode control fails are left out and named
-* :func:`decode_speedup_text` — decode per token with the text model eager over graphed
-* :func:`ttft_sentence`       — one case's TTFT, all eager and both graphed
-* :func:`image_path_text`     — ``encode()`` from pixels in host memory against pixels already on the GPU
-* :func:`first_tokens_text`   — which modes' first tokens equal the all-eager mode's, and what float32 says
-
-A file without what a sentence needs gives a line that says so (``not recorded: ...``), never an error.
-"""
+"""What the recorded TTFT and end-to-end files show, in the sentences notebook 07 prints: coverage, the
+encoder graphs' cut as ranges beside the PR's claim (cases failing the decode control left out and
+named), decode speedups, image path and first tokens. A file without what a sentence needs gives a
+``not recorded`` line, never an error."""
 
 from __future__ import annotations
 

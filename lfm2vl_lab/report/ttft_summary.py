@@ -1,22 +1,6 @@
-"""A recorded TTFT result (``ttft-*.json``, and ``e2e-*.json``) as text: what notebook 07 prints next to its figures.
-
-Each function takes the whole result (or its rows) and returns a string. A section the file does not
-have (``parity``, ``profile``, or the rows a table needs) gives a line that says it is not
-recorded, never an error, so the same cells read a small first run and the full grid.
-
-* :func:`decode_text`  — decode ms per token per mode, and the drift between the encoder modes
-* :func:`parity_text`  — every mode's tokens and first-token logits against transformers
-* :func:`profile_text` — kernels, launch calls and GPU-busy against wall time per mode
-* :func:`claim_text`   — the encoder graphs' TTFT cut, text model graphed and eager, next to the PR's 10-20%
-* :func:`drift_fails`, :func:`case_disturbed` — the decode control of a row and of a case
-
-:mod:`lfm2vl_lab.report.ttft_findings` says in sentences what the files show (ranges, first tokens, ...).
-
-Two readings of the rows that notebook 07's exercises use:
-
-* :func:`amdahl_cut`      — the encoder graphs' cut predicted from the phases (Amdahl's law) next to the measured one
-* :func:`text_graph_cuts` — what graphing the text model cuts, per case, against the prompt tokens of the batch
-"""
+"""A recorded TTFT result (``ttft``, ``e2e``) as the text notebook 07 prints beside its figures, and
+the decode control (:func:`drift_fails`). A section the file lacks gives a ``not recorded`` line,
+never an error, so the same cells read a small first run and the full grid."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""How a ``vllm`` result reads (``python -m lfm2vl_lab vllm``: vLLM's own A/B beside the kit's pipeline):
-the terminal's summary, the row lookup the pages' tables share (:mod:`.tables_vllm`), and the figures.
-
-Every number here is read from the result file (:mod:`.cli_vllm` writes it); nothing is measured. The
-figures take the whole result file (its ``rows`` and, per preset, its ``breakdown``) and return a
-``matplotlib.figure.Figure`` built without ``pyplot``; a file without the data raises
-:class:`~lfm2vl_lab.report.plots.NoData`.
-
-* :func:`vllm_cuts_figure`      — the encoder graphs' cut of TTFT and of whole requests, per case, with
-  each cut's 95% interval: vLLM with the PR's and the kit's graph config, the kit's pipeline beside
-  it, and the PR's claimed 10-20% as a band
-* :func:`vllm_breakdown_figure` — where one request's first token goes, in vLLM and in the kit's
-  pipeline, per preset: why the same encoder saving is a large share of one and a small one of the other
-"""
+"""How a ``vllm`` result reads: the terminal's summary, the row lookup the pages' tables share, and the
+two figures (the encoder graphs' cuts with their 95% intervals against the PR's band; where one
+request's first token goes in vLLM and in the kit's pipeline)."""
 
 from __future__ import annotations
 
