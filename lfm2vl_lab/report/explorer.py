@@ -103,14 +103,9 @@ def replays_per_budget(calls: list[list[int]], config) -> dict[int, int]:
 def explore(budgets=None, max_items: int | None = None, stream: list[list[int]] | None = None,
             per_call: int = 1, max_run_items: int = GraphOptions.max_run_items, memory: dict | None = None,
             gpu: str = reference.REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
-    """What ``budgets`` (default: the automatic ones) and ``max_items`` (default: automatic) do to
-    ``stream`` (default: :func:`stream_tokens`) served ``per_call`` requests per call.
-
-    Returns the config (``budgets``, ``graph_budgets``, ``run_budget``, ``max_items``), the stream
-    (``requests``, ``items``, ``calls``), :func:`plan_stats`' ``replays``, ``real``, ``padded`` and
-    ``waste``, ``misses`` (items larger than the largest budget: they run eagerly),
-    ``replays_per_budget``, and ``memory``: per graph budget its recorded row, or :data:`NOT_RECORDED`
-    (``memory``: a :func:`recorded_memory` result; by default read from ``gpu``'s reference set)."""
+    """What ``budgets`` and ``max_items`` (default: automatic) do to ``stream`` (default: the bench's)
+    served ``per_call`` requests per call: the config, :func:`plan_stats`, misses (items over the largest
+    budget run eagerly), replays per budget, and each graph budget's recorded memory or :data:`NOT_RECORDED`."""
     stream = stream_tokens() if stream is None else stream
     config = DenseGraphConfig.build(out_hidden_size=1, budgets=None if budgets is None else list(budgets),
                                     max_items=max_items, max_run_items=max_run_items)
@@ -164,10 +159,8 @@ def explore_text(res: dict) -> str:
 
 
 class BudgetExplorer:
-    """The explorer as ipywidgets: a ``budgets`` text box, a ``requests per call`` slider, a
-    ``max items`` slider (1 up to the automatic limit of the budgets, the most items a replay can
-    ever hold), and ``output``, an HTML area holding :func:`explore_text`, re-rendered on every
-    change. ``text`` is what the output area shows, as plain text."""
+    """The explorer as ipywidgets (budgets box, requests-per-call and max-items sliders, an HTML output
+    re-rendered on every change); ``text`` is what the output shows."""
 
     def __init__(self, stream=None, budgets=DEFAULT_BUDGETS, max_items: int = DEFAULT_MAX_ITEMS,
                  per_call: int = DEFAULT_PER_CALL, memory: dict | None = None):

@@ -214,12 +214,9 @@ class MixedRuns(ValueError):
 
 
 def is_default_config(row: dict, ignore=()) -> bool:
-    """Whether a result row ran the kit's default configuration: for graph rows the automatic
-    budgets, the safe ``cu_seqlens`` rule and tight ``max_seqlen`` (``DEFAULT_GRAPH_CONFIG``); a
-    default attention backend (``DEFAULT_LAB_OPTIONS``); and, for the lab modes, each of
-    ``KERNEL_OPTIONS`` at its default (``dense_graphs`` for ``lab-graph`` only). ``ignore`` names
-    kernel options not to compare (for files recorded before and after a default changed); it may
-    also name ``"budget_set"`` (any budget set counts)."""
+    """Whether a result row ran the kit's defaults: graph settings (:data:`DEFAULT_GRAPH_CONFIG`),
+    attention backend and, for the lab modes, :data:`KERNEL_OPTIONS`. ``ignore`` names options not to
+    compare (files recorded across a change of default), or ``"budget_set"``."""
     budgets_ok = "budget_set" in ignore or row.get("budget_set") in (None, DEFAULT_GRAPH_CONFIG[0])
     graph_ok = row.get("budget_set") is None or (
         budgets_ok and (row.get("cu_rule"), row.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:])
@@ -256,13 +253,8 @@ def _pick_rank(r: dict) -> tuple:
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:
-    """One row per (mode, workload) of one run's rows: the default configuration's
-    (:func:`is_default_config`) where the run holds several configurations, else the one with the
-    default graph settings (budgets, ``cu_seqlens`` rule, ``max_seqlen``), and of those a profiled
-    row (it has the GPU-busy floor and a timeline). Rows without ``median_ms`` are left out.
-
-    Raises :class:`MixedRuns` where two rows of equal standing share a (mode, workload), e.g. the
-    default rows of two files: a figure draws one run, never a pick across runs."""
+    """One row per (mode, workload) of one run's timed rows: the default configuration's, else the
+    default graph settings', preferring a profiled row; a tie is two runs' rows (:class:`MixedRuns`)."""
     return one_per((r for r in rows if r.get("median_ms") is not None), lambda r: (r.get("mode"), r.get("workload")),
                    "pick_rows", rank=_pick_rank)
 

@@ -94,12 +94,9 @@ def _breakdown_panel(ax, by: dict, label: str, seen: set) -> None:
 
 def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: str = "1x512", requests: int = 1,
                           title: str | None = None) -> Figure:
-    """Where the first token's time goes in each of the four modes, for one image and request count:
-    a stacked bar per mode, one segment per phase (``phases_ms``, medians), the processor hatched at
-    the end because the TTFT target leaves it out. Each bar is labelled with the measured ``ttft_ms``
-    (the median of whole calls less their processor time, so it can differ a little from the sum of
-    the phase medians), the encoder graphs' paired cut where the row has one, and decode ms per token.
-    ``preset=None``: one panel per preset recorded at ``image`` x ``requests``."""
+    """Where the first token's time goes in each mode at one image and request count: stacked phase
+    medians, the processor (outside TTFT) hatched last, each bar labelled with the measured TTFT, the
+    encoder graphs' cut and decode per token. ``preset=None``: one panel per preset."""
     rows = ttft_rows(rows)
     if not rows:
         raise NoData(f"ttft_breakdown_figure: {NO_ROWS}")
@@ -245,10 +242,8 @@ def _e2e_share_bars(ax, keys: list, by: dict, lab: str) -> None:
 
 
 def e2e_figure(rows: list[dict], title: str | None = None, share: bool = False) -> Figure:
-    """Time to first token per (preset, image, requests): transformers' image path vs the graphed
-    encoder, with the encoder's own time drawn inside each bar and the TTFT change labelled.
-    ``share=True`` adds a panel below with the encoder's share of TTFT per mode. ``rows``: one run's
-    (two rows for one bar raise :class:`~lfm2vl_lab.report.frames.MixedRuns`)."""
+    """TTFT per case, transformers' image path against the graphed encoder, the encoder's own time
+    inside each bar; ``share=True`` adds the encoder's share of TTFT below."""
     rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in E2E_MODES]
     if not rows:
         raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")

@@ -53,13 +53,9 @@ def _read(path: Path) -> dict:
 
 def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool = True,
          partial: bool = False) -> dict | None:
-    """The result file that plays ``role`` in ``gpu``'s reference set, with ``_path``, ``_role`` and
-    ``_code_hash`` (:func:`role_code_hash`).
-
-    ``required``: raise :class:`ReferenceError` (naming the roles there are) when the set or the role
-    is missing; otherwise return None. ``partial``: where the role is not recorded whole, its partial
-    file (a resumable step's, which the manifest lists under ``partial``), marked ``_partial``: for a
-    reader that says what the file still lacks."""
+    """``role``'s result file in ``gpu``'s reference set, with ``_path``, ``_role`` and ``_code_hash``;
+    a missing role raises :class:`ReferenceError` naming those there are (``required=False``: None).
+    ``partial``: a resumable role's partial file where it is not recorded whole, marked ``_partial``."""
     man = load_manifest(gpu, root)
     entry = (man or {}).get("files", {}).get(role)
     if entry is None and partial and role in (man or {}).get("partial", {}):

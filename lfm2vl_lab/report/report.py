@@ -109,10 +109,8 @@ def _same_preset(a: dict, b: dict | None) -> bool:
 
 
 def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
-    """Every figure :func:`report` may draw from one reference set (``{role: file}``, one GPU's of
-    :func:`reference_sets`) of the GPU ``slug``, as ``(file stem, a function drawing it, [the one file
-    it is drawn from])``. Drawing raises :class:`NoData` when the
-    file holds nothing for that figure. The docs site's figures page reads the third item."""
+    """Every figure of one GPU's reference set (``{role: file}``) as ``(file stem, a function drawing it,
+    [the file it is drawn from])``; drawing raises :class:`NoData` where the file holds nothing for it."""
     jobs = []
     for role, res in files.items():
         if role.startswith(BENCH_PREFIX) and res.get("rows"):
@@ -156,11 +154,8 @@ def _save(fig, path: Path, files: list[dict], written: list[Path], say) -> None:
 
 
 def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Path]:
-    """Draw every figure of the reference set(s) under ``root`` (one per GPU: ``<root>/<gpu>/
-    reference.json``) into ``out``, each from one file (:func:`figure_jobs`). Files beside the
-    manifests and in ``archive/`` are not read. A figure without data is skipped and the reason
-    printed. Each PNG names its source file(s) (:func:`~lfm2vl_lab.report.figure_source.save_figure`),
-    and one whose content is what is there already is left untouched. Returns the figures' paths."""
+    """Draw every figure of the reference set(s) under ``root`` into ``out`` (:func:`figure_jobs`),
+    skipping, with the reason, those without data. Returns the figures' paths."""
     say = print if verbose else (lambda *a, **k: None)
     sets = reference_sets(root, say)
     if not sets:
@@ -181,11 +176,9 @@ def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Pa
 
 
 def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
-    """After ``record``: redraw what is derived from the set (the figures, the docs' generated tables,
-    the goals page) when the call changed a role (``before``: the manifest's files as they were) or the
-    set is complete. Only when the run wrote into the repo's results folder (``repo_root``; the figures
-    go to the ``figures/`` beside it): files recorded elsewhere (``--out``, a lent machine's output) are
-    derived once they are in the repo (``record --take`` does it then)."""
+    """After ``record``: redraw the figures and generated pages when the call changed a role (``before``:
+    the manifest's files as they were) or completed the set, and only where it wrote into the repo's
+    results (files recorded elsewhere are derived when ``record --take`` brings them in)."""
     from types import SimpleNamespace
 
     from . import tables  # through the module: a test stands in for its run_tables

@@ -38,13 +38,8 @@ def _stale(png: Path, src: dict, drawn: dict[str, dict]) -> str | None:
 
 
 def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_ROOT) -> list[tuple[Path, list[dict]]]:
-    """Each ``<figures>/<gpu-slug>-*.png`` (sorted by name) with the reference-set files its PNG names
-    as its source (loaded by :func:`lfm2vl_lab.report.reference.load`: with ``_path`` and ``_role``).
-
-    Raises :class:`UnexplainedFigure` naming every figure that the reference set under ``root`` does
-    not draw, or whose source is not the set's (see the module); or
-    :class:`~lfm2vl_lab.report.reference.ReferenceError` where there is no set.
-    """
+    """Each ``<figures>/<gpu-slug>-*.png`` with the reference-set files its PNG names as its source;
+    :class:`UnexplainedFigure` names every figure the set does not explain (see the module)."""
     slug = gpu_slug(gpu)
     if reference.load_manifest(gpu, root) is None:
         raise reference.ReferenceError(f"no reference set of {gpu}: no {reference.manifest_path(gpu, root)}")
@@ -99,10 +94,8 @@ def _group_heading(pngs: list[Path]) -> str:
 
 def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200",
                  link: Callable[[Path], str] | None = None) -> str:
-    """The figures page as Markdown, from :func:`figure_sources`' answer: figures drawn from the same
-    files share a section, which lists those files' provenance. ``link(path)`` is the page's
-    link to a figure or result file (default: its path from the repository root, where the docs site
-    puts it)."""
+    """The figures page as Markdown: figures drawn from the same files share a section listing their
+    provenance; ``link(path)``: a figure's or file's link (default: its path from the repo root)."""
     link = link or (lambda path: Path(path).resolve().relative_to(REPO_ROOT).as_posix())
     groups: dict[tuple, tuple[list[dict], list[Path]]] = {}
     for png, files in sources:

@@ -231,10 +231,8 @@ def engines_block(refs: Refs, res: dict) -> str:
 
 
 def _claim_line(what: str, cuts: list[dict]) -> str:
-    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
-    their range, j of them within it (named)`` from :func:`~.ttft_findings.encoder_cuts`-like cuts, kept
-    and left out by :func:`~.ttft_findings.cut_range`. What the decode control leaves out is shown as the
-    kept cases are, so a reader sees what it removed."""
+    """``- what: range over n cases, k within the PR's range`` and the cases the decode control left
+    out, shown the same way so a reader sees what it removed (:func:`~.ttft_findings.cut_range`)."""
     def part(xs: list[dict]) -> str:
         n, (lo, hi) = len(xs), PR_CLAIM
         return (f"{span([c['cut'] for c in xs], pct)} over {n} case{'s' if n != 1 else ''}" if xs else

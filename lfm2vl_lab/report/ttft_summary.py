@@ -145,14 +145,9 @@ def claim_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = 
 
 
 def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mode: str) -> dict | None:
-    """Amdahl's law for the encoder graphs' TTFT cut at one case and text mode, from the recorded phases.
-
-    The encoder mode changes the phases before the text model (:data:`BEFORE_TEXT`); Amdahl's law
-    assumes everything after them stays the same. ``share``: those phases' ms / TTFT in the
-    eager-encoder row; ``speedup``: their ms with the eager encoder / with the graphed one;
-    ``predicted`` = share · (1 − 1/speedup). ``measured``: the graphed-encoder row's paired
-    ``encoder_graph_cut``. None when the case lacks either row.
-    """
+    """Amdahl's law for the encoder graphs' TTFT cut at one case and text mode: ``share`` of TTFT in the
+    phases before the text model (eager encoder), their ``speedup`` graphed, ``predicted`` = share ·
+    (1 − 1/speedup), beside the ``measured`` paired cut; None where the case lacks a row."""
     by = ttft_case(rows, preset, image, requests)
     eager, graphed = by.get(mode_name(text_mode, "eager")), by.get(mode_name(text_mode, "graphed"))
     if eager is None or graphed is None:
@@ -165,11 +160,8 @@ def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mo
 
 
 def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed") -> list[dict]:
-    """What graphing the text model cuts from TTFT in each case of ``preset``, at one encoder mode:
-    ``{"image", "requests", "prompt_tokens", "eager_ms", "graphed_ms", "cut"}`` sorted by the prompt
-    tokens of the batch (requests × prompt length), and ``"disturbed"``: whether a mode of that case fails
-    the decode control (:func:`case_disturbed`). ``cut`` is paired (repeat by repeat) like
-    ``encoder_graph_cut``; rows without samples fall back to the medians."""
+    """What graphing the text model cuts from TTFT per case of ``preset`` at one encoder mode (paired,
+    else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed``."""
     out = []
     for p, image, n in ttft_cases(rows):
         if p != preset:
@@ -193,9 +185,8 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
 
 
 def drift_fails(row: dict | None) -> bool:
-    """Whether a row fails the decode control: its ``decode_drift`` (decode per token with the graphed
-    encoder against the eager one, at one text mode) is beyond ``DECODE_DRIFT_WARN``. Decode never runs
-    the encoder, so such a row was disturbed while one mode was timed. A row without a drift passes."""
+    """Whether a row's ``decode_drift`` is beyond ``DECODE_DRIFT_WARN``: decode never runs the encoder,
+    so such a row was disturbed while one mode was timed (no drift passes)."""
     return drift_beyond((row or {}).get("decode_drift"))
 
 
