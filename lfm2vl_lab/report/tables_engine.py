@@ -166,23 +166,18 @@ def engine_setup_block(refs: Refs) -> str:
 
 def e2e_block(refs: Refs) -> str:
     """TTFT inside ``generate``: transformers' image path against the graphed encoder installed."""
-    res = refs("e2e")
-    rows = []
-    keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in res["rows"]))
-    for k in keys:
-        by = {r["mode"]: r for r in res["rows"] if (r["preset"], r["image"], r["requests"]) == k}
-        hf, g = by.get("hf-eager"), by.get("lab-graph")
-        if not (hf and g):
-            continue
-        drift = pct(g.get("decode_drift"), 0, sign=True) + (" (disturbed)" if drift_fails(g) else "")
-        rows.append([preset_label(k[0]), k[1], k[2], ms(hf["ttft_ms"]), ms(g["ttft_ms"]),
-                     pct(-g["ttft_reduction"], sign=True), pct(-g["ttft_reduction_paired"], sign=True),
-                     f"{ms(hf['encoder_ms'])} → {ms(g['encoder_ms'])}", drift])
-    head = ["preset", "image", "requests", "TTFT transformers", "TTFT graphed encoder", "change (medians)",
-            "change (paired)", "encoder ms", "decode drift"]
-    note = (f"Median ms of {res['rows'][0].get('repeats')} rounds, the two modes in alternating turns. \"disturbed\": "
+    df = refs.frame("e2e", "decode_drift")
+    hf, g = (df[df["mode"] == m].drop_duplicates(CASE, keep="last").set_index(CASE) for m in ("hf-eager", "lab-graph"))
+    d = g.join(hf, how="inner", rsuffix="_hf").reset_index()
+    out = pd.DataFrame({"preset": d.preset.map(preset_label), "image": d.image, "requests": d.requests,
+                        "TTFT transformers": d.ttft_ms_hf.map(ms), "TTFT graphed encoder": d.ttft_ms.map(ms),
+                        "change (medians)": (-d.ttft_reduction).map(lambda v: pct(v, sign=True)),
+                        "change (paired)": (-d.ttft_reduction_paired).map(lambda v: pct(v, sign=True)),
+                        "encoder ms": d.encoder_ms_hf.map(ms) + " → " + d.encoder_ms.map(ms),
+                        "decode drift": [pct(v, 0, True) + " (disturbed)" * drift_beyond(v) for v in d.decode_drift]})
+    note = (f"Median ms of {df.repeats.iloc[0]} rounds, the two modes in alternating turns. \"disturbed\": "
             f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
-    return "\n\n".join([table(head, rows), note, refs.source("e2e")])
+    return "\n\n".join([md(out), note, refs.source("e2e")])
 
 
 def e2e_profile_block(refs: Refs) -> str:
