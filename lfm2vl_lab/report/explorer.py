@@ -69,10 +69,6 @@ def parse_budgets(text: str) -> list[int]:
     return check_budgets(int(p) for p in parts)
 
 
-def _is_run(row: dict, regular: list[int]) -> bool:
-    return int(row["budget"]) not in regular
-
-
 def recorded_memory(role: str = MEMORY_ROLE, gpu: str = reference.REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
     """Per-budget graph memory as the reference set recorded it: the first ``lab-graph`` row of
     ``role`` that has ``capture_info``. ``by_budget`` maps a budget to its row (``pool_mb``,
@@ -83,7 +79,8 @@ def recorded_memory(role: str = MEMORY_ROLE, gpu: str = reference.REFERENCE_GPU,
         return {"by_budget": {}, "label": None, "budgets": [], "run_budget": None}
     row, prov = rows[0], res["provenance"]
     regular = [int(b) for b in row.get("budgets") or []]
-    by = {int(c["budget"]): {**c, "run": _is_run(c, regular)} for c in row["capture_info"] if "total_mb" in c}
+    by = {int(c["budget"]): {**c, "run": int(c["budget"]) not in regular}
+          for c in row["capture_info"] if "total_mb" in c}
     run = next((b for b, c in by.items() if c["run"]), None)
     label = f"reference set, {role} ({prov.get('gpu')}, {str(prov.get('date', ''))[:10]}, {Path(res['_path']).name})"
     return {"by_budget": by, "label": label, "budgets": regular, "run_budget": run,

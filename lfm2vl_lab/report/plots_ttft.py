@@ -194,15 +194,6 @@ def decode_figure(rows: list[dict], presets=None, images=None, title: str | None
 E2E_MODES = ("hf-eager", "lab-graph", "lab-eager")  # transformers' image path, the graphed encoder (or its eager run)
 
 
-def _e2e_lab_mode(rows: list[dict]) -> str:
-    # the graphed encoder's rows say "lab-eager" where nothing was captured (e2e on a CPU)
-    return "lab-graph" if any(r["mode"] == "lab-graph" for r in rows) else "lab-eager"
-
-
-def _darker(color: str, by: float = 0.55) -> tuple:
-    return tuple(by * c for c in to_rgb(color))
-
-
 def _e2e_ttft_bars(ax, keys: list, by: dict, lab: str) -> None:
     """TTFT bars per mode, the encoder's part drawn inside in a darker shade of the mode's colour
     (its own legend entry, the same colour), each bar labelled with its TTFT change."""
@@ -215,7 +206,8 @@ def _e2e_ttft_bars(ax, keys: list, by: dict, lab: str) -> None:
             x = j + (i - 0.5) * 0.38
             first = j == 0  # one legend entry per mode and part
             ax.bar(x, r["ttft_ms"], 0.36, color=color, label=f"{mode}: time to first token" if first else None)
-            ax.bar(x, r["encoder_ms"], 0.36, color=_darker(color), label=f"{mode}: its encoder part" if first else None)
+            ax.bar(x, r["encoder_ms"], 0.36, color=tuple(0.55 * c for c in to_rgb(color)),  # darker: the encoder's part
+                   label=f"{mode}: its encoder part" if first else None)
             base = by.get((*k, "hf-eager"))
             note = f"{r['ttft_ms']:.1f}" if mode == "hf-eager" or base is None else \
                 f"{r['ttft_ms']:.1f}\n({100 * (r['ttft_ms'] / base['ttft_ms'] - 1):+.0f}%)"
@@ -250,7 +242,8 @@ def e2e_figure(rows: list[dict], title: str | None = None, share: bool = False) 
     rows = one_per(rows, lambda r: (r["preset"], r["image"], r["requests"], r["mode"]), "e2e_figure")
     keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows))
     by = {(r["preset"], r["image"], r["requests"], r["mode"]): r for r in rows}
-    lab = _e2e_lab_mode(rows)
+    # the graphed encoder's rows say "lab-eager" where nothing was captured (e2e on a CPU)
+    lab = "lab-graph" if any(r["mode"] == "lab-graph" for r in rows) else "lab-eager"
     fig = Figure(figsize=(page_width(1.2 * len(keys) + 2), 6.5 if share else 4.5), layout="constrained")
     if share:
         ax, ax_share = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})

@@ -103,18 +103,14 @@ def _bench_jobs(slug: str, res: dict, budgets: dict) -> list[tuple]:
     return [(f"{slug}-{p.get('preset')}-{p.get('dtype')}-{kind}", draw, [src]) for kind, (draw, src) in plans.items()]
 
 
-def _same_preset(a: dict, b: dict | None) -> bool:
-    return b is not None and a["provenance"].get("preset") is not None and \
-        a["provenance"].get("preset") == b["provenance"].get("preset")
-
-
 def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
     """Every figure of one GPU's reference set (``{role: file}``) as ``(file stem, a function drawing it,
     [the file it is drawn from])``; drawing raises :class:`NoData` where the file holds nothing for it."""
     jobs = []
     for role, res in files.items():
         if role.startswith(BENCH_PREFIX) and res.get("rows"):
-            budgets = files.get(BUDGETS_ROLE) if _same_preset(res, files.get(BUDGETS_ROLE)) else res
+            sweep, preset = files.get(BUDGETS_ROLE), res["provenance"].get("preset")
+            budgets = sweep if sweep and preset is not None and sweep["provenance"].get("preset") == preset else res
             jobs += _bench_jobs(slug, res, budgets)
         for suffix, (make_fig, short) in SPECIAL_ROLES.get(role, {}).items():
             stem = f"{slug}-{role}" + (f"-{suffix}" if suffix else "")

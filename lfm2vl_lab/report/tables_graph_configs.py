@@ -11,11 +11,6 @@ from .frames import Refs, frame, md, ms, need, needs, pct, preset_label, times
 ROLE = "pr-config"
 
 
-def _graphs(row: dict) -> int:
-    """Graphs captured: one per variant of every budget (the capture rows' ``variants``)."""
-    return sum(len(c.get("variants") or ()) for c in row.get("capture_info") or [])
-
-
 def _budgets(row: dict) -> str:
     """The config's budgets, then any budget it captured beyond them (the run budget of :mod:`~..core.dense`)."""
     own = list(row.get("budgets") or [])
@@ -42,7 +37,8 @@ def pr_config_table(res: dict) -> str:
     med = timed.pivot(index="graph_config", columns="workload", values="median_ms").reindex(index=names, columns=ws)
     first = [res["rows"][i] for i in df.drop_duplicates("graph_config").index]  # each config's first row
     out = pd.DataFrame({"graph config": [f"`{n}`" for n in names], "budgets": [_budgets(r) for r in first],
-                        "max items": [r.get("max_items") for r in first], "graphs": [_graphs(r) for r in first],
+                        "max items": [r.get("max_items") for r in first],  # graphs: one per variant of every budget
+                        "graphs": [sum(len(c.get("variants") or ()) for c in r.get("capture_info") or []) for r in first],
                         "capture s": [ms(r.get("capture_s")) for r in first],
                         "graphs MiB": [ms(r.get("graph_total_mb"), 0) for r in first]}, dtype=object)
     if "stream" in ws:

@@ -24,15 +24,9 @@ vllm_part = needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab reco
                   f"role `{ROLE}`._", partial=True)
 
 
-def still_to_record(res: dict) -> list[str]:
-    """The presets the run was asked for that the file does not hold yet (a partial file's)."""
-    asked = [p for p in str(res["provenance"].get("preset", "")).split(",") if p]
-    return [p for p in asked if p not in res["presets"]]
-
-
 def partial_note(res: dict) -> str:
     """A sentence for a partial file: what it holds and what is still to record; empty when whole."""
-    left = still_to_record(res)
+    left = [p for p in str(res["provenance"].get("preset", "")).split(",") if p and p not in res["presets"]]
     if not left:
         return ""
     return (f" **Partial:** this file holds {', '.join(preset_label(p) for p in presets(res))} so far; "

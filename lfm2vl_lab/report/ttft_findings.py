@@ -171,11 +171,6 @@ def image_path_text(result: dict) -> str:
                      f"{r['gpu_ms_median']:.2f} ms)" for r in rows)
 
 
-def _parity_of(result: dict, case: tuple) -> dict | None:
-    return next((p for p in result.get("parity") or [] if (p.get("preset"), p.get("image"), p.get("requests"))
-                 == case), None)
-
-
 def first_tokens_text(result: dict) -> str:
     """Whether every mode's first tokens equal the all-eager mode's, case by case; for a case that
     differs and has a parity record, which modes chose float32's first token and float32's top-2
@@ -188,7 +183,8 @@ def first_tokens_text(result: dict) -> str:
     lines = [f"every mode's first tokens equal the all-eager mode's in {len(cases) - len(bad)} of {len(cases)} cases"]
     for c, modes in bad.items():
         line = f"  {_case_name(c)}: {', '.join(modes)} differ"
-        p = _parity_of(result, c)
+        p = next((p for p in result.get("parity") or [] if (p.get("preset"), p.get("image"), p.get("requests"))
+                  == c), None)
         if p is not None:
             fp32 = [m for m, r in p["modes"].items() if r.get("first_token_as_fp32")]
             line += (f"; float32's top-2 logit margin {min(p.get('fp32_top2_margin') or [float('nan')]):.3g}, "

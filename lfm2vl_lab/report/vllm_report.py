@@ -23,13 +23,9 @@ def cut_text(cut: dict | None) -> str:
     return f"{pct(-cut['cut'])} [{100 * -hi:+.1f}, {100 * -lo:+.1f}]".replace("-", "−")
 
 
-def rows_of(result: dict, engine: str = "vllm", preset: str | None = None) -> list[dict]:
-    return [r for r in result["rows"] if r.get("engine") == engine and (preset is None or r["preset"] == preset)]
-
-
 def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: str) -> dict | None:
-    return next((r for r in rows_of(result, engine, preset)
-                 if (r["case"], r["tokens"], r["arm"]) == (case, tokens, arm)), None)
+    return next((r for r in result["rows"] if (r.get("engine"), r["preset"], r["case"], r["tokens"], r["arm"])
+                 == (engine, preset, case, tokens, arm)), None)
 
 
 def parity_line(preset: str, sec: dict) -> str:
