@@ -38,7 +38,8 @@ def pr_config_table(res: dict) -> str:
     first = [res["rows"][i] for i in df.drop_duplicates("graph_config").index]  # each config's first row
     out = pd.DataFrame({"graph config": [f"`{n}`" for n in names], "budgets": [_budgets(r) for r in first],
                         "max items": [r.get("max_items") for r in first],  # graphs: one per variant of every budget
-                        "graphs": [sum(len(c.get("variants") or ()) for c in r.get("capture_info") or []) for r in first],
+                        "graphs": [sum(len(c.get("variants") or ()) for c in r.get("capture_info") or [])
+                                   for r in first],
                         "capture s": [ms(r.get("capture_s")) for r in first],
                         "graphs MiB": [ms(r.get("graph_total_mb"), 0) for r in first]}, dtype=object)
     if "stream" in ws:
