@@ -45,9 +45,7 @@ def _stream_tokens(n: int, seed: int, preset: str) -> tuple[tuple[int, ...], ...
 
 
 def stream_tokens(n: int = STREAM_N, seed: int = 0, preset: str = STREAM_PRESET) -> list[list[int]]:
-    """The bench's ``stream`` workload as item tokens: per request (one image each), the output
-    tokens of the items the preset's processor cuts it into. Cached per (n, seed, preset): the
-    processor takes about a fifth of a second per image on a CPU."""
+    """The bench's ``stream`` workload as each request's item tokens (cached: the processor is slow on a CPU)."""
     return [list(t) for t in _stream_tokens(n, seed, preset)]
 
 
@@ -70,9 +68,8 @@ def parse_budgets(text: str) -> list[int]:
 
 
 def recorded_memory(role: str = MEMORY_ROLE, gpu: str = reference.REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
-    """Per-budget graph memory as the reference set recorded it: the first ``lab-graph`` row of
-    ``role`` that has ``capture_info``. ``by_budget`` maps a budget to its row (``pool_mb``,
-    ``buffers_mb``, ``total_mb``) and whether it was the run budget; empty where nothing is recorded."""
+    """Per-budget graph memory as the reference set recorded it (the first ``lab-graph`` row of ``role``
+    with ``capture_info``); empty where nothing is recorded."""
     res = reference.load(role, gpu, root, required=False)
     rows = [r for r in (res or {}).get("rows", []) if r.get("mode") == "lab-graph" and r.get("capture_info")]
     if not rows:

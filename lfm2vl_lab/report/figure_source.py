@@ -21,9 +21,8 @@ class NoSource(ValueError):
 
 
 def source_of(res: dict, role: str | None = None) -> dict:
-    """The ``Source`` entry of one loaded result file: its name, its role in the reference set (a
-    file of :func:`lfm2vl_lab.report.reference.load` has ``_role``; None for a file outside a set) and
-    the code hash that recorded it (the manifest's for its role, else the file's own provenance)."""
+    """The ``Source`` entry of one loaded result file: its name, role (None outside a set) and the code
+    hash that recorded it (the manifest's, else the file's own)."""
     code = res.get("_code_hash") or res.get("provenance", {}).get("code_hash")
     return {"file": Path(res["_path"]).name, "role": res.get("_role", role), "code_hash": code}
 

@@ -51,9 +51,8 @@ def _table_of(res: dict, table: str):
 
 
 def frame(res: dict, table: str = "rows") -> pd.DataFrame:
-    """A loaded result file's ``table`` (a list of dicts; default its ``rows``) as a DataFrame, nested
-    dicts flattened to dotted columns, provenance in ``attrs``. A file with no ``rows`` at all (``check``,
-    ``graph-apis``: sections, not rows) gives one row of its sections, flattened the same way."""
+    """A loaded file's ``table`` (default its ``rows``) as a DataFrame, nested dicts as dotted columns,
+    provenance in ``attrs``; a file without rows (``check``) gives one row of its sections."""
     if table == "rows" and "rows" not in res:
         data = [{k: v for k, v in res.items() if k != "provenance" and not k.startswith("_")}]
     else:
@@ -227,9 +226,8 @@ def is_default_config(row: dict, ignore=()) -> bool:
 
 
 def one_per(rows: Iterable[dict], key: Callable[[dict], tuple], what: str, rank=None) -> list[dict]:
-    """One row per ``key(row)``, in first-seen order: the row of highest ``rank(row)`` (default: all
-    equal). Two rows of the same key and the same, highest, rank raise :class:`MixedRuns` naming the
-    key: within one run the rank tells its rows apart, so a tie means rows of several runs."""
+    """One row per ``key(row)`` in first-seen order, the one of highest ``rank``; a tie at the top is rows
+    of several runs, refused as :class:`MixedRuns`."""
     best: dict = {}
     tied: set = set()
     for r in rows:

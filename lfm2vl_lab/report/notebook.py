@@ -30,9 +30,8 @@ SHOW_KINDS = ("any", "gpu", "recorded")
 
 
 def environment(device) -> dict:
-    """What a notebook runs on: the device (name, compute capability, free and total memory), the
-    torch / transformers / Python versions, the encoder attention ``"auto"`` resolves to there, and
-    the checkpoint ``LFM2VL_CHECKPOINT`` names (its folder name; ``lab.model_for`` loads it)."""
+    """What a notebook runs on: device and memory, library versions, the attention ``"auto"`` picks
+    there, and the checkpoint ``LFM2VL_CHECKPOINT`` names."""
     import transformers
 
     preset, dtype = device_defaults(device)

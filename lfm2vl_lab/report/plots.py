@@ -229,9 +229,8 @@ def _padding_rows(rows: list[dict]) -> list[dict]:
 
 
 def padding_waste_figure(rows: list[dict], title: str | None = None) -> Figure:
-    """Padded tokens / real tokens of graph replays, with the hit rate on each bar. Several budget sets
-    in the rows: one group per budget set (the mixed ``stream`` workload only, where there is one: it
-    is what budgets are chosen for). One budget set: one group per workload."""
+    """Padding waste of graph replays with each bar's hit rate: one group per budget set (the ``stream``
+    only, what budgets are chosen for) where the rows hold several, else one per workload."""
     rows = _padding_rows(rows)
     if not rows:
         raise NoData("padding_waste_figure: no graph rows with padding_waste")

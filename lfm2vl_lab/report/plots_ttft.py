@@ -27,9 +27,7 @@ NO_ROWS = "no TTFT grid rows (python -m lfm2vl_lab ttft on a GPU records them)"
 
 
 def ttft_rows(rows: list[dict]) -> list[dict]:
-    """The TTFT grid's rows among ``rows`` (one run's): one per (preset, image, requests, mode). Two
-    rows of one case and mode are rows of two runs, which a figure or table must not mix: they raise
-    :class:`~lfm2vl_lab.report.frames.MixedRuns`."""
+    """The TTFT grid's rows among one run's rows, one per case and mode (two are two runs: :class:`MixedRuns`)."""
     return one_per((r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in TTFT_MODES),
                    lambda r: (r.get("preset"), r.get("image"), r.get("requests"), r["mode"]), "ttft_rows")
 

@@ -61,9 +61,8 @@ def _timeline_pair(rows: list[dict]):
 
 
 def capture_groups(rows: list[dict]) -> dict:
-    """``{label: capture_info}`` of one file's graph rows, one per (mode, budget set): the capture of
-    the row :func:`~lfm2vl_lab.report.frames.pick_rows` chooses first (every workload of a mode reuses
-    one capture). What :func:`~lfm2vl_lab.report.plots.graph_memory_figure` draws."""
+    """``{label: capture_info}`` per (mode, budget set) of one file's graph rows, as
+    :func:`~.plots.graph_memory_figure` draws them (every workload of a mode reuses one capture)."""
     out: dict = {}
     for r in pick_rows(rows):
         if r.get("capture_info"):

@@ -66,9 +66,8 @@ def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_
 
 
 def provenance_list(files: list[dict], link: Callable[[Path], str]) -> str:
-    """Markdown: one item per file: its name (linked), its role in the reference set, GPU, versions,
-    preset, dtype, date and code hash, then the command that made it (without ``--out``, see
-    :func:`~lfm2vl_lab.measure.results.shown_command`)."""
+    """Markdown, one item per file: its name (linked), role, GPU, versions, preset, dtype, date, code
+    hash, and the command that made it."""
     items = []
     for res in files:
         p, path = res["provenance"], Path(res["_path"])

@@ -25,9 +25,7 @@ CLOSE = "<!-- /table:{} -->"
 CLOSE_ANY = re.compile(r"<!-- /table:([A-Za-z0-9._-]+) -->")
 
 
-# --------------------------------------------------------------------------------------------
-# Pages
-# --------------------------------------------------------------------------------------------
+# The reference set's own parts
 
 def reference_block(refs: Refs) -> str:
     """The manifest: when and from which code the run was recorded, and each role's file."""

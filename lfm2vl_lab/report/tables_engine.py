@@ -311,9 +311,8 @@ def _check_cell(check: dict | None) -> str | None:
 
 @request_part
 def e2e_requests_block(refs: Refs, res: dict) -> str:
-    """Whole requests with decode at 1, 2 and 4 requests: encoder eager → graphed, text graphed and eager.
-    Each text-graphed row says whether it was measured or composed from parts; a measured row also gives
-    what the composition makes of it, so the composed rows beside it carry a known error."""
+    """Whole requests at 1, 2 and 4 requests, encoder eager → graphed, text graphed and eager; a measured
+    row also shows what the composition from parts makes of it, so the composed rows carry a known error."""
     tokens = _tokens(refs)
     out, checks = [], []
     for (preset, image, n), m in e2e_cells(refs).items():

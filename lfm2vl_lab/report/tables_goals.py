@@ -119,9 +119,7 @@ def request_goals_block(refs: Refs) -> str:
     return goals_part(lambda _: judged, "request-3b", how=f" ({RUN_JUDGED}{again})")(refs)
 
 
-# --------------------------------------------------------------------------------------------
 # What explains each miss
-# --------------------------------------------------------------------------------------------
 
 def idle_gaps(row: dict) -> list[tuple[float, str, str]]:
     """``(µs, entry before, entry after)`` of every idle stretch between the GPU entries of one

@@ -27,9 +27,8 @@ def shared_settings(rows: list[dict]) -> tuple[dict, list[str]]:
 
 
 def pr_config_table(res: dict) -> str:
-    """One row per named config of a ``--graph-config`` bench file: its resolved budgets and item
-    limit, the graphs it captured, capture s, graph MiB, the stream's padding waste and the median ms
-    per workload; then, where both ran, each "pr" median over the kit's."""
+    """One row per named config of a ``--graph-config`` bench file (budgets, graphs, capture, memory,
+    padding waste, median per workload), then each "pr" median over the kit's."""
     df = need(frame(res), "mode", "graph_config", "median_ms", "padding_waste")
     df = df[(df["mode"] == "lab-graph") & df.graph_config.astype(bool) & df.graph_config.notna()]
     names, ws = list(dict.fromkeys(df.graph_config)), list(dict.fromkeys(df.workload))

@@ -267,9 +267,8 @@ def measures() -> list[tuple[str, str, int]]:
 
 
 def group_verdict(cuts: list[dict]) -> str:
-    """A group of cases against the PR's range: ``holds`` where some interval lies within or above it and
-    none below, ``does not hold`` where some lies below and none within or above, ``mixed`` where both
-    happen, ``not settled`` where every interval reaches across an edge of the range."""
+    """A group of cases against the PR's range: ``holds`` (some within or above, none below), ``does not
+    hold`` (the reverse), ``mixed``, or ``not settled`` (every interval open)."""
     kinds = {judged(c) for c in cuts}
     up, down = bool(kinds & {"within", "above"}), "below" in kinds
     return "mixed" if up and down else "holds" if up else "does not hold" if down else "not settled"

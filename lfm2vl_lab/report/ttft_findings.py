@@ -15,9 +15,8 @@ def _case_name(case: tuple) -> str:
 
 
 def coverage(rows: list[dict]) -> dict:
-    """What ``rows`` (TTFT or e2e) cover: presets and images in recorded order, request counts, modes,
-    the number of (preset, image, requests) cases, generate's new-token counts (e2e ``total_<n>_ms``),
-    decode tokens (TTFT) and repeats."""
+    """What TTFT or e2e ``rows`` cover: presets, images, requests, modes, cases, generate's new tokens,
+    decode tokens and repeats."""
     rows = [r for r in rows if r.get("mode")]
     return {"presets": list(dict.fromkeys(r["preset"] for r in rows)),
             "images": list(dict.fromkeys(r["image"] for r in rows)),
@@ -62,9 +61,8 @@ def encoder_cuts(rows: list[dict], text_mode: str = "graphed") -> list[dict]:
 
 
 def e2e_cuts(rows: list[dict], mode: str = "lab-graph") -> list[dict]:
-    """The graphed encoder's TTFT cut inside ``generate`` per case of an e2e file: the ``mode`` row's
-    ``ttft_reduction_paired`` (its ``ttft_reduction`` where none was paired), with its ``decode_drift``.
-    ``mode="lab-eager"`` reads rows where nothing was captured (no CUDA)."""
+    """The graphed encoder's TTFT cut inside ``generate`` per case of an e2e file (paired where it was),
+    with its ``decode_drift``."""
     out = []
     for r in rows:
         cut = r.get("ttft_reduction_paired", r.get("ttft_reduction"))
@@ -74,9 +72,8 @@ def e2e_cuts(rows: list[dict], mode: str = "lab-graph") -> list[dict]:
 
 
 def cut_range(cuts: list[dict], requests: int | None = None) -> dict:
-    """The range of ``cuts`` (from :func:`encoder_cuts` or :func:`e2e_cuts`; with ``requests``, only
-    those cases) over the cases whose decode control holds: ``lo``, ``hi`` (None when none holds),
-    ``kept`` and ``left_out`` (the cases whose drift fails), ``unchecked`` (kept cases without a drift)."""
+    """The range of ``cuts`` (only ``requests``' cases, if given) over the cases whose decode control
+    holds, with those ``kept``, ``left_out`` and ``unchecked`` (kept without a drift)."""
     cuts = [c for c in cuts if requests is None or c["case"][2] == requests]
     kept = [c for c in cuts if not drift_beyond(c["drift"])]
     return {"lo": min((c["cut"] for c in kept), default=None), "hi": max((c["cut"] for c in kept), default=None),
@@ -105,9 +102,8 @@ def range_text(cuts: list[dict], requests: int | None = None, claim: tuple | Non
 
 
 def claim_ranges_text(ttft_rows: list[dict], e2e_rows: list[dict] | None = None) -> str:
-    """The PR's claim next to the encoder graphs' TTFT cuts the files hold, as ranges over one request
-    and over every case (:func:`range_text`): in the engine grid with the text model graphed (the PR's
-    setting) and eager, and inside ``generate`` (an e2e file's rows, if given)."""
+    """The PR's claim beside the encoder graphs' TTFT cut ranges: the grid with the text model graphed
+    and eager, and inside ``generate`` (``e2e_rows``, if given)."""
     lo, hi = PR_CLAIM
     settings = [("engine grid, text model graphed (as in vLLM)", encoder_cuts(ttft_rows, "graphed")),
                 ("engine grid, text model eager", encoder_cuts(ttft_rows, "eager"))]
@@ -172,9 +168,8 @@ def image_path_text(result: dict) -> str:
 
 
 def first_tokens_text(result: dict) -> str:
-    """Whether every mode's first tokens equal the all-eager mode's, case by case; for a case that
-    differs and has a parity record, which modes chose float32's first token and float32's top-2
-    logit margin (a small margin is a near tie that bf16 rounding can tip either way)."""
+    """Whether every mode's first tokens equal all-eager's, per case; where not, float32's top-2 margin
+    (a near tie bf16 can tip) and which modes chose float32's token."""
     rows, cases = result.get("rows") or [], ttft_cases(result.get("rows") or [])
     if not cases:
         return _not_recorded("TTFT rows")

@@ -99,9 +99,8 @@ def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
 
 
 def claim_text(rows: list[dict], preset: str | None = None, image: str | None = None) -> str:
-    """The encoder graphs' paired TTFT cut per case (``encoder_graph_cut`` of the graphed-encoder row),
-    with the text model graphed (an engine like vLLM) and eager (``generate``), each placed against
-    the PR's 10-20%; ``preset``/``image`` restrict the cases."""
+    """The encoder graphs' paired TTFT cut per case, text model graphed and eager, each placed against
+    the PR's range; ``preset``/``image`` restrict the cases."""
     cases = [c for c in ttft_cases(rows) if (preset is None or c[0] == preset) and (image is None or c[1] == image)]
     if not cases:
         return _not_recorded(f"TTFT rows for {preset or 'any preset'}, {image or 'any image'}")
@@ -180,7 +179,6 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
     return sorted(out, key=lambda c: c["prompt_tokens"])
 
 
-# ------------------------------------------------------------------------------------------------
 # The decode control (ttft_findings quotes ranges over the cases that pass it)
 
 

@@ -93,9 +93,8 @@ Y_FLOOR = -50.0
 
 
 def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
-    """Rows: TTFT, whole request; columns: presets; per case and token count, one bar per series
-    (:data:`SERIES`) with its 95% interval. A cut above 0 is a saving; an interval that reaches below
-    :data:`Y_FLOOR` ends there in a marker."""
+    """The encoder graphs' TTFT and whole-request cuts per preset, case and token count, a bar per
+    :data:`SERIES` with its 95% interval (clipped at :data:`Y_FLOOR` with a marker)."""
     presets = _presets(res)
     groups = [(case_name(im, n), t) for im, n in CASES for t in TOKENS]
     fig = Figure(figsize=(page_width(4.2 * len(presets), least=9.0), 7.2), layout="constrained")
@@ -162,9 +161,8 @@ def _vllm_parts(b: dict) -> list[tuple[str, float, str]]:
 
 
 def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
-    """Per preset, one request of one 512 px image: a stacked bar per engine and arm, vLLM's from its
-    own timestamps (:func:`~lfm2vl_lab.measure.vllm_ab.breakdown`), the kit's from its phases, with the
-    TTFT each measured at the bar's end."""
+    """Per preset, one 512 px request as a stacked bar per engine and arm (vLLM's own timestamps, the
+    kit's phases), each with its measured TTFT."""
     presets = _presets(res)
     fig = Figure(figsize=(page_width(11), 1.9 + 2.3 * len(presets)), layout="constrained")
     axes = fig.subplots(len(presets), 1, squeeze=False)[:, 0]
