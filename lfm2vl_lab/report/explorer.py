@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
@@ -86,12 +87,8 @@ def recorded_memory(role: str = MEMORY_ROLE, gpu: str = reference.REFERENCE_GPU,
 
 def replays_per_budget(calls: list[list[int]], config) -> dict[int, int]:
     """Replays per graph budget over ``calls``, planned as :func:`plan_stats` plans them."""
-    out: dict[int, int] = {}
-    for toks in calls:
-        for batch in plan_config(toks, config)[0]:
-            b = config.budget_for(sum(toks[i] for i in batch), len(batch))
-            out[b] = out.get(b, 0) + 1
-    return dict(sorted(out.items()))
+    return dict(sorted(Counter(config.budget_for(sum(toks[i] for i in batch), len(batch))
+                               for toks in calls for batch in plan_config(toks, config)[0]).items()))
 
 
 def explore(budgets=None, max_items: int | None = None, stream: list[list[int]] | None = None,
@@ -107,10 +104,8 @@ def explore(budgets=None, max_items: int | None = None, stream: list[list[int]] 
     stats = plan_stats(calls, config)
     memory = recorded_memory(gpu=gpu, root=root) if memory is None else memory
     run = config.run_budget
-    mem = {}
-    for b in config.graph_budgets:
-        row = memory["by_budget"].get(b)
-        mem[b] = row if row is not None and row["run"] == (b == run) else NOT_RECORDED
+    mem = {b: row if (row := memory["by_budget"].get(b)) is not None and row["run"] == (b == run) else NOT_RECORDED
+           for b in config.graph_budgets}
     return {"budgets": config.budgets, "graph_budgets": config.graph_budgets, "run_budget": run,
             "max_items": config.max_items, "per_call": per_call, "requests": len(stream),
             "items": sum(map(len, stream)), "tokens": sum(map(sum, stream)), "calls": len(calls), **stats,
