@@ -168,7 +168,7 @@ def e2e_block(refs: Refs) -> str:
     """TTFT inside ``generate``: transformers' image path against the graphed encoder installed."""
     df = refs.frame("e2e", "decode_drift")
     hf, g = (df[df["mode"] == m].drop_duplicates(CASE, keep="last").set_index(CASE) for m in ("hf-eager", "lab-graph"))
-    d = g.join(hf, how="inner", rsuffix="_hf").reset_index()
+    d = g.join(hf, how="inner", suffixes=("", "_hf")).reset_index()
     out = pd.DataFrame({"preset": d.preset.map(preset_label), "image": d.image, "requests": d.requests,
                         "TTFT transformers": d.ttft_ms_hf.map(ms), "TTFT graphed encoder": d.ttft_ms.map(ms),
                         "change (medians)": (-d.ttft_reduction).map(lambda v: pct(v, sign=True)),
