@@ -98,8 +98,7 @@ VERDICTS = {"within": "within it", "above": "above it", "below": "below it",
 
 
 def judged(c: dict) -> str:
-    """Where a cut stands against the PR's 10–20%, by its whole 95% interval: ``within`` the range,
-    ``above`` or ``below`` it, or ``open`` where the interval reaches across an edge of it."""
+    """Where a cut's whole 95% interval stands against the PR's range (``open``: across an edge of it)."""
     verdict = range_verdict(*c["ci"])
     return "open" if verdict == "overlapping" else verdict
 
@@ -111,17 +110,12 @@ def pr_cuts(res: dict, engine: str, key: str, tokens_list, preset: str | None = 
             for t in tokens_list if (r := _row(res, engine, p, c, t, "pr")) and r.get(key)]
 
 
-def _cases(res: dict, engine: str, key: str, tokens_list) -> list[tuple[str, dict]]:
-    return [(f"{preset_label(p)} {c}" + (f" {t} tokens" if key == "e2e_cut" else ""), cut)
-            for p, c, t, cut in pr_cuts(res, engine, key, tokens_list)]
-
-
-def _verdict(cases: list[tuple[str, dict]]) -> str:
-    groups: dict[str, list[str]] = {k: [] for k in VERDICTS}
-    for name, c in cases:
-        groups[judged(c)].append(f"{name} {cut(c)}")
-    parts = [f"{VERDICTS[k]} in {len(v)} of {len(cases)}: {', '.join(v)}" for k, v in groups.items() if v]
-    return "; ".join(parts)
+def _verdict(res: dict, engine: str, key: str, tokens_list) -> str:
+    """``engine``'s PR-config ``key`` cuts, named, grouped by where each stands against the PR's range."""
+    cases, groups = pr_cuts(res, engine, key, tokens_list), {k: [] for k in VERDICTS}
+    for p, c, t, x in cases:
+        groups[judged(x)].append(f"{preset_label(p)} {c}" + (f" {t} tokens" if key == "e2e_cut" else "") + f" {cut(x)}")
+    return "; ".join(f"{VERDICTS[k]} in {len(v)} of {len(cases)}: {', '.join(v)}" for k, v in groups.items() if v)
 
 
 @vllm_part
@@ -138,11 +132,11 @@ def claim_lines(res: dict) -> list[str]:
     """The PR's claim judged from a ``vllm`` file, one line per engine and measure (see :func:`claim_block`)."""
     v = res["provenance"].get("vllm")
     return [f"- **Inside vLLM {v}, whole requests** (PR config, cut against encoder eager): "
-             + _verdict(_cases(res, "vllm", "e2e_cut", TOKENS)) + ".",
-             f"- **Inside vLLM {v}, first token**: " + _verdict(_cases(res, "vllm", "ttft_cut", TOKENS[:1])) + ".",
+             + _verdict(res, "vllm", "e2e_cut", TOKENS) + ".",
+             f"- **Inside vLLM {v}, first token**: " + _verdict(res, "vllm", "ttft_cut", TOKENS[:1]) + ".",
              "- **The kit's pipeline, whole requests** (same weights and images): "
-             + _verdict(_cases(res, "kit", "e2e_cut", TOKENS)) + ".",
-             "- **The kit's pipeline, first token**: " + _verdict(_cases(res, "kit", "ttft_cut", TOKENS[:1])) + "."]
+             + _verdict(res, "kit", "e2e_cut", TOKENS) + ".",
+             "- **The kit's pipeline, first token**: " + _verdict(res, "kit", "ttft_cut", TOKENS[:1]) + "."]
 
 
 @vllm_part
