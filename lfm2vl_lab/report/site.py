@@ -9,12 +9,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..measure.results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, shown_command
+from ..measure.results import FIGURES_ROOT, REPO_ROOT, RESULTS_ROOT, gpu_slug, shown_command
 from . import reference
 from .figure_source import NoSource, read_sources
 from .report import figure_jobs, reference_sets
 
-REPO_ROOT = RESULTS_ROOT.parents[1]
 # (label, provenance key): what the page shows of each source file, besides its name and command.
 PROVENANCE_FIELDS = (("GPU", "gpu"), ("torch", "torch"), ("transformers", "transformers"), ("preset", "preset"),
                       ("dtype", "dtype"), ("date", "date"))
