@@ -17,7 +17,7 @@ from ..measure.workloads import default_device, device_defaults
 from ..model.presets import CHECKPOINT_ENV, checkpoint_from_env
 from . import reference
 
-RECORDED_GPU = "nvidia-h200"  # the GPU whose recorded results the notebooks read: data/results/nvidia-h200/
+RECORDED_GPU = gpu_slug(reference.REFERENCE_GPU)  # whose recorded results the notebooks read: data/results/nvidia-h200/
 # GraphedEncoder's one warning without CUDA (core/graphed_encoder.py), and what a notebook's first cell says instead
 CPU_FALLBACK_WARNING = "GraphedEncoder: no CUDA device"
 CPU_FALLBACK_NOTE = ("note: no CUDA device, so GraphedEncoder.encode() runs the packed eager encoder here (no graphs); "
