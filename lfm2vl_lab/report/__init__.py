@@ -1,11 +1,6 @@
-"""What the recorded files say: the reference set and its DataFrames, the generated tables and sentences of
-the pages, the figures, the docs site's figure page, and the notebooks' helpers that read the set. It reads
-result files and the measuring code's definitions; it measures nothing.
-
-The names below are what the notebooks call (``from lfm2vl_lab.report import setup, load_recorded,
-timeline_figure``); every module is reachable the same way (``from lfm2vl_lab.report import ttft_summary``).
-Each loads on first use: ``import lfm2vl_lab.report`` imports no pandas, matplotlib or torch.
-"""
+"""What the recorded files say: the reference set and its frames, the pages' generated parts, the
+figures and the notebooks' helpers. Public names load lazily (``import lfm2vl_lab.report`` imports no
+pandas, matplotlib or torch); every module is reachable the same way."""
 
 import importlib
 import pkgutil

@@ -1,25 +1,15 @@
-"""The budget explorer: what a budget set and an item limit do to the kit's request stream.
+"""The budget explorer: what a budget set and an item limit do to the bench's stream of mixed requests,
+planned by the manager's own planner (host arithmetic, runs anywhere). The one GPU number, each
+budget's graph memory, is read from the reference set, never estimated.
 
-Host arithmetic only, so it runs anywhere: the manager's own planner (:func:`~..core.plan.plan_config`,
-:func:`~..core.plan.plan_stats`) over the bench's stream of mixed requests (:func:`stream_tokens`,
-the seeded :func:`~.workloads.synthetic_workload` the ``stream`` workload serves), served
-``per_call`` requests per encoder call. The one GPU number it shows is each budget's graph memory,
-read from the reference set (role ``bench-450m``: its ``lab-graph`` rows carry ``capture_info``); a
-budget that run did not capture is shown as "not recorded", never estimated.
-
-    >>> res = explore([64, 128, 256, 512, 1024], max_items=4, per_call=8)
-    >>> print(explore_text(res))          # padding waste, replays per budget, misses, memory
-    >>> budget_explorer()                 # the same, live, as ipywidgets (in a notebook)
-
-The planner is the manager's with its defaults: a run of full-length items (512 px images or tiles,
-256 tokens each) may share one replay in a run budget of ``max_run_items`` × 256 tokens, which pads
-nothing (notebook 05 explains runs).
-"""
+    >>> print(explore_text(explore([64, 128, 256, 512, 1024], max_items=4, per_call=8)))
+    >>> budget_explorer()                 # the same, live, as ipywidgets"""
 
 from __future__ import annotations
 
 import html
 import re
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,9 +46,7 @@ def _stream_tokens(n: int, seed: int, preset: str) -> tuple[tuple[int, ...], ...
 
 
 def stream_tokens(n: int = STREAM_N, seed: int = 0, preset: str = STREAM_PRESET) -> list[list[int]]:
-    """The bench's ``stream`` workload as item tokens: per request (one image each), the output
-    tokens of the items the preset's processor cuts it into. Cached per (n, seed, preset): the
-    processor takes about a fifth of a second per image on a CPU."""
+    """The bench's ``stream`` workload as each request's item tokens (cached: the processor is slow on a CPU)."""
     return [list(t) for t in _stream_tokens(n, seed, preset)]
 
 
@@ -80,21 +68,17 @@ def parse_budgets(text: str) -> list[int]:
     return check_budgets(int(p) for p in parts)
 
 
-def _is_run(row: dict, regular: list[int]) -> bool:
-    return int(row["budget"]) not in regular
-
-
 def recorded_memory(role: str = MEMORY_ROLE, gpu: str = reference.REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
-    """Per-budget graph memory as the reference set recorded it: the first ``lab-graph`` row of
-    ``role`` that has ``capture_info``. ``by_budget`` maps a budget to its row (``pool_mb``,
-    ``buffers_mb``, ``total_mb``) and whether it was the run budget; empty where nothing is recorded."""
+    """Per-budget graph memory as the reference set recorded it (the first ``lab-graph`` row of ``role``
+    with ``capture_info``); empty where nothing is recorded."""
     res = reference.load(role, gpu, root, required=False)
     rows = [r for r in (res or {}).get("rows", []) if r.get("mode") == "lab-graph" and r.get("capture_info")]
     if not rows:
         return {"by_budget": {}, "label": None, "budgets": [], "run_budget": None}
     row, prov = rows[0], res["provenance"]
     regular = [int(b) for b in row.get("budgets") or []]
-    by = {int(c["budget"]): {**c, "run": _is_run(c, regular)} for c in row["capture_info"] if "total_mb" in c}
+    by = {int(c["budget"]): {**c, "run": int(c["budget"]) not in regular}
+          for c in row["capture_info"] if "total_mb" in c}
     run = next((b for b, c in by.items() if c["run"]), None)
     label = f"reference set, {role} ({prov.get('gpu')}, {str(prov.get('date', ''))[:10]}, {Path(res['_path']).name})"
     return {"by_budget": by, "label": label, "budgets": regular, "run_budget": run,
@@ -103,25 +87,16 @@ def recorded_memory(role: str = MEMORY_ROLE, gpu: str = reference.REFERENCE_GPU,
 
 def replays_per_budget(calls: list[list[int]], config) -> dict[int, int]:
     """Replays per graph budget over ``calls``, planned as :func:`plan_stats` plans them."""
-    out: dict[int, int] = {}
-    for toks in calls:
-        for batch in plan_config(toks, config)[0]:
-            b = config.budget_for(sum(toks[i] for i in batch), len(batch))
-            out[b] = out.get(b, 0) + 1
-    return dict(sorted(out.items()))
+    return dict(sorted(Counter(config.budget_for(sum(toks[i] for i in batch), len(batch))
+                               for toks in calls for batch in plan_config(toks, config)[0]).items()))
 
 
 def explore(budgets=None, max_items: int | None = None, stream: list[list[int]] | None = None,
             per_call: int = 1, max_run_items: int = GraphOptions.max_run_items, memory: dict | None = None,
             gpu: str = reference.REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
-    """What ``budgets`` (default: the automatic ones) and ``max_items`` (default: automatic) do to
-    ``stream`` (default: :func:`stream_tokens`) served ``per_call`` requests per call.
-
-    Returns the config (``budgets``, ``graph_budgets``, ``run_budget``, ``max_items``), the stream
-    (``requests``, ``items``, ``calls``), :func:`plan_stats`' ``replays``, ``real``, ``padded`` and
-    ``waste``, ``misses`` (items larger than the largest budget: they run eagerly),
-    ``replays_per_budget``, and ``memory``: per graph budget its recorded row, or :data:`NOT_RECORDED`
-    (``memory``: a :func:`recorded_memory` result; by default read from ``gpu``'s reference set)."""
+    """What ``budgets`` and ``max_items`` (default: automatic) do to ``stream`` (default: the bench's)
+    served ``per_call`` requests per call: the config, :func:`plan_stats`, misses (items over the largest
+    budget run eagerly), replays per budget, and each graph budget's recorded memory or :data:`NOT_RECORDED`."""
     stream = stream_tokens() if stream is None else stream
     config = DenseGraphConfig.build(out_hidden_size=1, budgets=None if budgets is None else list(budgets),
                                     max_items=max_items, max_run_items=max_run_items)
@@ -129,10 +104,8 @@ def explore(budgets=None, max_items: int | None = None, stream: list[list[int]] 
     stats = plan_stats(calls, config)
     memory = recorded_memory(gpu=gpu, root=root) if memory is None else memory
     run = config.run_budget
-    mem = {}
-    for b in config.graph_budgets:
-        row = memory["by_budget"].get(b)
-        mem[b] = row if row is not None and row["run"] == (b == run) else NOT_RECORDED
+    mem = {b: row if (row := memory["by_budget"].get(b)) is not None and row["run"] == (b == run) else NOT_RECORDED
+           for b in config.graph_budgets}
     return {"budgets": config.budgets, "graph_budgets": config.graph_budgets, "run_budget": run,
             "max_items": config.max_items, "per_call": per_call, "requests": len(stream),
             "items": sum(map(len, stream)), "tokens": sum(map(sum, stream)), "calls": len(calls), **stats,
@@ -175,10 +148,8 @@ def explore_text(res: dict) -> str:
 
 
 class BudgetExplorer:
-    """The explorer as ipywidgets: a ``budgets`` text box, a ``requests per call`` slider, a
-    ``max items`` slider (1 up to the automatic limit of the budgets, the most items a replay can
-    ever hold), and ``output``, an HTML area holding :func:`explore_text`, re-rendered on every
-    change. ``text`` is what the output area shows, as plain text."""
+    """The explorer as ipywidgets (budgets box, requests-per-call and max-items sliders, an HTML output
+    re-rendered on every change); ``text`` is what the output shows."""
 
     def __init__(self, stream=None, budgets=DEFAULT_BUDGETS, max_items: int = DEFAULT_MAX_ITEMS,
                  per_call: int = DEFAULT_PER_CALL, memory: dict | None = None):

@@ -1,23 +1,10 @@
-"""A figure's source, carried in its own PNG: which result file(s) it was drawn from, their role(s) in
-the reference set and the code hash that recorded them.
+"""A figure's source in its own PNG: a ``Source`` text chunk listing the result file(s), role(s) and
+code hash it was drawn from; the docs site captions each figure from it.
 
-Every PNG the kit saves goes through :func:`save_figure`, which writes one PNG text chunk,
-``Source``: a JSON list of ``{"file", "role", "code_hash"}``, one per file the figure reads. The
-docs site captions a figure from it (:mod:`lfm2vl_lab.report.site`), and ``tests/test_figures_page.py``
-checks that each committed figure names the reference set's current file for its role.
-
-The PNG holds nothing else that changes from run to run: matplotlib's ``Software`` chunk (its
-version) is left out, and the Agg PNG writer stores no date. So ``python -m lfm2vl_lab report`` run
-twice on one machine writes the same bytes.
-
-Across machines the bytes may still differ where the pixels do not: the PNG's compressed stream
-depends on Pillow's zlib build. A redraw whose content (the text chunks and the decoded pixels) equals
-the file already there therefore leaves that file untouched (:func:`same_content`), so a fresh clone's
-``report`` leaves ``git status`` clean wherever it draws the same picture. The pixels are compared
-exactly, with no tolerance: a matplotlib or FreeType that renders the text differently draws a
-different picture, and the file is rewritten (the figure a reader sees did change). The committed
-figures are drawn with the project's environment (matplotlib bundles its FreeType and fonts).
-"""
+The PNG holds nothing else that changes between runs (no ``Software`` chunk, no date), and a redraw
+whose text chunks and decoded pixels equal the file already there leaves it untouched
+(:func:`same_content`): zlib builds compress differently, so a fresh clone's ``report`` keeps
+``git status`` clean wherever it draws the same picture."""
 
 from __future__ import annotations
 
@@ -34,9 +21,8 @@ class NoSource(ValueError):
 
 
 def source_of(res: dict, role: str | None = None) -> dict:
-    """The ``Source`` entry of one loaded result file: its name, its role in the reference set (a
-    file of :func:`lfm2vl_lab.report.reference.load` has ``_role``; None for a file outside a set) and
-    the code hash that recorded it (the manifest's for its role, else the file's own provenance)."""
+    """The ``Source`` entry of one loaded result file: its name, role (None outside a set) and the code
+    hash that recorded it (the manifest's, else the file's own)."""
     code = res.get("_code_hash") or res.get("provenance", {}).get("code_hash")
     return {"file": Path(res["_path"]).name, "role": res.get("_role", role), "code_hash": code}
 

@@ -1,23 +1,12 @@
-"""The reference set as pandas DataFrames: each role's rows, one table to explore.
+"""The reference set as pandas DataFrames, and what the generated pages share: :func:`md` (the pages'
+Markdown), :class:`Refs` (each role's file read once, and the line naming a part's sources), the cell
+formats, and which row of one run a figure shows (:func:`pick_rows`: two rows of equal standing for
+one bar are rows of two runs, refused as :class:`MixedRuns`, never silently picked).
 
-    >>> from lfm2vl_lab import frames
-    >>> df = frames.load("bench-450m")
+    >>> df = load("bench-450m")
     >>> df.pivot_table(index="workload", columns="mode", values="median_ms", sort=False)
-    >>> df.attrs["file"], df.attrs["provenance"]["gpu"]
 
-:func:`load` reads one role's file (:func:`lfm2vl_lab.report.reference.load`) and returns its ``rows``
-as a DataFrame: nested dicts become dotted columns (``phases_ms.encoder``, ``ttft_spread.p90``), lists
-of samples stay lists in their cells, and the file's provenance travels in ``df.attrs`` (``provenance``,
-``file``, ``role``, ``code_hash``), so a number shown from the frame can name where it came from.
-
-Named ``frames``, not ``results``: :mod:`lfm2vl_lab.measure.results` is the module that *writes* result
-files with their provenance. :func:`md` is the one Markdown writer of the generated pages
-(:mod:`lfm2vl_lab.report.tables`). :func:`pick_rows` and :func:`one_per` choose which row of one run a
-figure or table shows: the default configuration's where a file holds several; two rows of equal
-standing for one bar are rows of two runs, refused (:class:`MixedRuns`) rather than silently picked.
-:class:`Refs` is the set as the generated pages read it (each role's file read once, and the line that
-names a part's source files), with the formats of their cells (:func:`ms`, :func:`pct`, ...).
-"""
+Named ``frames``, not ``results``: :mod:`lfm2vl_lab.measure.results` writes the files."""
 
 from __future__ import annotations
 
@@ -62,9 +51,8 @@ def _table_of(res: dict, table: str):
 
 
 def frame(res: dict, table: str = "rows") -> pd.DataFrame:
-    """A loaded result file's ``table`` (a list of dicts; default its ``rows``) as a DataFrame, nested
-    dicts flattened to dotted columns, provenance in ``attrs``. A file with no ``rows`` at all (``check``,
-    ``graph-apis``: sections, not rows) gives one row of its sections, flattened the same way."""
+    """A loaded file's ``table`` (default its ``rows``) as a DataFrame, nested dicts as dotted columns,
+    provenance in ``attrs``; a file without rows (``check``) gives one row of its sections."""
     if table == "rows" and "rows" not in res:
         data = [{k: v for k, v in res.items() if k != "provenance" and not k.startswith("_")}]
     else:
@@ -225,12 +213,9 @@ class MixedRuns(ValueError):
 
 
 def is_default_config(row: dict, ignore=()) -> bool:
-    """Whether a result row ran the kit's default configuration: for graph rows the automatic
-    budgets, the safe ``cu_seqlens`` rule and tight ``max_seqlen`` (``DEFAULT_GRAPH_CONFIG``); a
-    default attention backend (``DEFAULT_LAB_OPTIONS``); and, for the lab modes, each of
-    ``KERNEL_OPTIONS`` at its default (``dense_graphs`` for ``lab-graph`` only). ``ignore`` names
-    kernel options not to compare (for files recorded before and after a default changed); it may
-    also name ``"budget_set"`` (any budget set counts)."""
+    """Whether a result row ran the kit's defaults: graph settings (:data:`DEFAULT_GRAPH_CONFIG`),
+    attention backend and, for the lab modes, :data:`KERNEL_OPTIONS`. ``ignore`` names options not to
+    compare (files recorded across a change of default), or ``"budget_set"``."""
     budgets_ok = "budget_set" in ignore or row.get("budget_set") in (None, DEFAULT_GRAPH_CONFIG[0])
     graph_ok = row.get("budget_set") is None or (
         budgets_ok and (row.get("cu_rule"), row.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:])
@@ -241,9 +226,8 @@ def is_default_config(row: dict, ignore=()) -> bool:
 
 
 def one_per(rows: Iterable[dict], key: Callable[[dict], tuple], what: str, rank=None) -> list[dict]:
-    """One row per ``key(row)``, in first-seen order: the row of highest ``rank(row)`` (default: all
-    equal). Two rows of the same key and the same, highest, rank raise :class:`MixedRuns` naming the
-    key: within one run the rank tells its rows apart, so a tie means rows of several runs."""
+    """One row per ``key(row)`` in first-seen order, the one of highest ``rank``; a tie at the top is rows
+    of several runs, refused as :class:`MixedRuns`."""
     best: dict = {}
     tied: set = set()
     for r in rows:
@@ -267,13 +251,8 @@ def _pick_rank(r: dict) -> tuple:
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:
-    """One row per (mode, workload) of one run's rows: the default configuration's
-    (:func:`is_default_config`) where the run holds several configurations, else the one with the
-    default graph settings (budgets, ``cu_seqlens`` rule, ``max_seqlen``), and of those a profiled
-    row (it has the GPU-busy floor and a timeline). Rows without ``median_ms`` are left out.
-
-    Raises :class:`MixedRuns` where two rows of equal standing share a (mode, workload), e.g. the
-    default rows of two files: a figure draws one run, never a pick across runs."""
+    """One row per (mode, workload) of one run's timed rows: the default configuration's, else the
+    default graph settings', preferring a profiled row; a tie is two runs' rows (:class:`MixedRuns`)."""
     return one_per((r for r in rows if r.get("median_ms") is not None), lambda r: (r.get("mode"), r.get("workload")),
                    "pick_rows", rank=_pick_rank)
 

@@ -1,20 +1,6 @@
-"""What every notebook shares: its first cell's setup, and reading recorded results.
-
-The first cell of each notebook is::
-
-    %matplotlib inline
-    import torch
-    import lfm2vl_lab as lab
-    from lfm2vl_lab.report.notebook import setup
-
-    DEVICE, PRESET, DTYPE = setup(shows={"what a cell shows": "any", ...})
-
-``shows`` lists what the notebook shows and where from (:data:`SHOW_KINDS`), so the first cell's
-environment check can say what this machine shows live and what comes from recorded results.
-Cells that show recorded GPU numbers start with :func:`load_recorded`, which reads one role of the
-reference set (``data/results/nvidia-h200/reference.json``) and prints where the numbers come from
-(or that the set lacks them) before any of them is shown.
-"""
+"""What every notebook shares: its first cell's :func:`setup` (``shows`` lists what the notebook shows
+live and what from recorded results), and :func:`load_recorded`, which reads one role of the
+reference set and says where its numbers come from before any is shown."""
 
 from __future__ import annotations
 
@@ -31,7 +17,7 @@ from ..measure.workloads import default_device, device_defaults
 from ..model.presets import CHECKPOINT_ENV, checkpoint_from_env
 from . import reference
 
-RECORDED_GPU = "nvidia-h200"  # the GPU whose recorded results the notebooks read: data/results/nvidia-h200/
+RECORDED_GPU = gpu_slug(reference.REFERENCE_GPU)  # whose recorded results the notebooks read: data/results/nvidia-h200/
 # GraphedEncoder's one warning without CUDA (core/graphed_encoder.py), and what a notebook's first cell says instead
 CPU_FALLBACK_WARNING = "GraphedEncoder: no CUDA device"
 CPU_FALLBACK_NOTE = ("note: no CUDA device, so GraphedEncoder.encode() runs the packed eager encoder here (no graphs); "
@@ -44,9 +30,8 @@ SHOW_KINDS = ("any", "gpu", "recorded")
 
 
 def environment(device) -> dict:
-    """What a notebook runs on: the device (name, compute capability, free and total memory), the
-    torch / transformers / Python versions, the encoder attention ``"auto"`` resolves to there, and
-    the checkpoint ``LFM2VL_CHECKPOINT`` names (its folder name; ``lab.model_for`` loads it)."""
+    """What a notebook runs on: device and memory, library versions, the attention ``"auto"`` picks
+    there, and the checkpoint ``LFM2VL_CHECKPOINT`` names."""
     import transformers
 
     preset, dtype = device_defaults(device)
@@ -98,17 +83,9 @@ def environment_lines(env: dict, shows: dict[str, str]) -> list[str]:
 
 
 def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, torch.dtype]:
-    """Start a notebook: hub access off, then the device and the kit's model choice for it.
-
-    ``HF_HUB_OFFLINE=1`` is set unless the environment says otherwise (presets build random-weight
-    models, so nothing is ever downloaded); it has to happen before transformers is first imported,
-    which ``import lfm2vl_lab`` does not do. ``device`` defaults to CUDA when available, else the CPU;
-    the preset and dtype come from :func:`lfm2vl_lab.measure.workloads.device_defaults`. Prints the
-    line every notebook's output starts with, then the environment check (:func:`environment_lines`;
-    ``shows``: what the notebook shows and where from), and returns ``(device, preset, dtype)``.
-    Without CUDA it also says, once, that ``GraphedEncoder`` runs eagerly there, and silences the
-    warning that would otherwise say so in the first cell that encodes.
-    """
+    """Start a notebook: ``HF_HUB_OFFLINE=1`` unless set (it must precede transformers' import), then
+    print the device and the kit's preset and dtype for it, the environment check (``shows``), and,
+    without CUDA, once, that ``GraphedEncoder`` runs eagerly there. Returns ``(device, preset, dtype)``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if "huggingface_hub" in sys.modules and os.environ["HF_HUB_OFFLINE"] == "1":
         from huggingface_hub import constants
@@ -129,10 +106,8 @@ def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, t
 
 
 def load_recorded(role: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT, partial: bool = False) -> dict | None:
-    """The file that plays ``role`` in ``gpu``'s reference set (:mod:`lfm2vl_lab.report.reference`),
-    announced: prints its :func:`recorded_label`, or, when the set lacks it, that the cells reading it
-    skip and which command records it. ``partial``: a resumable role's partial file where it is not
-    recorded whole, announced as partial. Returns the result, or None."""
+    """``role``'s file of the reference set (``partial``: or its partial file), its source printed; or
+    None, printing that the cells reading it skip and what records it."""
     res = reference.load(role, gpu, root, required=False, partial=partial)
     if res is not None:
         print(recorded_label(res))  # a partial file says so itself (its ``complete`` is false)
@@ -151,10 +126,8 @@ def load_first_version(name: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) ->
 
 
 def live_or_recorded(part: str, device, root=RESULTS_ROOT) -> dict | None:
-    """``part`` of the graph-API demos (:data:`~.graph_apis.RECORDERS`) run now on a CUDA ``device``,
-    announced as this machine's live run (its numbers are not the reference set's); elsewhere the
-    reference set's ``graph-apis`` file's ``part``, announced by :func:`load_recorded` (None: not
-    recorded, or that part failed in the recorded run)."""
+    """A graph-API demo ``part`` run live on a CUDA ``device`` (said to be this machine's run), elsewhere
+    the reference set's recorded ``part`` (None where not recorded)."""
     from ..measure.graph_apis import NAME, RECORDERS
 
     if torch.device(device).type == "cuda":

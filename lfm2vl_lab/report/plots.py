@@ -1,14 +1,6 @@
-"""Figures of the encoder's benchmark files (``bench``, the sweeps, the attention probe), and what every
-figure module shares: colours per mode, page widths, titles, :class:`NoData`.
-
-Every figure function takes plain data (the rows of ONE result file, timelines, capture-info rows) and
-returns a ``matplotlib.figure.Figure`` built without ``pyplot``, so nothing depends on a GUI backend or
-global state; in a notebook a returned Figure displays itself. Which row of the file a bar draws is
-:func:`~lfm2vl_lab.report.frames.pick_rows`' choice: rows of two runs for one bar are refused
-(:class:`~lfm2vl_lab.report.frames.MixedRuns`), never silently picked.
-:func:`lfm2vl_lab.report.report.report` draws every figure of the reference set, each from one file
-named in its title.
-"""
+"""Figures of the encoder's files (``bench``, the sweeps, the attention probe), and what every figure
+module shares: colours per mode, page widths, titles, :class:`NoData`. A figure takes one run's
+rows and returns a ``Figure`` built without ``pyplot`` (no GUI backend, no global state)."""
 
 from __future__ import annotations
 
@@ -154,12 +146,9 @@ def _floor_bars(ax, rows: list[dict]) -> bool:
 
 
 def floor_share_figure(rows: list[dict], title: str | None = None) -> Figure:
-    """Each median split into the GPU-busy floor (kernels running) and the rest (host overhead,
-    launch gaps, syncs); the label is busy / median, i.e. how close the call runs to its floor.
-
-    A row whose GPU-busy time exceeds its median (:func:`busy_exceeds_wall`: the profile is a
-    separate call, which can run slower than the timed median) is drawn hatched, labelled with both
-    numbers, and named in the legend, never as "100% busy"."""
+    """Each median split into the GPU-busy floor and the rest (host overhead, gaps, syncs), labelled
+    busy / median. A row busy longer than its median (the profile is a separate call) is hatched and
+    labelled with both numbers, never drawn as "100% busy"."""
     rows = [r for r in pick_rows(rows) if r.get("gpu_busy_ms")]
     if not rows:
         raise NoData("floor_share_figure: no rows with gpu_busy_ms (run bench with --profile on a GPU)")
@@ -210,13 +199,8 @@ def _timeline_lanes(ax, tl: dict, seen: set) -> float:
 
 
 def timeline_figure(timelines: dict, title: str | None = None, max_us: float | None = None) -> Figure:
-    """One panel per timeline (e.g. ``{"lab-eager": tl, "lab-graph": tl}``): a CPU lane (CUDA API
-    calls: launches orange, others such as syncs grey) above a GPU lane (kernels and copies), on
-    a shared µs axis so the panels compare directly; a legend says what each colour is.
-
-    A timeline is ``{"cpu": [(start_us, dur_us, name)], "gpu": [...]}`` as in
-    :class:`profiling.ProfileReport`.
-    """
+    """One panel per timeline (``{"cpu": [(start_us, dur_us, name)], "gpu": [...]}``): CPU launch calls
+    above GPU kernels on a shared µs axis, so the panels compare directly."""
     if not timelines:
         raise NoData("timeline_figure: no timelines")
     fig = Figure(figsize=(10, 1.5 * len(timelines) + 1.2), layout="constrained")
@@ -245,9 +229,8 @@ def _padding_rows(rows: list[dict]) -> list[dict]:
 
 
 def padding_waste_figure(rows: list[dict], title: str | None = None) -> Figure:
-    """Padded tokens / real tokens of graph replays, with the hit rate on each bar. Several budget sets
-    in the rows: one group per budget set (the mixed ``stream`` workload only, where there is one: it
-    is what budgets are chosen for). One budget set: one group per workload."""
+    """Padding waste of graph replays with each bar's hit rate: one group per budget set (the ``stream``
+    only, what budgets are chosen for) where the rows hold several, else one per workload."""
     rows = _padding_rows(rows)
     if not rows:
         raise NoData("padding_waste_figure: no graph rows with padding_waste")
@@ -290,12 +273,9 @@ def _memory_totals(groups: dict) -> str:
 
 
 def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
-    """What each budget's graphs hold (MiB, stacked: its growth of the shared graph pool, then its
-    persistent buffers) and capture time, from :func:`lfm2vl_lab.measure.meter.measured_capture` rows;
-    pass a list, or ``{label: rows}`` for several runs. What all budgets hold together (the sum of the
-    bars, ``graph_memory(rows)["total_mb"]``) is written above the plot, per group.
-    Rows recorded in the old format (a reserved-memory delta per capture, which could be negative)
-    carry no pool/buffer split and are refused rather than drawn."""
+    """Each budget's graph memory (MiB, stacked: its growth of the shared pool, then its buffers) and
+    capture time; ``capture_info``: a list, or ``{label: rows}``. Rows of the old format (no pool and
+    buffer split) are refused, not drawn."""
     groups = capture_info if isinstance(capture_info, dict) else {"graphs": capture_info}
     groups = {k: v for k, v in groups.items() if v and all("pool_mb" in r for r in v)}
     if not groups:
@@ -352,10 +332,8 @@ def _attention_panel(ax, rows: list[dict], backends: list[str]) -> None:
 
 
 def attention_figure(rows: list[dict], title: str | None = None, log: bool = True) -> Figure:
-    """Attention time per layer inside a CUDA graph, per backend and packed layout (attention probe),
-    one panel per preset. The axis is logarithmic (``log``), because one slow backend is tens of times
-    the others; layouts are written short (``2×1024+576+64`` rows). Backends that produced no time
-    (an error on every layout) are named under the panels."""
+    """Attention µs per layer inside a CUDA graph per backend and layout, one panel per preset, on a
+    log axis (one slow backend is tens of times the others); backends that never timed are named."""
     timed = [r for r in rows if r.get("graph_ms_per_layer") is not None]
     if not timed:
         raise NoData("attention_figure: no attention-probe rows (python -m lfm2vl_lab attention on a GPU)")

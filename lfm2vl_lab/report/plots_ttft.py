@@ -1,19 +1,6 @@
-"""Figures of the request past the encoder: the TTFT grid (``python -m lfm2vl_lab ttft``,
-:mod:`lfm2vl_lab.measure.ttft`), TTFT inside ``generate`` (``e2e``) and the text model's peers
-(``engine``). Like :mod:`lfm2vl_lab.report.plots`, every function takes one run's rows (or file) and
-returns a ``matplotlib.figure.Figure`` built without ``pyplot``.
-
-The grid's rows carry ``preset``, ``image``, ``requests``, ``mode`` (one of :data:`TTFT_MODES`),
-``ttft_ms`` (processor excluded), ``phases_ms`` (processor, h2d, encoder, merge, prefill, sample)
-and ``decode_ms_per_token``; rows without the data a figure needs raise
-:class:`~lfm2vl_lab.report.plots.NoData`, whose message says what is missing and what is there.
-
-* :func:`ttft_breakdown_figure` — one request batch's first token, phase by phase: a stacked bar per mode
-* :func:`ttft_grid_figure`      — TTFT against requests, one line per mode, one panel per (preset, image)
-* :func:`decode_figure`         — decode ms per token against requests, laid out the same way
-* :func:`e2e_figure`            — time to first token, transformers' image path vs the graphed encoder
-* :func:`decode_vs_floor`       — decode ms per token of the text model's peers against the weights' floor
-"""
+"""Figures of the request past the encoder: the TTFT grid (``ttft``), TTFT inside ``generate``
+(``e2e``) and the text model's peers (``engine``); like :mod:`.plots`, one run's rows in, a
+``Figure`` out, :class:`~.plots.NoData` naming what is missing."""
 
 from __future__ import annotations
 
@@ -40,9 +27,7 @@ NO_ROWS = "no TTFT grid rows (python -m lfm2vl_lab ttft on a GPU records them)"
 
 
 def ttft_rows(rows: list[dict]) -> list[dict]:
-    """The TTFT grid's rows among ``rows`` (one run's): one per (preset, image, requests, mode). Two
-    rows of one case and mode are rows of two runs, which a figure or table must not mix: they raise
-    :class:`~lfm2vl_lab.report.frames.MixedRuns`."""
+    """The TTFT grid's rows among one run's rows, one per case and mode (two are two runs: :class:`MixedRuns`)."""
     return one_per((r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in TTFT_MODES),
                    lambda r: (r.get("preset"), r.get("image"), r.get("requests"), r["mode"]), "ttft_rows")
 
@@ -107,12 +92,9 @@ def _breakdown_panel(ax, by: dict, label: str, seen: set) -> None:
 
 def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: str = "1x512", requests: int = 1,
                           title: str | None = None) -> Figure:
-    """Where the first token's time goes in each of the four modes, for one image and request count:
-    a stacked bar per mode, one segment per phase (``phases_ms``, medians), the processor hatched at
-    the end because the TTFT target leaves it out. Each bar is labelled with the measured ``ttft_ms``
-    (the median of whole calls less their processor time, so it can differ a little from the sum of
-    the phase medians), the encoder graphs' paired cut where the row has one, and decode ms per token.
-    ``preset=None``: one panel per preset recorded at ``image`` x ``requests``."""
+    """Where the first token's time goes in each mode at one image and request count: stacked phase
+    medians, the processor (outside TTFT) hatched last, each bar labelled with the measured TTFT, the
+    encoder graphs' cut and decode per token. ``preset=None``: one panel per preset."""
     rows = ttft_rows(rows)
     if not rows:
         raise NoData(f"ttft_breakdown_figure: {NO_ROWS}")
@@ -210,15 +192,6 @@ def decode_figure(rows: list[dict], presets=None, images=None, title: str | None
 E2E_MODES = ("hf-eager", "lab-graph", "lab-eager")  # transformers' image path, the graphed encoder (or its eager run)
 
 
-def _e2e_lab_mode(rows: list[dict]) -> str:
-    # the graphed encoder's rows say "lab-eager" where nothing was captured (e2e on a CPU)
-    return "lab-graph" if any(r["mode"] == "lab-graph" for r in rows) else "lab-eager"
-
-
-def _darker(color: str, by: float = 0.55) -> tuple:
-    return tuple(by * c for c in to_rgb(color))
-
-
 def _e2e_ttft_bars(ax, keys: list, by: dict, lab: str) -> None:
     """TTFT bars per mode, the encoder's part drawn inside in a darker shade of the mode's colour
     (its own legend entry, the same colour), each bar labelled with its TTFT change."""
@@ -231,7 +204,8 @@ def _e2e_ttft_bars(ax, keys: list, by: dict, lab: str) -> None:
             x = j + (i - 0.5) * 0.38
             first = j == 0  # one legend entry per mode and part
             ax.bar(x, r["ttft_ms"], 0.36, color=color, label=f"{mode}: time to first token" if first else None)
-            ax.bar(x, r["encoder_ms"], 0.36, color=_darker(color), label=f"{mode}: its encoder part" if first else None)
+            ax.bar(x, r["encoder_ms"], 0.36, color=tuple(0.55 * c for c in to_rgb(color)),  # darker: the encoder's part
+                   label=f"{mode}: its encoder part" if first else None)
             base = by.get((*k, "hf-eager"))
             note = f"{r['ttft_ms']:.1f}" if mode == "hf-eager" or base is None else \
                 f"{r['ttft_ms']:.1f}\n({100 * (r['ttft_ms'] / base['ttft_ms'] - 1):+.0f}%)"
@@ -258,17 +232,16 @@ def _e2e_share_bars(ax, keys: list, by: dict, lab: str) -> None:
 
 
 def e2e_figure(rows: list[dict], title: str | None = None, share: bool = False) -> Figure:
-    """Time to first token per (preset, image, requests): transformers' image path vs the graphed
-    encoder, with the encoder's own time drawn inside each bar and the TTFT change labelled.
-    ``share=True`` adds a panel below with the encoder's share of TTFT per mode. ``rows``: one run's
-    (two rows for one bar raise :class:`~lfm2vl_lab.report.frames.MixedRuns`)."""
+    """TTFT per case, transformers' image path against the graphed encoder, the encoder's own time
+    inside each bar; ``share=True`` adds the encoder's share of TTFT below."""
     rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in E2E_MODES]
     if not rows:
         raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")
     rows = one_per(rows, lambda r: (r["preset"], r["image"], r["requests"], r["mode"]), "e2e_figure")
     keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows))
     by = {(r["preset"], r["image"], r["requests"], r["mode"]): r for r in rows}
-    lab = _e2e_lab_mode(rows)
+    # the graphed encoder's rows say "lab-eager" where nothing was captured (e2e on a CPU)
+    lab = "lab-graph" if any(r["mode"] == "lab-graph" for r in rows) else "lab-eager"
     fig = Figure(figsize=(page_width(1.2 * len(keys) + 2), 6.5 if share else 4.5), layout="constrained")
     if share:
         ax, ax_share = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})

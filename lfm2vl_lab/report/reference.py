@@ -1,17 +1,7 @@
 """The reference set: one recorded GPU run that every figure, table and notebook number reads.
-
-``data/results/<gpu>/reference.json`` (the *manifest*) names, for each *role* the course needs
-(``bench-450m``, ``ttft``, ``check``, …), the result file of that run, the command that wrote it, and
-the code version the whole run came from: ``code_hash``, a content hash of the code that makes the
-numbers (:data:`~lfm2vl_lab.measure.results.CODE_PATHS`). Any commit's version of that code hashes the
-same way from git's own objects (:func:`code_hash_at`), so the code behind the numbers can be found
-again: it is the tree of the commit that added the manifest. ``python -m lfm2vl_lab record`` writes
-the run and its manifest (:mod:`lfm2vl_lab.measure.record`).
-
-Files of earlier runs stay in ``data/results/<gpu>/archive/`` as history; nothing the course shows
-reads them, except where a notebook shows "the first version" beside today's and says so
-(:func:`load_archived`).
-"""
+``data/results/<gpu>/reference.json`` (the manifest) names each role's file and the ``code_hash`` of
+the code that made it, which any commit's tree hashes the same way (:func:`code_hash_at`). Files of
+earlier runs stay in ``archive/``; only :func:`load_archived` reads them, for a notebook that says so."""
 
 from __future__ import annotations
 
@@ -63,13 +53,9 @@ def _read(path: Path) -> dict:
 
 def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool = True,
          partial: bool = False) -> dict | None:
-    """The result file that plays ``role`` in ``gpu``'s reference set, with ``_path``, ``_role`` and
-    ``_code_hash`` (:func:`role_code_hash`).
-
-    ``required``: raise :class:`ReferenceError` (naming the roles there are) when the set or the role
-    is missing; otherwise return None. ``partial``: where the role is not recorded whole, its partial
-    file (a resumable step's, which the manifest lists under ``partial``), marked ``_partial``: for a
-    reader that says what the file still lacks."""
+    """``role``'s result file in ``gpu``'s reference set, with ``_path``, ``_role`` and ``_code_hash``;
+    a missing role raises :class:`ReferenceError` naming those there are (``required=False``: None).
+    ``partial``: a resumable role's partial file where it is not recorded whole, marked ``_partial``."""
     man = load_manifest(gpu, root)
     entry = (man or {}).get("files", {}).get(role)
     if entry is None and partial and role in (man or {}).get("partial", {}):

@@ -1,23 +1,7 @@
-"""``python -m lfm2vl_lab report``: the figures of the reference set, as PNGs.
-
-Every figure is drawn from ONE file of the reference set (:mod:`lfm2vl_lab.report.reference`), named
-with its date in the figure's title, and no rows of other files come in:
-
-* each ``bench-<preset>`` file (roles ``bench-450m``, ``bench-1.6b``): that preset's latency, speedup,
-  floor-share, timeline and graph-memory figures (the graph memory of its ``lab-graph`` rows, the
-  automatic budgets), and its padding-waste figure, which comes from the budget sweep
-  (``sweep-budgets``) where the reference set has one of that preset, else from the bench file;
-* ``e2e``, ``attention``: one figure each; ``ttft``: three (:mod:`lfm2vl_lab.report.plots_ttft`: the
-  phase breakdown at one 512 px request, TTFT and decode per token against requests).
-
-Figures are named ``<gpu-slug>-<preset>-<dtype>-<figure>.png`` and ``<gpu-slug>-<role>[-<part>].png``.
-A figure without data is skipped and the reason printed.
-
-Each PNG carries its source in a text chunk: the file(s) it is drawn from, their role(s) and the code
-hash the manifest gives them (:mod:`lfm2vl_lab.report.figure_source`); the docs site's figures page
-captions each figure from it. The PNGs hold no date or version, so a second ``report`` rewrites
-nothing.
-"""
+"""``python -m lfm2vl_lab report``: every figure of the reference set as a PNG, each drawn from ONE file
+of the set (named with its date in the title) and carrying that source in the PNG
+(:mod:`.figure_source`), so a second ``report`` rewrites nothing. A figure without data is skipped
+and the reason printed."""
 
 from __future__ import annotations
 
@@ -77,9 +61,8 @@ def _timeline_pair(rows: list[dict]):
 
 
 def capture_groups(rows: list[dict]) -> dict:
-    """``{label: capture_info}`` of one file's graph rows, one per (mode, budget set): the capture of
-    the row :func:`~lfm2vl_lab.report.frames.pick_rows` chooses first (every workload of a mode reuses
-    one capture). What :func:`~lfm2vl_lab.report.plots.graph_memory_figure` draws."""
+    """``{label: capture_info}`` per (mode, budget set) of one file's graph rows, as
+    :func:`~.plots.graph_memory_figure` draws them (every workload of a mode reuses one capture)."""
     out: dict = {}
     for r in pick_rows(rows):
         if r.get("capture_info"):
@@ -119,20 +102,14 @@ def _bench_jobs(slug: str, res: dict, budgets: dict) -> list[tuple]:
     return [(f"{slug}-{p.get('preset')}-{p.get('dtype')}-{kind}", draw, [src]) for kind, (draw, src) in plans.items()]
 
 
-def _same_preset(a: dict, b: dict | None) -> bool:
-    return b is not None and a["provenance"].get("preset") is not None and \
-        a["provenance"].get("preset") == b["provenance"].get("preset")
-
-
 def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
-    """Every figure :func:`report` may draw from one reference set (``{role: file}``, one GPU's of
-    :func:`reference_sets`) of the GPU ``slug``, as ``(file stem, a function drawing it, [the one file
-    it is drawn from])``. Drawing raises :class:`NoData` when the
-    file holds nothing for that figure. The docs site's figures page reads the third item."""
+    """Every figure of one GPU's reference set (``{role: file}``) as ``(file stem, a function drawing it,
+    [the file it is drawn from])``; drawing raises :class:`NoData` where the file holds nothing for it."""
     jobs = []
     for role, res in files.items():
         if role.startswith(BENCH_PREFIX) and res.get("rows"):
-            budgets = files.get(BUDGETS_ROLE) if _same_preset(res, files.get(BUDGETS_ROLE)) else res
+            sweep, preset = files.get(BUDGETS_ROLE), res["provenance"].get("preset")
+            budgets = sweep if sweep and preset is not None and sweep["provenance"].get("preset") == preset else res
             jobs += _bench_jobs(slug, res, budgets)
         for suffix, (make_fig, short) in SPECIAL_ROLES.get(role, {}).items():
             stem = f"{slug}-{role}" + (f"-{suffix}" if suffix else "")
@@ -172,11 +149,8 @@ def _save(fig, path: Path, files: list[dict], written: list[Path], say) -> None:
 
 
 def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Path]:
-    """Draw every figure of the reference set(s) under ``root`` (one per GPU: ``<root>/<gpu>/
-    reference.json``) into ``out``, each from one file (:func:`figure_jobs`). Files beside the
-    manifests and in ``archive/`` are not read. A figure without data is skipped and the reason
-    printed. Each PNG names its source file(s) (:func:`~lfm2vl_lab.report.figure_source.save_figure`),
-    and one whose content is what is there already is left untouched. Returns the figures' paths."""
+    """Draw every figure of the reference set(s) under ``root`` into ``out`` (:func:`figure_jobs`),
+    skipping, with the reason, those without data. Returns the figures' paths."""
     say = print if verbose else (lambda *a, **k: None)
     sets = reference_sets(root, say)
     if not sets:
@@ -197,11 +171,9 @@ def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Pa
 
 
 def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
-    """After ``record``: redraw what is derived from the set (the figures, the docs' generated tables,
-    the goals page) when the call changed a role (``before``: the manifest's files as they were) or the
-    set is complete. Only when the run wrote into the repo's results folder (``repo_root``; the figures
-    go to the ``figures/`` beside it): files recorded elsewhere (``--out``, a lent machine's output) are
-    derived once they are in the repo (``record --take`` does it then)."""
+    """After ``record``: redraw the figures and generated pages when the call changed a role (``before``:
+    the manifest's files as they were) or completed the set, and only where it wrote into the repo's
+    results (files recorded elsewhere are derived when ``record --take`` brings them in)."""
     from types import SimpleNamespace
 
     from . import tables  # through the module: a test stands in for its run_tables

@@ -1,14 +1,7 @@
-"""The docs site's figures page (``make docs``): every committed figure of a GPU, with the provenance
-of the reference-set file it is drawn from, written at build time from ``data/results/`` (no number on
-the page is typed by hand).
-
-Which file a figure comes from is what the figure itself says: the ``Source`` text chunk that
-``python -m lfm2vl_lab report`` writes into each PNG (:mod:`lfm2vl_lab.report.figure_source`), checked
-against the GPU's reference set (:mod:`lfm2vl_lab.report.reference`). A committed figure that the set
-does not explain is an error, for the page would otherwise show a figure without its source: one
-``report`` does not draw (:func:`lfm2vl_lab.report.report.figure_jobs`), one that names no source, and
-one drawn from a file that is no longer the set's for its role, or under another code hash.
-"""
+"""The docs site's figures page: every committed figure of a GPU under the provenance of the file it is
+drawn from, which the PNG itself names (:mod:`.figure_source`). A figure the reference set does not
+explain (one ``report`` does not draw, one naming no source, or a source no longer the set's) is an
+error: the page would show a figure without its source."""
 
 from __future__ import annotations
 
@@ -16,12 +9,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..measure.results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, shown_command
+from ..measure.results import FIGURES_ROOT, REPO_ROOT, RESULTS_ROOT, gpu_slug, shown_command
 from . import reference
 from .figure_source import NoSource, read_sources
 from .report import figure_jobs, reference_sets
 
-REPO_ROOT = RESULTS_ROOT.parents[1]
 # (label, provenance key): what the page shows of each source file, besides its name and command.
 PROVENANCE_FIELDS = (("GPU", "gpu"), ("torch", "torch"), ("transformers", "transformers"), ("preset", "preset"),
                       ("dtype", "dtype"), ("date", "date"))
@@ -45,13 +37,8 @@ def _stale(png: Path, src: dict, drawn: dict[str, dict]) -> str | None:
 
 
 def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_ROOT) -> list[tuple[Path, list[dict]]]:
-    """Each ``<figures>/<gpu-slug>-*.png`` (sorted by name) with the reference-set files its PNG names
-    as its source (loaded by :func:`lfm2vl_lab.report.reference.load`: with ``_path`` and ``_role``).
-
-    Raises :class:`UnexplainedFigure` naming every figure that the reference set under ``root`` does
-    not draw, or whose source is not the set's (see the module); or
-    :class:`~lfm2vl_lab.report.reference.ReferenceError` where there is no set.
-    """
+    """Each ``<figures>/<gpu-slug>-*.png`` with the reference-set files its PNG names as its source;
+    :class:`UnexplainedFigure` names every figure the set does not explain (see the module)."""
     slug = gpu_slug(gpu)
     if reference.load_manifest(gpu, root) is None:
         raise reference.ReferenceError(f"no reference set of {gpu}: no {reference.manifest_path(gpu, root)}")
@@ -78,9 +65,8 @@ def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_
 
 
 def provenance_list(files: list[dict], link: Callable[[Path], str]) -> str:
-    """Markdown: one item per file: its name (linked), its role in the reference set, GPU, versions,
-    preset, dtype, date and code hash, then the command that made it (without ``--out``, see
-    :func:`~lfm2vl_lab.measure.results.shown_command`)."""
+    """Markdown, one item per file: its name (linked), role, GPU, versions, preset, dtype, date, code
+    hash, and the command that made it."""
     items = []
     for res in files:
         p, path = res["provenance"], Path(res["_path"])
@@ -106,10 +92,8 @@ def _group_heading(pngs: list[Path]) -> str:
 
 def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200",
                  link: Callable[[Path], str] | None = None) -> str:
-    """The figures page as Markdown, from :func:`figure_sources`' answer: figures drawn from the same
-    files share a section, which lists those files' provenance. ``link(path)`` is the page's
-    link to a figure or result file (default: its path from the repository root, where the docs site
-    puts it)."""
+    """The figures page as Markdown: figures drawn from the same files share a section listing their
+    provenance; ``link(path)``: a figure's or file's link (default: its path from the repo root)."""
     link = link or (lambda path: Path(path).resolve().relative_to(REPO_ROOT).as_posix())
     groups: dict[tuple, tuple[list[dict], list[Path]]] = {}
     for png, files in sources:

@@ -1,20 +1,7 @@
-"""The tables of README.md and docs/*.md, generated from the reference set so they cannot drift.
-
-A page marks each generated part with a pair of comments::
-
-    <!-- table:encoder-450m -->
-    (whatever is here is replaced)
-    <!-- /table:encoder-450m -->
-
-and ``python -m lfm2vl_lab report`` (or ``report --tables-only``) rewrites what lies between them from
-the reference set (:mod:`lfm2vl_lab.report.reference`); ``report --check`` only says which pages are
-stale and exits 1 (``tests/test_tables.py`` runs that check on the committed pages). A part is a
-table or a few sentences whose numbers are all computed here: prose outside the markers holds no
-measured number. The parts themselves live by topic: :mod:`~lfm2vl_lab.report.tables_encoder`,
-:mod:`~lfm2vl_lab.report.tables_engine`, :mod:`~lfm2vl_lab.report.tables_graph_configs`,
-:mod:`~lfm2vl_lab.report.tables_vllm` (with the one verdict
-on the PR's claim) and :mod:`~lfm2vl_lab.report.tables_goals` (the goals page).
-"""
+"""The generated parts of README.md and docs/*.md. A page marks each part with
+``<!-- table:NAME -->`` … ``<!-- /table:NAME -->``; ``report`` redraws what lies between from the
+reference set and ``report --check`` says which pages are stale, so prose outside the markers holds
+no measured number. The parts live by topic in the ``tables_*`` modules."""
 
 from __future__ import annotations
 
@@ -38,9 +25,7 @@ CLOSE = "<!-- /table:{} -->"
 CLOSE_ANY = re.compile(r"<!-- /table:([A-Za-z0-9._-]+) -->")
 
 
-# --------------------------------------------------------------------------------------------
-# Pages
-# --------------------------------------------------------------------------------------------
+# The reference set's own parts
 
 def reference_block(refs: Refs) -> str:
     """The manifest: when and from which code the run was recorded, and each role's file."""

@@ -1,6 +1,5 @@
-"""Generated parts about the encoder alone (:mod:`lfm2vl_lab.report.tables` draws them into the pages):
-every mode per workload, the kernel classes of one call, the kernel options, the attention probe, the
-sweeps, the correctness check, and the caveats read off the same files."""
+"""The pages' parts about the encoder alone: modes per workload, kernels, options, attention, sweeps,
+the correctness check and the caveats read off the same files."""
 
 from __future__ import annotations
 
@@ -249,9 +248,8 @@ def machine_sentence(now: dict, then: dict) -> str:
 
 
 def machine_block(refs: Refs) -> str:
-    """Each mode's median at a few workloads, this reference set against an earlier run of the same
-    bench command, and what the two files record of machine, libraries and code: the host-bound modes
-    move between the runs, the graphed one hardly does."""
+    """Each mode's median at a few workloads, this set against an earlier run of the same command, and
+    what the two files record of machine and code: the host-bound modes move, the graphed one hardly."""
     now, then = refs("bench-450m"), refs.archived(EARLIER_BENCH)
     a, b = (grid(medians(frame(r))) for r in (now, then))
     ws, modes = [w for w in ("1x512", "tiled", "16x512", "stream") if w in a.index], [m for m, _ in ENCODER_MODES]

@@ -1,14 +1,7 @@
-"""Generated parts about the request past the encoder (:mod:`lfm2vl_lab.report.tables` draws them into
-the pages): the four-mode grid of ``ttft`` and its phases, profiles, parity and image path; TTFT inside
-``generate`` (``e2e``); the text model's peers (``engine``); and whole requests
-(:mod:`~lfm2vl_lab.measure.request`): the end-to-end table with decode, the offline-throughput run, and
-the PR's claim like for like.
-
-The whole requests' 3B rows come from the ``request-3b`` file: measured whole requests where the text
-model is graphed, composed from the measured parts where it is eager. The 450M and 1.6B rows are
-composed from the ``ttft`` grid's parts (:func:`~lfm2vl_lab.measure.request.composed_e2e`), at the same
-number of output tokens; the 3B file's graphed rows carry both, which says how close the composition is.
-"""
+"""The pages' parts about the request past the encoder: the ``ttft`` grid and its phases, profiles,
+parity and image path; TTFT inside ``generate`` (``e2e``); the text model's peers (``engine``); and
+whole requests (``request-3b``), measured where the text model is graphed and composed from measured
+parts elsewhere, the measured rows saying how close the composition is."""
 
 from __future__ import annotations
 
@@ -173,23 +166,18 @@ def engine_setup_block(refs: Refs) -> str:
 
 def e2e_block(refs: Refs) -> str:
     """TTFT inside ``generate``: transformers' image path against the graphed encoder installed."""
-    res = refs("e2e")
-    rows = []
-    keys = list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in res["rows"]))
-    for k in keys:
-        by = {r["mode"]: r for r in res["rows"] if (r["preset"], r["image"], r["requests"]) == k}
-        hf, g = by.get("hf-eager"), by.get("lab-graph")
-        if not (hf and g):
-            continue
-        drift = pct(g.get("decode_drift"), 0, sign=True) + (" (disturbed)" if drift_fails(g) else "")
-        rows.append([preset_label(k[0]), k[1], k[2], ms(hf["ttft_ms"]), ms(g["ttft_ms"]),
-                     pct(-g["ttft_reduction"], sign=True), pct(-g["ttft_reduction_paired"], sign=True),
-                     f"{ms(hf['encoder_ms'])} → {ms(g['encoder_ms'])}", drift])
-    head = ["preset", "image", "requests", "TTFT transformers", "TTFT graphed encoder", "change (medians)",
-            "change (paired)", "encoder ms", "decode drift"]
-    note = (f"Median ms of {res['rows'][0].get('repeats')} rounds, the two modes in alternating turns. \"disturbed\": "
+    df = refs.frame("e2e", "decode_drift")
+    hf, g = (df[df["mode"] == m].drop_duplicates(CASE, keep="last").set_index(CASE) for m in ("hf-eager", "lab-graph"))
+    d = g.join(hf, how="inner", suffixes=("", "_hf")).reset_index()
+    out = pd.DataFrame({"preset": d.preset.map(preset_label), "image": d.image, "requests": d.requests,
+                        "TTFT transformers": d.ttft_ms_hf.map(ms), "TTFT graphed encoder": d.ttft_ms.map(ms),
+                        "change (medians)": (-d.ttft_reduction).map(lambda v: pct(v, sign=True)),
+                        "change (paired)": (-d.ttft_reduction_paired).map(lambda v: pct(v, sign=True)),
+                        "encoder ms": d.encoder_ms_hf.map(ms) + " → " + d.encoder_ms.map(ms),
+                        "decode drift": [pct(v, 0, True) + " (disturbed)" * drift_beyond(v) for v in d.decode_drift]})
+    note = (f"Median ms of {df.repeats.iloc[0]} rounds, the two modes in alternating turns. \"disturbed\": "
             f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
-    return "\n\n".join([table(head, rows), note, refs.source("e2e")])
+    return "\n\n".join([md(out), note, refs.source("e2e")])
 
 
 def e2e_profile_block(refs: Refs) -> str:
@@ -323,9 +311,8 @@ def _check_cell(check: dict | None) -> str | None:
 
 @request_part
 def e2e_requests_block(refs: Refs, res: dict) -> str:
-    """Whole requests with decode at 1, 2 and 4 requests: encoder eager → graphed, text graphed and eager.
-    Each text-graphed row says whether it was measured or composed from parts; a measured row also gives
-    what the composition makes of it, so the composed rows beside it carry a known error."""
+    """Whole requests at 1, 2 and 4 requests, encoder eager → graphed, text graphed and eager; a measured
+    row also shows what the composition from parts makes of it, so the composed rows carry a known error."""
     tokens = _tokens(refs)
     out, checks = [], []
     for (preset, image, n), m in e2e_cells(refs).items():

@@ -1,12 +1,6 @@
-"""Generated parts of docs/goals.md: the goals the kit holds itself to, as measurements from the
-reference set, and for each goal it misses the numbers that explain the miss.
-
-The encoder's goals are :data:`lfm2vl_lab.measure.floor.TARGETS`, judged here by
-:func:`~lfm2vl_lab.measure.floor.judge_targets` from the two benches; the TTFT goals are
-:data:`lfm2vl_lab.measure.ttft.TARGETS`, judged by the ``ttft`` run itself (its ``targets``). A miss is
-explained by an entry of :data:`EXPLAIN` (goal name → a function of the reference set); a miss without
-one says so.
-"""
+"""The generated parts of docs/goals.md: the goals as measured from the reference set (the encoder's
+judged here by :func:`~.floor.judge_targets`, the others by their runs' ``targets``), and for each
+miss the numbers that explain it (:data:`EXPLAIN`)."""
 
 from __future__ import annotations
 
@@ -125,9 +119,7 @@ def request_goals_block(refs: Refs) -> str:
     return goals_part(lambda _: judged, "request-3b", how=f" ({RUN_JUDGED}{again})")(refs)
 
 
-# --------------------------------------------------------------------------------------------
 # What explains each miss
-# --------------------------------------------------------------------------------------------
 
 def idle_gaps(row: dict) -> list[tuple[float, str, str]]:
     """``(µs, entry before, entry after)`` of every idle stretch between the GPU entries of one

@@ -1,6 +1,4 @@
-"""Generated part about the named graph configs (:mod:`lfm2vl_lab.report.tables` draws it into the
-pages): the graph config vLLM PR #44930 measured with (``GraphOptions.named("pr")``) beside the kit's,
-from the reference set's ``pr-config`` file (``bench --mode lab-graph --graph-config kit,pr``)."""
+"""The generated ``pr-config`` part: the graph config vLLM PR #44930 measured with beside the kit's."""
 
 from __future__ import annotations
 
@@ -11,11 +9,6 @@ from ..measure.table import short_error
 from .frames import Refs, frame, md, ms, need, needs, pct, preset_label, times
 
 ROLE = "pr-config"
-
-
-def _graphs(row: dict) -> int:
-    """Graphs captured: one per variant of every budget (the capture rows' ``variants``)."""
-    return sum(len(c.get("variants") or ()) for c in row.get("capture_info") or [])
 
 
 def _budgets(row: dict) -> str:
@@ -34,9 +27,8 @@ def shared_settings(rows: list[dict]) -> tuple[dict, list[str]]:
 
 
 def pr_config_table(res: dict) -> str:
-    """One row per named config of a ``--graph-config`` bench file: its resolved budgets and item
-    limit, the graphs it captured, capture s, graph MiB, the stream's padding waste and the median ms
-    per workload; then, where both ran, each "pr" median over the kit's."""
+    """One row per named config of a ``--graph-config`` bench file (budgets, graphs, capture, memory,
+    padding waste, median per workload), then each "pr" median over the kit's."""
     df = need(frame(res), "mode", "graph_config", "median_ms", "padding_waste")
     df = df[(df["mode"] == "lab-graph") & df.graph_config.astype(bool) & df.graph_config.notna()]
     names, ws = list(dict.fromkeys(df.graph_config)), list(dict.fromkeys(df.workload))
@@ -44,7 +36,9 @@ def pr_config_table(res: dict) -> str:
     med = timed.pivot(index="graph_config", columns="workload", values="median_ms").reindex(index=names, columns=ws)
     first = [res["rows"][i] for i in df.drop_duplicates("graph_config").index]  # each config's first row
     out = pd.DataFrame({"graph config": [f"`{n}`" for n in names], "budgets": [_budgets(r) for r in first],
-                        "max items": [r.get("max_items") for r in first], "graphs": [_graphs(r) for r in first],
+                        "max items": [r.get("max_items") for r in first],  # graphs: one per variant of every budget
+                        "graphs": [sum(len(c.get("variants") or ()) for c in r.get("capture_info") or [])
+                                   for r in first],
                         "capture s": [ms(r.get("capture_s")) for r in first],
                         "graphs MiB": [ms(r.get("graph_total_mb"), 0) for r in first]}, dtype=object)
     if "stream" in ws:

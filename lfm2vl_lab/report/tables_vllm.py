@@ -1,21 +1,7 @@
-"""The generated parts of the pages that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline.
-
-* ``vllm-ttft`` and ``vllm-requests``: per preset and case, vLLM with encoder graphs off and the two
-  graphed engines' paired cuts with their 95% intervals, and the kit's pipeline on the same weights
-  and images beside them.
-* ``vllm-claim``: the PR's claim judged from vLLM's own measurement, then from the kit's pipeline.
-* ``vllm-breakdown``: where one request's first token goes in vLLM and in the kit's pipeline.
-* ``vllm-engines``: start-up, encoder capture and graph hits per engine, and parity on shared weights.
-* ``pr-claim``: the encoder graphs' TTFT cut of the kit's own runs (``ttft``, ``e2e``) beside the PR's range.
-* ``pr-verdict``: the one verdict on vLLM PR #44930's claim, "~10-20% lower e2e latency for low batch
-  size" (:data:`~.ttft_summary.PR_CLAIM`), drawn into docs/goals.md: by measure (whole requests of each
-  output length, the first token) and preset, where the claim holds and where it does not, inside vLLM
-  itself and in the kit's pipeline on the same weights (the ``vllm`` file), with the kit's other runs
-  beside them. Every other page and notebook links to it instead of judging the claim again. A cut is
-  placed against the range by its whole 95% interval (:func:`judged`); a group of cases by
-  :func:`group_verdict`. The kit's other runs have no interval, so their cells give medians only and no
-  verdict.
-"""
+"""The pages' parts that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline (TTFT, whole
+requests, breakdown, engines), and ``pr-verdict``, the one verdict on the PR's claim
+(:data:`~.ttft_summary.PR_CLAIM`) that every other page links to. A cut is placed against the range
+by its whole 95% interval; the kit's other runs have no interval, so they give medians, no verdict."""
 
 from __future__ import annotations
 
@@ -38,15 +24,9 @@ vllm_part = needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab reco
                   f"role `{ROLE}`._", partial=True)
 
 
-def still_to_record(res: dict) -> list[str]:
-    """The presets the run was asked for that the file does not hold yet (a partial file's)."""
-    asked = [p for p in str(res["provenance"].get("preset", "")).split(",") if p]
-    return [p for p in asked if p not in res["presets"]]
-
-
 def partial_note(res: dict) -> str:
     """A sentence for a partial file: what it holds and what is still to record; empty when whole."""
-    left = still_to_record(res)
+    left = [p for p in str(res["provenance"].get("preset", "")).split(",") if p and p not in res["presets"]]
     if not left:
         return ""
     return (f" **Partial:** this file holds {', '.join(preset_label(p) for p in presets(res))} so far; "
@@ -118,8 +98,7 @@ VERDICTS = {"within": "within it", "above": "above it", "below": "below it",
 
 
 def judged(c: dict) -> str:
-    """Where a cut stands against the PR's 10–20%, by its whole 95% interval: ``within`` the range,
-    ``above`` or ``below`` it, or ``open`` where the interval reaches across an edge of it."""
+    """Where a cut's whole 95% interval stands against the PR's range (``open``: across an edge of it)."""
     verdict = range_verdict(*c["ci"])
     return "open" if verdict == "overlapping" else verdict
 
@@ -131,17 +110,12 @@ def pr_cuts(res: dict, engine: str, key: str, tokens_list, preset: str | None = 
             for t in tokens_list if (r := _row(res, engine, p, c, t, "pr")) and r.get(key)]
 
 
-def _cases(res: dict, engine: str, key: str, tokens_list) -> list[tuple[str, dict]]:
-    return [(f"{preset_label(p)} {c}" + (f" {t} tokens" if key == "e2e_cut" else ""), cut)
-            for p, c, t, cut in pr_cuts(res, engine, key, tokens_list)]
-
-
-def _verdict(cases: list[tuple[str, dict]]) -> str:
-    groups: dict[str, list[str]] = {k: [] for k in VERDICTS}
-    for name, c in cases:
-        groups[judged(c)].append(f"{name} {cut(c)}")
-    parts = [f"{VERDICTS[k]} in {len(v)} of {len(cases)}: {', '.join(v)}" for k, v in groups.items() if v]
-    return "; ".join(parts)
+def _verdict(res: dict, engine: str, key: str, tokens_list) -> str:
+    """``engine``'s PR-config ``key`` cuts, named, grouped by where each stands against the PR's range."""
+    cases, groups = pr_cuts(res, engine, key, tokens_list), {k: [] for k in VERDICTS}
+    for p, c, t, x in cases:
+        groups[judged(x)].append(f"{preset_label(p)} {c}" + (f" {t} tokens" if key == "e2e_cut" else "") + f" {cut(x)}")
+    return "; ".join(f"{VERDICTS[k]} in {len(v)} of {len(cases)}: {', '.join(v)}" for k, v in groups.items() if v)
 
 
 @vllm_part
@@ -158,11 +132,11 @@ def claim_lines(res: dict) -> list[str]:
     """The PR's claim judged from a ``vllm`` file, one line per engine and measure (see :func:`claim_block`)."""
     v = res["provenance"].get("vllm")
     return [f"- **Inside vLLM {v}, whole requests** (PR config, cut against encoder eager): "
-             + _verdict(_cases(res, "vllm", "e2e_cut", TOKENS)) + ".",
-             f"- **Inside vLLM {v}, first token**: " + _verdict(_cases(res, "vllm", "ttft_cut", TOKENS[:1])) + ".",
+             + _verdict(res, "vllm", "e2e_cut", TOKENS) + ".",
+             f"- **Inside vLLM {v}, first token**: " + _verdict(res, "vllm", "ttft_cut", TOKENS[:1]) + ".",
              "- **The kit's pipeline, whole requests** (same weights and images): "
-             + _verdict(_cases(res, "kit", "e2e_cut", TOKENS)) + ".",
-             "- **The kit's pipeline, first token**: " + _verdict(_cases(res, "kit", "ttft_cut", TOKENS[:1])) + "."]
+             + _verdict(res, "kit", "e2e_cut", TOKENS) + ".",
+             "- **The kit's pipeline, first token**: " + _verdict(res, "kit", "ttft_cut", TOKENS[:1]) + "."]
 
 
 @vllm_part
@@ -245,10 +219,8 @@ def engines_block(refs: Refs, res: dict) -> str:
 
 
 def _claim_line(what: str, cuts: list[dict]) -> str:
-    """``- what: range over n cases, k of them within the PR's range; left out for decode drift: m cases,
-    their range, j of them within it (named)`` from :func:`~.ttft_findings.encoder_cuts`-like cuts, kept
-    and left out by :func:`~.ttft_findings.cut_range`. What the decode control leaves out is shown as the
-    kept cases are, so a reader sees what it removed."""
+    """``- what: range over n cases, k within the PR's range`` and the cases the decode control left
+    out, shown the same way so a reader sees what it removed (:func:`~.ttft_findings.cut_range`)."""
     def part(xs: list[dict]) -> str:
         n, (lo, hi) = len(xs), PR_CLAIM
         return (f"{span([c['cut'] for c in xs], pct)} over {n} case{'s' if n != 1 else ''}" if xs else
@@ -289,9 +261,8 @@ def measures() -> list[tuple[str, str, int]]:
 
 
 def group_verdict(cuts: list[dict]) -> str:
-    """A group of cases against the PR's range: ``holds`` where some interval lies within or above it and
-    none below, ``does not hold`` where some lies below and none within or above, ``mixed`` where both
-    happen, ``not settled`` where every interval reaches across an edge of the range."""
+    """A group of cases against the PR's range: ``holds`` (some within or above, none below), ``does not
+    hold`` (the reverse), ``mixed``, or ``not settled`` (every interval open)."""
     kinds = {judged(c) for c in cuts}
     up, down = bool(kinds & {"within", "above"}), "below" in kinds
     return "mixed" if up and down else "holds" if up else "does not hold" if down else "not settled"

@@ -1,18 +1,7 @@
-"""What the recorded TTFT and end-to-end files show, in sentences (notebook 07 prints them).
-
-A notebook sentence with a measured number is printed from the file; these functions build them:
-
-* :func:`coverage_text`       — what a file covers: presets, images, requests, modes, tokens, repeats
-* :func:`claim_ranges_text`   — the encoder graphs' TTFT cut as ranges, next to vLLM PR #44930's claim:
-  in the engine grid (``ttft-*.json``) with the text model graphed and eager, and inside ``generate``
-  (``e2e-*.json``); cases whose decode control fails are left out and named
-* :func:`decode_speedup_text` — decode per token with the text model eager over graphed
-* :func:`ttft_sentence`       — one case's TTFT, all eager and both graphed
-* :func:`image_path_text`     — ``encode()`` from pixels in host memory against pixels already on the GPU
-* :func:`first_tokens_text`   — which modes' first tokens equal the all-eager mode's, and what float32 says
-
-A file without what a sentence needs gives a line that says so (``not recorded: ...``), never an error.
-"""
+"""What the recorded TTFT and end-to-end files show, in the sentences notebook 07 prints: coverage, the
+encoder graphs' cut as ranges beside the PR's claim (cases failing the decode control left out and
+named), decode speedups, image path and first tokens. A file without what a sentence needs gives a
+``not recorded`` line, never an error."""
 
 from __future__ import annotations
 
@@ -26,9 +15,8 @@ def _case_name(case: tuple) -> str:
 
 
 def coverage(rows: list[dict]) -> dict:
-    """What ``rows`` (TTFT or e2e) cover: presets and images in recorded order, request counts, modes,
-    the number of (preset, image, requests) cases, generate's new-token counts (e2e ``total_<n>_ms``),
-    decode tokens (TTFT) and repeats."""
+    """What TTFT or e2e ``rows`` cover: presets, images, requests, modes, cases, generate's new tokens,
+    decode tokens and repeats."""
     rows = [r for r in rows if r.get("mode")]
     return {"presets": list(dict.fromkeys(r["preset"] for r in rows)),
             "images": list(dict.fromkeys(r["image"] for r in rows)),
@@ -73,9 +61,8 @@ def encoder_cuts(rows: list[dict], text_mode: str = "graphed") -> list[dict]:
 
 
 def e2e_cuts(rows: list[dict], mode: str = "lab-graph") -> list[dict]:
-    """The graphed encoder's TTFT cut inside ``generate`` per case of an e2e file: the ``mode`` row's
-    ``ttft_reduction_paired`` (its ``ttft_reduction`` where none was paired), with its ``decode_drift``.
-    ``mode="lab-eager"`` reads rows where nothing was captured (no CUDA)."""
+    """The graphed encoder's TTFT cut inside ``generate`` per case of an e2e file (paired where it was),
+    with its ``decode_drift``."""
     out = []
     for r in rows:
         cut = r.get("ttft_reduction_paired", r.get("ttft_reduction"))
@@ -85,9 +72,8 @@ def e2e_cuts(rows: list[dict], mode: str = "lab-graph") -> list[dict]:
 
 
 def cut_range(cuts: list[dict], requests: int | None = None) -> dict:
-    """The range of ``cuts`` (from :func:`encoder_cuts` or :func:`e2e_cuts`; with ``requests``, only
-    those cases) over the cases whose decode control holds: ``lo``, ``hi`` (None when none holds),
-    ``kept`` and ``left_out`` (the cases whose drift fails), ``unchecked`` (kept cases without a drift)."""
+    """The range of ``cuts`` (only ``requests``' cases, if given) over the cases whose decode control
+    holds, with those ``kept``, ``left_out`` and ``unchecked`` (kept without a drift)."""
     cuts = [c for c in cuts if requests is None or c["case"][2] == requests]
     kept = [c for c in cuts if not drift_beyond(c["drift"])]
     return {"lo": min((c["cut"] for c in kept), default=None), "hi": max((c["cut"] for c in kept), default=None),
@@ -116,9 +102,8 @@ def range_text(cuts: list[dict], requests: int | None = None, claim: tuple | Non
 
 
 def claim_ranges_text(ttft_rows: list[dict], e2e_rows: list[dict] | None = None) -> str:
-    """The PR's claim next to the encoder graphs' TTFT cuts the files hold, as ranges over one request
-    and over every case (:func:`range_text`): in the engine grid with the text model graphed (the PR's
-    setting) and eager, and inside ``generate`` (an e2e file's rows, if given)."""
+    """The PR's claim beside the encoder graphs' TTFT cut ranges: the grid with the text model graphed
+    and eager, and inside ``generate`` (``e2e_rows``, if given)."""
     lo, hi = PR_CLAIM
     settings = [("engine grid, text model graphed (as in vLLM)", encoder_cuts(ttft_rows, "graphed")),
                 ("engine grid, text model eager", encoder_cuts(ttft_rows, "eager"))]
@@ -182,15 +167,9 @@ def image_path_text(result: dict) -> str:
                      f"{r['gpu_ms_median']:.2f} ms)" for r in rows)
 
 
-def _parity_of(result: dict, case: tuple) -> dict | None:
-    return next((p for p in result.get("parity") or [] if (p.get("preset"), p.get("image"), p.get("requests"))
-                 == case), None)
-
-
 def first_tokens_text(result: dict) -> str:
-    """Whether every mode's first tokens equal the all-eager mode's, case by case; for a case that
-    differs and has a parity record, which modes chose float32's first token and float32's top-2
-    logit margin (a small margin is a near tie that bf16 rounding can tip either way)."""
+    """Whether every mode's first tokens equal all-eager's, per case; where not, float32's top-2 margin
+    (a near tie bf16 can tip) and which modes chose float32's token."""
     rows, cases = result.get("rows") or [], ttft_cases(result.get("rows") or [])
     if not cases:
         return _not_recorded("TTFT rows")
@@ -199,7 +178,8 @@ def first_tokens_text(result: dict) -> str:
     lines = [f"every mode's first tokens equal the all-eager mode's in {len(cases) - len(bad)} of {len(cases)} cases"]
     for c, modes in bad.items():
         line = f"  {_case_name(c)}: {', '.join(modes)} differ"
-        p = _parity_of(result, c)
+        p = next((p for p in result.get("parity") or [] if (p.get("preset"), p.get("image"), p.get("requests"))
+                  == c), None)
         if p is not None:
             fp32 = [m for m, r in p["modes"].items() if r.get("first_token_as_fp32")]
             line += (f"; float32's top-2 logit margin {min(p.get('fp32_top2_margin') or [float('nan')]):.3g}, "

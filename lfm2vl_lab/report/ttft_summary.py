@@ -1,22 +1,6 @@
-"""A recorded TTFT result (``ttft-*.json``, and ``e2e-*.json``) as text: what notebook 07 prints next to its figures.
-
-Each function takes the whole result (or its rows) and returns a string. A section the file does not
-have (``parity``, ``profile``, or the rows a table needs) gives a line that says it is not
-recorded, never an error, so the same cells read a small first run and the full grid.
-
-* :func:`decode_text`  — decode ms per token per mode, and the drift between the encoder modes
-* :func:`parity_text`  — every mode's tokens and first-token logits against transformers
-* :func:`profile_text` — kernels, launch calls and GPU-busy against wall time per mode
-* :func:`claim_text`   — the encoder graphs' TTFT cut, text model graphed and eager, next to the PR's 10-20%
-* :func:`drift_fails`, :func:`case_disturbed` — the decode control of a row and of a case
-
-:mod:`lfm2vl_lab.report.ttft_findings` says in sentences what the files show (ranges, first tokens, ...).
-
-Two readings of the rows that notebook 07's exercises use:
-
-* :func:`amdahl_cut`      — the encoder graphs' cut predicted from the phases (Amdahl's law) next to the measured one
-* :func:`text_graph_cuts` — what graphing the text model cuts, per case, against the prompt tokens of the batch
-"""
+"""A recorded TTFT result (``ttft``, ``e2e``) as the text notebook 07 prints beside its figures, and
+the decode control (:func:`drift_fails`). A section the file lacks gives a ``not recorded`` line,
+never an error, so the same cells read a small first run and the full grid."""
 
 from __future__ import annotations
 
@@ -115,9 +99,8 @@ def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
 
 
 def claim_text(rows: list[dict], preset: str | None = None, image: str | None = None) -> str:
-    """The encoder graphs' paired TTFT cut per case (``encoder_graph_cut`` of the graphed-encoder row),
-    with the text model graphed (an engine like vLLM) and eager (``generate``), each placed against
-    the PR's 10-20%; ``preset``/``image`` restrict the cases."""
+    """The encoder graphs' paired TTFT cut per case, text model graphed and eager, each placed against
+    the PR's range; ``preset``/``image`` restrict the cases."""
     cases = [c for c in ttft_cases(rows) if (preset is None or c[0] == preset) and (image is None or c[1] == image)]
     if not cases:
         return _not_recorded(f"TTFT rows for {preset or 'any preset'}, {image or 'any image'}")
@@ -161,14 +144,9 @@ def claim_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = 
 
 
 def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mode: str) -> dict | None:
-    """Amdahl's law for the encoder graphs' TTFT cut at one case and text mode, from the recorded phases.
-
-    The encoder mode changes the phases before the text model (:data:`BEFORE_TEXT`); Amdahl's law
-    assumes everything after them stays the same. ``share``: those phases' ms / TTFT in the
-    eager-encoder row; ``speedup``: their ms with the eager encoder / with the graphed one;
-    ``predicted`` = share · (1 − 1/speedup). ``measured``: the graphed-encoder row's paired
-    ``encoder_graph_cut``. None when the case lacks either row.
-    """
+    """Amdahl's law for the encoder graphs' TTFT cut at one case and text mode: ``share`` of TTFT in the
+    phases before the text model (eager encoder), their ``speedup`` graphed, ``predicted`` = share ·
+    (1 − 1/speedup), beside the ``measured`` paired cut; None where the case lacks a row."""
     by = ttft_case(rows, preset, image, requests)
     eager, graphed = by.get(mode_name(text_mode, "eager")), by.get(mode_name(text_mode, "graphed"))
     if eager is None or graphed is None:
@@ -181,11 +159,8 @@ def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mo
 
 
 def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed") -> list[dict]:
-    """What graphing the text model cuts from TTFT in each case of ``preset``, at one encoder mode:
-    ``{"image", "requests", "prompt_tokens", "eager_ms", "graphed_ms", "cut"}`` sorted by the prompt
-    tokens of the batch (requests × prompt length), and ``"disturbed"``: whether a mode of that case fails
-    the decode control (:func:`case_disturbed`). ``cut`` is paired (repeat by repeat) like
-    ``encoder_graph_cut``; rows without samples fall back to the medians."""
+    """What graphing the text model cuts from TTFT per case of ``preset`` at one encoder mode (paired,
+    else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed``."""
     out = []
     for p, image, n in ttft_cases(rows):
         if p != preset:
@@ -204,14 +179,12 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
     return sorted(out, key=lambda c: c["prompt_tokens"])
 
 
-# ------------------------------------------------------------------------------------------------
 # The decode control (ttft_findings quotes ranges over the cases that pass it)
 
 
 def drift_fails(row: dict | None) -> bool:
-    """Whether a row fails the decode control: its ``decode_drift`` (decode per token with the graphed
-    encoder against the eager one, at one text mode) is beyond ``DECODE_DRIFT_WARN``. Decode never runs
-    the encoder, so such a row was disturbed while one mode was timed. A row without a drift passes."""
+    """Whether a row's ``decode_drift`` is beyond ``DECODE_DRIFT_WARN``: decode never runs the encoder,
+    so such a row was disturbed while one mode was timed (no drift passes)."""
     return drift_beyond((row or {}).get("decode_drift"))
 
 

@@ -1,17 +1,6 @@
-"""How a ``vllm`` result reads (``python -m lfm2vl_lab vllm``: vLLM's own A/B beside the kit's pipeline):
-the terminal's summary, the row lookup the pages' tables share (:mod:`.tables_vllm`), and the figures.
-
-Every number here is read from the result file (:mod:`.cli_vllm` writes it); nothing is measured. The
-figures take the whole result file (its ``rows`` and, per preset, its ``breakdown``) and return a
-``matplotlib.figure.Figure`` built without ``pyplot``; a file without the data raises
-:class:`~lfm2vl_lab.report.plots.NoData`.
-
-* :func:`vllm_cuts_figure`      — the encoder graphs' cut of TTFT and of whole requests, per case, with
-  each cut's 95% interval: vLLM with the PR's and the kit's graph config, the kit's pipeline beside
-  it, and the PR's claimed 10-20% as a band
-* :func:`vllm_breakdown_figure` — where one request's first token goes, in vLLM and in the kit's
-  pipeline, per preset: why the same encoder saving is a large share of one and a small one of the other
-"""
+"""How a ``vllm`` result reads: the terminal's summary, the row lookup the pages' tables share, and the
+two figures (the encoder graphs' cuts with their 95% intervals against the PR's band; where one
+request's first token goes in vLLM and in the kit's pipeline)."""
 
 from __future__ import annotations
 
@@ -34,13 +23,9 @@ def cut_text(cut: dict | None) -> str:
     return f"{pct(-cut['cut'])} [{100 * -hi:+.1f}, {100 * -lo:+.1f}]".replace("-", "−")
 
 
-def rows_of(result: dict, engine: str = "vllm", preset: str | None = None) -> list[dict]:
-    return [r for r in result["rows"] if r.get("engine") == engine and (preset is None or r["preset"] == preset)]
-
-
 def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: str) -> dict | None:
-    return next((r for r in rows_of(result, engine, preset)
-                 if (r["case"], r["tokens"], r["arm"]) == (case, tokens, arm)), None)
+    return next((r for r in result["rows"] if (r.get("engine"), r["preset"], r["case"], r["tokens"], r["arm"])
+                 == (engine, preset, case, tokens, arm)), None)
 
 
 def parity_line(preset: str, sec: dict) -> str:
@@ -108,9 +93,8 @@ Y_FLOOR = -50.0
 
 
 def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
-    """Rows: TTFT, whole request; columns: presets; per case and token count, one bar per series
-    (:data:`SERIES`) with its 95% interval. A cut above 0 is a saving; an interval that reaches below
-    :data:`Y_FLOOR` ends there in a marker."""
+    """The encoder graphs' TTFT and whole-request cuts per preset, case and token count, a bar per
+    :data:`SERIES` with its 95% interval (clipped at :data:`Y_FLOOR` with a marker)."""
     presets = _presets(res)
     groups = [(case_name(im, n), t) for im, n in CASES for t in TOKENS]
     fig = Figure(figsize=(page_width(4.2 * len(presets), least=9.0), 7.2), layout="constrained")
@@ -177,9 +161,8 @@ def _vllm_parts(b: dict) -> list[tuple[str, float, str]]:
 
 
 def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
-    """Per preset, one request of one 512 px image: a stacked bar per engine and arm, vLLM's from its
-    own timestamps (:func:`~lfm2vl_lab.measure.vllm_ab.breakdown`), the kit's from its phases, with the
-    TTFT each measured at the bar's end."""
+    """Per preset, one 512 px request as a stacked bar per engine and arm (vLLM's own timestamps, the
+    kit's phases), each with its measured TTFT."""
     presets = _presets(res)
     fig = Figure(figsize=(page_width(11), 1.9 + 2.3 * len(presets)), layout="constrained")
     axes = fig.subplots(len(presets), 1, squeeze=False)[:, 0]
