@@ -119,11 +119,14 @@ def refresh(path: Path, timeout: int, base: str, allow_unedited: bool, dry_run: 
     before = source_at(base, path)
     sources = [c.source for c in nbcheck.code_cells(nb)]
     unedited = [i for i in changed if before is not None and len(before) == len(sources) and before[i] == sources[i]]
-    committed = nbcheck.code_cells(nbformat.reads(text, as_version=4))
+    committed = nbformat.reads(text, as_version=4)
+    position = {id(c): j for j, c in enumerate(committed.cells)}  # code cell i is cell position[...] of nb.cells
     for i in changed:
-        why = nbcheck.compare_outputs(nbcheck.code_cells(nb)[i].get("outputs", []), committed[i].get("outputs", []))
+        cell = nbcheck.code_cells(committed)[i]
+        why = nbcheck.compare_outputs(nbcheck.code_cells(nb)[i].get("outputs", []), cell.get("outputs", []))
         tag = f"UNEDITED since {base}" if i in unedited else "source edited"
-        print(f"{path.name}: code cell {i} ({tag}): {why or 'had never run'}", flush=True)
+        print(f"{path.name}: code cell {i} (cells[{position[id(cell)]}], {tag}): {why or 'had never run'}",
+              flush=True)
     if unedited and not allow_unedited:
         print(f"{path.name}: checked cells {unedited} changed their outputs although their sources are as at "
               f"{base}: a bug (or a change elsewhere); nothing written", flush=True)
