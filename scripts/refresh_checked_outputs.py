@@ -108,7 +108,8 @@ def merge(committed_text: str, ran) -> tuple[str, list[int]]:
 
 def refresh(path: Path, timeout: int, base: str, allow_unedited: bool, dry_run: bool) -> int:
     """Run ``path`` on the CPU and write its changed checked outputs back. Returns 0 (written, or nothing
-    to write), 1 (the run failed) or 2 (an unedited cell changed: nothing written)."""
+    to write), 1 (the run failed, or a changed checked cell wrote to stderr: nothing written) or 2 (an
+    unedited cell changed: nothing written)."""
     text = path.read_text(encoding="utf-8")
     nb = nbformat.reads(text, as_version=4)
     status = run_notebooks.execute(nb, path, timeout)
@@ -127,6 +128,11 @@ def refresh(path: Path, timeout: int, base: str, allow_unedited: bool, dry_run: 
         tag = f"UNEDITED since {base}" if i in unedited else "source edited"
         print(f"{path.name}: code cell {i} (cells[{position[id(cell)]}], {tag}): {why or 'had never run'}",
               flush=True)
+    noisy = [i for i in changed if any(o.get("output_type") == "error" or o.get("name") == "stderr"
+                                       for o in nbcheck.code_cells(nb)[i].get("outputs", []))]
+    if noisy:  # a learner would see a red box, and the JupyterLab test fails on one
+        print(f"{path.name}: checked cells {noisy} wrote to stderr or raised; nothing written", flush=True)
+        return 1
     if unedited and not allow_unedited:
         print(f"{path.name}: checked cells {unedited} changed their outputs although their sources are as at "
               f"{base}: a bug (or a change elsewhere); nothing written", flush=True)
