@@ -27,6 +27,7 @@ that nobody edited must come out the same, so the script writes nothing to that 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -60,10 +61,24 @@ def dumps(raw: dict) -> str:
 def kernel_env(repo_root: Path = REPO_ROOT) -> dict[str, str]:
     """The environment of the run's kernel: this checkout first on the path (the Makefile's rule, so the
     kernel imports this checkout's package and not another editable install's), no hub, no CUDA device."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONFAULTHANDLER="1")
     env.pop("LFM2VL_CHECKPOINT", None)  # the committed outputs are the presets' (tests/conftest.py)
     env["PYTHONPATH"] = os.pathsep.join([str(repo_root), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
+
+
+@contextlib.contextmanager
+def kernel_environment(repo_root: Path = REPO_ROOT):
+    """:func:`kernel_env` in ``os.environ`` while the block runs (a kernel inherits it), as it was after."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(kernel_env(repo_root))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def source_at(rev: str, path: Path) -> list[str] | None:
@@ -112,7 +127,8 @@ def refresh(path: Path, timeout: int, base: str, allow_unedited: bool, dry_run: 
     unedited cell changed: nothing written)."""
     text = path.read_text(encoding="utf-8")
     nb = nbformat.reads(text, as_version=4)
-    status = run_notebooks.execute(nb, path, timeout)
+    with kernel_environment():
+        status = run_notebooks.execute(nb, path, timeout)
     if status != "ok":
         print(f"{path.name}: {status}; nothing written", flush=True)
         return 1
@@ -156,8 +172,6 @@ def main(argv=None) -> int:
                     help="also write changed outputs of checked cells whose source is as at --base")
     ap.add_argument("--dry-run", action="store_true", help="run and report, write nothing")
     args = ap.parse_args(argv)
-    os.environ.update(kernel_env())  # the kernel nbclient starts inherits it
-    os.environ.pop("LFM2VL_CHECKPOINT", None)
     worst = 0
     for path in args.notebooks:
         worst = max(worst, refresh(path, args.timeout, args.base, args.allow_unedited, args.dry_run))
