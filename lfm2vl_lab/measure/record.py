@@ -16,7 +16,10 @@ Each role names its code (:mod:`.role_code`): its manifest entry holds the code 
 tree that recorded it, and the files its numbers depend on with their blob ids (``measures``,
 ``role_hash``). So a set may hold roles of several code versions, and ``--changed`` re-records only
 the roles whose own files changed since: a change to ``check`` re-runs ``check``, a change to the
-encoder's core every role that runs it. ``--take DIR`` brings a device call's ``--out`` into the repo
+encoder's core every role that runs it, a change to comments or docstrings none
+(:func:`.role_code.same_code`). A role recorded by another command (its arguments changed in
+:data:`STEPS`) is recorded again too. Each entry also names its call's host speed (``host``:
+:func:`host_speed`). ``--take DIR`` brings a device call's ``--out`` into the repo
 and moves the files the new manifest no longer names into ``archive/``.
 
 A step *beside* the set (``vllm``: vLLM itself, which the kit's code only drives) is recorded only
