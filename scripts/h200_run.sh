@@ -25,6 +25,8 @@
 #   bash scripts/h200_run.sh sanitize    scripts/sanitize_replay.py natively, then under compute-sanitizer's
 #                                        memcheck (must end "ERROR SUMMARY: 0 errors") and initcheck
 #                                        (reports explained in docs/design.md); logs sanitize-*.log
+#   bash scripts/h200_run.sh boundary    scripts/boundary_probe.py: a kernel boundary inside a graph, the
+#                                        copy bandwidth, and the 450M text model's decode GEMVs against it
 #   bash scripts/h200_run.sh vllm-stage  unpack the parts of the vLLM bundle this call carried into
 #                                        /tmp/vllm-site, and say which parts are still missing
 #   bash scripts/h200_run.sh vllm        the same; once the bundle is complete, vLLM's part of the reference
@@ -188,7 +190,9 @@ compare)
                                  --workload 1x512 --repeats 5 --cu-rule safe,repeat_last --no-progress \
                                  --figure none --name fused-rules --out "$R"
   LOG=probe  TAILN=8  step 60  python3 scripts/fused_host_probe.py ;;
-*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, vllm-stage, vllm)"
+boundary)
+  LOG=boundary TAILN=20 step 180 python3 scripts/boundary_probe.py --out "$R" ;;
+*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, vllm-stage, vllm)"
    exit 2 ;;
 esac
 ls -la "$OUT"
