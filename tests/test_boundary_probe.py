@@ -3,16 +3,14 @@ the copy bandwidth, the decode GEMVs). The probe runs on the H200; here its host
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("boundary_probe", ROOT / "scripts" / "boundary_probe.py")
-bp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bp)
+bp = load_script("boundary_probe.py")
 
 
 def test_the_450m_decode_step_reads_the_weights_the_floor_counts():

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
+from script_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("host_probe", ROOT / "scripts" / "host_probe.py")
-hp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(hp)
+hp = load_script("host_probe.py")
 
 
 def test_the_probe_times_the_interpreter_and_the_dispatcher_and_says_when_it_has_no_gpu(monkeypatch):

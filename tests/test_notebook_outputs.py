@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -17,14 +17,7 @@ TQDM_WARNING = ("/opt/torch/.venv/lib/python3.12/site-packages/tqdm/auto.py:21: 
                 "  from .autonotebook import tqdm as notebook_tqdm\n")
 
 
-def load_runner():
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rn = load_runner()
+rn = load_script("run_notebooks.py")
 
 
 @pytest.mark.parametrize("raw,clean", [

@@ -3,21 +3,18 @@ only: sources, metadata and the GPU outputs of NBVAL_IGNORE_OUTPUT cells stay by
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
 pytest.importorskip("nbval")  # the checked cells and the comparison are nbval's (tests/nbcheck.py)
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "refresh_checked_outputs.py"
-spec = importlib.util.spec_from_file_location("refresh_checked_outputs", SCRIPT)
-refresh = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(refresh)
+refresh = load_script("refresh_checked_outputs.py")
 
 
 def out(text: str, name: str = "stdout"):

@@ -1,7 +1,6 @@
 """measure/role_code: which files each role of the reference set measures, so that `record --changed`
 re-records exactly the roles a change can move."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -9,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from lfm2vl_lab.measure import role_code as rc
 from lfm2vl_lab.measure.record import STEPS
@@ -148,10 +148,7 @@ def test_a_tree_without_history_reads_the_recorded_versions_from_the_carried_blo
         manifest = tree / "data/results/gpu/reference.json"
         manifest.parent.mkdir(parents=True)
         manifest.write_text(json.dumps({"files": {"r": entry}, "partial": {}}))
-    scripts = Path(__file__).parents[1] / "scripts"
-    script = importlib.util.spec_from_file_location("carry_blobs", scripts / "carry_blobs.py")
-    carry = importlib.util.module_from_spec(script)
-    script.loader.exec_module(carry)
+    carry = load_script("carry_blobs.py")
     assert carry.main(["--root", str(copy), "--check"]) == 1  # what the device call checks before it records
     assert carry.main(["--root", str(root)]) == 0
     assert sorted(p.name for p in (root / rc.BLOBS).iterdir()) == [entry["measures"]["lfm2vl_lab/measure/m.py"]]

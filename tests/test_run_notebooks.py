@@ -4,25 +4,17 @@ beforehand sees what it would see on a fresh one, so a warm run cannot hide a no
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_runner():
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rn = load_runner()
+rn = load_script("run_notebooks.py")
 # What a notebook can see of its kernel: its names, the kernel's execution counter and input history.
 PROBE = ("import torch\nprint(torch.zeros(2).sum().item())",
          "print(sorted(dir()))\n"
