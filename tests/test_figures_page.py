@@ -109,7 +109,10 @@ def test_page_gives_each_source_files_provenance(committed):
     assert {Path(p).resolve() for p in linked_files(committed)} >= {p.resolve() for p, _ in committed}
 
 
-def attention_set(tmp_path: Path, code: str = MAN["code_hash"], torch: str = "9.9.9+test") -> tuple[Path, Path]:
+ATTENTION_CODE = reference.role_code_hash(MAN, "attention")  # the code that recorded the attention role
+
+
+def attention_set(tmp_path: Path, code: str = ATTENTION_CODE, torch: str = "9.9.9+test") -> tuple[Path, Path]:
     """A reference set under ``tmp_path / "results"`` holding the committed attention figure's file
     (its provenance's torch version and command changed) and that figure: ``(folder, figures)``."""
     name = MAN["files"]["attention"]["file"]
@@ -118,7 +121,7 @@ def attention_set(tmp_path: Path, code: str = MAN["code_hash"], torch: str = "9.
     folder = tmp_path / "results" / "nvidia-h200"
     folder.mkdir(parents=True)
     (folder / name).write_text(json.dumps(res))
-    manifest = {"gpu": "NVIDIA H200", "code_hash": code, "files": {"attention": {"file": name}}}
+    manifest = {"gpu": "NVIDIA H200", "code_hash": code, "files": {"attention": {"file": name, "code_hash": code}}}
     (folder / reference.MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "figures").mkdir()
     shutil.copy(FIGURES_ROOT / "nvidia-h200-attention.png", tmp_path / "figures")
@@ -131,7 +134,7 @@ def test_page_is_generated_from_the_json(tmp_path):
     sources = figure_sources("nvidia-h200", figures, tmp_path / "results")
     page = figures_page(sources, link=lambda path: Path(path).name)
     assert "torch 9.9.9+test ·" in page and "  `python -m lfm2vl_lab attention`\n" in page
-    assert "(reference set: `attention`)" in page and f"code `{MAN['code_hash'][7:19]}`" in page
+    assert "(reference set: `attention`)" in page and f"code `{ATTENTION_CODE[7:19]}`" in page
     assert "/somewhere/else" not in page and "[![nvidia-h200-attention](nvidia-h200-attention.png)]" in page
     # a file beside the manifest that it does not name explains no figure
     (folder / reference.MANIFEST).write_text(json.dumps({"gpu": "NVIDIA H200", "code_hash": "sha256:0", "files": {}}))
@@ -222,7 +225,7 @@ def test_the_page_captions_a_figure_with_the_file_its_png_names(tmp_path):
     its role, other code, a role the set lacks, or nothing, is refused, naming the figure."""
     _folder, figures = attention_set(tmp_path)
     png, name, fig = figures / "nvidia-h200-attention.png", MAN["files"]["attention"]["file"], _small_figure()
-    ok = {"file": name, "role": "attention", "code_hash": MAN["code_hash"]}
+    ok = {"file": name, "role": "attention", "code_hash": ATTENTION_CODE}
     save_figure(fig, png, [ok])
     ((got, (res,)),) = figure_sources("nvidia-h200", figures, tmp_path / "results")
     assert got == png and Path(res["_path"]).name == name and res["provenance"]["torch"] == "9.9.9+test"
