@@ -279,11 +279,35 @@ def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatc
     monkeypatch.setattr(tables_goals, "ttft_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "engine_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "guard_goals", lambda refs: [])
+    monkeypatch.setattr(tables_goals, "record_goals", lambda refs: [])
     out = tables_goals.misses_block(None)
     assert "### a goal nobody explains ms: 2.00 ms, aimed for ≤ 1 ms" in out and "No explanation" in out
     assert "450M 1x512" not in out
     monkeypatch.setattr(tables_goals, "encoder_goals", lambda refs: [])
     assert tables_goals.misses_block(None) == "Every goal is reached in this reference set."
+
+
+def test_the_record_goal_sums_the_kit_s_own_steps_and_can_be_missed(tmp_path):
+    """A full record's seconds are the manifest's steps of the kit's own roles (vLLM's, beside the set,
+    left out): under the limit it is reached, over it it is a miss with the longest steps named."""
+    refs = make_set(tmp_path, {"check": {}, "ttft": {}, "vllm": {}})
+    man_path = tmp_path / "nvidia-h200" / "reference.json"
+    man = json.loads(man_path.read_text())
+    for role, secs in (("check", 100.0), ("ttft", 450.0), ("vllm", 5000.0)):
+        man["files"][role]["seconds"] = secs
+    man_path.write_text(json.dumps(man))
+    (goal,) = tables_goals.record_goals(Refs(root=tmp_path))
+    assert (goal["value"], goal["ok"], goal["detail"]) == (550.0, True, "2 roles")
+    man["files"]["ttft"]["seconds"] = 600.0
+    man_path.write_text(json.dumps(man))
+    refs = Refs(root=tmp_path)
+    (goal,) = tables_goals.record_goals(refs)
+    assert (goal["value"], goal["ok"]) == (700.0, False)
+    assert "| a full record of the kit's own roles, steps in s | ≤ 600 s | 700.00 s | **no** |" in (
+        tables_goals.record_goals_block(refs))
+    why = tables_goals.explain_record(refs)
+    assert why.startswith("The 2 steps took 700 s.") and "`ttft` 600 s, `check` 100 s" in why
+    assert "Of those, `ttft` compile" in why  # its command runs the fused text engine
 
 
 class _CheckRefs:

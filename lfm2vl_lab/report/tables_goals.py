@@ -11,6 +11,7 @@ from ..measure.floor import judge_targets, kernel_breakdown
 from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
 from .frames import Refs, ms, pct, preset_label, table
+from .reference import manifest_path
 from .tables_encoder import by_mode
 from .tables_engine import image_path_pairs, mode_label
 
@@ -60,6 +61,41 @@ def guard_goals(refs: Refs) -> list[dict]:
         return judged
     return [{"target": f"{preset_short(name)} pointer check per encode µs", "limit": limit, "value": None,
              "ok": False, "detail": "the set's check file predates this goal"} for name, limit in STAMP_TARGET.items()]
+
+
+RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of a session's device time
+
+
+def record_goals(refs: Refs) -> list[dict]:
+    """A full ``record`` of the kit's own roles (vLLM's is timed apart) spends at most
+    :data:`RECORD_LIMIT_S` seconds in its steps: the manifest's ``seconds``, summed."""
+    from ..measure.record import STEPS
+
+    files = refs.manifest["files"]
+    own = [s.role for s in STEPS if s.role in files and not s.beside]
+    total = sum(files[r].get("seconds") or 0 for r in own)
+    return [{"target": "a full record of the kit's own roles, steps in s", "limit": RECORD_LIMIT_S,
+             "value": total, "ok": total <= RECORD_LIMIT_S, "detail": f"{len(own)} roles"}]
+
+
+def explain_record(refs: Refs) -> str:
+    """Where a full record's seconds go: each role's step, longest first."""
+    from ..measure.record import STEPS
+
+    files, step = refs.manifest["files"], {s.role: s for s in STEPS}
+    secs = sorted(((files[s.role].get("seconds") or 0, s.role) for s in STEPS if s.role in files and not s.beside),
+                  reverse=True)
+    total = sum(v for v, _ in secs)
+    top = secs[:5]
+    # the steps whose command compiles before it times: torch.compile modes, or the fused text engine
+    compiling = [r for _, r in top if "compile" in step[r].argv or "--fuse" in step[r].argv
+                 or any(a.startswith("compile") or ",compile" in a for a in step[r].argv)]
+    return (f"The {len(secs)} steps took {total:.0f} s. The five longest hold {sum(v for v, _ in top) / total:.0%} "
+            "of it: " + ", ".join(f"`{r}` {v:.0f} s" for v, r in top) + ". Of those, "
+            + (", ".join(f"`{r}`" for r in compiling) or "none")
+            + " compile before they time (a `torch.compile` mode or the fused text engine, in fresh processes). "
+            "Not built: a cut of repeats justified by their spread, and compile caches kept between steps. A change "
+            "touches fewer roles: `record --changed` re-runs only those (docs/gpu.md gives each group's seconds).")
 
 
 def _aim_and_value(t: dict) -> tuple[str, str]:
@@ -117,6 +153,13 @@ def request_goals_block(refs: Refs) -> str:
     again = "".join(f"; {t['target']}: judged again against the kit's one capture limit (`floor.TARGETS`), the file "
                     f"was recorded under ≤ {t['recorded_limit']:g} s" for t in judged if "recorded_limit" in t)
     return goals_part(lambda _: judged, "request-3b", how=f" ({RUN_JUDGED}{again})")(refs)
+
+
+def record_goals_block(refs: Refs) -> str:
+    judged = record_goals(refs)
+    return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (the "
+                        "manifest's seconds of each step, summed). "
+                        f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
 
 
 # What explains each miss
@@ -337,6 +380,7 @@ EXPLAIN = {
     "decode ms per token": explain_text_engine,
     "prefill+sample": explain_text_engine,
     "every mode passes parity (tokens vs generate, logits vs fp32)": explain_first_tokens,
+    "a full record of the kit's own roles": explain_record,
 }
 
 
@@ -347,6 +391,7 @@ def explainer(target: str):
 def misses_block(refs: Refs) -> str:
     """One short section per missed goal (goals sharing an explanation share the section)."""
     judged = encoder_goals(refs) + ttft_goals(refs) + engine_goals(refs) + request_goals(refs) + guard_goals(refs)
+    judged += record_goals(refs)
     missed = [t for t in judged if not t["ok"]]
     if not missed:
         return "Every goal is reached in this reference set."
@@ -366,4 +411,5 @@ def misses_block(refs: Refs) -> str:
 BLOCKS = {"goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b", how=""),
           "goals-ttft": goals_part(ttft_goals, "ttft"), "goals-engine": goals_part(engine_goals, "engine"),
           "goals-request": request_goals_block, "goals-guard": goals_part(guard_goals, "check"),
+          "goals-record": record_goals_block,
           "misses": misses_block}
