@@ -279,6 +279,7 @@ def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatc
     monkeypatch.setattr(tables_goals, "ttft_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "engine_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "guard_goals", lambda refs: [])
+    monkeypatch.setattr(tables_goals, "request_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "record_goals", lambda refs: [])
     out = tables_goals.misses_block(None)
     assert "### a goal nobody explains ms: 2.00 ms, aimed for ≤ 1 ms" in out and "No explanation" in out
@@ -304,7 +305,7 @@ def test_the_record_goal_sums_the_kit_s_own_steps_and_can_be_missed(tmp_path):
     (goal,) = tables_goals.record_goals(refs)
     assert (goal["value"], goal["ok"]) == (700.0, False)
     assert "| a full record of the kit's own roles, steps in s | ≤ 600 s | 700.00 s | **no** |" in (
-        tables_goals.record_goals_block(refs))
+        tables_goals.BLOCKS["goals-record"](refs))
     why = tables_goals.explain_record(refs)
     assert why.startswith("The 2 steps took 700 s.") and "`ttft` 600 s, `check` 100 s" in why
     assert "Of those, `ttft` compile" in why  # its command runs the fused text engine

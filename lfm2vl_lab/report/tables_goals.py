@@ -30,24 +30,17 @@ def engine_goals(refs: Refs) -> list[dict]:
     from ..measure.engine_measure import compile_note
 
     res = refs("engine")
-    first = {f"{r['preset']} {r['mode']}": r["first_call"] for r in res["rows"]
+    first = {f"capture s of every graph, {r['preset']} {r['mode']}": r["first_call"] for r in res["rows"]
              if r.get("requests") == 1 and r.get("first_call")}
-    out = []
-    for t in res.get("targets") or []:
-        what = t["target"].removeprefix("capture s of every graph, ")
-        if what != t["target"] and not t.get("detail") and what in first:
-            t = dict(t, detail=compile_note(first[what]))
-        out.append(t)
-    return out
+    return [dict(t, detail=compile_note(first[t["target"]])) if t["target"] in first and not t.get("detail") else t
+            for t in res.get("targets") or []]
 
 
 def request_goals(refs: Refs) -> list[dict]:
     """The whole-request run's goals (:func:`~.request.goals_of`; none while the set has no such file)."""
     from ..measure.request import goals_of
 
-    if refs is None or "request-3b" not in refs.manifest.get("files", {}):
-        return []
-    return goals_of(refs("request-3b"))
+    return goals_of(refs("request-3b")) if "request-3b" in refs.manifest.get("files", {}) else []
 
 
 def guard_goals(refs: Refs) -> list[dict]:
@@ -66,30 +59,31 @@ def guard_goals(refs: Refs) -> list[dict]:
 RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of a session's device time
 
 
-def record_goals(refs: Refs) -> list[dict]:
-    """A full ``record`` of the kit's own roles (vLLM's is timed apart) spends at most
-    :data:`RECORD_LIMIT_S` seconds in its steps: the manifest's ``seconds``, summed."""
+def _record_seconds(refs: Refs) -> list[tuple[float, str]]:
+    """``(seconds, role)`` of each of the kit's own steps in the manifest (vLLM's is timed apart), longest first."""
     from ..measure.record import STEPS
 
     files = refs.manifest["files"]
-    own = [s.role for s in STEPS if s.role in files and not s.beside]
-    total = sum(files[r].get("seconds") or 0 for r in own)
+    return sorted(((files[s.role].get("seconds") or 0, s.role) for s in STEPS if s.role in files and not s.beside),
+                  reverse=True)
+
+
+def record_goals(refs: Refs) -> list[dict]:
+    """A full ``record`` of the kit's own roles spends at most :data:`RECORD_LIMIT_S` s in its steps."""
+    secs = _record_seconds(refs)
+    total = sum(v for v, _ in secs)
     return [{"target": "a full record of the kit's own roles, steps in s", "limit": RECORD_LIMIT_S,
-             "value": total, "ok": total <= RECORD_LIMIT_S, "detail": f"{len(own)} roles"}]
+             "value": total, "ok": total <= RECORD_LIMIT_S, "detail": f"{len(secs)} roles"}]
 
 
 def explain_record(refs: Refs) -> str:
-    """Where a full record's seconds go: each role's step, longest first."""
+    """Where a full record's seconds go: the five longest steps, and which of them compile before they time."""
     from ..measure.record import STEPS
 
-    files, step = refs.manifest["files"], {s.role: s for s in STEPS}
-    secs = sorted(((files[s.role].get("seconds") or 0, s.role) for s in STEPS if s.role in files and not s.beside),
-                  reverse=True)
-    total = sum(v for v, _ in secs)
-    top = secs[:5]
-    # the steps whose command compiles before it times: torch.compile modes, or the fused text engine
-    compiling = [r for _, r in top if "compile" in step[r].argv or "--fuse" in step[r].argv
-                 or any(a.startswith("compile") or ",compile" in a for a in step[r].argv)]
+    argv = {s.role: " ".join(s.argv) for s in STEPS}
+    secs = _record_seconds(refs)
+    total, top = sum(v for v, _ in secs), secs[:5]
+    compiling = [r for _, r in top if "compile" in argv[r] or "--fuse" in argv[r]]  # torch.compile, fused engine
     return (f"The {len(secs)} steps took {total:.0f} s. The five longest hold {sum(v for v, _ in top) / total:.0%} "
             "of it: " + ", ".join(f"`{r}` {v:.0f} s" for v, r in top) + ". Of those, "
             + (", ".join(f"`{r}`" for r in compiling) or "none")
@@ -126,23 +120,23 @@ def _aim_and_value(t: dict) -> tuple[str, str]:
 
 
 def goals_table(judged: list[dict]) -> str:
-    rows = []
-    for t in judged:
-        aim, value = _aim_and_value(t)
-        note = "" if t["target"].startswith("fastest mode") or len(t.get("detail") or "") > 60 else t.get("detail", "")
-        rows.append([t["target"], aim, value, "yes" if t["ok"] else "**no**", note or None])
-    return table(["goal", "aimed for", "measured", "reached", "note"], rows)
+    def note(t: dict) -> str | None:  # a long detail is explained below the tables instead
+        d = t.get("detail") or None
+        return None if t["target"].startswith("fastest mode") or len(d or "") > 60 else d
+    return table(["goal", "aimed for", "measured", "reached", "note"],
+                 [[t["target"], *_aim_and_value(t), "yes" if t["ok"] else "**no**", note(t)] for t in judged])
 
 
 RUN_JUDGED = "judged by the run itself: `targets` in the file"
 
 
 def goals_part(goals, *roles: str, how: str = f" ({RUN_JUDGED})"):
-    """A goals table (``goals(refs)``), how many were reached (``how``: by whom), and the files."""
+    """A goals table (``goals(refs)``), how many were reached (``how``: by whom), the files (or manifest)."""
     def block(refs: Refs) -> str:
         judged = goals(refs)
+        source = refs.source(*roles) if roles else f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."
         return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached{how}. "
-                            + refs.source(*roles)])
+                            + source])
     return block
 
 
@@ -155,18 +149,10 @@ def request_goals_block(refs: Refs) -> str:
     return goals_part(lambda _: judged, "request-3b", how=f" ({RUN_JUDGED}{again})")(refs)
 
 
-def record_goals_block(refs: Refs) -> str:
-    judged = record_goals(refs)
-    return "\n\n".join([goals_table(judged), f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (the "
-                        "manifest's seconds of each step, summed). "
-                        f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
-
-
 # What explains each miss
 
 def idle_gaps(row: dict) -> list[tuple[float, str, str]]:
-    """``(µs, entry before, entry after)`` of every idle stretch between the GPU entries of one
-    profiled call (a bench row's ``timeline``), in time order."""
+    """``(µs, entry before, entry after)`` of each idle stretch between a profiled call's GPU entries, in order."""
     gpu = sorted((row.get("timeline") or {}).get("gpu") or [])
     return [(b[0] - (a[0] + a[1]), a[2], b[2]) for a, b in zip(gpu, gpu[1:]) if b[0] > a[0] + a[1]]
 
@@ -390,8 +376,8 @@ def explainer(target: str):
 
 def misses_block(refs: Refs) -> str:
     """One short section per missed goal (goals sharing an explanation share the section)."""
-    judged = encoder_goals(refs) + ttft_goals(refs) + engine_goals(refs) + request_goals(refs) + guard_goals(refs)
-    judged += record_goals(refs)
+    judged = [t for goals in (encoder_goals, ttft_goals, engine_goals, request_goals, guard_goals, record_goals)
+              for t in goals(refs)]
     missed = [t for t in judged if not t["ok"]]
     if not missed:
         return "Every goal is reached in this reference set."
@@ -401,8 +387,7 @@ def misses_block(refs: Refs) -> str:
     out = []
     for fn, ts in groups.items():
         head = "; ".join(f"{t['target']}: {_aim_and_value(t)[1]}, aimed for {_aim_and_value(t)[0]}" for t in ts[:3])
-        if len(ts) > 3:  # the section's table lists every goal it explains
-            head += f"; and {len(ts) - 3} more"
+        head += f"; and {len(ts) - 3} more" if len(ts) > 3 else ""  # the tables above list every goal
         body = fn(refs) if fn else "No explanation is generated for this goal yet; docs/results.md has its tables."
         out.append(f"### {head}\n\n{body}")
     return "\n\n".join(out)
@@ -411,5 +396,5 @@ def misses_block(refs: Refs) -> str:
 BLOCKS = {"goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b", how=""),
           "goals-ttft": goals_part(ttft_goals, "ttft"), "goals-engine": goals_part(engine_goals, "engine"),
           "goals-request": request_goals_block, "goals-guard": goals_part(guard_goals, "check"),
-          "goals-record": record_goals_block,
+          "goals-record": goals_part(record_goals, how=" (the manifest's seconds of each step, summed)"),
           "misses": misses_block}
