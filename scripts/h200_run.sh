@@ -27,6 +27,10 @@
 #                                        (reports explained in docs/design.md); logs sanitize-*.log
 #   bash scripts/h200_run.sh boundary    scripts/boundary_probe.py: a kernel boundary inside a graph, the
 #                                        copy bandwidth, and the 450M text model's decode GEMVs against it
+#   bash scripts/h200_run.sh steps       where a record step's seconds go: scripts/startup_probe.py (each
+#                                        phase of a step's start, three presets), then scripts/step_profile.py
+#                                        on the steps STEP_ROLES names (default bench-450m, engine) under
+#                                        cProfile (a probe: its result files are not the set's)
 #   bash scripts/h200_run.sh vllm-stage  unpack the parts of the vLLM bundle this call carried into
 #                                        /tmp/vllm-site, and say which parts are still missing
 #   bash scripts/h200_run.sh vllm        the same; once the bundle is complete, vLLM's part of the reference
@@ -192,7 +196,15 @@ compare)
   LOG=probe  TAILN=8  step 60  python3 scripts/fused_host_probe.py ;;
 boundary)
   LOG=boundary TAILN=20 step 180 python3 scripts/boundary_probe.py --out "$R" ;;
-*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, vllm-stage, vllm)"
+steps)
+  LOG=startup TAILN=16 step 150 python3 scripts/startup_probe.py --presets lfm2-vl-450m lfm2-vl-1.6b lfm2-vl-3b
+  for role in ${STEP_ROLES:-bench-450m engine}; do
+    l=$(( $(left) - 75 )); [ "$l" -gt 200 ] && l=200  # the step stops at l, then cProfile saves its profile
+    LOG=profile-$role TAILN=16 step $(( l + 70 )) python3 scripts/step_profile.py --role "$role" --limit "$l" \
+      --out "$W/profile"
+  done ;;
+*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, steps, vllm-stage,"\
+        "vllm)"
    exit 2 ;;
 esac
 ls -la "$OUT"
