@@ -322,7 +322,7 @@ def test_a_partial_entry_that_names_no_files_resumes_only_under_the_same_code(tm
 
 def test_the_cost_table_says_what_a_resumed_roles_seconds_cover():
     """The record-cost table sums a resumed role's calls, and says when its entry holds only the last."""
-    from lfm2vl_lab.report.tables import _beside_seconds
+    from lfm2vl_lab.report.tables_record import _beside_seconds
 
     slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True)
     once = rec.Step("once", "b", "once", ("once",), 600, beside=True)

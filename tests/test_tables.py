@@ -10,7 +10,15 @@ import json
 import pytest
 
 from lfm2vl_lab.cli.cli import main
-from lfm2vl_lab.report import tables, tables_encoder, tables_engine, tables_goals, tables_graph_configs, tables_vllm
+from lfm2vl_lab.report import (
+    tables,
+    tables_encoder,
+    tables_engine,
+    tables_goals,
+    tables_graph_configs,
+    tables_record,
+    tables_vllm,
+)
 from lfm2vl_lab.report.frames import Refs, TableError
 from lfm2vl_lab.report.tables import render_text, write_tables
 
@@ -291,24 +299,31 @@ def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatc
 def test_the_record_goal_sums_the_kit_s_own_steps_and_can_be_missed(tmp_path):
     """A full record's seconds are the manifest's steps of the kit's own roles (vLLM's, beside the set,
     left out): under the limit it is reached, over it it is a miss with the longest steps named."""
-    refs = make_set(tmp_path, {"check": {}, "ttft": {}, "vllm": {}})
+    # the ttft file records its engine's compile and capture, and two encoder captures, one repeated by a
+    # second row; a bench-style capture_info (the per-budget split of a row's capture_s) is not counted again
+    ttft = {"setup": [{"engine_capture": {"compile_s": 40.0, "capture_s": 0.5},
+                       "encoder_capture": [{"capture_s": 2.0}, {"capture_s": 1.5}]}],
+            "rows": [{"capture_s": 2.0, "capture_info": [{"capture_s": 1.0}]}, {"capture_s": 2.0}]}
+    refs = make_set(tmp_path, {"check": {}, "ttft": ttft, "vllm": {}})
     man_path = tmp_path / "nvidia-h200" / "reference.json"
     man = json.loads(man_path.read_text())
     for role, secs in (("check", 100.0), ("ttft", 450.0), ("vllm", 5000.0)):
         man["files"][role]["seconds"] = secs
     man_path.write_text(json.dumps(man))
-    (goal,) = tables_goals.record_goals(Refs(root=tmp_path))
+    (goal,) = tables_record.record_goals(Refs(root=tmp_path))
     assert (goal["value"], goal["ok"], goal["detail"]) == (550.0, True, "2 roles")
     man["files"]["ttft"]["seconds"] = 600.0
     man_path.write_text(json.dumps(man))
     refs = Refs(root=tmp_path)
-    (goal,) = tables_goals.record_goals(refs)
+    (goal,) = tables_record.record_goals(refs)
     assert (goal["value"], goal["ok"]) == (700.0, False)
     assert "| a full record of the kit's own roles, steps in s | ≤ 600 s | 700.00 s | **no** |" in (
         tables_goals.BLOCKS["goals-record"](refs))
-    why = tables_goals.explain_record(refs)
+    why = tables_record.explain_record(refs)
     assert why.startswith("The 2 steps took 700 s.") and "`ttft` 600 s, `check` 100 s" in why
     assert "Of those, `ttft` compile" in why  # its command runs the fused text engine
+    assert "The files record 40 s of first compiles and 4 s of graph captures; the other 656 s are" in why
+    assert "| `ttft` | 600 | 40.0 | 4.0 | 556 |" in why and "| `check` | 100 | – | – | 100 |" in why
 
 
 class _CheckRefs:

@@ -14,6 +14,7 @@ from .frames import Refs, ms, pct, preset_label, table
 from .reference import manifest_path
 from .tables_encoder import by_mode
 from .tables_engine import image_path_pairs, mode_label
+from .tables_record import explain_record, record_goals
 
 
 def encoder_goals(refs: Refs) -> list[dict]:
@@ -54,42 +55,6 @@ def guard_goals(refs: Refs) -> list[dict]:
         return judged
     return [{"target": f"{preset_short(name)} pointer check per encode µs", "limit": limit, "value": None,
              "ok": False, "detail": "the set's check file predates this goal"} for name, limit in STAMP_TARGET.items()]
-
-
-RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of a session's device time
-
-
-def _record_seconds(refs: Refs) -> list[tuple[float, str]]:
-    """``(seconds, role)`` of each of the kit's own steps in the manifest (vLLM's is timed apart), longest first."""
-    from ..measure.record import STEPS
-
-    files = refs.manifest["files"]
-    return sorted(((files[s.role].get("seconds") or 0, s.role) for s in STEPS if s.role in files and not s.beside),
-                  reverse=True)
-
-
-def record_goals(refs: Refs) -> list[dict]:
-    """A full ``record`` of the kit's own roles spends at most :data:`RECORD_LIMIT_S` s in its steps."""
-    secs = _record_seconds(refs)
-    total = sum(v for v, _ in secs)
-    return [{"target": "a full record of the kit's own roles, steps in s", "limit": RECORD_LIMIT_S,
-             "value": total, "ok": total <= RECORD_LIMIT_S, "detail": f"{len(secs)} roles"}]
-
-
-def explain_record(refs: Refs) -> str:
-    """Where a full record's seconds go: the five longest steps, and which of them compile before they time."""
-    from ..measure.record import STEPS
-
-    argv = {s.role: " ".join(s.argv) for s in STEPS}
-    secs = _record_seconds(refs)
-    total, top = sum(v for v, _ in secs), secs[:5]
-    compiling = [r for _, r in top if "compile" in argv[r] or "--fuse" in argv[r]]  # torch.compile, fused engine
-    return (f"The {len(secs)} steps took {total:.0f} s. The five longest hold {sum(v for v, _ in top) / total:.0%} "
-            "of it: " + ", ".join(f"`{r}` {v:.0f} s" for v, r in top) + ". Of those, "
-            + (", ".join(f"`{r}`" for r in compiling) or "none")
-            + " compile before they time (a `torch.compile` mode or the fused text engine, in fresh processes). "
-            "Not built: a cut of repeats justified by their spread, and compile caches kept between steps. A change "
-            "touches fewer roles: `record --changed` re-runs only those (docs/gpu.md gives each group's seconds).")
 
 
 def _aim_and_value(t: dict) -> tuple[str, str]:

@@ -1,0 +1,149 @@
+"""The pages' parts about the record itself: the manifest (``reference-set``), what a re-record costs
+after a change (``record-cost``), and the goal that a full record of the kit's own roles fits in
+:data:`RECORD_LIMIT_S` seconds, with where its seconds go (:func:`explain_record`)."""
+
+from __future__ import annotations
+
+from .frames import Refs, ms, table
+from .reference import manifest_path
+
+
+def reference_block(refs: Refs) -> str:
+    """The manifest: when and from which code the run was recorded, and each role's file."""
+    man = refs.manifest
+    code = {role: e.get("code_hash", man["code_hash"]) for role, e in man["files"].items()}
+    rows = [[f"`{role}`", f"`{e['file']}`", e.get("part"), e.get("rc"), ms(e.get("seconds"), 0),
+             f"`{code[role][7:19]}`"] for role, e in man["files"].items()]
+    prov = refs(next(iter(man["files"])))["provenance"]
+    failed = ", ".join(man.get("failed") or {}) or "none"
+    versions = sorted(set(code.values()), key=list(code.values()).index)
+    return "\n\n".join([
+        f"`{man['command']}` on one {man['gpu']}, {man['started'][:16].replace('T', ' ')} to "
+        f"{str(man['finished'])[:16].replace('T', ' ')} UTC; "
+        + (f"code `{versions[0][:19]}…`; " if len(versions) == 1 else
+           f"{len(versions)} code versions, each role's in the table (each recoverable from the commit that "
+           f"recorded it); ")
+        + f"{'complete' if man['complete'] else 'incomplete'}, failed steps: {failed}. torch {prov.get('torch')}, "
+        f"CUDA {prov.get('cuda')}, transformers {prov.get('transformers')}, Python {prov.get('python')}.",
+        table(["role", "file", "part", "exit status", "seconds", "code"], rows),
+        f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
+
+
+def _beside_seconds(man: dict, step) -> str:
+    """A role beside the set's seconds: the sum over the calls a resumable step took (``calls``), or,
+    where its entry predates ``calls``, its last call's seconds, said to be only that."""
+    entry = man["files"][step.role]
+    calls = entry.get("calls")
+    if calls:
+        return f"{entry['seconds']:.0f} ({len(calls)} calls: " + " + ".join(f"{c:.0f}" for c in calls) + ")"
+    if step.resumable:
+        return f"{entry['seconds']:.0f} (its last call only: this manifest does not sum a resumed step's calls)"
+    return f"{entry['seconds']:.0f}"
+
+
+def record_cost_block(refs: Refs) -> str:
+    """What a re-record costs: every role, then what `record --changed` re-runs after a change to each
+    group of files (the files that move the same roles), with the seconds those roles took in the set."""
+    from ..measure.record import STEPS
+    from ..measure.role_code import measured_files
+
+    man, groups = refs.manifest, {}
+    recorded = [s for s in STEPS if s.role in man["files"]]
+    seconds = {s.role: man["files"][s.role].get("seconds") or 0 for s in recorded}
+    closure = {s.role: set(measured_files(s.modules)) for s in recorded}
+    for f in sorted(set().union(*closure.values())):
+        groups.setdefault(tuple(r for r in closure if f in closure[r]), []).append(f)
+    own = [s.role for s in recorded if not s.beside]
+    rows = [[f"every role of the kit's own ({len(own)})", "a full `record`", f"{sum(seconds[r] for r in own):.0f}"]]
+    rows += [[f"`{s.role}` (beside the set, timed apart)", f"`record --part {s.part}`", _beside_seconds(man, s)]
+             for s in recorded if s.beside]
+    # a resumed role whose entry holds only its last call's seconds: a sum with it is a lower bound
+    last_only = {s.role for s in recorded if s.resumable and not man["files"][s.role].get("calls")}
+    for roles, files in sorted(groups.items(), key=lambda kv: (-sum(seconds[r] for r in kv[0]), kv[1])):
+        shown = ", ".join(f"`{f.removeprefix('lfm2vl_lab/')}`" for f in files[:6])
+        rows.append([shown + (f" and {len(files) - 6} more" if len(files) > 6 else ""),
+                     "all" if len(roles) == len(recorded) else ", ".join(f"`{r}`" for r in roles),
+                     ("≥ " if last_only & set(roles) else "") + f"{sum(seconds[r] for r in roles):.0f}"])
+    return "\n\n".join([
+        table(["a change to", "re-records", "seconds of steps"], rows),
+        "Seconds of steps: what each role's step took when the set was recorded (the manifest's `seconds`), "
+        "summed; a call adds the machine's start and the copy of the tree; ≥: the sum holds a resumed role's last "
+        "call only. Which roles a file moves is the "
+        "import closure of each role's command (`lfm2vl_lab.measure.role_code`); a file in no row (a table, a "
+        "figure, the site) moves none.", f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."])
+
+
+RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of a session's device time
+
+
+def _record_seconds(refs: Refs) -> list[tuple[float, str]]:
+    """``(seconds, role)`` of each of the kit's own steps in the manifest (vLLM's is timed apart), longest first."""
+    from ..measure.record import STEPS
+
+    files = refs.manifest["files"]
+    return sorted(((files[s.role].get("seconds") or 0, s.role) for s in STEPS if s.role in files and not s.beside),
+                  reverse=True)
+
+
+def record_goals(refs: Refs) -> list[dict]:
+    """A full ``record`` of the kit's own roles spends at most :data:`RECORD_LIMIT_S` s in its steps."""
+    secs = _record_seconds(refs)
+    total = sum(v for v, _ in secs)
+    return [{"target": "a full record of the kit's own roles, steps in s", "limit": RECORD_LIMIT_S,
+             "value": total, "ok": total <= RECORD_LIMIT_S, "detail": f"{len(secs)} roles"}]
+
+
+# The set-up the files record, by key: first compiles (torch.compile's modes, the fused text engine) and
+# graph captures. A bench row's ``capture_info`` splits its ``capture_s`` by budget, so it is not walked;
+# rows of one capture repeat its value, so each distinct value counts once.
+SETUP_KEYS = {"compile_s": "compile", "compile_first_call_s": "compile", "capture_s": "capture"}
+
+
+def setup_seconds(res: dict) -> dict[str, float]:
+    """``{"compile": s, "capture": s}``: the distinct set-up seconds a result file records."""
+    seen: dict[str, set] = {"compile": set(), "capture": set()}
+
+    def walk(o) -> None:
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k in SETUP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    seen[SETUP_KEYS[k]].add(v)
+                elif k != "capture_info":
+                    walk(v)
+        elif isinstance(o, list):
+            for x in o:
+                walk(x)
+
+    walk(res)
+    return {k: sum(v) for k, v in seen.items()}
+
+
+def explain_record(refs: Refs) -> str:
+    """Where a full record's seconds go: the five longest steps, which of them compile before they time,
+    and per step the compiles and captures its file records (the rest the files do not split)."""
+    from ..measure.record import STEPS
+
+    argv = {s.role: " ".join(s.argv) for s in STEPS}
+    secs = _record_seconds(refs)
+    total, top = sum(v for v, _ in secs), secs[:5]
+    compiling = [r for _, r in top if "compile" in argv[r] or "--fuse" in argv[r]]  # torch.compile, fused engine
+    setup = {r: setup_seconds(refs(r)) for _, r in secs}
+    comp, cap = (sum(s[k] for s in setup.values()) for k in ("compile", "capture"))
+    rows = [[f"`{r}`", f"{v:.0f}", ms(setup[r]["compile"], 1) if setup[r]["compile"] else None,
+             ms(setup[r]["capture"], 1) if setup[r]["capture"] else None,
+             f"{v - setup[r]['compile'] - setup[r]['capture']:.0f}"] for v, r in secs]
+    return "\n\n".join([
+        f"The {len(secs)} steps took {total:.0f} s. The five longest hold {sum(v for v, _ in top) / total:.0%} "
+        "of it: " + ", ".join(f"`{r}` {v:.0f} s" for v, r in top) + ". Of those, "
+        + (", ".join(f"`{r}`" for r in compiling) or "none")
+        + " compile before they time (a `torch.compile` mode or the fused text engine, in fresh processes). "
+        f"The files record {comp:.0f} s of first compiles and {cap:.0f} s of graph captures; the other "
+        f"{total - comp - cap:.0f} s are each process's start, model builds, warm-up, transformers' reference paths "
+        "and the timed calls, which the files do not split (`scripts/step_profile.py` splits one step's seconds "
+        "under cProfile).",
+        table(["step", "seconds", "compiles recorded (s)", "captures recorded (s)", "the rest (s)"], rows),
+        "Not built: a cut of repeats justified by their spread, and compile caches kept between steps. A change "
+        "touches fewer roles: `record --changed` re-runs only those (docs/gpu.md gives each group's seconds)."])
+
+
+BLOCKS = {"reference-set": reference_block, "record-cost": record_cost_block}
