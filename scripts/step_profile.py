@@ -1,12 +1,13 @@
 """Where a record step's seconds go: one step of ``python -m lfm2vl_lab record`` (its command from
-``measure/record.py``'s ``STEPS``), run in a fresh process under cProfile, and its seconds split into
-the phases that every step pays (imports, building models, first compiles, graph captures, the
-profiler, transformers' reference path) and the rest (warm-up and the timed calls).
+``measure/record.py``'s ``STEPS``), run in a fresh process under cProfile, and its seconds split by
+where they were spent: torch.compile's machinery (dynamo, inductor, fake tensors, FX, sympy, Triton),
+Python's own ``compile()``, imports, transformers, the kit, the rest of torch, waiting on the GPU.
 
-cProfile slows Python-heavy code, so the phases' seconds are upper bounds and the step's result file
-(written under ``--out``/res) is not a measurement: it stays with the probe, never in the reference set.
-A phase is the cumulative time of the named functions, outermost call only; phases can nest (a capture
-inside a build, say), so they are shown side by side, not summed.
+Self time is what is split, not cumulative time: torch.profiler and dynamo swap the interpreter's
+profile hook while a step runs, which leaves the cumulative times of outer frames short, but each
+function's own time is counted whenever the hook is cProfile's. cProfile slows Python-heavy code, so
+the shares matter, not the seconds; the step's result file (under ``--out``/res) is not a
+measurement and never joins the reference set.
 
     python scripts/step_profile.py --role bench-450m --out /tmp/probe      # on the H200
     python scripts/step_profile.py --summarize /tmp/probe/bench-450m.prof  # anywhere, from the saved profile
@@ -25,37 +26,55 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# phase -> the functions whose outermost calls it counts, as (file name ends with, function name)
-PHASES = {
-    "imports": (("<frozen importlib._bootstrap>", "_find_and_load"),),
-    "build a model (random weights)": (("lfm2vl_lab/model/presets.py", "build_model"),),
-    "first compile (dynamo and inductor)": (("torch/_dynamo/convert_frame.py", "_compile"),),
-    "encoder graph capture": (("lfm2vl_lab/core/manager.py", "capture"),),
-    "text engine capture": (("lfm2vl_lab/serving/engine.py", "capture"),),
-    "torch.profiler (profiled calls)": (("torch/profiler/profiler.py", "__exit__"),
-                                        ("torch/autograd/profiler.py", "__exit__")),
-    "CUDA synchronize": (("torch/cuda/__init__.py", "synchronize"),),
-}
+# where a function's own time goes, by its file (first match wins); C functions (file "~") by name
+BUCKETS = (
+    ("torch.compile's machinery", ("torch/_inductor/", "torch/_dynamo/", "torch/_subclasses/", "torch/fx/",
+                                   "torch/_functorch/", "torch/_prims", "torch/_refs/", "torch/_decomp/",
+                                   "torch/utils/_sympy/", "/sympy/", "/triton/")),
+    ("imports", ("<frozen importlib",)),
+    ("transformers", ("/transformers/",)),
+    ("the kit", ("lfm2vl_lab/",)),
+    ("matplotlib", ("/matplotlib/",)),
+    ("the rest of torch", ("/torch/",)),
+)
+C_BUCKETS = (("Python's compile() (code generation, imports)", ("builtins.compile",)),
+             ("waiting on the GPU", ("synchronize",)),
+             ("torch's C++ ops", ("torch._C.", "of 'torch._C.")))
+
+
+def bucket(file: str, fn: str) -> str:
+    """Which part of a step a function's own time belongs to."""
+    if file == "~":
+        return next((name for name, keys in C_BUCKETS if any(k in fn for k in keys)), "other built-ins")
+    file = file.replace("\\", "/")
+    return next((name for name, keys in BUCKETS if any(k in file for k in keys)), "other Python")
 
 
 def phase_seconds(prof_path: Path) -> dict:
-    """Each phase's cumulative seconds in a saved profile, and the profile's total."""
-    stats = pstats.Stats(str(prof_path)).stats  # {(file, line, fn): (cc, nc, tt, ct, callers)}
-    out = {}
-    for phase, funcs in PHASES.items():
-        out[phase] = round(sum(ct for (file, _, fn), (_, _, _, ct, _) in stats.items()
-                               if any(file.replace("\\", "/").endswith(f) and fn == name for f, name in funcs)), 2)
-    out["total (profiled)"] = round(pstats.Stats(str(prof_path)).total_tt, 2)
-    return out
+    """Each bucket's self seconds in a saved profile (largest first), and the profile's total."""
+    stats = pstats.Stats(str(prof_path))
+    out: dict[str, float] = {}
+    for (file, _, fn), (_, _, tt, _, callers) in stats.stats.items():
+        name = bucket(file, fn)
+        # a generic built-in (isinstance, a read) counts where it was called from: each caller's share
+        shares = ({bucket(cf, cfn): 0.0 for cf, _, cfn in callers} if name == "other built-ins" and callers
+                  else {name: tt})
+        if len(shares) > 1 or name not in shares:
+            for (cf, _, cfn), c in callers.items():
+                shares[bucket(cf, cfn)] += c[2]
+            shares["other built-ins"] = shares.get("other built-ins", 0.0) + tt - sum(shares.values())
+        for k, v in shares.items():
+            out[k] = out.get(k, 0.0) + v
+    return {**{k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])},
+            "total (profiled)": round(stats.total_tt, 3)}
 
 
 def top_functions(prof_path: Path, n: int = 30) -> list[str]:
-    """The ``n`` kit, torch and transformers functions with the most cumulative seconds."""
+    """The ``n`` functions with the most self seconds, with their bucket."""
     stats = pstats.Stats(str(prof_path)).stats
-    rows = sorted(((ct, f"{Path(file).parent.name}/{Path(file).name}:{fn}") for (file, _, fn), (_, _, _, ct, _)
-                   in stats.items() if any(k in file for k in ("lfm2vl_lab", "torch", "transformers"))),
-                  reverse=True)
-    return [f"{ct:8.2f} s  {name}" for ct, name in rows[:n]]
+    rows = sorted(((tt, f"{Path(file).parent.name}/{Path(file).name}:{fn}", bucket(file, fn))
+                   for (file, _, fn), (_, _, tt, _, _) in stats.items()), reverse=True)
+    return [f"{tt:8.2f} s  {name}  ({b})" for tt, name, b in rows[:n]]
 
 
 def run_step(role: str, out: Path, limit_s: float) -> dict:
@@ -100,8 +119,8 @@ def main() -> int:
     for prof in a.summarize:
         print(json.dumps({"profile": str(prof), "phases_s": phase_seconds(prof)}))
         print("\n".join(top_functions(prof)))
-    if done:
-        (a.out / "step-profile.json").write_text(json.dumps(done, indent=1) + "\n")
+    for d in done:
+        (a.out / f"{d['role']}.json").write_text(json.dumps(d, indent=1) + "\n")
     return max((d["rc"] for d in done), default=0)
 
 
