@@ -32,10 +32,14 @@ def ttft_rows(rows: list[dict]) -> list[dict]:
                    lambda r: (r.get("preset"), r.get("image"), r.get("requests"), r["mode"]), "ttft_rows")
 
 
+def ttft_cases(rows: list[dict]) -> list[tuple]:
+    """The ``(preset, image, requests)`` cases of a TTFT grid's rows, in the order they were recorded."""
+    return list(dict.fromkeys((r.get("preset"), r.get("image"), r.get("requests")) for r in ttft_rows(rows)))
+
+
 def recorded_cases(rows: list[dict]) -> str:
     """What the rows cover, for messages: ``"lfm2-vl-450m 1x512 x1, lfm2-vl-450m 1x512 x4"``."""
-    cases = dict.fromkeys(f"{r.get('preset')} {r.get('image')} x{r.get('requests')}" for r in ttft_rows(rows))
-    return ", ".join(cases) or "nothing"
+    return ", ".join(f"{p} {image} x{n}" for p, image, n in ttft_cases(rows)) or "nothing"
 
 
 def ttft_case(rows: list[dict], preset: str, image: str, requests: int) -> dict[str, dict]:

@@ -11,9 +11,8 @@ from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
 from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_rows
-from .ttft_summary import drift_beyond, drift_fails, text_graph_cuts
-from .ttft_summary import ttft_cases as cases
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_cases
+from .ttft_summary import CASE, drift_beyond, drift_fails, per_case, text_graph_cuts, ttft_frame
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 
@@ -24,21 +23,6 @@ def mode_label(mode: str) -> str:
         return "**both graphed**"
     text, enc = mode.removeprefix("text-").split("+encoder-")
     return f"text {text}, encoder {enc}"
-
-
-CASE = ["preset", "image", "requests"]
-
-
-def ttft_frame(res: dict) -> pd.DataFrame:
-    """The TTFT grid's rows (:func:`~lfm2vl_lab.report.plots_ttft.ttft_rows`: one per case and mode) as a frame."""
-    return need(pd.json_normalize(ttft_rows(res["rows"])), *CASE, "mode", "ttft_ms", "decode_ms_per_token",
-                "encoder_graph_cut", "decode_drift")
-
-
-def per_case(df, value: str) -> pd.DataFrame:
-    """``value`` per case (rows, in recorded order) and TTFT mode (columns)."""
-    order = pd.MultiIndex.from_frame(df[CASE].drop_duplicates())
-    return df.pivot(index=CASE, columns="mode", values=value).reindex(index=order, columns=list(TTFT_MODES))
 
 
 def _cut(cut, drift) -> str | None:
@@ -52,7 +36,8 @@ def _arrow(a: pd.Series, b: pd.Series) -> pd.Series:
 
 def ttft_modes_block(refs: Refs) -> str:
     """One 512 px request per preset: TTFT in the four modes, decode per token both eager → both graphed."""
-    res, df = refs("ttft"), ttft_frame(refs("ttft"))
+    res = refs("ttft")
+    df = ttft_frame(res["rows"])
     one = df[(df.image == "1x512") & (df.requests == 1)]
     ttft, dec = per_case(one, "ttft_ms"), per_case(one, "decode_ms_per_token")
     out = pd.DataFrame({"preset": [preset_label(p) for p, *_ in ttft.index]})
@@ -68,7 +53,7 @@ def ttft_modes_block(refs: Refs) -> str:
 
 def ttft_phases_block(refs: Refs) -> str:
     """The phases of one 512 px request, every mode of every preset."""
-    df = ttft_frame(refs("ttft"))
+    df = ttft_frame(refs("ttft")["rows"])
     one = df[(df.image == "1x512") & (df.requests == 1)]
     one = one.sort_values("mode", key=lambda m: m.map(TTFT_MODES.index), kind="stable").sort_values(
         "preset", key=lambda p: p.map(list(dict.fromkeys(df.preset)).index), kind="stable")
@@ -101,7 +86,7 @@ def ttft_profile_block(refs: Refs) -> str:
 def ttft_grid_block(refs: Refs) -> str:
     """Every case of the grid: TTFT all eager and both graphed, the encoder graphs' paired cut at each
     text mode (decode drift past the warning line marked), decode per token."""
-    df = ttft_frame(refs("ttft"))
+    df = ttft_frame(refs("ttft")["rows"])
     ttft, dec = per_case(df, "ttft_ms"), per_case(df, "decode_ms_per_token")
     cut, drift = per_case(df, "encoder_graph_cut"), per_case(df, "decode_drift")
     out = ttft.index.to_frame(index=False).assign(preset=lambda d: d.preset.map(preset_label))
@@ -118,7 +103,7 @@ def ttft_grid_block(refs: Refs) -> str:
 def decode_ratio_block(refs: Refs) -> str:
     """Decode per token all eager / both graphed over the grid's cases whose decode control holds, with
     the cases at either end; the cases it fails in are left out and shown the same way."""
-    df = ttft_frame(refs("ttft"))
+    df = ttft_frame(refs("ttft")["rows"])
     dec = per_case(df, "decode_ms_per_token")[[BOTH_EAGER, BOTH_GRAPHED]].dropna().assign(
         ratio=lambda d: d[BOTH_EAGER] / d[BOTH_GRAPHED])
     failing = (per_case(df, "decode_drift").astype(float).abs() > DECODE_DRIFT_WARN).any(axis=1)  # drift_fails
@@ -142,7 +127,7 @@ def text_cuts_block(refs: Refs) -> str:
     """What graphing the text model cuts from TTFT (encoder graphed), by the batch's prompt tokens."""
     rows = refs("ttft")["rows"]
     out = []
-    for preset in dict.fromkeys(c[0] for c in cases(rows)):
+    for preset in dict.fromkeys(c[0] for c in ttft_cases(rows)):
         for c in text_graph_cuts(rows, preset):
             out.append([preset_label(preset), c["image"], c["requests"], c["prompt_tokens"], ms(c["eager_ms"]),
                         ms(c["graphed_ms"]), pct(c["cut"])])
