@@ -25,6 +25,16 @@ def mode_label(mode: str) -> str:
     return f"text {text}, encoder {enc}"
 
 
+def _part(refs: Refs, *pieces: str, roles=("ttft",)) -> str:
+    """A page's part: its tables and notes, then the line naming the files they read."""
+    return "\n\n".join([*pieces, refs.source(*roles)])
+
+
+def _one_request(df: pd.DataFrame) -> pd.DataFrame:
+    """The grid's rows of one 512 px request, the case the pages show first."""
+    return df[(df.image == "1x512") & (df.requests == 1)]
+
+
 def _cut(cut, drift) -> str | None:
     """The encoder graphs' cut, and its decode drift where that fails the decode control."""
     return pct(cut) and pct(cut) + (f" (drift {pct(drift, 0, sign=True)})" if drift_beyond(drift) else "")
@@ -37,8 +47,7 @@ def _arrow(a: pd.Series, b: pd.Series) -> pd.Series:
 def ttft_modes_block(refs: Refs) -> str:
     """One 512 px request per preset: TTFT in the four modes, decode per token both eager → both graphed."""
     res = refs("ttft")
-    df = ttft_frame(res["rows"])
-    one = df[(df.image == "1x512") & (df.requests == 1)]
+    one = _one_request(ttft_frame(res["rows"]))
     ttft, dec = per_case(one, "ttft_ms"), per_case(one, "decode_ms_per_token")
     out = pd.DataFrame({"preset": [preset_label(p) for p, *_ in ttft.index]})
     out[[mode_label(m) for m in TTFT_MODES]] = ttft.map(ms).assign(
@@ -48,21 +57,20 @@ def ttft_modes_block(refs: Refs) -> str:
     note = (f"TTFT ms (median of {res['rows'][0].get('repeats')} paired rounds), processor excluded. Parity: "
             f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass "
             "(tokens against `generate`, first-token logits against a float32 copy; docs/results.md lists them).")
-    return "\n\n".join([md(out), note, refs.source("ttft")])
+    return _part(refs, md(out), note)
 
 
 def ttft_phases_block(refs: Refs) -> str:
     """The phases of one 512 px request, every mode of every preset."""
     df = ttft_frame(refs("ttft")["rows"])
-    one = df[(df.image == "1x512") & (df.requests == 1)]
-    one = one.sort_values("mode", key=lambda m: m.map(TTFT_MODES.index), kind="stable").sort_values(
-        "preset", key=lambda p: p.map(list(dict.fromkeys(df.preset)).index), kind="stable")
+    order = {"preset": list(dict.fromkeys(df.preset)), "mode": list(TTFT_MODES)}  # presets as recorded
+    one = _one_request(df).sort_values(["preset", "mode"], key=lambda col: col.map(order[col.name].index))
     out = pd.DataFrame({"preset": one.preset.map(preset_label), "mode": one["mode"].map(mode_label),
                         "TTFT": "**" + one.ttft_ms.map(ms) + "**"})
     for p in TTFT_PHASES:
         out[p] = need(one, f"phases_ms.{p}")[f"phases_ms.{p}"].map(ms)
     out["decode ms/token"] = one.decode_ms_per_token.map(ms)
-    return "\n\n".join(["Median ms of one 512 px request.", md(out), refs.source("ttft")])
+    return _part(refs, "Median ms of one 512 px request.", md(out))
 
 
 def _profiled(where: list, r: dict, busy: float | None, *graphs: str) -> list:
@@ -78,9 +86,8 @@ def ttft_profile_block(refs: Refs) -> str:
     rows = [_profiled([preset_label(p["preset"]), mode_label(m)], r, r.get("busy_share"), f"{r['graph_launches']:.0f}")
             for p in res.get("profile") or [] for m in TTFT_MODES if (r := p.get(m))]
     head = ["preset", "mode", "kernels", "launch calls", "graph launches", "GPU-busy ms", "wall ms", "busy"]
-    return "\n\n".join(["One profiled request (512 px, processor excluded), the mean of "
-                        f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows),
-                        refs.source("ttft")])
+    return _part(refs, "One profiled request (512 px, processor excluded), the mean of "
+                 f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows))
 
 
 def ttft_grid_block(refs: Refs) -> str:
@@ -97,7 +104,7 @@ def ttft_grid_block(refs: Refs) -> str:
     out["decode ms/token, all eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
     note = (f"\"drift\" marks a cut where decode, which never runs the encoder, moved by more than "
             f"{pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes: there the cut is not the encoder's alone.")
-    return "\n\n".join([md(out), note, refs.source("ttft")])
+    return _part(refs, md(out), note)
 
 
 def decode_ratio_block(refs: Refs) -> str:
@@ -106,7 +113,7 @@ def decode_ratio_block(refs: Refs) -> str:
     df = ttft_frame(refs("ttft")["rows"])
     dec = per_case(df, "decode_ms_per_token")[[BOTH_EAGER, BOTH_GRAPHED]].dropna().assign(
         ratio=lambda d: d[BOTH_EAGER] / d[BOTH_GRAPHED])
-    failing = (per_case(df, "decode_drift").astype(float).abs() > DECODE_DRIFT_WARN).any(axis=1)  # drift_fails
+    failing = per_case(df, "decode_drift").map(drift_beyond).any(axis=1)  # a mode of the case fails the control
     kept, off = dec[~failing.reindex(dec.index)], dec[failing.reindex(dec.index)]
 
     def where(c):
@@ -132,8 +139,7 @@ def text_cuts_block(refs: Refs) -> str:
             out.append([preset_label(preset), c["image"], c["requests"], c["prompt_tokens"], ms(c["eager_ms"]),
                         ms(c["graphed_ms"]), pct(c["cut"])])
     head = ["preset", "image", "requests", "prompt tokens", "TTFT, text eager", "TTFT, text graphed", "cut (paired)"]
-    return "\n\n".join(["The encoder graphed in both columns; sorted by the batch's prompt tokens.",
-                        table(head, out), refs.source("ttft")])
+    return _part(refs, "The encoder graphed in both columns; sorted by the batch's prompt tokens.", table(head, out))
 
 
 def engine_setup_block(refs: Refs) -> str:
@@ -162,7 +168,7 @@ def e2e_block(refs: Refs) -> str:
                         "decode drift": [pct(v, 0, True) + " (disturbed)" * drift_beyond(v) for v in d.decode_drift]})
     note = (f"Median ms of {df.repeats.iloc[0]} rounds, the two modes in alternating turns. \"disturbed\": "
             f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
-    return "\n\n".join([md(out), note, refs.source("e2e")])
+    return _part(refs, md(out), note, roles=("e2e",))
 
 
 def e2e_profile_block(refs: Refs) -> str:
@@ -171,7 +177,7 @@ def e2e_profile_block(refs: Refs) -> str:
             for p in refs("e2e").get("ttft_profile") or [] for mode in ("hf-eager", "lab-graph")
             for part in ("encoder", "text") if (r := (p.get(mode) or {}).get(part))]
     head = ["preset", "mode", "part", "kernels", "launch calls", "GPU-busy ms", "wall ms", "busy"]
-    return "\n\n".join([table(head, rows), refs.source("e2e")])
+    return _part(refs, table(head, rows), roles=("e2e",))
 
 
 def image_path_pairs(refs: Refs, kind: str, side: str):
@@ -193,7 +199,7 @@ def image_path_block(refs: Refs) -> str:
                      "yes" if r.get("outputs_equal") else "**no**", (r.get("staging") or {}).get("host_waits")])
     head = ["preset", "workload", "from GPU input ms", "from CPU output ms", "ratio", "ratio, padded float32",
             "ratio, chunked upload", "host gather ms", "upload ms", "upload GB/s", "outputs equal", "host waits"]
-    return "\n\n".join([table(head, rows), refs.source("ttft")])
+    return _part(refs, table(head, rows))
 
 
 def processor_block(refs: Refs) -> str:
@@ -205,7 +211,7 @@ def processor_block(refs: Refs) -> str:
                      ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
     head = ["preset", "workload", "CPU processor ms", "GPU processor ms", "CPU / GPU",
             "largest difference (uint8 levels)"]
-    return "\n\n".join([table(head, rows), refs.source("ttft")])
+    return _part(refs, table(head, rows))
 
 
 def ttft_parity_block(refs: Refs) -> str:
@@ -220,7 +226,7 @@ def ttft_parity_block(refs: Refs) -> str:
                          f"{r['matching_tokens']} of {p['new_tokens']}", "yes" if r["ok"] else "**no**"])
     head = ["preset", "case", "float32 top-2 margin", "mode", "logits vs float32 (transformers' bf16)",
             "first token as `generate`", "first token as float32", "tokens as `generate`", "passes"]
-    return "\n\n".join([table(head, rows), refs.source("ttft")])
+    return _part(refs, table(head, rows))
 
 
 PEER_LABELS = {"generate": "transformers' `generate`", "hf-static-compile": "`generate`, static cache + compile",
@@ -256,7 +262,7 @@ def engine_peers_block(refs: Refs) -> str:
     note = (f"bf16, one request ({res['setup'][0]['prompt_len']} positions), median ms of "
             f"{res['rows'][0].get('repeats')} rounds, every mode in alternating turns. The weights' floor per decode "
             f"step: {floors}. Eight requests: {', '.join(eight)}.")
-    return "\n\n".join([table(head, rows), note, refs.source("engine")])
+    return _part(refs, table(head, rows), note, roles=("engine",))
 
 
 REQUEST_ROLE = "request-3b"
@@ -331,7 +337,7 @@ def e2e_requests_block(refs: Refs, res: dict) -> str:
             f"cell's decode control fails, its two encoder modes decoded more than {pct(DECODE_DRIFT_WARN, 0)} "
             "apart although decode never runs the encoder, so that cut is not the encoder alone. "
             f"{STAND_IN[0].upper() + STAND_IN[1:]}.")
-    return table(head, out) + "\n\n" + note + "\n\n" + refs.source(REQUEST_ROLE, "ttft")
+    return _part(refs, table(head, out), note, roles=(REQUEST_ROLE, "ttft"))
 
 
 @request_part
@@ -346,14 +352,14 @@ def throughput_block(refs: Refs, res: dict) -> str:
     note = (f"{tp['requests']} requests of the seeded workload's mixed image sizes, in arrival order, batches of up to "
             f"{tp['batch']}, {tp['new_tokens']} output tokens each, text model graphed; median of {tp['passes']} "
             f"passes in turns. Encoder graphs: {times(tp['speedup'], 3)} the throughput.")
-    return (table(["preset", "encoder", "requests/s", "output tokens/s", "s per pass"], out) + "\n\n" + note
-            + "\n\n" + refs.source(REQUEST_ROLE))
+    return _part(refs, table(["preset", "encoder", "requests/s", "output tokens/s", "s per pass"], out), note,
+                 roles=(REQUEST_ROLE,))
 
 
 @request_part
 def like_for_like_block(refs: Refs, res: dict) -> str:
     """The PR's claim, like for like: one sentence from the request file."""
-    return like_for_like(res) + "\n\n" + refs.source(REQUEST_ROLE)
+    return _part(refs, like_for_like(res), roles=(REQUEST_ROLE,))
 
 
 BLOCKS = {"e2e-requests": e2e_requests_block, "throughput": throughput_block, "like-for-like": like_for_like_block,

@@ -18,15 +18,19 @@ def coverage(rows: list[dict]) -> dict:
     """What TTFT or e2e ``rows`` cover: presets, images, requests, modes, cases, generate's new tokens,
     decode tokens and repeats."""
     rows = [r for r in rows if r.get("mode")]
-    return {"presets": list(dict.fromkeys(r["preset"] for r in rows)),
-            "images": list(dict.fromkeys(r["image"] for r in rows)),
-            "requests": sorted({r["requests"] for r in rows}),
-            "modes": list(dict.fromkeys(r["mode"] for r in rows)),
-            "cases": len(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows)),
+
+    def seen(key):  # in first-seen order
+        return list(dict.fromkeys(r[key] for r in rows))
+    return {"presets": seen("preset"), "images": seen("image"), "requests": sorted(set(seen("requests"))),
+            "modes": seen("mode"), "cases": len(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows)),
             "new_tokens": sorted({int(k.split("_")[1]) for r in rows for k in r
                                   if k.startswith("total_") and k.endswith("_ms")}),
             "decode_tokens": sorted({r["decode_tokens"] for r in rows if r.get("decode_tokens")}),
             "repeats": sorted({r["repeats"] for r in rows if r.get("repeats")})}
+
+
+def _join(xs) -> str:
+    return ", ".join(map(str, xs))
 
 
 def coverage_text(rows: list[dict]) -> str:
@@ -34,18 +38,11 @@ def coverage_text(rows: list[dict]) -> str:
     c = coverage(rows)
     if not c["cases"]:
         return _not_recorded("rows")
-
-    def join(xs):
-        return ", ".join(map(str, xs))
-
-    parts = [f"{c['cases']} cases: presets {join(c['presets'])}; images {join(c['images'])}; "
-             f"requests {join(c['requests'])}", f"modes {join(c['modes'])}"]
-    if c["new_tokens"]:
-        parts.append(f"generate timed to {join(c['new_tokens'])} new tokens")
-    if c["decode_tokens"]:
-        parts.append(f"{join(c['decode_tokens'])} decode tokens")
-    if c["repeats"]:
-        parts.append(f"{join(c['repeats'])} repeats")
+    parts = [f"{c['cases']} cases: presets {_join(c['presets'])}; images {_join(c['images'])}; "
+             f"requests {_join(c['requests'])}", f"modes {_join(c['modes'])}"]
+    parts += [text.format(_join(c[key])) for key, text in (("new_tokens", "generate timed to {} new tokens"),
+                                                          ("decode_tokens", "{} decode tokens"),
+                                                          ("repeats", "{} repeats")) if c[key]]
     return "covers " + "; ".join(parts)
 
 
