@@ -12,7 +12,7 @@ from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_ch
 from ..measure.ttft import mode_name
 from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times
 from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_cases
-from .ttft_summary import CASE, drift_beyond, drift_fails, per_case, text_graph_cuts, ttft_frame
+from .ttft_summary import CASE, disturbed, drift_beyond, drift_fails, per_case, text_graph_cuts, ttft_frame
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 
@@ -113,7 +113,7 @@ def decode_ratio_block(refs: Refs) -> str:
     df = ttft_frame(refs("ttft")["rows"])
     dec = per_case(df, "decode_ms_per_token")[[BOTH_EAGER, BOTH_GRAPHED]].dropna().assign(
         ratio=lambda d: d[BOTH_EAGER] / d[BOTH_GRAPHED])
-    failing = per_case(df, "decode_drift").map(drift_beyond).any(axis=1)  # a mode of the case fails the control
+    failing = disturbed(df)
     kept, off = dec[~failing.reindex(dec.index)], dec[failing.reindex(dec.index)]
 
     def where(c):

@@ -5,9 +5,11 @@ named), decode speedups, image path and first tokens. A file without what a sent
 
 from __future__ import annotations
 
+import pandas as pd
+
 from ..measure.ttft import mode_name
-from .plots_ttft import ttft_case
-from .ttft_summary import PR_CLAIM, _not_recorded, case_disturbed, drift_beyond, range_verdict, ttft_cases
+from .plots_ttft import ttft_case, ttft_cases
+from .ttft_summary import PR_CLAIM, _not_recorded, disturbed, drift_beyond, per_case, range_verdict, ttft_frame
 
 
 def _case_name(case: tuple) -> str:
@@ -116,30 +118,25 @@ def claim_ranges_text(ttft_rows: list[dict], e2e_rows: list[dict] | None = None)
 def decode_speedups(rows: list[dict]) -> list[dict]:
     """Decode ms per token with the text model eager over graphed, per TTFT case, at the eager encoder
     (decode never runs the encoder): ``{"case", "eager_ms", "graphed_ms", "ratio", "disturbed"}``."""
-    out = []
-    for case in ttft_cases(rows):
-        by = ttft_case(rows, *case)
-        e, g = (by.get(mode_name(t, "eager"), {}).get("decode_ms_per_token") for t in ("eager", "graphed"))
-        if e and g:
-            out.append({"case": case, "eager_ms": e, "graphed_ms": g, "ratio": e / g,
-                        "disturbed": case_disturbed(rows, *case)})
-    return out
+    df = ttft_frame(rows)
+    dec = per_case(df, "decode_ms_per_token").fillna(0)  # 0: not recorded, no ratio
+    eager, graphed = dec[mode_name("eager", "eager")], dec[mode_name("graphed", "eager")]
+    return [{"case": case, "eager_ms": e, "graphed_ms": g, "ratio": e / g, "disturbed": d}
+            for case, e, g, d in zip(dec.index, eager, graphed, disturbed(df)) if e and g]
 
 
 def decode_speedup_text(rows: list[dict]) -> str:
     """:func:`decode_speedups` as a range over the cases whose decode control holds, per preset."""
-    ups = decode_speedups(rows)
-    if not ups:
+    ups = pd.DataFrame(decode_speedups(rows))
+    if ups.empty:
         return _not_recorded("TTFT rows with decode per token in both text modes")
     lines = []
-    for preset in dict.fromkeys(u["case"][0] for u in ups):
-        mine = [u for u in ups if u["case"][0] == preset]
-        kept = [u for u in mine if not u["disturbed"]]
-        line = (f"{preset}: decode per token is {min(u['ratio'] for u in kept):.1f}x to "
-                f"{max(u['ratio'] for u in kept):.1f}x faster with the text model graphed, over {len(kept)} of "
-                f"{len(mine)} cases" if kept else f"{preset}: no case passes the decode control")
-        left = [_case_name(u["case"]) for u in mine if u["disturbed"]]
-        lines.append(line + (f" (left out, decode control fails: {', '.join(left)})" if left else ""))
+    for preset, mine in ups.groupby(ups.case.map(lambda c: c[0]), sort=False):
+        kept, left = mine[~mine.disturbed], mine.case[mine.disturbed].map(_case_name)
+        line = (f"{preset}: decode per token is {kept.ratio.min():.1f}x to {kept.ratio.max():.1f}x faster with "
+                f"the text model graphed, over {len(kept)} of {len(mine)} cases" if len(kept) else
+                f"{preset}: no case passes the decode control")
+        lines.append(line + (f" (left out, decode control fails: {', '.join(left)})" if len(left) else ""))
     return "\n".join(lines)
 
 

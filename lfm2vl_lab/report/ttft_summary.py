@@ -167,7 +167,7 @@ def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mo
 def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed") -> list[dict]:
     """What graphing the text model cuts from TTFT per case of ``preset`` at one encoder mode (paired,
     else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed``."""
-    out = []
+    out, failing = [], disturbed(ttft_frame(rows))
     for case in ttft_cases(rows):
         by = ttft_case(rows, *case)
         eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
@@ -179,7 +179,7 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
             cut = 1 - graphed["ttft_ms"] / eager["ttft_ms"]
         out.append({"image": case[1], "requests": case[2], "prompt_tokens": case[2] * eager["prompt_len"],
                     "eager_ms": eager["ttft_ms"], "graphed_ms": graphed["ttft_ms"], "cut": cut,
-                    "disturbed": case_disturbed(rows, *case)})
+                    "disturbed": bool(failing[case])})
     return sorted(out, key=lambda c: c["prompt_tokens"])
 
 
@@ -197,7 +197,12 @@ def drift_beyond(drift: float | None) -> bool:
     return not missing(drift) and bool(abs(drift) > DECODE_DRIFT_WARN)
 
 
+def disturbed(df: pd.DataFrame) -> pd.Series:
+    """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any of its modes fails the
+    decode control, so a cut between its modes may not be the graphs' alone."""
+    return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
+
+
 def case_disturbed(rows: list[dict], preset: str, image: str, requests: int) -> bool:
-    """Whether any mode of one TTFT case fails the decode control, so a cut between its modes may not
-    be the graphs' alone."""
-    return any(drift_fails(r) for r in ttft_case(rows, preset, image, requests).values())
+    """:func:`disturbed` for one case (False where the rows lack it)."""
+    return bool(disturbed(ttft_frame(rows)).get((preset, image, requests), False))
