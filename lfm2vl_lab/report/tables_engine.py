@@ -11,8 +11,8 @@ from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
 from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_cases
-from .ttft_summary import CASE, disturbed, drift_beyond, drift_fails, per_case, text_graph_cuts, ttft_frame
+from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_cases, ttft_frame
+from .ttft_summary import disturbed, drift_beyond, drift_fails, text_graph_cuts
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ..measure.ttft import mode_name
-from .plots_ttft import ttft_case, ttft_cases
-from .ttft_summary import PR_CLAIM, _not_recorded, disturbed, drift_beyond, per_case, range_verdict, ttft_frame
+from .plots_ttft import per_case, ttft_case, ttft_cases, ttft_frame
+from .ttft_summary import PR_CLAIM, _not_recorded, disturbed, drift_beyond, range_verdict
 
 
 def _case_name(case: tuple) -> str:

@@ -1,7 +1,6 @@
-"""A recorded TTFT result (``ttft``, ``e2e``) as the text notebook 07 prints beside its figures, the
-grid as a frame per case and mode (:func:`ttft_frame`, :func:`per_case`, which the pages' tables read
-too) and the decode control (:func:`drift_fails`). A section the file lacks gives a ``not recorded``
-line, never an error, so the same cells read a small first run and the full grid."""
+"""A recorded TTFT result (``ttft``, ``e2e``) as the text notebook 07 prints beside its figures, and
+the decode control (:func:`drift_fails`; per case, :func:`disturbed`). A section the file lacks gives
+a ``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
 
 from __future__ import annotations
 
@@ -9,28 +8,14 @@ import pandas as pd
 
 from ..measure.e2e import DECODE_DRIFT_WARN, paired_reduction
 from ..measure.ttft import mode_name
-from .frames import missing, need
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_cases, ttft_rows
+from .frames import missing
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, per_case, ttft_case, ttft_cases, ttft_frame
 
 PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
 # The phases before the text model, the ones the encoder mode can change (h2d too: the graphed encoder
 # moves only the real rows, in the model's dtype: VlmPipeline.to_device); Amdahl's law takes the rest as fixed.
 BEFORE_TEXT = TTFT_PHASES[:TTFT_PHASES.index("prefill")]
-CASE = ["preset", "image", "requests"]
 TEXT_MODES = ("eager", "graphed")
-
-
-def ttft_frame(rows: list[dict]) -> pd.DataFrame:
-    """The TTFT grid's rows (:func:`~.plots_ttft.ttft_rows`: one per case and mode) as a frame, with
-    every column the readers below use (empty where no row has it)."""
-    return need(pd.json_normalize(ttft_rows(rows)), *CASE, "mode", "ttft_ms", "decode_ms_per_token",
-                "encoder_graph_cut", "decode_drift")
-
-
-def per_case(df: pd.DataFrame, value: str) -> pd.DataFrame:
-    """``value`` per case (rows, in recorded order) and TTFT mode (columns, :data:`TTFT_MODES`)."""
-    order = pd.MultiIndex.from_frame(df[CASE].drop_duplicates())
-    return df.pivot(index=CASE, columns="mode", values=value).reindex(index=order, columns=list(TTFT_MODES))
 
 
 def _not_recorded(what: str) -> str:
