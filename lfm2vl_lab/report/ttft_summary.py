@@ -56,7 +56,8 @@ def parity_text(result: dict) -> str:
     parity = result.get("parity") or []
     if not parity:
         return _not_recorded("parity section")
-    return "\n".join([f"{'preset':<14} {'mode':<29} | {'logits vs fp32':>14} | first token | equal leading | ok"] + [
+    head = f"{'preset':<14} {'mode':<29} | {'logits vs fp32':>14} | first token | equal leading | ok"
+    return "\n".join([head] + [
         f"{p.get('preset', '?'):<14} {mode:<29} | {r['rel_err_vs_fp32']:>14.2e} | "
         f"{'same' if r['same_first_token'] else 'DIFFERS':>11} | "
         f"{r['matching_tokens']:>6} of {p.get('new_tokens', '?'):<5} | {'yes' if r['ok'] else 'NO'}"
@@ -69,7 +70,8 @@ def profile_text(result: dict) -> str:
     profile = result.get("profile") or []
     if not profile:
         return _not_recorded("profile section (ttft --profile records one)")
-    return "\n".join([f"{'preset':<14} {'mode':<29} | kernels | launches | graphs | GPU busy ms | wall ms | busy"] + [
+    head = f"{'preset':<14} {'mode':<29} | kernels | launches | graphs | GPU busy ms | wall ms | busy"
+    return "\n".join([head] + [
         f"{p.get('preset', '?'):<14} {mode:<29} | {r.get('kernels', 0):>7.0f} | {r.get('launch_calls', 0):>8.0f} | "
         f"{r.get('graph_launches', 0):>6.0f} | {r.get('gpu_busy_ms', 0):>11.2f} | {r.get('wall_ms', 0):>7.2f} | "
         + ("-" if r.get("busy_share") is None else f"{r['busy_share']:.0%}")
@@ -153,10 +155,10 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
     """What graphing the text model cuts from TTFT per case of ``preset`` at one encoder mode (paired,
     else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed``."""
     out, failing = [], disturbed(ttft_frame(rows))
-    for case in ttft_cases(rows):
+    for case in (c for c in ttft_cases(rows) if c[0] == preset):
         by = ttft_case(rows, *case)
         eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
-        if case[0] != preset or eager is None or graphed is None:
+        if eager is None or graphed is None:
             continue
         if eager.get("ttft_samples_ms") and graphed.get("ttft_samples_ms"):
             cut = paired_reduction(eager["ttft_samples_ms"], graphed["ttft_samples_ms"])
