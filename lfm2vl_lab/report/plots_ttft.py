@@ -119,8 +119,7 @@ def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: st
     if not rows:
         raise NoData(f"ttft_breakdown_figure: {NO_ROWS}")
     presets = [preset] if preset else list(dict.fromkeys(r["preset"] for r in rows))
-    cases = {p: ttft_case(rows, p, image, requests) for p in presets}
-    cases = {p: by for p, by in cases.items() if by}
+    cases = {p: by for p in presets if (by := ttft_case(rows, p, image, requests))}  # the presets with the case
     if not cases:
         raise NoData(f"ttft_breakdown_figure: no rows for {preset or 'any preset'} {image} x{requests}; "
                      f"recorded: {recorded_cases(rows)}")
@@ -130,11 +129,8 @@ def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: st
     for ax, (p, by) in zip(axes, cases.items()):
         _breakdown_panel(ax, by, f"{p}, {image} x{requests}", seen)
     axes[-1].set_xlabel("ms per call (medians of each phase; hatched: the processor, outside the TTFT target)")
-    handles, labels = [], []
-    for ax in axes:
-        h, lab = ax.get_legend_handles_labels()
-        handles, labels = handles + h, labels + lab
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=7)
+    labels = [lab for ax in axes for lab in ax.get_legend_handles_labels()[1]]
+    fig.legend(loc="outside lower center", ncols=len(labels), fontsize=7)  # every panel's entries, in order
     set_title(fig, title or "Time to first token, phase by phase, per mode")
     return fig
 

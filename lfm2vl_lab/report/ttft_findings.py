@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..measure.ttft import mode_name
+from .frames import missing
 from .plots_ttft import per_case, ttft_case, ttft_cases, ttft_frame
 from .ttft_summary import PR_CLAIM, _not_recorded, disturbed, drift_beyond, range_verdict
 
@@ -51,12 +52,10 @@ def coverage_text(rows: list[dict]) -> str:
 def encoder_cuts(rows: list[dict], text_mode: str = "graphed") -> list[dict]:
     """The encoder graphs' paired TTFT cut per case of a TTFT grid at one text mode:
     ``{"case", "cut", "drift"}`` (drift: the graphed-encoder row's ``decode_drift``, or None)."""
-    out = []
-    for case in ttft_cases(rows):
-        row = ttft_case(rows, *case).get(mode_name(text_mode, "graphed"))
-        if row is not None and row.get("encoder_graph_cut") is not None:
-            out.append({"case": case, "cut": row["encoder_graph_cut"], "drift": row.get("decode_drift")})
-    return out
+    df, graphed = ttft_frame(rows), mode_name(text_mode, "graphed")
+    cuts, drifts = per_case(df, "encoder_graph_cut")[graphed], per_case(df, "decode_drift")[graphed]
+    return [{"case": case, "cut": cut, "drift": None if missing(drift) else drift}
+            for case, cut, drift in zip(cuts.index, cuts, drifts) if not missing(cut)]
 
 
 def e2e_cuts(rows: list[dict], mode: str = "lab-graph") -> list[dict]:
