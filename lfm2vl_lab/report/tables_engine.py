@@ -35,6 +35,11 @@ def _one_request(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df.image == "1x512") & (df.requests == 1)]
 
 
+def _yes(ok) -> str:
+    """A check's cell: a failure in bold."""
+    return "yes" if ok else "**no**"
+
+
 def _cut(cut, drift) -> str | None:
     """The encoder graphs' cut, and its decode drift where that fails the decode control."""
     return pct(cut) and pct(cut) + (f" (drift {pct(drift, 0, sign=True)})" if drift_beyond(drift) else "")
@@ -96,8 +101,7 @@ def ttft_grid_block(refs: Refs) -> str:
     df = ttft_frame(refs("ttft")["rows"])
     ttft, dec = per_case(df, "ttft_ms"), per_case(df, "decode_ms_per_token")
     cut, drift = per_case(df, "encoder_graph_cut"), per_case(df, "decode_drift")
-    out = ttft.index.to_frame(index=False).assign(preset=lambda d: d.preset.map(preset_label))
-    out.columns = ["preset", "image", "requests"]
+    out = ttft.index.to_frame(index=False).assign(preset=lambda d: d.preset.map(preset_label))  # the CASE columns
     out["TTFT all eager"], out["TTFT both graphed"] = ttft[BOTH_EAGER].map(ms).values, ttft[BOTH_GRAPHED].map(ms).values
     for m, text in ((mode_name("eager", "graphed"), "eager"), (BOTH_GRAPHED, "graphed")):
         out[f"encoder graphs' cut, text {text}"] = [_cut(c, d) for c, d in zip(cut[m], drift[m])]
@@ -190,13 +194,11 @@ def image_path_pairs(refs: Refs, kind: str, side: str):
 
 def image_path_block(refs: Refs) -> str:
     """``encode()`` fed the processor's CPU output against GPU-resident input, and the staging split."""
-    rows = []
-    for r, s in image_path_pairs(refs, "encode_sources", "staging_split"):
-        rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
-                     times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
-                     ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3),
-                     None if s.get("upload_gb_s") is None else f"{s['upload_gb_s']:.1f}",
-                     "yes" if r.get("outputs_equal") else "**no**", (r.get("staging") or {}).get("host_waits")])
+    rows = [[preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
+             times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
+             ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3), ms(s.get("upload_gb_s"), 1),
+             _yes(r.get("outputs_equal")), (r.get("staging") or {}).get("host_waits")]
+            for r, s in image_path_pairs(refs, "encode_sources", "staging_split")]
     head = ["preset", "workload", "from GPU input ms", "from CPU output ms", "ratio", "ratio, padded float32",
             "ratio, chunked upload", "host gather ms", "upload ms", "upload GB/s", "outputs equal", "host waits"]
     return _part(refs, table(head, rows))
@@ -204,11 +206,9 @@ def image_path_block(refs: Refs) -> str:
 
 def processor_block(refs: Refs) -> str:
     """The image processor on the CPU against the same on the GPU (``device="cuda"``)."""
-    rows = []
-    for r, p in image_path_pairs(refs, "processor_time", "processor_parity"):
-        levels = p.get("max_diff_levels")
-        rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["cpu_ms_median"]),
-                     ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
+    rows = [[preset_label(r.get("preset", "?")), r["workload"], ms(r["cpu_ms_median"]), ms(r["device_ms_median"]),
+             times(r["speedup"], 2), ms(p.get("max_diff_levels"), 0)]
+            for r, p in image_path_pairs(refs, "processor_time", "processor_parity")]
     head = ["preset", "workload", "CPU processor ms", "GPU processor ms", "CPU / GPU",
             "largest difference (uint8 levels)"]
     return _part(refs, table(head, rows))
@@ -222,8 +222,8 @@ def ttft_parity_block(refs: Refs) -> str:
         for m, r in p["modes"].items():
             rows.append([preset_label(p["preset"]), f"{p['image']} ×{p['requests']}", f"{margin:.3g}", mode_label(m),
                          f"{r['rel_err_vs_fp32']:.2e} ({r['hf_rel_err_vs_fp32']:.2e})",
-                         "yes" if r["same_first_token"] else "**no**", "yes" if r["first_token_as_fp32"] else "**no**",
-                         f"{r['matching_tokens']} of {p['new_tokens']}", "yes" if r["ok"] else "**no**"])
+                         _yes(r["same_first_token"]), _yes(r["first_token_as_fp32"]),
+                         f"{r['matching_tokens']} of {p['new_tokens']}", _yes(r["ok"])])
     head = ["preset", "case", "float32 top-2 margin", "mode", "logits vs float32 (transformers' bf16)",
             "first token as `generate`", "first token as float32", "tokens as `generate`", "passes"]
     return _part(refs, table(head, rows))
