@@ -1,19 +1,21 @@
 """Figures of the request past the encoder: the TTFT grid (``ttft``), TTFT inside ``generate``
 (``e2e``) and the text model's peers (``engine``); like :mod:`.plots`, one run's rows in, a
-``Figure`` out, :class:`~.plots.NoData` naming what is missing."""
+``Figure`` out, :class:`~.plots.NoData` naming what is missing. The grid's rows as a frame
+(:func:`ttft_frame`, :func:`per_case`) serve the TTFT pages' tables and sentences too."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+import pandas as pd
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 from ..measure.engine_peers import MODES as PEER_MODES
 from ..measure.ttft import mode_name
 from ..serving.pipeline import MODES
-from .frames import one_per
+from .frames import need, one_per
 from .plots import MODE_COLORS, NoData, page_width, set_title
 
 TTFT_MODES = tuple(mode_name(t, e) for t in MODES for e in MODES)  # all eager first, both graphed last
@@ -24,6 +26,7 @@ PHASE_COLORS = {"h2d": "#8c564b", "encoder": "#2ca02c", "merge": "#bcbd22", "pre
 TTFT_MODE_COLORS = dict(zip(TTFT_MODES, ("#7f7f7f", "#98df8a", "#1f77b4", "#2ca02c")))
 TTFT_MODE_STYLES = {m: "--" if m.startswith(mode_name("eager", "")) else "-" for m in TTFT_MODES}  # text eager dashed
 NO_ROWS = "no TTFT grid rows (python -m lfm2vl_lab ttft on a GPU records them)"
+CASE = ["preset", "image", "requests"]
 
 
 def ttft_rows(rows: list[dict]) -> list[dict]:
@@ -32,10 +35,27 @@ def ttft_rows(rows: list[dict]) -> list[dict]:
                    lambda r: (r.get("preset"), r.get("image"), r.get("requests"), r["mode"]), "ttft_rows")
 
 
+def ttft_frame(rows: list[dict]) -> pd.DataFrame:
+    """The TTFT grid's rows (:func:`ttft_rows`) as a frame, nested phases as dotted columns, with every
+    column the tables and sentences read (empty where no row has it)."""
+    return need(pd.json_normalize(ttft_rows(rows)), *CASE, "mode", "ttft_ms", "decode_ms_per_token",
+                "encoder_graph_cut", "decode_drift")
+
+
+def per_case(df: pd.DataFrame, value: str) -> pd.DataFrame:
+    """``value`` per case (rows, in recorded order) and TTFT mode (columns, :data:`TTFT_MODES`)."""
+    order = pd.MultiIndex.from_frame(df[CASE].drop_duplicates())
+    return df.pivot(index=CASE, columns="mode", values=value).reindex(index=order, columns=list(TTFT_MODES))
+
+
+def ttft_cases(rows: list[dict]) -> list[tuple]:
+    """The ``(preset, image, requests)`` cases of a TTFT grid's rows, in the order they were recorded."""
+    return list(dict.fromkeys((r.get("preset"), r.get("image"), r.get("requests")) for r in ttft_rows(rows)))
+
+
 def recorded_cases(rows: list[dict]) -> str:
     """What the rows cover, for messages: ``"lfm2-vl-450m 1x512 x1, lfm2-vl-450m 1x512 x4"``."""
-    cases = dict.fromkeys(f"{r.get('preset')} {r.get('image')} x{r.get('requests')}" for r in ttft_rows(rows))
-    return ", ".join(cases) or "nothing"
+    return ", ".join(f"{p} {image} x{n}" for p, image, n in ttft_cases(rows)) or "nothing"
 
 
 def ttft_case(rows: list[dict], preset: str, image: str, requests: int) -> dict[str, dict]:
@@ -99,8 +119,7 @@ def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: st
     if not rows:
         raise NoData(f"ttft_breakdown_figure: {NO_ROWS}")
     presets = [preset] if preset else list(dict.fromkeys(r["preset"] for r in rows))
-    cases = {p: ttft_case(rows, p, image, requests) for p in presets}
-    cases = {p: by for p, by in cases.items() if by}
+    cases = {p: by for p in presets if (by := ttft_case(rows, p, image, requests))}  # the presets with the case
     if not cases:
         raise NoData(f"ttft_breakdown_figure: no rows for {preset or 'any preset'} {image} x{requests}; "
                      f"recorded: {recorded_cases(rows)}")
@@ -110,24 +129,21 @@ def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: st
     for ax, (p, by) in zip(axes, cases.items()):
         _breakdown_panel(ax, by, f"{p}, {image} x{requests}", seen)
     axes[-1].set_xlabel("ms per call (medians of each phase; hatched: the processor, outside the TTFT target)")
-    handles, labels = [], []
-    for ax in axes:
-        h, lab = ax.get_legend_handles_labels()
-        handles, labels = handles + h, labels + lab
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=7)
+    labels = [lab for ax in axes for lab in ax.get_legend_handles_labels()[1]]
+    fig.legend(loc="outside lower center", ncols=len(labels), fontsize=7)  # every panel's entries, in order
     set_title(fig, title or "Time to first token, phase by phase, per mode")
     return fig
 
 
-def _panel_lines(ax, mine: list[dict], metric: str) -> list[str]:
+def _panel_lines(ax, mine: pd.DataFrame, metric: str) -> list[str]:
     """One line per mode over the request counts; returns the modes with no value in this panel."""
     missing = []
     for mode in TTFT_MODES:
-        pts = sorted((r["requests"], r[metric]) for r in mine if r["mode"] == mode and r.get(metric) is not None)
-        if not pts:
+        pts = mine[mine["mode"] == mode].dropna(subset=[metric]).sort_values("requests")
+        if pts.empty:
             missing.append(mode)
             continue
-        ax.plot([n for n, _ in pts], [v for _, v in pts], "o", ls=TTFT_MODE_STYLES[mode],
+        ax.plot(pts.requests.tolist(), pts[metric].tolist(), "o", ls=TTFT_MODE_STYLES[mode],
                 color=TTFT_MODE_COLORS[mode], label=mode)
     return missing
 
@@ -135,26 +151,25 @@ def _panel_lines(ax, mine: list[dict], metric: str) -> list[str]:
 def _per_request_figure(rows: list[dict], metric: str, ylabel: str, title: str, presets, images,
                         log: bool) -> Figure:
     """``metric`` against requests, one line per mode, one panel per (preset, image), two columns."""
-    every = ttft_rows(rows)
-    if not every:
+    every = ttft_frame(rows)
+    if every.empty:
         raise NoData(NO_ROWS)
-    rows = [r for r in every if (presets is None or r.get("preset") in presets)
-            and (images is None or r.get("image") in images)]
-    if not any(r.get(metric) is not None for r in rows):
+    df = every[every.preset.isin(every.preset if presets is None else presets)
+               & every.image.isin(every.image if images is None else images)]
+    if df[metric].isna().all():
         raise NoData(f"no {metric} in the TTFT rows asked for (presets {presets or 'any'}, images {images or 'any'}); "
-                     f"recorded: {recorded_cases(every)}")
-    panels = list(dict.fromkeys((r["preset"], r["image"]) for r in rows))
-    ncols = min(2, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
+                     f"recorded: {recorded_cases(rows)}")
+    panels = df.groupby(["preset", "image"], sort=False)
+    ncols = min(2, panels.ngroups)
+    nrows = math.ceil(panels.ngroups / ncols)
     fig = Figure(figsize=(5.2 * ncols + 0.5, 3.4 * nrows + 0.9), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax, (p, im) in zip(axes, panels):
-        mine = [r for r in rows if (r["preset"], r["image"]) == (p, im)]
+    for ax, ((p, im), mine) in zip(axes, panels):
         missing = _panel_lines(ax, mine, metric)
         if missing:
             ax.text(0.01, 0.01, "not recorded: " + ", ".join(missing), transform=ax.transAxes, fontsize=6,
                     color="#888888", va="bottom")
-        ns = sorted({r["requests"] for r in mine})
+        ns = sorted(mine.requests.unique().tolist())
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.minorticks_off()
@@ -165,7 +180,7 @@ def _per_request_figure(rows: list[dict], metric: str, ylabel: str, title: str, 
         ax.set_title(f"{p}, {im}", fontsize=9, loc="left")
         ax.set_xlabel("requests per call")
         ax.set_ylabel(ylabel, fontsize=8)
-    for ax in axes[len(panels):]:
+    for ax in axes[panels.ngroups:]:
         fig.delaxes(ax)
     h, lab = max((ax.get_legend_handles_labels() for ax in fig.axes), key=lambda hl: len(hl[1]))
     fig.legend(h, lab, loc="outside lower center", ncols=min(len(lab), 2 * ncols), fontsize=7)

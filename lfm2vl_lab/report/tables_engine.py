@@ -11,9 +11,8 @@ from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
 from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_rows
-from .ttft_summary import drift_beyond, drift_fails, text_graph_cuts
-from .ttft_summary import ttft_cases as cases
+from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_cases, ttft_frame
+from .ttft_summary import disturbed, drift_beyond, drift_fails, text_graph_cuts
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 
@@ -26,19 +25,19 @@ def mode_label(mode: str) -> str:
     return f"text {text}, encoder {enc}"
 
 
-CASE = ["preset", "image", "requests"]
+def _part(refs: Refs, *pieces: str, roles=("ttft",)) -> str:
+    """A page's part: its tables and notes, then the line naming the files they read."""
+    return "\n\n".join([*pieces, refs.source(*roles)])
 
 
-def ttft_frame(res: dict) -> pd.DataFrame:
-    """The TTFT grid's rows (:func:`~lfm2vl_lab.report.plots_ttft.ttft_rows`: one per case and mode) as a frame."""
-    return need(pd.json_normalize(ttft_rows(res["rows"])), *CASE, "mode", "ttft_ms", "decode_ms_per_token",
-                "encoder_graph_cut", "decode_drift")
+def _one_request(df: pd.DataFrame) -> pd.DataFrame:
+    """The grid's rows of one 512 px request, the case the pages show first."""
+    return df[(df.image == "1x512") & (df.requests == 1)]
 
 
-def per_case(df, value: str) -> pd.DataFrame:
-    """``value`` per case (rows, in recorded order) and TTFT mode (columns)."""
-    order = pd.MultiIndex.from_frame(df[CASE].drop_duplicates())
-    return df.pivot(index=CASE, columns="mode", values=value).reindex(index=order, columns=list(TTFT_MODES))
+def _yes(ok) -> str:
+    """A check's cell: a failure in bold."""
+    return "yes" if ok else "**no**"
 
 
 def _cut(cut, drift) -> str | None:
@@ -52,8 +51,8 @@ def _arrow(a: pd.Series, b: pd.Series) -> pd.Series:
 
 def ttft_modes_block(refs: Refs) -> str:
     """One 512 px request per preset: TTFT in the four modes, decode per token both eager → both graphed."""
-    res, df = refs("ttft"), ttft_frame(refs("ttft"))
-    one = df[(df.image == "1x512") & (df.requests == 1)]
+    res = refs("ttft")
+    one = _one_request(ttft_frame(res["rows"]))
     ttft, dec = per_case(one, "ttft_ms"), per_case(one, "decode_ms_per_token")
     out = pd.DataFrame({"preset": [preset_label(p) for p, *_ in ttft.index]})
     out[[mode_label(m) for m in TTFT_MODES]] = ttft.map(ms).assign(
@@ -63,21 +62,20 @@ def ttft_modes_block(refs: Refs) -> str:
     note = (f"TTFT ms (median of {res['rows'][0].get('repeats')} paired rounds), processor excluded. Parity: "
             f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass "
             "(tokens against `generate`, first-token logits against a float32 copy; docs/results.md lists them).")
-    return "\n\n".join([md(out), note, refs.source("ttft")])
+    return _part(refs, md(out), note)
 
 
 def ttft_phases_block(refs: Refs) -> str:
     """The phases of one 512 px request, every mode of every preset."""
-    df = ttft_frame(refs("ttft"))
-    one = df[(df.image == "1x512") & (df.requests == 1)]
-    one = one.sort_values("mode", key=lambda m: m.map(TTFT_MODES.index), kind="stable").sort_values(
-        "preset", key=lambda p: p.map(list(dict.fromkeys(df.preset)).index), kind="stable")
+    df = ttft_frame(refs("ttft")["rows"])
+    order = {"preset": list(dict.fromkeys(df.preset)), "mode": list(TTFT_MODES)}  # presets as recorded
+    one = _one_request(df).sort_values(["preset", "mode"], key=lambda col: col.map(order[col.name].index))
     out = pd.DataFrame({"preset": one.preset.map(preset_label), "mode": one["mode"].map(mode_label),
                         "TTFT": "**" + one.ttft_ms.map(ms) + "**"})
     for p in TTFT_PHASES:
         out[p] = need(one, f"phases_ms.{p}")[f"phases_ms.{p}"].map(ms)
     out["decode ms/token"] = one.decode_ms_per_token.map(ms)
-    return "\n\n".join(["Median ms of one 512 px request.", md(out), refs.source("ttft")])
+    return _part(refs, "Median ms of one 512 px request.", md(out))
 
 
 def _profiled(where: list, r: dict, busy: float | None, *graphs: str) -> list:
@@ -93,35 +91,33 @@ def ttft_profile_block(refs: Refs) -> str:
     rows = [_profiled([preset_label(p["preset"]), mode_label(m)], r, r.get("busy_share"), f"{r['graph_launches']:.0f}")
             for p in res.get("profile") or [] for m in TTFT_MODES if (r := p.get(m))]
     head = ["preset", "mode", "kernels", "launch calls", "graph launches", "GPU-busy ms", "wall ms", "busy"]
-    return "\n\n".join(["One profiled request (512 px, processor excluded), the mean of "
-                        f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows),
-                        refs.source("ttft")])
+    return _part(refs, "One profiled request (512 px, processor excluded), the mean of "
+                 f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows))
 
 
 def ttft_grid_block(refs: Refs) -> str:
     """Every case of the grid: TTFT all eager and both graphed, the encoder graphs' paired cut at each
     text mode (decode drift past the warning line marked), decode per token."""
-    df = ttft_frame(refs("ttft"))
+    df = ttft_frame(refs("ttft")["rows"])
     ttft, dec = per_case(df, "ttft_ms"), per_case(df, "decode_ms_per_token")
     cut, drift = per_case(df, "encoder_graph_cut"), per_case(df, "decode_drift")
-    out = ttft.index.to_frame(index=False).assign(preset=lambda d: d.preset.map(preset_label))
-    out.columns = ["preset", "image", "requests"]
+    out = ttft.index.to_frame(index=False).assign(preset=lambda d: d.preset.map(preset_label))  # the CASE columns
     out["TTFT all eager"], out["TTFT both graphed"] = ttft[BOTH_EAGER].map(ms).values, ttft[BOTH_GRAPHED].map(ms).values
     for m, text in ((mode_name("eager", "graphed"), "eager"), (BOTH_GRAPHED, "graphed")):
         out[f"encoder graphs' cut, text {text}"] = [_cut(c, d) for c, d in zip(cut[m], drift[m])]
     out["decode ms/token, all eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
     note = (f"\"drift\" marks a cut where decode, which never runs the encoder, moved by more than "
             f"{pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes: there the cut is not the encoder's alone.")
-    return "\n\n".join([md(out), note, refs.source("ttft")])
+    return _part(refs, md(out), note)
 
 
 def decode_ratio_block(refs: Refs) -> str:
     """Decode per token all eager / both graphed over the grid's cases whose decode control holds, with
     the cases at either end; the cases it fails in are left out and shown the same way."""
-    df = ttft_frame(refs("ttft"))
+    df = ttft_frame(refs("ttft")["rows"])
     dec = per_case(df, "decode_ms_per_token")[[BOTH_EAGER, BOTH_GRAPHED]].dropna().assign(
         ratio=lambda d: d[BOTH_EAGER] / d[BOTH_GRAPHED])
-    failing = (per_case(df, "decode_drift").astype(float).abs() > DECODE_DRIFT_WARN).any(axis=1)  # drift_fails
+    failing = disturbed(df)
     kept, off = dec[~failing.reindex(dec.index)], dec[failing.reindex(dec.index)]
 
     def where(c):
@@ -142,13 +138,12 @@ def text_cuts_block(refs: Refs) -> str:
     """What graphing the text model cuts from TTFT (encoder graphed), by the batch's prompt tokens."""
     rows = refs("ttft")["rows"]
     out = []
-    for preset in dict.fromkeys(c[0] for c in cases(rows)):
+    for preset in dict.fromkeys(c[0] for c in ttft_cases(rows)):
         for c in text_graph_cuts(rows, preset):
             out.append([preset_label(preset), c["image"], c["requests"], c["prompt_tokens"], ms(c["eager_ms"]),
                         ms(c["graphed_ms"]), pct(c["cut"])])
     head = ["preset", "image", "requests", "prompt tokens", "TTFT, text eager", "TTFT, text graphed", "cut (paired)"]
-    return "\n\n".join(["The encoder graphed in both columns; sorted by the batch's prompt tokens.",
-                        table(head, out), refs.source("ttft")])
+    return _part(refs, "The encoder graphed in both columns; sorted by the batch's prompt tokens.", table(head, out))
 
 
 def engine_setup_block(refs: Refs) -> str:
@@ -177,7 +172,7 @@ def e2e_block(refs: Refs) -> str:
                         "decode drift": [pct(v, 0, True) + " (disturbed)" * drift_beyond(v) for v in d.decode_drift]})
     note = (f"Median ms of {df.repeats.iloc[0]} rounds, the two modes in alternating turns. \"disturbed\": "
             f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
-    return "\n\n".join([md(out), note, refs.source("e2e")])
+    return _part(refs, md(out), note, roles=("e2e",))
 
 
 def e2e_profile_block(refs: Refs) -> str:
@@ -186,7 +181,7 @@ def e2e_profile_block(refs: Refs) -> str:
             for p in refs("e2e").get("ttft_profile") or [] for mode in ("hf-eager", "lab-graph")
             for part in ("encoder", "text") if (r := (p.get(mode) or {}).get(part))]
     head = ["preset", "mode", "part", "kernels", "launch calls", "GPU-busy ms", "wall ms", "busy"]
-    return "\n\n".join([table(head, rows), refs.source("e2e")])
+    return _part(refs, table(head, rows), roles=("e2e",))
 
 
 def image_path_pairs(refs: Refs, kind: str, side: str):
@@ -199,28 +194,24 @@ def image_path_pairs(refs: Refs, kind: str, side: str):
 
 def image_path_block(refs: Refs) -> str:
     """``encode()`` fed the processor's CPU output against GPU-resident input, and the staging split."""
-    rows = []
-    for r, s in image_path_pairs(refs, "encode_sources", "staging_split"):
-        rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
-                     times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
-                     ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3),
-                     None if s.get("upload_gb_s") is None else f"{s['upload_gb_s']:.1f}",
-                     "yes" if r.get("outputs_equal") else "**no**", (r.get("staging") or {}).get("host_waits")])
+    rows = [[preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
+             times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
+             ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3), ms(s.get("upload_gb_s"), 1),
+             _yes(r.get("outputs_equal")), (r.get("staging") or {}).get("host_waits")]
+            for r, s in image_path_pairs(refs, "encode_sources", "staging_split")]
     head = ["preset", "workload", "from GPU input ms", "from CPU output ms", "ratio", "ratio, padded float32",
             "ratio, chunked upload", "host gather ms", "upload ms", "upload GB/s", "outputs equal", "host waits"]
-    return "\n\n".join([table(head, rows), refs.source("ttft")])
+    return _part(refs, table(head, rows))
 
 
 def processor_block(refs: Refs) -> str:
     """The image processor on the CPU against the same on the GPU (``device="cuda"``)."""
-    rows = []
-    for r, p in image_path_pairs(refs, "processor_time", "processor_parity"):
-        levels = p.get("max_diff_levels")
-        rows.append([preset_label(r.get("preset", "?")), r["workload"], ms(r["cpu_ms_median"]),
-                     ms(r["device_ms_median"]), times(r["speedup"], 2), None if levels is None else f"{levels:.0f}"])
+    rows = [[preset_label(r.get("preset", "?")), r["workload"], ms(r["cpu_ms_median"]), ms(r["device_ms_median"]),
+             times(r["speedup"], 2), ms(p.get("max_diff_levels"), 0)]
+            for r, p in image_path_pairs(refs, "processor_time", "processor_parity")]
     head = ["preset", "workload", "CPU processor ms", "GPU processor ms", "CPU / GPU",
             "largest difference (uint8 levels)"]
-    return "\n\n".join([table(head, rows), refs.source("ttft")])
+    return _part(refs, table(head, rows))
 
 
 def ttft_parity_block(refs: Refs) -> str:
@@ -231,11 +222,11 @@ def ttft_parity_block(refs: Refs) -> str:
         for m, r in p["modes"].items():
             rows.append([preset_label(p["preset"]), f"{p['image']} ×{p['requests']}", f"{margin:.3g}", mode_label(m),
                          f"{r['rel_err_vs_fp32']:.2e} ({r['hf_rel_err_vs_fp32']:.2e})",
-                         "yes" if r["same_first_token"] else "**no**", "yes" if r["first_token_as_fp32"] else "**no**",
-                         f"{r['matching_tokens']} of {p['new_tokens']}", "yes" if r["ok"] else "**no**"])
+                         _yes(r["same_first_token"]), _yes(r["first_token_as_fp32"]),
+                         f"{r['matching_tokens']} of {p['new_tokens']}", _yes(r["ok"])])
     head = ["preset", "case", "float32 top-2 margin", "mode", "logits vs float32 (transformers' bf16)",
             "first token as `generate`", "first token as float32", "tokens as `generate`", "passes"]
-    return "\n\n".join([table(head, rows), refs.source("ttft")])
+    return _part(refs, table(head, rows))
 
 
 PEER_LABELS = {"generate": "transformers' `generate`", "hf-static-compile": "`generate`, static cache + compile",
@@ -271,7 +262,7 @@ def engine_peers_block(refs: Refs) -> str:
     note = (f"bf16, one request ({res['setup'][0]['prompt_len']} positions), median ms of "
             f"{res['rows'][0].get('repeats')} rounds, every mode in alternating turns. The weights' floor per decode "
             f"step: {floors}. Eight requests: {', '.join(eight)}.")
-    return "\n\n".join([table(head, rows), note, refs.source("engine")])
+    return _part(refs, table(head, rows), note, roles=("engine",))
 
 
 REQUEST_ROLE = "request-3b"
@@ -346,7 +337,7 @@ def e2e_requests_block(refs: Refs, res: dict) -> str:
             f"cell's decode control fails, its two encoder modes decoded more than {pct(DECODE_DRIFT_WARN, 0)} "
             "apart although decode never runs the encoder, so that cut is not the encoder alone. "
             f"{STAND_IN[0].upper() + STAND_IN[1:]}.")
-    return table(head, out) + "\n\n" + note + "\n\n" + refs.source(REQUEST_ROLE, "ttft")
+    return _part(refs, table(head, out), note, roles=(REQUEST_ROLE, "ttft"))
 
 
 @request_part
@@ -361,14 +352,14 @@ def throughput_block(refs: Refs, res: dict) -> str:
     note = (f"{tp['requests']} requests of the seeded workload's mixed image sizes, in arrival order, batches of up to "
             f"{tp['batch']}, {tp['new_tokens']} output tokens each, text model graphed; median of {tp['passes']} "
             f"passes in turns. Encoder graphs: {times(tp['speedup'], 3)} the throughput.")
-    return (table(["preset", "encoder", "requests/s", "output tokens/s", "s per pass"], out) + "\n\n" + note
-            + "\n\n" + refs.source(REQUEST_ROLE))
+    return _part(refs, table(["preset", "encoder", "requests/s", "output tokens/s", "s per pass"], out), note,
+                 roles=(REQUEST_ROLE,))
 
 
 @request_part
 def like_for_like_block(refs: Refs, res: dict) -> str:
     """The PR's claim, like for like: one sentence from the request file."""
-    return like_for_like(res) + "\n\n" + refs.source(REQUEST_ROLE)
+    return _part(refs, like_for_like(res), roles=(REQUEST_ROLE,))
 
 
 BLOCKS = {"e2e-requests": e2e_requests_block, "throughput": throughput_block, "like-for-like": like_for_like_block,

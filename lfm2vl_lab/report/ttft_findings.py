@@ -5,9 +5,12 @@ named), decode speedups, image path and first tokens. A file without what a sent
 
 from __future__ import annotations
 
+import pandas as pd
+
 from ..measure.ttft import mode_name
-from .plots_ttft import ttft_case
-from .ttft_summary import PR_CLAIM, _not_recorded, case_disturbed, drift_beyond, range_verdict, ttft_cases
+from .frames import missing
+from .plots_ttft import per_case, ttft_case, ttft_cases, ttft_frame
+from .ttft_summary import PR_CLAIM, _not_recorded, disturbed, drift_beyond, range_verdict
 
 
 def _case_name(case: tuple) -> str:
@@ -18,15 +21,19 @@ def coverage(rows: list[dict]) -> dict:
     """What TTFT or e2e ``rows`` cover: presets, images, requests, modes, cases, generate's new tokens,
     decode tokens and repeats."""
     rows = [r for r in rows if r.get("mode")]
-    return {"presets": list(dict.fromkeys(r["preset"] for r in rows)),
-            "images": list(dict.fromkeys(r["image"] for r in rows)),
-            "requests": sorted({r["requests"] for r in rows}),
-            "modes": list(dict.fromkeys(r["mode"] for r in rows)),
-            "cases": len(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows)),
+
+    def seen(key):  # in first-seen order
+        return list(dict.fromkeys(r[key] for r in rows))
+    return {"presets": seen("preset"), "images": seen("image"), "requests": sorted(set(seen("requests"))),
+            "modes": seen("mode"), "cases": len(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in rows)),
             "new_tokens": sorted({int(k.split("_")[1]) for r in rows for k in r
                                   if k.startswith("total_") and k.endswith("_ms")}),
             "decode_tokens": sorted({r["decode_tokens"] for r in rows if r.get("decode_tokens")}),
             "repeats": sorted({r["repeats"] for r in rows if r.get("repeats")})}
+
+
+def _join(xs) -> str:
+    return ", ".join(map(str, xs))
 
 
 def coverage_text(rows: list[dict]) -> str:
@@ -34,30 +41,21 @@ def coverage_text(rows: list[dict]) -> str:
     c = coverage(rows)
     if not c["cases"]:
         return _not_recorded("rows")
-
-    def join(xs):
-        return ", ".join(map(str, xs))
-
-    parts = [f"{c['cases']} cases: presets {join(c['presets'])}; images {join(c['images'])}; "
-             f"requests {join(c['requests'])}", f"modes {join(c['modes'])}"]
-    if c["new_tokens"]:
-        parts.append(f"generate timed to {join(c['new_tokens'])} new tokens")
-    if c["decode_tokens"]:
-        parts.append(f"{join(c['decode_tokens'])} decode tokens")
-    if c["repeats"]:
-        parts.append(f"{join(c['repeats'])} repeats")
+    parts = [f"{c['cases']} cases: presets {_join(c['presets'])}; images {_join(c['images'])}; "
+             f"requests {_join(c['requests'])}", f"modes {_join(c['modes'])}"]
+    parts += [text.format(_join(c[key])) for key, text in (("new_tokens", "generate timed to {} new tokens"),
+                                                          ("decode_tokens", "{} decode tokens"),
+                                                          ("repeats", "{} repeats")) if c[key]]
     return "covers " + "; ".join(parts)
 
 
 def encoder_cuts(rows: list[dict], text_mode: str = "graphed") -> list[dict]:
     """The encoder graphs' paired TTFT cut per case of a TTFT grid at one text mode:
     ``{"case", "cut", "drift"}`` (drift: the graphed-encoder row's ``decode_drift``, or None)."""
-    out = []
-    for case in ttft_cases(rows):
-        row = ttft_case(rows, *case).get(mode_name(text_mode, "graphed"))
-        if row is not None and row.get("encoder_graph_cut") is not None:
-            out.append({"case": case, "cut": row["encoder_graph_cut"], "drift": row.get("decode_drift")})
-    return out
+    df, graphed = ttft_frame(rows), mode_name(text_mode, "graphed")
+    cuts, drifts = per_case(df, "encoder_graph_cut")[graphed], per_case(df, "decode_drift")[graphed]
+    return [{"case": case, "cut": cut, "drift": None if missing(drift) else drift}
+            for case, cut, drift in zip(cuts.index, cuts, drifts) if not missing(cut)]
 
 
 def e2e_cuts(rows: list[dict], mode: str = "lab-graph") -> list[dict]:
@@ -119,30 +117,25 @@ def claim_ranges_text(ttft_rows: list[dict], e2e_rows: list[dict] | None = None)
 def decode_speedups(rows: list[dict]) -> list[dict]:
     """Decode ms per token with the text model eager over graphed, per TTFT case, at the eager encoder
     (decode never runs the encoder): ``{"case", "eager_ms", "graphed_ms", "ratio", "disturbed"}``."""
-    out = []
-    for case in ttft_cases(rows):
-        by = ttft_case(rows, *case)
-        e, g = (by.get(mode_name(t, "eager"), {}).get("decode_ms_per_token") for t in ("eager", "graphed"))
-        if e and g:
-            out.append({"case": case, "eager_ms": e, "graphed_ms": g, "ratio": e / g,
-                        "disturbed": case_disturbed(rows, *case)})
-    return out
+    df = ttft_frame(rows)
+    dec = per_case(df, "decode_ms_per_token").fillna(0)  # 0: not recorded, no ratio
+    eager, graphed = dec[mode_name("eager", "eager")], dec[mode_name("graphed", "eager")]
+    return [{"case": case, "eager_ms": e, "graphed_ms": g, "ratio": e / g, "disturbed": d}
+            for case, e, g, d in zip(dec.index, eager, graphed, disturbed(df)) if e and g]
 
 
 def decode_speedup_text(rows: list[dict]) -> str:
     """:func:`decode_speedups` as a range over the cases whose decode control holds, per preset."""
-    ups = decode_speedups(rows)
-    if not ups:
+    ups = pd.DataFrame(decode_speedups(rows))
+    if ups.empty:
         return _not_recorded("TTFT rows with decode per token in both text modes")
     lines = []
-    for preset in dict.fromkeys(u["case"][0] for u in ups):
-        mine = [u for u in ups if u["case"][0] == preset]
-        kept = [u for u in mine if not u["disturbed"]]
-        line = (f"{preset}: decode per token is {min(u['ratio'] for u in kept):.1f}x to "
-                f"{max(u['ratio'] for u in kept):.1f}x faster with the text model graphed, over {len(kept)} of "
-                f"{len(mine)} cases" if kept else f"{preset}: no case passes the decode control")
-        left = [_case_name(u["case"]) for u in mine if u["disturbed"]]
-        lines.append(line + (f" (left out, decode control fails: {', '.join(left)})" if left else ""))
+    for preset, mine in ups.groupby(ups.case.map(lambda c: c[0]), sort=False):
+        kept, left = mine[~mine.disturbed], mine.case[mine.disturbed].map(_case_name)
+        line = (f"{preset}: decode per token is {kept.ratio.min():.1f}x to {kept.ratio.max():.1f}x faster with "
+                f"the text model graphed, over {len(kept)} of {len(mine)} cases" if len(kept) else
+                f"{preset}: no case passes the decode control")
+        lines.append(line + (f" (left out, decode control fails: {', '.join(left)})" if len(left) else ""))
     return "\n".join(lines)
 
 

@@ -1,26 +1,30 @@
 """A recorded TTFT result (``ttft``, ``e2e``) as the text notebook 07 prints beside its figures, and
-the decode control (:func:`drift_fails`). A section the file lacks gives a ``not recorded`` line,
-never an error, so the same cells read a small first run and the full grid."""
+the decode control (:func:`drift_fails`; per case, :func:`disturbed`). A section the file lacks gives
+a ``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
 
 from __future__ import annotations
 
+import pandas as pd
+
 from ..measure.e2e import DECODE_DRIFT_WARN, paired_reduction
 from ..measure.ttft import mode_name
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, ttft_case, ttft_rows
+from .frames import missing
+from .plots_ttft import TTFT_MODES, TTFT_PHASES, per_case, ttft_case, ttft_cases, ttft_frame
 
 PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
 # The phases before the text model, the ones the encoder mode can change (h2d too: the graphed encoder
 # moves only the real rows, in the model's dtype: VlmPipeline.to_device); Amdahl's law takes the rest as fixed.
 BEFORE_TEXT = TTFT_PHASES[:TTFT_PHASES.index("prefill")]
-
-
-def ttft_cases(rows: list[dict]) -> list[tuple]:
-    """The ``(preset, image, requests)`` cases of a TTFT grid's rows, in the order they were recorded."""
-    return list(dict.fromkeys((r["preset"], r["image"], r["requests"]) for r in ttft_rows(rows)))
+TEXT_MODES = ("eager", "graphed")
 
 
 def _not_recorded(what: str) -> str:
     return f"not recorded: this file has no {what}"
+
+
+def _case_cols(case) -> str:
+    """A case as the fixed-width columns that start the text tables' lines."""
+    return f"{case[0]:<14}{case[1]:>7}{case[2]:>4}"
 
 
 def _short(mode: str) -> str:
@@ -32,20 +36,17 @@ def _short(mode: str) -> str:
 def decode_text(rows: list[dict]) -> str:
     """Decode ms per token per mode and case, and at each text mode the drift between the two encoder
     modes (decode never runs the encoder, so a large drift means that row's timing was disturbed)."""
-    cases = ttft_cases(rows)
-    if not any(r.get("decode_ms_per_token") is not None for r in ttft_rows(rows)):
+    df = ttft_frame(rows)
+    if df.decode_ms_per_token.isna().all():
         return _not_recorded("TTFT rows with decode_ms_per_token")
-    head = f"{'preset':<14}{'image':>7}{'req':>4} | " + " ".join(f"{_short(m):>19}" for m in TTFT_MODES)
-    lines = [head + " | drift, text eager / graphed"]
-    for case in cases:
-        by = ttft_case(rows, *case)
-        cells = [f"{by[m]['decode_ms_per_token']:>19.2f}" if by.get(m, {}).get("decode_ms_per_token") is not None
-                 else f"{'-':>19}" for m in TTFT_MODES]
-        drifts = []
-        for t in ("eager", "graphed"):
-            d = by.get(mode_name(t, "graphed"), {}).get("decode_drift")
-            drifts.append("-" if d is None else f"{d:+.1%}" + (" (!)" if drift_beyond(d) else ""))
-        lines.append(f"{case[0]:<14}{case[1]:>7}{case[2]:>4} | " + " ".join(cells) + " | " + " / ".join(drifts))
+    dec = per_case(df, "decode_ms_per_token")
+    drift = per_case(df, "decode_drift")[[mode_name(t, "graphed") for t in TEXT_MODES]]
+    lines = [f"{'preset':<14}{'image':>7}{'req':>4} | " + " ".join(f"{_short(m):>19}" for m in TTFT_MODES)
+             + " | drift, text eager / graphed"]
+    for case in dec.index:
+        cells = " ".join(f"{'-':>19}" if missing(v) else f"{v:>19.2f}" for v in dec.loc[case])
+        drifts = " / ".join("-" if missing(d) else f"{d:+.1%}" + " (!)" * drift_beyond(d) for d in drift.loc[case])
+        lines.append(f"{_case_cols(case)} | {cells} | {drifts}")
     return "\n".join(lines)
 
 
@@ -55,13 +56,12 @@ def parity_text(result: dict) -> str:
     parity = result.get("parity") or []
     if not parity:
         return _not_recorded("parity section")
-    lines = [f"{'preset':<14} {'mode':<29} | {'logits vs fp32':>14} | first token | equal leading | ok"]
-    for p in parity:
-        for mode, r in (p.get("modes") or {}).items():
-            lines.append(f"{p.get('preset', '?'):<14} {mode:<29} | {r['rel_err_vs_fp32']:>14.2e} | "
-                         f"{'same' if r['same_first_token'] else 'DIFFERS':>11} | "
-                         f"{r['matching_tokens']:>6} of {p.get('new_tokens', '?'):<5} | {'yes' if r['ok'] else 'NO'}")
-    return "\n".join(lines)
+    head = f"{'preset':<14} {'mode':<29} | {'logits vs fp32':>14} | first token | equal leading | ok"
+    return "\n".join([head] + [
+        f"{p.get('preset', '?'):<14} {mode:<29} | {r['rel_err_vs_fp32']:>14.2e} | "
+        f"{'same' if r['same_first_token'] else 'DIFFERS':>11} | "
+        f"{r['matching_tokens']:>6} of {p.get('new_tokens', '?'):<5} | {'yes' if r['ok'] else 'NO'}"
+        for p in parity for mode, r in (p.get("modes") or {}).items()])
 
 
 def profile_text(result: dict) -> str:
@@ -70,18 +70,12 @@ def profile_text(result: dict) -> str:
     profile = result.get("profile") or []
     if not profile:
         return _not_recorded("profile section (ttft --profile records one)")
-    lines = [f"{'preset':<14} {'mode':<29} | kernels | launches | graphs | GPU busy ms | wall ms | busy"]
-    for p in profile:
-        for mode in TTFT_MODES:
-            r = p.get(mode)
-            if r is None:
-                continue
-            share = r.get("busy_share")
-            lines.append(f"{p.get('preset', '?'):<14} {mode:<29} | {r.get('kernels', 0):>7.0f} | "
-                         f"{r.get('launch_calls', 0):>8.0f} | {r.get('graph_launches', 0):>6.0f} | "
-                         f"{r.get('gpu_busy_ms', 0):>11.2f} | {r.get('wall_ms', 0):>7.2f} | "
-                         + ("-" if share is None else f"{share:.0%}"))
-    return "\n".join(lines)
+    head = f"{'preset':<14} {'mode':<29} | kernels | launches | graphs | GPU busy ms | wall ms | busy"
+    return "\n".join([head] + [
+        f"{p.get('preset', '?'):<14} {mode:<29} | {r.get('kernels', 0):>7.0f} | {r.get('launch_calls', 0):>8.0f} | "
+        f"{r.get('graph_launches', 0):>6.0f} | {r.get('gpu_busy_ms', 0):>11.2f} | {r.get('wall_ms', 0):>7.2f} | "
+        + ("-" if r.get("busy_share") is None else f"{r['busy_share']:.0%}")
+        for p in profile for mode in TTFT_MODES if (r := p.get(mode)) is not None])
 
 
 def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
@@ -101,27 +95,27 @@ def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
 def claim_text(rows: list[dict], preset: str | None = None, image: str | None = None) -> str:
     """The encoder graphs' paired TTFT cut per case, text model graphed and eager, each placed against
     the PR's range; ``preset``/``image`` restrict the cases."""
-    cases = [c for c in ttft_cases(rows) if (preset is None or c[0] == preset) and (image is None or c[1] == image)]
-    if not cases:
+    df = ttft_frame(rows)
+    df = df[(df.preset.eq(preset) | (preset is None)) & (df.image.eq(image) | (image is None))]
+    if df.empty:
         return _not_recorded(f"TTFT rows for {preset or 'any preset'}, {image or 'any image'}")
+    ttft, cut, drift = (per_case(df, v) for v in ("ttft_ms", "encoder_graph_cut", "decode_drift"))
     lo, hi = PR_CLAIM
-    flagged = False
     lines = [f"PR #44930 claims {lo:.0%}-{hi:.0%} lower end-to-end latency at low batch, its text model graphed.",
              f"{'preset':<14}{'image':>7}{'req':>4} | {'text graphed: cut, TTFT eager -> graphed':>44} | "
              f"{'text eager: cut, TTFT eager -> graphed':>42}"]
-    for case in cases:
-        by, cells = ttft_case(rows, *case), []
+    flagged = False  # a cell whose decode control fails, explained below the table
+    for case in ttft.index:
+        cells = []
         for t in ("graphed", "eager"):
-            e, g = by.get(mode_name(t, "eager")), by.get(mode_name(t, "graphed"))
-            if e is None or g is None or g.get("encoder_graph_cut") is None:
+            e, g = ttft.at[case, mode_name(t, "eager")], ttft.at[case, mode_name(t, "graphed")]
+            c, d = cut.at[case, mode_name(t, "graphed")], drift.at[case, mode_name(t, "graphed")]
+            if missing(e) or missing(g) or missing(c):
                 cells.append(f"{'not recorded':>43}")
                 continue
-            cut, drift = g["encoder_graph_cut"], g.get("decode_drift")
-            flag = drift_beyond(drift)
-            flagged = flagged or flag
-            cells.append(f"{cut:>6.1%} ({claim_verdict(cut)}) {e['ttft_ms']:>7.2f} -> {g['ttft_ms']:>6.2f} ms"
-                         + (" (!)" if flag else ""))
-        lines.append(f"{case[0]:<14}{case[1]:>7}{case[2]:>4} | {cells[0]:>44} | {cells[1]:>42}")
+            flagged = flagged or drift_beyond(d)
+            cells.append(f"{c:>6.1%} ({claim_verdict(c)}) {e:>7.2f} -> {g:>6.2f} ms" + " (!)" * drift_beyond(d))
+        lines.append(f"{_case_cols(case)} | {cells[0]:>44} | {cells[1]:>42}")
     if flagged:
         lines.append(f"(!) decode per token differs by more than {DECODE_DRIFT_WARN:.0%} between the two encoder "
                      "modes: that cut is not the encoder's alone")
@@ -151,8 +145,7 @@ def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mo
     eager, graphed = by.get(mode_name(text_mode, "eager")), by.get(mode_name(text_mode, "graphed"))
     if eager is None or graphed is None:
         return None
-    before_eager = sum(eager["phases_ms"][p] for p in BEFORE_TEXT)
-    before_graphed = sum(graphed["phases_ms"][p] for p in BEFORE_TEXT)
+    before_eager, before_graphed = (sum(r["phases_ms"][p] for p in BEFORE_TEXT) for r in (eager, graphed))
     share, speedup = before_eager / eager["ttft_ms"], before_eager / before_graphed
     return {"ttft_ms": eager["ttft_ms"], "before_text_ms": (before_eager, before_graphed), "share": share,
             "speedup": speedup, "predicted": share * (1 - 1 / speedup), "measured": graphed.get("encoder_graph_cut")}
@@ -161,11 +154,9 @@ def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mo
 def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed") -> list[dict]:
     """What graphing the text model cuts from TTFT per case of ``preset`` at one encoder mode (paired,
     else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed``."""
-    out = []
-    for p, image, n in ttft_cases(rows):
-        if p != preset:
-            continue
-        by = ttft_case(rows, p, image, n)
+    out, failing = [], disturbed(ttft_frame(rows))
+    for case in (c for c in ttft_cases(rows) if c[0] == preset):
+        by = ttft_case(rows, *case)
         eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
         if eager is None or graphed is None:
             continue
@@ -173,9 +164,9 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
             cut = paired_reduction(eager["ttft_samples_ms"], graphed["ttft_samples_ms"])
         else:
             cut = 1 - graphed["ttft_ms"] / eager["ttft_ms"]
-        out.append({"image": image, "requests": n, "prompt_tokens": n * eager["prompt_len"],
+        out.append({"image": case[1], "requests": case[2], "prompt_tokens": case[2] * eager["prompt_len"],
                     "eager_ms": eager["ttft_ms"], "graphed_ms": graphed["ttft_ms"], "cut": cut,
-                    "disturbed": case_disturbed(rows, p, image, n)})
+                    "disturbed": bool(failing[case])})
     return sorted(out, key=lambda c: c["prompt_tokens"])
 
 
@@ -189,12 +180,16 @@ def drift_fails(row: dict | None) -> bool:
 
 
 def drift_beyond(drift: float | None) -> bool:
-    """Whether a decode drift is beyond ``DECODE_DRIFT_WARN`` (None, no drift recorded, is not)."""
-    return drift is not None and abs(drift) > DECODE_DRIFT_WARN
+    """Whether a decode drift is beyond ``DECODE_DRIFT_WARN`` (None or NaN, no drift recorded, is not)."""
+    return not missing(drift) and bool(abs(drift) > DECODE_DRIFT_WARN)
+
+
+def disturbed(df: pd.DataFrame) -> pd.Series:
+    """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any of its modes fails the
+    decode control, so a cut between its modes may not be the graphs' alone."""
+    return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
 
 
 def case_disturbed(rows: list[dict], preset: str, image: str, requests: int) -> bool:
-    """Whether any mode of one TTFT case fails the decode control, so a cut between its modes may not
-    be the graphs' alone."""
-    return any(drift_fails(r) for r in ttft_case(rows, preset, image, requests).values())
-
+    """:func:`disturbed` for one case (False where the rows lack it)."""
+    return bool(disturbed(ttft_frame(rows)).get((preset, image, requests), False))
