@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,8 @@ from lfm2vl_lab.report import (
 )
 from lfm2vl_lab.report.frames import Refs, TableError
 from lfm2vl_lab.report.tables import render_text, write_tables
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def quiet(*_a, **_k):
@@ -289,6 +292,7 @@ def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatc
     monkeypatch.setattr(tables_goals, "guard_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "request_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "record_goals", lambda refs: [])
+    monkeypatch.setattr(tables_goals, "code_goals", lambda refs: [])
     out = tables_goals.misses_block(None)
     assert "### a goal nobody explains ms: 2.00 ms, aimed for ≤ 1 ms" in out and "No explanation" in out
     assert "450M 1x512" not in out
@@ -428,3 +432,40 @@ def test_plain_report_of_other_results_leaves_the_pages_alone(tmp_path, capsys):
     args = argparse.Namespace(root=str(tmp_path), check=False, tables_only=False)
     assert tables.run_tables(args) == 0
     assert "not the repo's data/results; the pages' tables are left as they are" in capsys.readouterr().out
+
+
+def test_the_code_goals_are_measured_from_this_tree_and_can_be_missed(monkeypatch):
+    from lfm2vl_lab.core.protocol import protocol_members
+    from lfm2vl_lab.report import tables_code
+
+    files = sorted((ROOT / "lfm2vl_lab" / "report").glob("*.py"))
+    lines = sum(p.read_text(encoding="utf-8").count("\n") for p in files)
+    layer, protocol = tables_code.code_goals()
+    assert (layer["value"], layer["ok"], layer["detail"]) == (lines, lines <= 1750, f"{len(files)} modules")
+    assert (protocol["value"], protocol["ok"]) == (len(protocol_members()), len(protocol_members()) <= 12)
+    monkeypatch.setattr(tables_code, "REPORT_LIMIT_LINES", lines - 1)
+    assert not tables_code.code_goals()[0]["ok"]
+    monkeypatch.setattr(tables_code, "REPORT_LIMIT_LINES", lines)
+    assert tables_code.code_goals()[0]["ok"]
+    assert tables_goals._aim_and_value(dict(layer, value=4296, limit=1750)) == ("≤ 1,750", "4,296")
+    assert tables_goals.explainer(layer["target"]) is tables_code.explain_report_layer
+
+
+def test_the_report_layer_s_lines_are_told_apart_by_what_they_hold():
+    from lfm2vl_lab.report.tables_code import line_kinds
+
+    text = '''"""A module docstring
+on two lines."""
+
+# a comment
+KEY = "median_ms"
+
+
+def f(x):
+    """One line."""
+    return (f"The call takes {x} ms, "
+            "and this is page wording.")
+'''
+    # docs: 2 docstring lines, a blank, the comment, 2 blanks, the function's docstring; wording: the
+    # two lines of the sentence; code: the key (no phrase) and the def
+    assert line_kinds(text) == {"docs": 7, "wording": 2, "code": 2}
