@@ -31,6 +31,9 @@
 #                                        phase of a step's start, three presets), then scripts/step_profile.py
 #                                        on the steps STEP_ROLES names (default bench-450m, engine) under
 #                                        cProfile (a probe: its result files are not the set's)
+#   bash scripts/h200_run.sh startup     scripts/startup_probe.py on 450M twice (a cold process, then one that
+#                                        finds the tree's bytecode and the page cache warm), then the
+#                                        import times of bench's and ttft's modules (python -X importtime)
 #   bash scripts/h200_run.sh vllm-stage  unpack the parts of the vLLM bundle this call carried into
 #                                        /tmp/vllm-site, and say which parts are still missing
 #   bash scripts/h200_run.sh vllm        the same; once the bundle is complete, vLLM's part of the reference
@@ -196,6 +199,11 @@ compare)
   LOG=probe  TAILN=8  step 60  python3 scripts/fused_host_probe.py ;;
 boundary)
   LOG=boundary TAILN=20 step 180 python3 scripts/boundary_probe.py --out "$R" ;;
+startup)
+  LOG=startup-cold TAILN=12 step 60 python3 scripts/startup_probe.py --presets lfm2-vl-450m
+  LOG=startup-warm TAILN=12 step 60 python3 scripts/startup_probe.py --presets lfm2-vl-450m
+  LOG=importtime TAILN=0 step 40 python3 -X importtime -c "import lfm2vl_lab.measure.bench, lfm2vl_lab.measure.ttft"
+  sort -t'|' -k2 -n -r "$W/importtime.log" | head -n 25 ;;
 steps)
   LOG=startup TAILN=16 step 150 python3 scripts/startup_probe.py --presets lfm2-vl-450m lfm2-vl-1.6b lfm2-vl-3b
   for role in ${STEP_ROLES:-bench-450m engine}; do
@@ -203,7 +211,7 @@ steps)
     LOG=profile-$role TAILN=16 step $(( l + 70 )) python3 scripts/step_profile.py --role "$role" --limit "$l" \
       --out "$W/profile"
   done ;;
-*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, steps, vllm-stage,"\
+*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, steps, startup,"\
         "vllm)"
    exit 2 ;;
 esac
