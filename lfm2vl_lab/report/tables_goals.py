@@ -12,9 +12,9 @@ from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
 from .frames import Refs, ms, pct, preset_label, table
 from .reference import manifest_path
+from .tables_code import REPORT_GOAL, code_goals, explain_report_layer
 from .tables_encoder import by_mode
 from .tables_engine import image_path_pairs, mode_label
-from .tables_code import REPORT_GOAL, code_goals, explain_report_layer
 from .tables_record import explain_record, record_goals
 
 
