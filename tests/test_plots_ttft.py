@@ -27,12 +27,12 @@ from lfm2vl_lab.report.plots_ttft import (
     ttft_rows,
 )
 from lfm2vl_lab.report.ttft_summary import (
+    claim_frame,
     claim_sentence,
-    claim_text,
     claim_verdict,
-    decode_text,
-    parity_text,
-    profile_text,
+    decode_frame,
+    parity_frame,
+    profile_frame,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,42 +156,57 @@ def test_rows_of_two_runs_are_refused():
 
 
 # ------------------------------------------------------------------------------------------------
-# text tables
+# tables notebook 07 shows
 
 
 def test_tables_from_the_recorded_file(recorded):
-    assert decode_text(recorded["rows"]).count("lfm2-vl-450m") == len(cases_of(recorded))  # a line per case
-    per_mode = len(TTFT_MODES)  # a line per mode of each checked case
-    assert parity_text(recorded).count("lfm2-vl-450m") == \
+    rows = recorded["rows"]
+    dec = decode_frame(rows)
+    assert [c[1:] for c in dec.index if c[0] == "lfm2-vl-450m"] == cases_of(recorded)  # a row per case
+    one = ttft_case(rows, "lfm2-vl-450m", "1x512", 1)
+    assert dec.loc[("lfm2-vl-450m", "1x512", 1), "T:graphed E:eager"] == \
+        round(one[mode_name("graphed", "eager")]["decode_ms_per_token"], 2)
+    per_mode = len(TTFT_MODES)  # a row per mode of each checked or profiled case
+    assert (parity_frame(recorded)["preset"] == "lfm2-vl-450m").sum() == \
         per_mode * sum(p["preset"] == "lfm2-vl-450m" for p in recorded["parity"])
-    assert profile_text(recorded).count("lfm2-vl-450m") == \
-        per_mode * sum(p["preset"] == "lfm2-vl-450m" for p in recorded["profile"])
-    claim = claim_text(recorded["rows"], preset="lfm2-vl-450m", image="1x512")
+    prof = profile_frame(recorded)
+    assert (prof["preset"] == "lfm2-vl-450m").sum() == per_mode * sum(p["preset"] == "lfm2-vl-450m"
+                                                                       for p in recorded["profile"])
+    first = next(p for p in recorded["profile"] if p["preset"] == "lfm2-vl-450m")
+    both = mode_name("graphed", "graphed")
+    row = prof[(prof["preset"] == "lfm2-vl-450m") & (prof["mode"] == both)].iloc[0]
+    assert (row["kernels"], row["GPU-busy ms"]) == (int(first[both]["kernels"]), round(first[both]["gpu_busy_ms"], 2))
+    claim = claim_frame(rows, preset="lfm2-vl-450m", image="1x512")
     for n in (1, 4):
         for text in ("graphed", "eager"):
-            row = ttft_case(recorded["rows"], "lfm2-vl-450m", "1x512", n)[mode_name(text, "graphed")]
-            cut = row["encoder_graph_cut"]
-            assert f"{cut:.1%} ({claim_verdict(cut)})" in claim
+            cut = ttft_case(rows, "lfm2-vl-450m", "1x512", n)[mode_name(text, "graphed")]["encoder_graph_cut"]
+            cell = claim.loc[("lfm2-vl-450m", "1x512", n)]
+            assert (cell[(f"text {text}", "cut %")], cell[(f"text {text}", "against the PR's")]) == \
+                (round(100 * cut, 1), claim_verdict(cut))
 
 
 def test_missing_sections_say_not_recorded(recorded):
     bare = {k: v for k, v in recorded.items() if k not in ("targets", "parity", "profile")}
-    assert parity_text(bare).startswith("not recorded")
-    assert profile_text(dict(bare, profile=[])).startswith("not recorded")
-    assert decode_text([]).startswith("not recorded")
-    assert claim_text(recorded["rows"], preset="lfm2-vl-3b").startswith("not recorded")
+    assert parity_frame(bare).startswith("not recorded")
+    assert profile_frame(dict(bare, profile=[])).startswith("not recorded")
+    assert decode_frame([]).startswith("not recorded")
+    assert claim_frame(recorded["rows"], preset="lfm2-vl-3b").startswith("not recorded")
     rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,),
                           modes=[m for m in TTFT_MODES if m != mode_name("eager", "eager")])
-    assert "not recorded" in claim_text(rows).splitlines()[-1]
+    eager = claim_frame(rows)["text eager"].iloc[0]  # no all-eager row: that text mode's cut is not there
+    assert eager.isna()[["cut %", "against the PR's", "TTFT ms, E:eager"]].all()
 
 
-def test_claim_verdict_and_drift_flag():
+def test_claim_verdict_and_the_decode_control():
     assert [claim_verdict(x) for x in (0.05, 0.1, 0.15, 0.2, 0.5)] == ["below", "within", "within", "within", "above"]
     rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,))
-    assert "(!)" not in claim_text(rows)
+    assert set(claim_frame(rows).xs("decode control", axis=1, level=1).iloc[0]) == {"holds"}
+    assert decode_frame(rows)["decode control"].tolist() == ["holds"]
     rows[1]["decode_drift"] = -0.2  # text eager, encoder graphed
-    assert claim_text(rows).splitlines()[-1].startswith("(!) decode per token differs")
-    assert "(!)" in decode_text(rows)
+    control = claim_frame(rows).xs("decode control", axis=1, level=1).iloc[0]
+    assert (control["text eager"], control["text graphed"]) == ("fails", "holds")
+    dec = decode_frame(rows)
+    assert dec["decode control"].tolist() == ["fails"] and dec["drift %, text eager"].tolist() == [-20.0]
 
 
 def test_claim_sentence(recorded):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 # The public names, by module (where each is defined). The same names under TYPE_CHECKING below are
 # what type checkers and editors read; tests/test_public_api.py keeps the two lists equal.
 API = {
-    "notebook": ("live_or_recorded", "load_first_version", "load_recorded", "setup"),
+    "notebook": ("live_or_recorded", "load_first_version", "load_recorded", "setup", "show"),
     "frames": ("is_default_config",),
     "plots": ("MODE_ORDER", "NoData", "attention_figure", "floor_share_figure", "graph_memory_figure",
               "latency_figure", "padding_waste_figure", "speedup_figure", "timeline_figure"),
@@ -23,7 +23,7 @@ MODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__))
 
 if TYPE_CHECKING:
     from .frames import is_default_config
-    from .notebook import live_or_recorded, load_first_version, load_recorded, setup
+    from .notebook import live_or_recorded, load_first_version, load_recorded, setup, show
     from .plots import (
         MODE_ORDER,
         NoData,
@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 __all__ = [
     "attention_figure", "decode_figure", "decode_vs_floor", "e2e_figure", "floor_share_figure",
     "graph_memory_figure", "is_default_config", "latency_figure", "live_or_recorded", "load_first_version",
-    "load_recorded", "MODE_ORDER", "NoData", "padding_waste_figure", "setup", "speedup_figure", "timeline_figure",
+    "load_recorded", "MODE_ORDER", "NoData", "padding_waste_figure", "setup", "show", "speedup_figure",
+    "timeline_figure",
     "ttft_breakdown_figure", "ttft_case", "ttft_grid_figure", "TTFT_MODES", "vllm_breakdown_figure",
     "vllm_cuts_figure",
 ]

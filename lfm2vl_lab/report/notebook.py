@@ -117,6 +117,17 @@ def load_recorded(role: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT, partial
     return None
 
 
+def show(table) -> None:
+    """A table helper's answer in a notebook: a DataFrame displayed as a table, a "not recorded" line
+    (a section the file lacks) printed."""
+    if isinstance(table, str):
+        print(table)
+        return
+    from IPython.display import display
+
+    display(table)
+
+
 def load_first_version(name: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) -> dict:
     """An earlier run's file from the archive (:func:`lfm2vl_lab.report.reference.load_archived`),
     announced as what it is: the first version, shown beside today's reference set."""

@@ -1,6 +1,8 @@
-"""A recorded TTFT result (``ttft``, ``e2e``) as the text notebook 07 prints beside its figures, and
-the decode control (:func:`drift_fails`; per case, :func:`disturbed`). A section the file lacks gives
-a ``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
+"""A recorded TTFT result (``ttft``, ``e2e``) as the tables and sentences notebook 07 shows beside its
+figures (DataFrames: :func:`decode_frame`, :func:`parity_frame`, :func:`profile_frame`,
+:func:`claim_frame`), and the decode control (:func:`drift_fails`; per case, :func:`disturbed`). A
+section the file lacks gives a ``not recorded`` line, never an error, so the same cells read a small
+first run and the full grid."""
 
 from __future__ import annotations
 
@@ -22,60 +24,60 @@ def _not_recorded(what: str) -> str:
     return f"not recorded: this file has no {what}"
 
 
-def _case_cols(case) -> str:
-    """A case as the fixed-width columns that start the text tables' lines."""
-    return f"{case[0]:<14}{case[1]:>7}{case[2]:>4}"
-
-
 def _short(mode: str) -> str:
     """``text-graphed+encoder-eager`` -> ``T:graphed E:eager``."""
     text, enc = mode.removeprefix("text-").split("+encoder-")
     return f"T:{text} E:{enc}"
 
 
-def decode_text(rows: list[dict]) -> str:
-    """Decode ms per token per mode and case, and at each text mode the drift between the two encoder
-    modes (decode never runs the encoder, so a large drift means that row's timing was disturbed)."""
+def _cases(df: pd.DataFrame) -> pd.DataFrame:
+    df.index.names = ["preset", "image", "requests"]
+    return df
+
+
+def decode_frame(rows: list[dict]) -> pd.DataFrame | str:
+    """Decode ms per token per case and mode (T: text model, E: encoder), and at each text mode the
+    drift between the two encoder modes in %: decode never runs the encoder, so a case whose drift is
+    beyond the control's limit was disturbed while one mode was timed (``decode control``: fails)."""
     df = ttft_frame(rows)
     if df.decode_ms_per_token.isna().all():
         return _not_recorded("TTFT rows with decode_ms_per_token")
-    dec = per_case(df, "decode_ms_per_token")
+    out = per_case(df, "decode_ms_per_token").round(2).rename(columns=_short)
     drift = per_case(df, "decode_drift")[[mode_name(t, "graphed") for t in TEXT_MODES]]
-    lines = [f"{'preset':<14}{'image':>7}{'req':>4} | " + " ".join(f"{_short(m):>19}" for m in TTFT_MODES)
-             + " | drift, text eager / graphed"]
-    for case in dec.index:
-        cells = " ".join(f"{'-':>19}" if missing(v) else f"{v:>19.2f}" for v in dec.loc[case])
-        drifts = " / ".join("-" if missing(d) else f"{d:+.1%}" + " (!)" * drift_beyond(d) for d in drift.loc[case])
-        lines.append(f"{_case_cols(case)} | {cells} | {drifts}")
-    return "\n".join(lines)
+    for t, m in zip(TEXT_MODES, drift.columns):
+        out[f"drift %, text {t}"] = (100 * drift[m].astype(float)).round(1) + 0.0  # no "-0.0"
+    out["decode control"] = drift.map(drift_beyond).any(axis=1).map({True: "fails", False: "holds"})
+    return _cases(out)
 
 
-def parity_text(result: dict) -> str:
-    """Per preset and mode: relative error of the first-token logits against a float32 copy, whether
-    the first token equals ``generate``'s, how many leading tokens do, and the verdict."""
+def parity_frame(result: dict) -> pd.DataFrame | str:
+    """Per parity case (preset, image, requests) and mode: relative error of the first-token logits
+    against a float32 copy, whether the first token equals ``generate``'s, how many leading tokens do,
+    and the verdict."""
     parity = result.get("parity") or []
     if not parity:
         return _not_recorded("parity section")
-    head = f"{'preset':<14} {'mode':<29} | {'logits vs fp32':>14} | first token | equal leading | ok"
-    return "\n".join([head] + [
-        f"{p.get('preset', '?'):<14} {mode:<29} | {r['rel_err_vs_fp32']:>14.2e} | "
-        f"{'same' if r['same_first_token'] else 'DIFFERS':>11} | "
-        f"{r['matching_tokens']:>6} of {p.get('new_tokens', '?'):<5} | {'yes' if r['ok'] else 'NO'}"
-        for p in parity for mode, r in (p.get("modes") or {}).items()])
+    return pd.DataFrame([{"preset": p.get("preset", "?"), "image": p.get("image"), "requests": p.get("requests"),
+                          "mode": mode, "logits vs fp32": f"{r['rel_err_vs_fp32']:.2e}",
+                          "first token": "same" if r["same_first_token"] else "DIFFERS",
+                          "equal leading tokens": f"{r['matching_tokens']} of {p.get('new_tokens', '?')}",
+                          "ok": "yes" if r["ok"] else "NO"}
+                         for p in parity for mode, r in (p.get("modes") or {}).items()])
 
 
-def profile_text(result: dict) -> str:
+def profile_frame(result: dict) -> pd.DataFrame | str:
     """Per preset and mode, one profiled request: kernels, launch calls, graph launches, GPU-busy and
     wall ms, and the busy share (the rest of the wall time is launch gaps and host work)."""
     profile = result.get("profile") or []
     if not profile:
         return _not_recorded("profile section (ttft --profile records one)")
-    head = f"{'preset':<14} {'mode':<29} | kernels | launches | graphs | GPU busy ms | wall ms | busy"
-    return "\n".join([head] + [
-        f"{p.get('preset', '?'):<14} {mode:<29} | {r.get('kernels', 0):>7.0f} | {r.get('launch_calls', 0):>8.0f} | "
-        f"{r.get('graph_launches', 0):>6.0f} | {r.get('gpu_busy_ms', 0):>11.2f} | {r.get('wall_ms', 0):>7.2f} | "
-        + ("-" if r.get("busy_share") is None else f"{r['busy_share']:.0%}")
-        for p in profile for mode in TTFT_MODES if (r := p.get(mode)) is not None])
+    df = pd.DataFrame([{"preset": p.get("preset", "?"), "mode": mode, "kernels": r.get("kernels", 0),
+                        "launch calls": r.get("launch_calls", 0), "graph launches": r.get("graph_launches", 0),
+                        "GPU-busy ms": r.get("gpu_busy_ms", 0), "wall ms": r.get("wall_ms", 0),
+                        "busy %": None if r.get("busy_share") is None else 100 * r["busy_share"]}
+                       for p in profile for mode in TTFT_MODES if (r := p.get(mode)) is not None])
+    counts = ["kernels", "launch calls", "graph launches"]
+    return df.astype({c: int for c in counts}).round({"GPU-busy ms": 2, "wall ms": 2, "busy %": 0})
 
 
 def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
@@ -92,34 +94,26 @@ def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
     return range_verdict(cut, cut, claim)
 
 
-def claim_text(rows: list[dict], preset: str | None = None, image: str | None = None) -> str:
-    """The encoder graphs' paired TTFT cut per case, text model graphed and eager, each placed against
-    the PR's range; ``preset``/``image`` restrict the cases."""
+def claim_frame(rows: list[dict], preset: str | None = None, image: str | None = None) -> pd.DataFrame | str:
+    """The encoder graphs' paired TTFT cut per case, text model graphed and eager: the cut in %, where
+    it stands against the PR's range, TTFT with the encoder eager and graphed, and whether the case's
+    decode control holds (where it fails, the cut is not the encoder's alone); ``preset``/``image``
+    restrict the cases."""
     df = ttft_frame(rows)
     df = df[(df.preset.eq(preset) | (preset is None)) & (df.image.eq(image) | (image is None))]
     if df.empty:
         return _not_recorded(f"TTFT rows for {preset or 'any preset'}, {image or 'any image'}")
     ttft, cut, drift = (per_case(df, v) for v in ("ttft_ms", "encoder_graph_cut", "decode_drift"))
-    lo, hi = PR_CLAIM
-    lines = [f"PR #44930 claims {lo:.0%}-{hi:.0%} lower end-to-end latency at low batch, its text model graphed.",
-             f"{'preset':<14}{'image':>7}{'req':>4} | {'text graphed: cut, TTFT eager -> graphed':>44} | "
-             f"{'text eager: cut, TTFT eager -> graphed':>42}"]
-    flagged = False  # a cell whose decode control fails, explained below the table
-    for case in ttft.index:
-        cells = []
-        for t in ("graphed", "eager"):
-            e, g = ttft.at[case, mode_name(t, "eager")], ttft.at[case, mode_name(t, "graphed")]
-            c, d = cut.at[case, mode_name(t, "graphed")], drift.at[case, mode_name(t, "graphed")]
-            if missing(e) or missing(g) or missing(c):
-                cells.append(f"{'not recorded':>43}")
-                continue
-            flagged = flagged or drift_beyond(d)
-            cells.append(f"{c:>6.1%} ({claim_verdict(c)}) {e:>7.2f} -> {g:>6.2f} ms" + " (!)" * drift_beyond(d))
-        lines.append(f"{_case_cols(case)} | {cells[0]:>44} | {cells[1]:>42}")
-    if flagged:
-        lines.append(f"(!) decode per token differs by more than {DECODE_DRIFT_WARN:.0%} between the two encoder "
-                     "modes: that cut is not the encoder's alone")
-    return "\n".join(lines)
+    out = {}
+    for t in ("graphed", "eager"):
+        e, g = mode_name(t, "eager"), mode_name(t, "graphed")
+        c = cut[g].astype(float).where(ttft[e].notna() & ttft[g].notna())
+        out[(f"text {t}", "cut %")] = (100 * c).round(1)
+        out[(f"text {t}", "against the PR's")] = c.map(lambda x: None if missing(x) else claim_verdict(x))
+        out[(f"text {t}", "TTFT ms, E:eager")] = ttft[e].astype(float).round(2)
+        out[(f"text {t}", "TTFT ms, E:graphed")] = ttft[g].astype(float).round(2)
+        out[(f"text {t}", "decode control")] = drift[g].map(lambda d: "fails" if drift_beyond(d) else "holds")
+    return _cases(pd.DataFrame(out))
 
 
 def claim_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = "1x512", requests: int = 1) -> str:
