@@ -469,3 +469,18 @@ def f(x):
     # docs: 2 docstring lines, a blank, the comment, 2 blanks, the function's docstring; wording: the
     # two lines of the sentence; code: the key (no phrase) and the def
     assert line_kinds(text) == {"docs": 7, "wording": 2, "code": 2}
+
+
+def test_the_report_layer_s_miss_does_its_arithmetic_on_the_modules_it_reads(monkeypatch):
+    from lfm2vl_lab.report import tables_code
+
+    one = 'def f(x):\n    """Doc."""\n    return f"{x} ms, a phrase"\n'  # 1 docs, 1 wording, 1 code
+    monkeypatch.setattr(tables_code, "_modules", lambda: {"a.py": one, "b.py": one + "\n# why\n"})
+    monkeypatch.setattr(tables_code, "REPORT_LIMIT_LINES", 4)
+    why = tables_code.explain_report_layer()
+    assert why.startswith("The report layer is 8 lines in 2 modules; the five largest: `b.py` 5, `a.py` 3.")
+    assert "4 are docstrings, comment lines and blank lines; 2 carry the pages' wording" in why
+    assert "the goal leaves 2 lines for docstrings, comments and code together, against 4 of" in why
+    assert why.endswith("would leave 6 lines: still over the goal.")
+    monkeypatch.setattr(tables_code, "REPORT_LIMIT_LINES", 6)
+    assert tables_code.explain_report_layer().endswith("would leave 6 lines: within the goal.")

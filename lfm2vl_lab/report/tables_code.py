@@ -74,6 +74,7 @@ def explain_report_layer(refs: Refs | None = None) -> str:
             f"string literal: what the pages print word for word, which `report --check` holds fixed); "
             f"{kinds['code']:,} are the rest. A rewrite that keeps every page byte-identical keeps the wording, so "
             f"the goal leaves {REPORT_LIMIT_LINES - kinds['wording']:,} lines for docstrings, comments and code "
-            f"together, against {kinds['docs']:,} of docstrings and comments alone today. "
-            "Not built: pages whose prose lives in the pages themselves, around smaller generated blocks "
-            "of numbers.")
+            f"together, against {kinds['docs']:,} of docstrings and comments alone today. Moving the wording "
+            "out of the code, into the pages around smaller generated blocks of numbers (not built), would leave "
+            f"{kinds['docs'] + kinds['code']:,} lines: "
+            + ("still over the goal." if kinds["docs"] + kinds["code"] > REPORT_LIMIT_LINES else "within the goal."))
