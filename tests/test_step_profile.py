@@ -26,7 +26,7 @@ def test_a_profile_s_self_time_is_split_by_where_it_was_spent(tmp_path):
     prof.dump_stats(path)
     split = sp.phase_seconds(path)
     total = split.pop("total (profiled)")
-    assert split["the kit"] > 0 and split["torch's C++ ops"] > 0
+    assert "the kit" in split and split["torch's C++ ops"] > 0  # the kit's own time may round to 0 ms
     assert abs(sum(split.values()) - total) < 0.05 and list(split.values()) == sorted(split.values(), reverse=True)
     assert sp.bucket("/x/site-packages/torch/_inductor/scheduler.py", "codegen") == "torch.compile's machinery"
     assert sp.bucket("~", "<built-in method builtins.compile>") == "Python's compile() (code generation, imports)"

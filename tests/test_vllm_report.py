@@ -76,3 +76,21 @@ def test_the_engines_table_never_shows_an_unseen_capture_as_0_mib(cap, shown):
     from lfm2vl_lab.report.tables_vllm import _capture_mib
 
     assert _capture_mib(cap) == shown
+
+
+def test_the_a_b_frame_holds_each_arm_s_medians_and_cuts_smallest_model_first():
+    from lfm2vl_lab.report.vllm_report import ab_frame, find
+
+    res = fake_result(presets=("lfm2-vl-3b", "lfm2-vl-450m"))  # recorded largest first
+    first = find(res, "vllm", "lfm2-vl-450m", "1x512", ab.TOKENS[0], "pr")
+    res["rows"].append(dict(first, ttft_ms=999.0))  # the same row again: the first one counts, as find's
+    df = ab_frame(res)
+    assert df.index.names == ["preset", "case", "tokens", "engine"]
+    assert df.index[0] == ("lfm2-vl-450m", "1x512", ab.TOKENS[0], "vLLM")
+    assert len(df) == 2 * len(ab.CASES) * len(ab.TOKENS) * 2  # presets × cases × output lengths × engines
+    row = df.loc[("lfm2-vl-450m", "1x512", ab.TOKENS[0], "vLLM")]
+    assert row["TTFT ms, pr"] == round(first["ttft_ms"], 1)
+    assert row["TTFT cut %, pr"] == round(100 * first["ttft_cut"]["cut"], 1)
+    lo, hi = first["e2e_cut"]["ci"]
+    assert row["e2e cut 95%, pr"] == f"{100 * lo:.1f} to {100 * hi:.1f}"
+    assert "TTFT cut %, off" not in df.columns  # encoder eager is what the cuts are taken against

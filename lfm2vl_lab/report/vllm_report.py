@@ -1,9 +1,11 @@
-"""How a ``vllm`` result reads: the terminal's summary, the row lookup the pages' tables share, and the
+"""How a ``vllm`` result reads: the terminal's summary, the A/B as a DataFrame (:func:`ab_frame`), the row
+lookup the pages' tables share, and the
 two figures (the encoder graphs' cuts with their 95% intervals against the PR's band; where one
 request's first token goes in vLLM and in the kit's pipeline)."""
 
 from __future__ import annotations
 
+import pandas as pd
 from matplotlib.figure import Figure
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
@@ -26,6 +28,34 @@ def cut_text(cut: dict | None) -> str:
 def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: str) -> dict | None:
     return next((r for r in result["rows"] if (r.get("engine"), r["preset"], r["case"], r["tokens"], r["arm"])
                  == (engine, preset, case, tokens, arm)), None)
+
+
+def ab_frame(res: dict) -> pd.DataFrame:
+    """The A/B as a table: per preset, case, output length and engine (vLLM itself, the kit's pipeline on
+    the same weights), each arm's median TTFT and whole-request ms, and the graphed arms' paired cuts in %
+    (a saving) with their 95% interval; a row repeated in the file counts as its first, as :func:`find`."""
+    engines = {"vllm": "vLLM", "kit": "kit's pipeline"}
+    rows = {}
+    for r in res["rows"]:
+        key = (r["preset"], r["case"], r["tokens"], engines.get(r.get("engine"), r.get("engine")))
+        cells = rows.setdefault(key, {})
+        if f"TTFT ms, {r['arm']}" in cells:
+            continue
+        cells[f"TTFT ms, {r['arm']}"], cells[f"e2e ms, {r['arm']}"] = r["ttft_ms"], r["e2e_ms"]
+        for what in ("TTFT", "e2e"):
+            c = r.get(f"{what.lower()}_cut")
+            if c:
+                cells[f"{what} cut %, {r['arm']}"] = 100 * c["cut"]
+                cells[f"{what} cut 95%, {r['arm']}"] = f"{100 * c['ci'][0]:.1f} to {100 * c['ci'][1]:.1f}"
+    sizes, cases = ("lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2-vl-3b"), [case_name(*c) for c in CASES]
+    ranks = (lambda p: sizes.index(p) if p in sizes else len(sizes), lambda c: cases.index(c) if c in cases else
+             len(cases), lambda t: t, lambda e: list(engines.values()).index(e) if e in engines.values() else 2)
+    rows = {k: rows[k] for k in sorted(rows, key=lambda k: tuple(f(x) for f, x in zip(ranks, k)))}  # smallest first
+    df = pd.DataFrame.from_dict(rows, orient="index").round(1)
+    df.index.names = ["preset", "case", "tokens", "engine"]
+    order = [f"{m}, {a}" for m in ("TTFT ms", "e2e ms") for a in ARMS] + \
+        [f"{m}, {a}" for m in ("TTFT cut %", "TTFT cut 95%", "e2e cut %", "e2e cut 95%") for a in ARMS if a != "off"]
+    return df[[c for c in order if c in df.columns]]
 
 
 def parity_line(preset: str, sec: dict) -> str:
