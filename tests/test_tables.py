@@ -389,6 +389,7 @@ def test_every_goal_a_judge_can_miss_has_an_explanation_or_is_named():
         assert tables_goals.explainer(engine_goal) is tables_goals.explain_text_engine
     assert tables_goals.explainer("the PR's budget set captures in s, lfm2-vl-3b") is tables_goals.explain_pr_capture
     assert tables_goals.explainer("something new") is None
+    assert tables_goals.explainer("450M 1x256 median ms") is tables_goals.explain_1x256
 
 
 def test_a_capture_goal_shows_the_compile_before_the_capture(tmp_path):
@@ -484,3 +485,10 @@ def test_the_report_layer_s_miss_does_its_arithmetic_on_the_modules_it_reads(mon
     assert why.endswith("would leave 6 lines: still over the goal.")
     monkeypatch.setattr(tables_code, "REPORT_LIMIT_LINES", 6)
     assert tables_code.explain_report_layer().endswith("would leave 6 lines: within the goal.")
+
+
+def test_every_miss_of_the_reference_set_is_explained():
+    """A missed goal stays on docs/goals.md with what explains it: no miss of the committed set falls
+    back to "no explanation"."""
+    out = tables_goals.misses_block(Refs())
+    assert out.count("### ") >= 1 and "No explanation is generated" not in out

@@ -125,19 +125,14 @@ def idle_gaps(row: dict) -> list[tuple[float, str, str]]:
     return [(b[0] - (a[0] + a[1]), a[2], b[2]) for a, b in zip(gpu, gpu[1:]) if b[0] > a[0] + a[1]]
 
 
-def explain_busy_ratio(refs: Refs) -> str:
-    r = by_mode(refs("bench-450m")["rows"])[("lab-graph", "1x512")]
+def explain_gaps(refs: Refs, workload: str = "1x512") -> list[str]:
+    """Where the graphed 450M call at ``workload`` spends what is not kernel time, gap by gap of its
+    profiled call (``timeline``): the launch ahead of the graph, cuDNN's memsets, the kernel boundaries."""
+    r = by_mode(refs("bench-450m")["rows"])[("lab-graph", workload)]
     gaps = idle_gaps(r)
     first = gaps[0] if gaps else (0.0, "", "")
     after_memset = [g for g in gaps if "Memset" in g[1]]
     inner = [g[0] for g in gaps[1:] if "Memset" not in g[1]]
-    k = refs("kernels")["rows"]
-    fa2 = next(x for x in k if x["workload"] == "1x512" and not x["dense_graphs"]
-               and x["fuse_qkv"] and x["fuse_elementwise"])
-    att = {x["backend"]: 1000 * x.get("graph_ms_per_layer", 0) for x in refs("attention")["rows"]
-           if x["layout"] == [1024] and x["preset"] == r["preset"]}
-    att_us = {label: kernel_breakdown(x).get("attention", {}).get("us", 0.0)
-              for label, x in (("cuDNN", r), ("FA2", fa2))}
     out = [f"The median call takes {ms(r['median_ms'], 3)} ms and its kernels {ms(r['gpu_busy_ms'], 3)} ms: "
            f"{1000 * (r['median_ms'] - r['gpu_busy_ms']):.0f} µs are not kernel time. In the profiled call "
            f"(`timeline`, a separate call) the GPU idles {sum(g[0] for g in gaps):.0f} µs between its entries, "
@@ -151,12 +146,36 @@ def explain_busy_ratio(refs: Refs) -> str:
                    "`Memset` entry that cuDNN's attention adds before its kernel;")
     out.append(f"- {sum(inner):.0f} µs in the other {len(inner)} gaps inside the graph (median "
                f"{statistics.median(inner) if inner else 0:.2f} µs, one per kernel boundary).")
-    out.append(f"\nWithout dense graphs (FlashAttention-2 varlen, `kernels`) the call has no memset, but its "
-               f"attention kernels take {att_us['FA2']:.0f} µs against cuDNN's {att_us['cuDNN']:.0f} µs; inside a "
-               f"graph FlashAttention's dense kernel takes {att.get('dense_flash', 0):.1f} µs per layer against "
-               f"cuDNN's {att.get('dense_cudnn', 0):.1f} (`attention`, one 1024-row item). So cuDNN stays, and what "
-               "is left is inside the graph: fewer kernels, not fewer launches, would close it.")
-    return "\n".join(out)
+    return out
+
+
+def explain_busy_ratio(refs: Refs) -> str:
+    r = by_mode(refs("bench-450m")["rows"])[("lab-graph", "1x512")]
+    k = refs("kernels")["rows"]
+    fa2 = next(x for x in k if x["workload"] == "1x512" and not x["dense_graphs"]
+               and x["fuse_qkv"] and x["fuse_elementwise"])
+    att = {x["backend"]: 1000 * x.get("graph_ms_per_layer", 0) for x in refs("attention")["rows"]
+           if x["layout"] == [1024] and x["preset"] == r["preset"]}
+    att_us = {label: kernel_breakdown(x).get("attention", {}).get("us", 0.0)
+              for label, x in (("cuDNN", r), ("FA2", fa2))}
+    return "\n".join(explain_gaps(refs) + [
+        f"\nWithout dense graphs (FlashAttention-2 varlen, `kernels`) the call has no memset, but its "
+        f"attention kernels take {att_us['FA2']:.0f} µs against cuDNN's {att_us['cuDNN']:.0f} µs; inside a "
+        f"graph FlashAttention's dense kernel takes {att.get('dense_flash', 0):.1f} µs per layer against "
+        f"cuDNN's {att.get('dense_cudnn', 0):.1f} (`attention`, one 1024-row item). So cuDNN stays, and what "
+        "is left is inside the graph: fewer kernels, not fewer launches, would close it."])
+
+
+def explain_1x256(refs: Refs) -> str:
+    """The 256 px image's call: what is not kernel time, as for one 512 px image."""
+    by = by_mode(refs("bench-450m")["rows"])
+    r, big = by[("lab-graph", "1x256")], by[("lab-graph", "1x512")]
+    limit = dict(FLOOR_TARGETS["latency"])["1x256"]
+    return "\n".join(explain_gaps(refs, "1x256") + [
+        f"\nThe median is {1000 * (r['median_ms'] - limit):.0f} µs over the {limit:g} ms aimed for. Its "
+        f"{r['kernels']:.0f} kernels ({r['patch_rows']} patch rows) take {1000 * r['gpu_busy_ms']:.0f} µs, and one 512 "
+        f"px image's {big['kernels']:.0f} ({big['patch_rows']} rows) {1000 * big['gpu_busy_ms']:.0f} µs: the gaps "
+        "around the kernels are what the two calls share (the 1x512 section)."])
 
 
 def explain_16b_tiled(refs: Refs) -> str:
@@ -327,6 +346,7 @@ EXPLAIN = {
     "the PR's budget set captures in s": explain_pr_capture,
     "1x512 wall / GPU-busy": explain_busy_ratio,
     "450M 1x512 median ms": explain_busy_ratio,  # what is left of one image's call is the same: its gaps
+    "450M 1x256 median ms": explain_1x256,
     "1.6B tiled median ms": explain_16b_tiled,
     "encode() CPU input / GPU input": explain_cpu_input,
     "every mode's first tokens equal eager's": explain_first_tokens,
