@@ -293,6 +293,7 @@ def test_misses_list_only_missed_goals_and_say_when_none_explains_one(monkeypatc
     monkeypatch.setattr(tables_goals, "request_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "record_goals", lambda refs: [])
     monkeypatch.setattr(tables_goals, "code_goals", lambda refs: [])
+    monkeypatch.setattr(tables_goals, "kernel_goals", lambda refs: [])
     out = tables_goals.misses_block(None)
     assert "### a goal nobody explains ms: 2.00 ms, aimed for ≤ 1 ms" in out and "No explanation" in out
     assert "450M 1x512" not in out
@@ -492,3 +493,23 @@ def test_every_miss_of_the_reference_set_is_explained():
     back to "no explanation"."""
     out = tables_goals.misses_block(Refs())
     assert out.count("### ") >= 1 and "No explanation is generated" not in out
+
+
+def test_the_kernel_goals_are_judged_from_the_set_s_rows_and_explained(monkeypatch):
+    from lfm2vl_lab.report import tables_kernels as tk
+    from lfm2vl_lab.report.tables_encoder import by_mode
+
+    refs = Refs()
+    judged = {t["target"]: t for t in tk.kernel_goals(refs)}
+    for name, role, workload, field, limit in tk.KERNEL_GOALS:
+        row = by_mode(refs(role)["rows"])[("lab-graph", workload)]
+        assert (judged[name]["value"], judged[name]["ok"]) == (row[field], row[field] <= limit)
+    grid, eng = tk._grid_and_engine_decode(refs)
+    decode = judged[f"{tk.PREFIX}450M decode per token in the TTFT grid / the engine's"]
+    assert decode["value"] == grid / eng and decode["ok"] == (grid / eng <= tk.DECODE_MATCH)
+    loose = tuple((n, r, w, f, 1e9) for n, r, w, f, _ in tk.KERNEL_GOALS)
+    monkeypatch.setattr(tk, "KERNEL_GOALS", loose)
+    assert all(t["ok"] for t in tk.kernel_goals(refs)[:-1])  # the same rows under a loose limit: reached
+    why = tk.explain_kernels(refs)
+    assert "The GPU-busy goal asks for" in why and "µs less at one image" in why
+    assert tables_goals.explainer(f"{tk.PREFIX}450M 16x512 median ms") is tk.explain_kernels

@@ -15,6 +15,8 @@ from .reference import manifest_path
 from .tables_code import REPORT_GOAL, code_goals, explain_report_layer
 from .tables_encoder import by_mode
 from .tables_engine import image_path_pairs, mode_label
+from .tables_kernels import PREFIX as KERNELS
+from .tables_kernels import explain_kernels, kernel_goals
 from .tables_record import explain_record, record_goals
 
 
@@ -356,6 +358,7 @@ EXPLAIN = {
     "every mode passes parity (tokens vs generate, logits vs fp32)": explain_first_tokens,
     "a full record of the kit's own roles": explain_record,
     REPORT_GOAL: explain_report_layer,
+    KERNELS: explain_kernels,
 }
 
 
@@ -365,8 +368,8 @@ def explainer(target: str):
 
 def misses_block(refs: Refs) -> str:
     """One short section per missed goal (goals sharing an explanation share the section)."""
-    judged = [t for goals in (encoder_goals, ttft_goals, engine_goals, request_goals, guard_goals, record_goals,
-                              code_goals) for t in goals(refs)]
+    judged = [t for goals in (encoder_goals, ttft_goals, engine_goals, request_goals, guard_goals, kernel_goals,
+                              record_goals, code_goals) for t in goals(refs)]
     missed = [t for t in judged if not t["ok"]]
     if not missed:
         return "Every goal is reached in this reference set."
@@ -385,6 +388,8 @@ def misses_block(refs: Refs) -> str:
 BLOCKS = {"goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b", how=""),
           "goals-ttft": goals_part(ttft_goals, "ttft"), "goals-engine": goals_part(engine_goals, "engine"),
           "goals-request": request_goals_block, "goals-guard": goals_part(guard_goals, "check"),
+          "goals-kernels": goals_part(kernel_goals, "bench-450m", "bench-1.6b", "ttft", "engine",
+                                      how=" (judged here from the files' rows: `report/tables_kernels.py`)"),
           "goals-record": goals_part(record_goals, how=" (the manifest's seconds of each step, summed)"),
           "goals-code": lambda refs: "\n\n".join([goals_table(judged := code_goals(refs)), (
               f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (measured from this tree, not the set: the "
