@@ -177,7 +177,7 @@ def explain_1x256(refs: Refs) -> str:
         f"\nThe median is {1000 * (r['median_ms'] - limit):.0f} µs over the {limit:g} ms aimed for. Its "
         f"{r['kernels']:.0f} kernels ({r['patch_rows']} patch rows) take {1000 * r['gpu_busy_ms']:.0f} µs, and one 512 "
         f"px image's {big['kernels']:.0f} ({big['patch_rows']} rows) {1000 * big['gpu_busy_ms']:.0f} µs: the gaps "
-        "around the kernels are what the two calls share (the 1x512 section)."])
+        "around the kernels are what the two calls share."])
 
 
 def explain_16b_tiled(refs: Refs) -> str:
