@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..measure.floor import kernel_breakdown
 from ..measure.ttft import mode_name
 from .frames import Refs, ms
+from .plots_ttft import ttft_case
 from .tables_encoder import by_mode
 
 PREFIX = "kernels: "  # every goal of this section starts so; explain_kernels explains them all
@@ -24,8 +25,7 @@ BOTH = mode_name("graphed", "graphed")
 
 def _grid_and_engine_decode(refs: Refs) -> tuple[float | None, float | None]:
     """450M decode ms per token: one 512 px request of the TTFT grid (both graphed), the fused engine's."""
-    grid = next((r for r in refs("ttft")["rows"] if (r["preset"], r["image"], r["requests"], r["mode"])
-                 == ("lfm2-vl-450m", "1x512", 1, BOTH)), None)
+    grid = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(BOTH)
     eng = next((r for r in refs("engine")["rows"] if (r["preset"], r["mode"], r.get("requests"))
                 == ("lfm2-vl-450m", "engine-fused", 1) and "error" not in r), None)
     return (grid or {}).get("decode_ms_per_token"), (eng or {}).get("decode_ms_per_token")
@@ -57,7 +57,8 @@ def explain_kernels(refs: Refs) -> str:
     one, many, tiled = by[("lab-graph", "1x512")], by[("lab-graph", "16x512")], by16[("lab-graph", "tiled")]
     gemm = kernel_breakdown(one).get("GEMM", {}).get("us", 0.0)
     busy = 1000 * one["gpu_busy_ms"]
-    need, rest = busy - 1000 * dict((g[0], g[4]) for g in KERNEL_GOALS)[f"{PREFIX}450M 1x512 GPU-busy ms"], busy - gemm
+    busy_limit = next(limit for name, *_, limit in KERNEL_GOALS if name == f"{PREFIX}450M 1x512 GPU-busy ms")
+    need, rest = busy - 1000 * busy_limit, busy - gemm
     share = (f"more than all the kernels other than the GEMMs take together ({rest:.0f} µs), so the GEMMs themselves "
              "must get faster" if need > rest else
              f"{need / rest:.0%} of what the kernels other than the GEMMs take together ({rest:.0f} µs)")
