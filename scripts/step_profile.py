@@ -55,14 +55,14 @@ def phase_seconds(prof_path: Path) -> dict:
     stats = pstats.Stats(str(prof_path))
     out: dict[str, float] = {}
     for (file, _, fn), (_, _, tt, _, callers) in stats.stats.items():
-        name = bucket(file, fn)
-        # a generic built-in (isinstance, a read) counts where it was called from: each caller's share
-        shares = ({bucket(cf, cfn): 0.0 for cf, _, cfn in callers} if name == "other built-ins" and callers
-                  else {name: tt})
-        if len(shares) > 1 or name not in shares:
+        name, shares = bucket(file, fn), {}
+        if name == "other built-ins" and callers:
+            # a generic built-in (isinstance, a read) counts where it was called from: each caller's share
             for (cf, _, cfn), c in callers.items():
-                shares[bucket(cf, cfn)] += c[2]
-            shares["other built-ins"] = shares.get("other built-ins", 0.0) + tt - sum(shares.values())
+                shares[bucket(cf, cfn)] = shares.get(bucket(cf, cfn), 0.0) + c[2]
+            shares[name] = shares.get(name, 0.0) + tt - sum(shares.values())  # what no caller's share holds
+        else:
+            shares[name] = tt
         for k, v in shares.items():
             out[k] = out.get(k, 0.0) + v
     return {**{k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])},
