@@ -4,7 +4,9 @@ after a change (``record-cost``), and the goal that a full record of the kit's o
 
 from __future__ import annotations
 
-from .frames import Refs, ms, table
+import statistics
+
+from .frames import Refs, ms, pct, table
 from .reference import manifest_path
 
 
@@ -142,8 +144,68 @@ def explain_record(refs: Refs) -> str:
         "and the timed calls, which the files do not split (`scripts/step_profile.py` splits one step's seconds "
         "under cProfile).",
         table(["step", "seconds", "compiles recorded (s)", "captures recorded (s)", "the rest (s)"], rows),
-        "Not built: a cut of repeats justified by their spread, and compile caches kept between steps. A change "
-        "touches fewer roles: `record --changed` re-runs only those (docs/gpu.md gives each group's seconds)."])
+        repeat_spread_text(refs),
+        "A change touches fewer roles: `record --changed` re-runs only those (docs/gpu.md gives each group's "
+        "seconds)."])
+
+
+# The roles whose rows keep every timed sample, in round order, and the key of the samples; a median that
+# moves by more than SPREAD_LIMIT when the last round goes would change what the pages say of it.
+SAMPLED = {"ttft": "ttft_samples_ms", "request-3b": "ttft_samples_ms", "e2e": "ttft_samples_ms",
+           "engine": "prefill_sample_samples_ms"}
+SPREAD_LIMIT = 0.02
+
+
+def repeat_spread(refs: Refs) -> list[dict]:
+    """Per sampled role: what one repeat fewer would have recorded. The samples are in round order
+    (``time_paired``), so the first ``n - 1`` of them are a run with one round fewer; each row's median
+    from those is held against its median from all ``n``."""
+    out = []
+    for role, key in SAMPLED.items():
+        if role not in refs.manifest["files"]:
+            continue
+        samples = [r[key] for r in refs(role)["rows"] if len(r.get(key) or []) >= 3]
+        if not samples:
+            continue
+        moves = [abs(statistics.median(s[:-1]) / statistics.median(s) - 1) for s in samples]
+        out.append({"role": role, "repeats": len(samples[0]), "rows": len(moves), "worst": max(moves),
+                    "over": sum(m > SPREAD_LIMIT for m in moves)})
+    return out
+
+
+def repeat_spread_text(refs: Refs) -> str:
+    """Whether the spread allows fewer repeats: :func:`repeat_spread` as a table and a verdict."""
+    spread = repeat_spread(refs)
+    if not spread:
+        return "No role of this set keeps its timed samples, so its spread cannot say whether fewer repeats would do."
+    rows = [[f"`{s['role']}`", s["repeats"], pct(s["worst"]), f"{s['over']} of {s['rows']}",
+             "no" if s["over"] else "yes"] for s in spread]
+    allowed = [f"`{s['role']}`" for s in spread if not s["over"]]
+    timed, steps = _bench_timed_seconds(refs)
+    return "\n\n".join([
+        f"Fewer repeats, where the spread allows: each row's median from all its rounds, against the median "
+        f"without the last round (what one repeat fewer would have recorded). A cut is allowed where no row's "
+        f"median moves by more than {pct(SPREAD_LIMIT, 0)}.",
+        table(["step", "repeats", "largest move of a median", "rows over the limit", "one repeat fewer allowed"],
+              rows),
+        ("The spread allows one repeat fewer in " + ", ".join(allowed) + "." if allowed else
+         "The spread allows no cut: in every sampled step, one repeat fewer moves some median by more than the "
+         "limit.")
+        + (f" The benches keep percentiles, not samples; their timed calls take about {timed:.0f} s of their "
+           f"{steps:.0f} s (each row's median × its repeats and warm-up calls, summed: composed), so fewer repeats "
+           "would save at most that." if steps else "")])
+
+
+def _bench_timed_seconds(refs: Refs) -> tuple[float, float]:
+    """The benches' timed calls, composed from their rows (median × (repeats + warm-up)), and their
+    steps' seconds."""
+    timed = steps = 0.0
+    for seconds, role in _record_seconds(refs):
+        rows = refs(role).get("rows") or []
+        if rows and all("median_ms" in r and "repeats" in r for r in rows):
+            timed += sum(r["median_ms"] * (r["repeats"] + r.get("warmup", 0)) for r in rows) / 1e3
+            steps += seconds
+    return timed, steps
 
 
 BLOCKS = {"reference-set": reference_block, "record-cost": record_cost_block}
