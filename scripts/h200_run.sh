@@ -123,10 +123,12 @@ record)
   [ -d /tmp/h200-res ] && cp -r /tmp/h200-res/. "$R"/
   # record stops starting steps 15 s before this step's end, so none is ever cut off (RECORD_PART: one
   # part of the steps, encoder or engine; RECORD_CHANGED=1: only the roles whose own files changed,
-  # which needs the recorded versions of files changed in comments alone: carry .blobs)
+  # which needs the recorded versions of files changed in comments alone: carry .blobs; RECORD_ROLES:
+  # only the roles it names; RECORD_AGAIN=1: those roles again, though this code recorded them)
   [ -n "${RECORD_CHANGED:-}" ] && { python3 scripts/carry_blobs.py --check || exit 1; }
   LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) \
-    ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed}
+    ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed} ${RECORD_AGAIN:+--again} \
+    $(for r in ${RECORD_ROLES:-}; do printf -- '--role %s ' "$r"; done)
   rm -rf /tmp/h200-res && cp -r "$R" /tmp/h200-res ;;
 finish)
   # what the reference set still lacks (steps of RECORD_LIMIT seconds at most), then every notebook

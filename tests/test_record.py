@@ -408,3 +408,18 @@ def test_a_role_recorded_by_another_command_is_stale_whatever_its_code(tmp_path,
     for changed in (False, True):
         assert rec.stale(man, steps[0], changed, man["code_hash"]) is None
         assert rec.stale(man, fewer, changed, man["code_hash"]) == ["its command changed"]
+
+
+def test_roles_named_are_the_only_ones_recorded_again(tmp_path, fake_bench):
+    """``roles`` (``record --role``): only the roles named run, here again though this code recorded
+    them (``again``); the manifest keeps every other role's entry as it was."""
+    said = []
+    first = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path,
+                           python=fake_bench)
+    again = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path,
+                           python=fake_bench, again=True, roles=("t-two",))
+    assert again["files"]["t-one"] == first["files"]["t-one"]
+    assert again["files"]["t-two"]["file"] != first["files"]["t-two"]["file"] and again["complete"]
+    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--dry-run", "--role", "autotune", "--role",
+                           "vllm"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert [line.split()[1] for line in proc.stdout.splitlines()] == ["autotune", "vllm"]  # a named role, any part

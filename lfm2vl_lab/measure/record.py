@@ -293,7 +293,7 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
 
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
                say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False,
-               changed: bool = False, derive=None) -> dict:
+               changed: bool = False, derive=None, roles: tuple[str, ...] = ()) -> dict:
     """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
     the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
 
@@ -302,6 +302,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
       tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``.
       A role recorded by this code is not run again, so calling ``record`` once more finishes a run
       that was cut short. Each role that runs replaces its entry; the others keep theirs.
+    * ``roles``: only these roles (of ``parts``) are considered; the manifest keeps the others as they are.
     * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
       next call (never started, so never cut off). A resumable step starts in whatever time is left
       and stops at it (see the module).
@@ -322,7 +323,8 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     man = _base_manifest(folder, repo_folder, gpu, hash_)
     man.setdefault("failed", {})
     before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
-    why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
+    why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps
+           if s.part in parts and (not roles or s.role in roles)}
     todo = [s for s in steps if why.get(s.role)]
     host = host_speed(python) if todo else None  # once a call: the roles it records share one machine
     if host:
