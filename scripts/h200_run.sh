@@ -78,6 +78,9 @@ vllm_env() {  # the unpacked vLLM first on the path, and the engine's environmen
   eval "$(python3 -c 'import runpy, shlex
 env = runpy.run_path("lfm2vl_lab/measure/vllm_release.py")["ENGINE_ENV"]
 print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))')"; }
+record_args() {  # record's options from RECORD_PART, RECORD_CHANGED, RECORD_AGAIN and RECORD_ROLES
+  echo ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed} ${RECORD_AGAIN:+--again} \
+    $(for r in ${RECORD_ROLES:-}; do printf -- '--role %s ' "$r"; done); }
 sanitize_steps() {
   # The allocator's cache cannot be bypassed (PYTORCH_NO_CUDA_MEMORY_CACHING breaks graph capture), so
   # memcheck sees the allocator's segments, not each tensor; API return codes (cudaErrorNotReady from
@@ -127,15 +130,17 @@ record)
   # only the roles it names; RECORD_AGAIN=1: those roles again, though this code recorded them)
   [ -n "${RECORD_CHANGED:-}" ] && { python3 scripts/carry_blobs.py --check || exit 1; }
   LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) \
-    ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed} ${RECORD_AGAIN:+--again} \
-    $(for r in ${RECORD_ROLES:-}; do printf -- '--role %s ' "$r"; done)
+    $(record_args)
   rm -rf /tmp/h200-res && cp -r "$R" /tmp/h200-res ;;
 finish)
-  # what the reference set still lacks (steps of RECORD_LIMIT seconds at most), then every notebook
-  # against it, then the GPU tests (GPU_TESTS) in the time left; carry the Jupyter wheels
+  # what the reference set still lacks (steps of RECORD_LIMIT seconds at most; the same RECORD_* choices
+  # as record, going on from what a warm machine's last call recorded), then every notebook against it,
+  # then the GPU tests (GPU_TESTS) in the time left; carry the Jupyter wheels
   jupyter_wheels
+  [ -d /tmp/h200-res ] && cp -r /tmp/h200-res/. "$R"/
   LOG=record TAILN=30 step "${RECORD_LIMIT:-280}" python3 -m lfm2vl_lab record --out "$R" \
-    --deadline $(( ${RECORD_LIMIT:-280} - 10 ))
+    --deadline $(( ${RECORD_LIMIT:-280} - 10 )) $(record_args)
+  rm -rf /tmp/h200-res && cp -r "$R" /tmp/h200-res
   python3 - "$R" <<'PY' || exit 1
 import json, sys, pathlib
 man = next(pathlib.Path(sys.argv[1]).glob("*/reference.json"), None)
