@@ -1,0 +1,91 @@
+"""Stand-ins for the kit's commands, for tests/test_record.py: importing this module adds them to the
+command line (``lfm2vl_lab.cli.cli.SUBCOMMANDS``; ``bench`` takes the tests' options but only writes its file),
+so that a record step ``python -m lfm2vl_lab <command> …`` takes milliseconds instead of the seconds a
+real one takes to import torch. A step gets them either way it is launched: the forkserver imports this
+module with its preload (the tests name it in ``launch.PRELOAD``), and :func:`interpreter` is a python
+that imports it before it runs ``-m lfm2vl_lab``."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+from lfm2vl_lab.cli import cli
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _options(p) -> None:
+    for option in ("--out", "--name", "--deadline", "--resume"):
+        p.add_argument(option)
+
+
+def _bench_options(p) -> None:
+    """The options of the tests' bench steps, as plain strings: bench's own would import the presets
+    (and torch) to check --preset."""
+    for option in ("--out", "--name", "--preset", "--mode", "--workload", "--repeats", "--warmup", "--device",
+                   "--figure"):
+        p.add_argument(option)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def command(name: str, add_args=_options):
+    def register(run):
+        cli.SUBCOMMANDS[name] = (add_args, run)
+        return run
+
+    return register
+
+
+def _folder(args) -> Path:
+    return Path(args.out) / "cpu"
+
+
+@command("bench", _bench_options)
+def bench(args) -> int:
+    """Writes ``<out>/cpu/<name>-<ns>.json`` as bench would."""
+    (_folder(args) / f"{args.name}-{time.time_ns()}.json").write_text(json.dumps({"provenance": {"gpu": "cpu"}}))
+    return 0
+
+
+@command("slow")
+def slow(args) -> int:
+    """A resumable step that takes two calls: the first leaves a partial file, the second completes it."""
+    time.sleep(0.2)  # a call that takes time, so that the manifest has seconds to sum
+    assert args.deadline is not None
+    name = Path(args.resume).name if args.resume else "slow-20260101-000000.json"
+    parts = json.loads(Path(args.resume).read_text())["parts"] + 1 if args.resume else 1
+    (_folder(args) / name).write_text(json.dumps({"parts": parts, "complete": parts == 2, "provenance": {
+        "date": datetime.datetime.now().isoformat()}}))
+    return 0
+
+
+def _named(args) -> int:
+    """Writes ``<out>/cpu/<command>-20260101-000000.json``."""
+    (_folder(args) / f"{args.command}-20260101-000000.json").write_text(json.dumps({"provenance": {"gpu": "cpu"}}))
+    return 0
+
+
+for _name in ("fast", "long"):
+    command(_name)(_named)
+
+
+def interpreter(path: Path) -> str:
+    """Write a stand-in python at ``path`` (``run_record``'s ``python``) and return its path: ``-m
+    lfm2vl_lab …`` runs the command line with these stand-ins in it; anything else (how the forkserver
+    and multiprocessing's resource tracker start) is handed to this interpreter."""
+    path.write_text(f"""#!{sys.executable}
+import os, runpy, sys
+if sys.argv[1:3] == ["-m", "lfm2vl_lab"]:
+    sys.path[:0] = [os.getcwd(), {str(TESTS.parent)!r}, {str(TESTS)!r}]  # -m puts the working folder first
+    import record_steps
+    sys.argv[1:3] = []
+    runpy.run_module("lfm2vl_lab", run_name="__main__", alter_sys=True)
+else:
+    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
+""")
+    path.chmod(0o755)
+    return str(path)
