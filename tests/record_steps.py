@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import resource
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,12 +77,64 @@ for _name in ("fast", "long"):
     command(_name)(_named)
 
 
+@command("say")
+def say(args) -> int:
+    """Prints a line, writes one to fd 2 below Python (as C++ would), and writes its file: how it was run."""
+    print("a line from print")
+    os.write(2, b"a line written to fd 2\n")
+    torch = sys.modules.get("torch")
+    (_folder(args) / "say-20260101-000000.json").write_text(json.dumps({
+        "argv": sys.argv, "main": sys.modules["__main__"].__spec__.name, "pid": os.getpid(), "pgid": os.getpgid(0),
+        "unbuffered": os.environ.get("PYTHONUNBUFFERED"), "cwd": os.getcwd(),
+        "python": os.environ.get("STAND_IN_PYTHON"),
+        "torch_imported": torch is not None,  # before this command: the forkserver's preload
+        "cuda_initialized": torch is not None and torch.cuda.is_initialized(),
+        "preloaded": sorted(m for m in sys.modules if m in _preload())}))
+    return 0
+
+
+def _preload() -> tuple[str, ...]:
+    from lfm2vl_lab.measure.launch import PRELOAD
+
+    return PRELOAD
+
+
+@command("segv")
+def segv(args) -> int:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+    print("about to crash", flush=True)
+    os.kill(os.getpid(), signal.SIGSEGV)
+    return 0
+
+
+@command("boom")
+def boom(args) -> int:
+    raise RuntimeError("boom")
+
+
+@command("exit3")
+def exit3(args) -> int:
+    return 3
+
+
+@command("sleep")
+def sleep(args) -> int:
+    """Sleeps far past any test's limit, beside a process of its own that sleeps too (as inductor's
+    compile workers would), whose pid it writes to ``<out>/cpu/sleeper.pid``."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (_folder(args) / "sleeper.pid").write_text(str(sleeper.pid))
+    print("sleeping", flush=True)
+    time.sleep(60)
+    return 0
+
+
 def interpreter(path: Path) -> str:
     """Write a stand-in python at ``path`` (``run_record``'s ``python``) and return its path: ``-m
     lfm2vl_lab …`` runs the command line with these stand-ins in it; anything else (how the forkserver
     and multiprocessing's resource tracker start) is handed to this interpreter."""
     path.write_text(f"""#!{sys.executable}
 import os, runpy, sys
+os.environ["STAND_IN_PYTHON"] = sys.argv[0]  # the forkserver's children inherit it: which python started it
 if sys.argv[1:3] == ["-m", "lfm2vl_lab"]:
     sys.path[:0] = [os.getcwd(), {str(TESTS.parent)!r}, {str(TESTS)!r}]  # -m puts the working folder first
     import record_steps

@@ -6,6 +6,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import record_steps
@@ -392,3 +394,113 @@ def test_a_role_recorded_by_another_command_is_stale_whatever_its_code(tmp_path,
         assert rec.stale(man, steps[0], changed, man["code_hash"]) is None
         assert rec.stale(man, fewer, changed, man["code_hash"]) == ["its command changed"]
 
+
+# How a step is launched (measure/launch.py): both ways run it as `python -m lfm2vl_lab` would, its output
+# at fd level into its log, a crash, an exception or a kill recorded as such; the forkserver's steps
+# are each a process of its own, which a timeout kills with what it started.
+KIT = ("lfm2vl_lab.measure.bench",)  # the stand-in commands' code, for their manifest entries
+PREFIX = r"\[ *\d+\.\d s\] "
+
+
+def _record(tmp_path, python, *argv: str, limit: int = 60) -> tuple[dict, dict, list[str]]:
+    """One stand-in step, recorded: its manifest entry, its file (if it wrote one) and its log's lines."""
+    step = rec.Step(argv[0], "encoder", argv[0], argv, limit, measures=KIT)
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=(step,), say=lambda s: None, repo_root=tmp_path / "r",
+                         python=python)
+    entry = man["files"].get(step.role) or man["failed"][step.role]
+    ran = json.loads((tmp_path / "cpu" / entry["file"]).read_text()) if entry["file"] else {}
+    return entry, ran, (tmp_path / "cpu" / "logs" / f"{step.role}.log").read_text().splitlines()
+
+
+def test_a_step_runs_as_python_m_would_and_its_log_holds_its_fd_level_output(tmp_path, stand_in, launch_mode,
+                                                                             monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the launch makes a step's output unbuffered itself
+    entry, ran, log = _record(tmp_path, stand_in, "say")
+    assert entry["rc"] == 0 and entry["launch"] == {"fork": "forkserver", "exec": "exec"}[launch_mode]
+    assert ran["argv"][0].endswith(os.path.join("lfm2vl_lab", "__main__.py"))  # what cli.py's from_main reads
+    assert ran["argv"][1:] == ["say", "--out", str(tmp_path)] and ran["main"] == "lfm2vl_lab.__main__"
+    assert ran["unbuffered"] == "1" and ran["cwd"] == os.getcwd()
+    assert ran["python"] == stand_in  # run_record's python: each step's, or the forkserver's
+    # every line with its second, the one written to fd 2 below Python too, in the order they were written
+    assert all(re.match(PREFIX, line) for line in log), log
+    assert [re.sub(PREFIX, "", line) for line in log] == ["a line from print", "a line written to fd 2"]
+    if launch_mode == "fork":
+        assert ran["pgid"] == ran["pid"]  # a process group of its own: what a timeout kills
+
+
+@pytest.mark.parametrize("command, rc, said", [("segv", -11, "about to crash"), ("boom", 1, "RuntimeError: boom"),
+                                               ("exit3", 3, None)])
+def test_a_step_that_crashes_is_recorded_failed_with_its_exit_status(tmp_path, stand_in, launch_mode, command, rc,
+                                                                       said):
+    """A signal is an exit status below zero (never 0); an exception prints its traceback and exits 1."""
+    entry, _, log = _record(tmp_path, stand_in, command)
+    assert entry["rc"] == rc and entry["file"] is None, entry
+    if said:
+        assert re.sub(PREFIX, "", log[-1]) == said, log
+    if command == "boom":
+        assert any(line.endswith("Traceback (most recent call last):") for line in log), log
+
+
+def _gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether process ``pid`` ended (a zombie has), waiting up to ``wait_s``."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < wait_s:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_forked_step_past_its_limit_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
+    entry, _, log = _record(tmp_path, _stand_in(tmp_path, monkeypatch), "sleep", limit=1)
+    assert entry["rc"] == "timeout" and entry["launch"] == "forkserver"
+    assert 1.0 <= entry["seconds"] < 3.0, entry  # killed at its limit, not when its sleep ends
+    assert re.sub(PREFIX, "", log[-1]) == "sleeping", log
+    assert _gone(int((tmp_path / "cpu" / "sleeper.pid").read_text()))  # its process group went with it
+
+
+def test_the_forkserver_imports_the_preload_and_no_step_gets_cuda_from_it(tmp_path, monkeypatch):
+    """Each step finds the preload imported (none of it failed, which the forkserver would not say) and
+    CUDA untouched (on a CPU that is all there is to see: the next test breaks it on purpose)."""
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
+    preload = launch.PRELOAD
+    monkeypatch.setattr(launch, "PRELOAD", (*preload, "record_steps"))
+    _importable(monkeypatch, record_steps.TESTS)
+    entry, ran, _ = _record(tmp_path, record_steps.interpreter(tmp_path / "python"), "say")
+    assert entry["rc"] == 0 and ran["torch_imported"] and not ran["cuda_initialized"]
+    assert ran["preloaded"] == sorted(preload)
+
+
+# What a preload that touched CUDA leaves in the forkserver, as torch shows it to a child forked from it
+TOUCHED = {"initialised": "torch.cuda._initialized = True  # torch's lazy init, where is_initialized() shows it",
+           "bad fork": "torch.cuda._is_in_bad_fork = lambda: True  # how torch marks a child of a CUDA process",
+           # the driver initialised (cuInit): a child finds no device though the record process has one
+           "driver": "torch.cuda.is_available = lambda: False"}
+
+
+@pytest.mark.parametrize("how", TOUCHED)
+def test_a_step_forked_from_a_forkserver_that_touched_cuda_fails_at_once_and_says_why(tmp_path, monkeypatch, how):
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
+    (tmp_path / "touch_cuda.py").write_text(f"import torch\n{TOUCHED[how]}\n")
+    _importable(monkeypatch, tmp_path)
+    _importable(monkeypatch, record_steps.TESTS)
+    monkeypatch.setattr(launch, "PRELOAD", ("record_steps", "touch_cuda"))
+    if how == "driver":
+        monkeypatch.setattr(launch, "_has_cuda", lambda: True)  # as a record on a GPU machine
+    entry, _, log = _record(tmp_path, record_steps.interpreter(tmp_path / "python"), "say")
+    assert entry["rc"] == 1 and entry["file"] is None, entry
+    assert len(log) == 1 and "forkserver's preload (lfm2vl_lab.measure.launch.PRELOAD)" in log[0], log
+    assert ("the CUDA driver" in log[0]) == (how == "driver") and f"{launch.LAUNCH_ENV}=exec" in log[0]
+
+
+def test_the_launch_is_chosen_by_its_environment_variable(monkeypatch):
+    for asked, mode in (("fork", "forkserver"), ("exec", "exec"), ("", "forkserver")):
+        monkeypatch.setenv(launch.LAUNCH_ENV, asked)
+        assert launch.launch_mode() == mode
+    monkeypatch.setenv(launch.LAUNCH_ENV, "spawn")
+    with pytest.raises(ValueError, match=f"{launch.LAUNCH_ENV}=spawn: fork or exec"):
+        launch.launch_mode()
