@@ -6,6 +6,11 @@ time limit (so a hang or a crashed CUDA context costs one step, not the run), an
 manifest ``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.report.reference`): a run cut
 short keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
 
+A step is forked from a forkserver that imported torch, transformers and the kit's commands once for
+the call (:mod:`.launch`): torch's imports are paid once a call, not once a step, and each step is still
+a process of its own with its own CUDA context. ``LFM2VL_RECORD_LAUNCH=exec`` starts each step with
+``python -m`` instead; each manifest entry says how its step was launched (``launch``).
+
 Each entry of the manifest says how many seconds its step took. Where a machine is lent for less
 time than the whole run takes, the run is resumable: ``--deadline`` leaves the steps that no longer fit for
 the next call, and a call records only the roles that this tree has not recorded yet (under ``--out``
