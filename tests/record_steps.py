@@ -2,8 +2,9 @@
 command line (``lfm2vl_lab.cli.cli.SUBCOMMANDS``; ``bench`` takes the tests' options but only writes its file),
 so that a record step ``python -m lfm2vl_lab <command> …`` takes milliseconds instead of the seconds a
 real one takes to import torch. A step gets them either way it is launched: the forkserver imports this
-module with its preload (the tests name it in ``launch.PRELOAD``), and :func:`interpreter` is a python
-that imports it before it runs ``-m lfm2vl_lab``."""
+module with its preload (the tests name it in ``launch.PRELOAD``), and the tests' stand-in python
+imports it before it runs ``-m lfm2vl_lab``. Only those import it: the tests' own process keeps the
+real commands."""
 
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ import time
 from pathlib import Path
 
 from lfm2vl_lab.cli import cli
-
-TESTS = Path(__file__).resolve().parent
 
 
 def _options(p) -> None:
@@ -127,21 +126,3 @@ def sleep(args) -> int:
     time.sleep(60)
     return 0
 
-
-def interpreter(path: Path) -> str:
-    """Write a stand-in python at ``path`` (``run_record``'s ``python``) and return its path: ``-m
-    lfm2vl_lab …`` runs the command line with these stand-ins in it; anything else (how the forkserver
-    and multiprocessing's resource tracker start) is handed to this interpreter."""
-    path.write_text(f"""#!{sys.executable}
-import os, runpy, sys
-os.environ["STAND_IN_PYTHON"] = sys.argv[0]  # the forkserver's children inherit it: which python started it
-if sys.argv[1:3] == ["-m", "lfm2vl_lab"]:
-    sys.path[:0] = [os.getcwd(), {str(TESTS.parent)!r}, {str(TESTS)!r}]  # -m puts the working folder first
-    import record_steps
-    sys.argv[1:3] = []
-    runpy.run_module("lfm2vl_lab", run_name="__main__", alter_sys=True)
-else:
-    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
-""")
-    path.chmod(0o755)
-    return str(path)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # pandas and tabulate: the device tool's list of the H200 image's packages holds both (the report
 # layer's DataFrames need them; `record` on the device never imports that layer).
 GPU_IMAGE = {"torch", "transformers", "pytest", "numpy", "PIL", "matplotlib", "pandas", "tabulate"}
-LOCAL = {"lfm2vl_lab", "chromium", "conftest", "nbcheck", "record_steps", "script_loader"}
+LOCAL = {"lfm2vl_lab", "chromium", "conftest", "nbcheck", "script_loader"}
 NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import record_steps
 
 from lfm2vl_lab.measure import launch
 from lfm2vl_lab.measure import record as rec
@@ -20,6 +19,7 @@ from lfm2vl_lab.report import reference
 
 TINY = ("bench", "--preset", "tiny", "--mode", "lab-eager", "--workload", "1x256", "--repeats", "1", "--warmup", "0",
         "--device", "cpu", "--no-progress", "--figure", "none")
+TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(autouse=True)
@@ -42,8 +42,28 @@ def _stand_in(tmp_path, monkeypatch) -> str:
     the forkserver with its preload too: a step takes milliseconds, not the seconds torch takes to import.
     The first test runs the real bench through record; the tests of what record keeps use these."""
     monkeypatch.setattr(launch, "PRELOAD", ("record_steps",))
-    _importable(monkeypatch, record_steps.TESTS)
-    return record_steps.interpreter(tmp_path / "stand-in-python")
+    _importable(monkeypatch, TESTS)
+    return _interpreter(tmp_path / "stand-in-python")
+
+
+def _interpreter(path: Path) -> str:
+    """Write a stand-in python at ``path`` and return its path: ``-m lfm2vl_lab …`` runs the command line
+    with tests/record_steps.py's stand-ins in it (imported there, never in this process, whose commands
+    stay the real ones); anything else (how the forkserver and multiprocessing's resource tracker
+    start) is handed to this interpreter."""
+    path.write_text(f"""#!{sys.executable}
+import os, runpy, sys
+os.environ["STAND_IN_PYTHON"] = sys.argv[0]  # the forkserver's children inherit it: which python started it
+if sys.argv[1:3] == ["-m", "lfm2vl_lab"]:
+    sys.path[:0] = [os.getcwd(), {str(TESTS.parent)!r}, {str(TESTS)!r}]  # -m puts the working folder first
+    import record_steps
+    sys.argv[1:3] = []
+    runpy.run_module("lfm2vl_lab", run_name="__main__", alter_sys=True)
+else:
+    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
+""")
+    path.chmod(0o755)
+    return str(path)
 
 
 def _importable(monkeypatch, folder) -> None:
@@ -426,6 +446,9 @@ def test_a_step_runs_as_python_m_would_and_its_log_holds_its_fd_level_output(tmp
     assert [re.sub(PREFIX, "", line) for line in log] == ["a line from print", "a line written to fd 2"]
     if launch_mode == "fork":
         assert ran["pgid"] == ran["pid"]  # a process group of its own: what a timeout kills
+    from lfm2vl_lab.cli import cli
+
+    assert "say" not in cli.SUBCOMMANDS  # the stand-ins stay in the steps: this process's commands are real
 
 
 @pytest.mark.parametrize("command, rc, said", [("segv", -11, "about to crash"), ("boom", 1, "RuntimeError: boom"),
@@ -469,8 +492,8 @@ def test_the_forkserver_imports_the_preload_and_no_step_gets_cuda_from_it(tmp_pa
     monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
     preload = launch.PRELOAD
     monkeypatch.setattr(launch, "PRELOAD", (*preload, "record_steps"))
-    _importable(monkeypatch, record_steps.TESTS)
-    entry, ran, _ = _record(tmp_path, record_steps.interpreter(tmp_path / "python"), "say")
+    _importable(monkeypatch, TESTS)
+    entry, ran, _ = _record(tmp_path, _interpreter(tmp_path / "python"), "say")
     assert entry["rc"] == 0 and ran["torch_imported"] and not ran["cuda_initialized"]
     assert ran["preloaded"] == sorted(preload)
 
@@ -487,11 +510,11 @@ def test_a_step_forked_from_a_forkserver_that_touched_cuda_fails_at_once_and_say
     monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
     (tmp_path / "touch_cuda.py").write_text(f"import torch\n{TOUCHED[how]}\n")
     _importable(monkeypatch, tmp_path)
-    _importable(monkeypatch, record_steps.TESTS)
+    _importable(monkeypatch, TESTS)
     monkeypatch.setattr(launch, "PRELOAD", ("record_steps", "touch_cuda"))
     if how == "driver":
         monkeypatch.setattr(launch, "_has_cuda", lambda: True)  # as a record on a GPU machine
-    entry, _, log = _record(tmp_path, record_steps.interpreter(tmp_path / "python"), "say")
+    entry, _, log = _record(tmp_path, _interpreter(tmp_path / "python"), "say")
     assert entry["rc"] == 1 and entry["file"] is None, entry
     assert len(log) == 1 and "forkserver's preload (lfm2vl_lab.measure.launch.PRELOAD)" in log[0], log
     assert ("the CUDA driver" in log[0]) == (how == "driver") and f"{launch.LAUNCH_ENV}=exec" in log[0]
