@@ -2,12 +2,16 @@
 code hash that names the code a run came from, recomputed from git's objects."""
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from lfm2vl_lab.measure import launch
 from lfm2vl_lab.measure import record as rec
 from lfm2vl_lab.measure.results import REPO_ROOT, blob_sha1, code_hash, hash_code_entries
 from lfm2vl_lab.measure.role_code import role_code
@@ -15,18 +19,7 @@ from lfm2vl_lab.report import reference
 
 TINY = ("bench", "--preset", "tiny", "--mode", "lab-eager", "--workload", "1x256", "--repeats", "1", "--warmup", "0",
         "--device", "cpu", "--no-progress", "--figure", "none")
-
-
-# A stand-in for ``python -m lfm2vl_lab bench … --name N --out ROOT``: it writes ``ROOT/cpu/N-<ns>.json``
-# as bench would, in milliseconds instead of the seconds a real bench takes to import torch. The first
-# test runs the real bench through record (and this one where it resumes); the tests of what record keeps
-# in its manifest use this one.
-BENCH = '''import json, sys, pathlib, time
-args = sys.argv[3:]  # -m lfm2vl_lab bench ... --name <name> ... --out <root>
-out = pathlib.Path(args[args.index("--out") + 1]) / "cpu"
-name = args[args.index("--name") + 1]
-(out / f"{name}-{time.time_ns()}.json").write_text(json.dumps({"provenance": {"gpu": "cpu"}}))
-'''
+TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(autouse=True)
@@ -37,13 +30,52 @@ def quick_host_probe(request, monkeypatch):
         monkeypatch.setattr(rec, "host_speed", lambda python: {"python_ms": 1.0, "device": "cpu"})
 
 
-@pytest.fixture
-def fake_bench(tmp_path):
-    """The path of an executable that runs :data:`BENCH` (``run_record``'s ``python``)."""
-    path = tmp_path / "fake-bench-python"
-    path.write_text(f"#!{sys.executable}\n" + BENCH)
+@pytest.fixture(params=["fork", "exec"])
+def launch_mode(request, monkeypatch):
+    """A test that takes it runs twice: its steps forked from the forkserver, and each exec'd."""
+    monkeypatch.setenv(launch.LAUNCH_ENV, request.param)
+    return request.param
+
+
+def _stand_in(tmp_path, monkeypatch) -> str:
+    """A python (``run_record``'s) whose commands are the stand-ins of tests/record_steps.py, taken by
+    the forkserver with its preload too: a step takes milliseconds, not the seconds torch takes to import.
+    The first test runs the real bench through record; the tests of what record keeps use these."""
+    monkeypatch.setattr(launch, "PRELOAD", ("record_steps",))
+    _importable(monkeypatch, TESTS)
+    return _interpreter(tmp_path / "stand-in-python")
+
+
+def _interpreter(path: Path) -> str:
+    """Write a stand-in python at ``path`` and return its path: ``-m lfm2vl_lab …`` runs the command line
+    with tests/record_steps.py's stand-ins in it (imported there, never in this process, whose commands
+    stay the real ones); anything else (how the forkserver and multiprocessing's resource tracker
+    start) is handed to this interpreter."""
+    path.write_text(f"""#!{sys.executable}
+import os, runpy, sys
+os.environ["STAND_IN_PYTHON"] = sys.argv[0]  # the forkserver's children inherit it: which python started it
+if sys.argv[1:3] == ["-m", "lfm2vl_lab"]:
+    sys.path[:0] = [os.getcwd(), {str(TESTS.parent)!r}, {str(TESTS)!r}]  # -m puts the working folder first
+    import record_steps
+    sys.argv[1:3] = []
+    runpy.run_module("lfm2vl_lab", run_name="__main__", alter_sys=True)
+else:
+    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
+""")
     path.chmod(0o755)
     return str(path)
+
+
+def _importable(monkeypatch, folder) -> None:
+    """Let the forkserver import from ``folder``: it starts with the path a fresh python has (the
+    working folder, PYTHONPATH), not this process's sys.path."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch, launch_mode):
+    """:func:`_stand_in`, under each launch."""
+    return _stand_in(tmp_path, monkeypatch)
 
 
 def _steps(bad: bool):
@@ -52,7 +84,7 @@ def _steps(bad: bool):
                      ("bench", "--preset", "no-such-preset", "--name", "t-two"), 120))
 
 
-def test_record_keeps_a_manifest_resumes_and_sets_failures_aside(tmp_path, fake_bench):
+def test_record_keeps_a_manifest_resumes_and_sets_failures_aside(tmp_path, monkeypatch, launch_mode):
     said = []
     man = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=True), say=said.append, repo_root=tmp_path / "r")
     folder = tmp_path / "cpu"
@@ -65,10 +97,12 @@ def test_record_keeps_a_manifest_resumes_and_sets_failures_aside(tmp_path, fake_
     log = (folder / "logs" / "t-two.log").read_text()
     assert "no-such-preset" in log  # the step's own one-line error
     assert all(re.match(r"\[ *\d+\.\d s\] ", line) for line in log.splitlines())  # each line with its second
+    assert man["files"]["t-one"]["launch"] == man["failed"]["t-two"]["launch"] == \
+        {"fork": "forkserver", "exec": "exec"}[launch_mode]
     # the next call records only what is missing, into the same manifest (the stand-in bench: the real
     # one's file is t-one's, and a t-one run again would show as a second t-one file)
     man2 = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path / "r",
-                          python=fake_bench)
+                          python=_stand_in(tmp_path, monkeypatch))
     assert man2["complete"] and man2["failed"] == {} and man2["started"] == man["started"]
     assert man2["files"]["t-one"] == man["files"]["t-one"]  # not run again
     assert len(list(folder.glob("t-one-*.json"))) == 1 and len(list(folder.glob("t-two-*.json"))) == 1
@@ -85,7 +119,7 @@ def test_record_leaves_steps_that_do_not_fit_the_deadline(tmp_path):
     assert sum("left for the next call" in s for s in said) == 2
 
 
-def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(tmp_path, fake_bench):
+def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(tmp_path, stand_in):
     """A set may hold roles of several code versions: a call records the roles this tree has not, and
     each entry it writes names this tree's code and the files the role measures."""
     folder = tmp_path / "cpu"
@@ -93,7 +127,7 @@ def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(t
     (folder / "reference.json").write_text(json.dumps({"gpu": "cpu", "code_hash": "sha256:old", "files": {
         "t-one": {"file": "gone.json"}, "t-two": {"file": "kept.json"}}}))
     man = rec.run_record(parts=("encoder",), out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=lambda s: None,
-                         repo_root=tmp_path, python=fake_bench)
+                         repo_root=tmp_path, python=stand_in)
     one = man["files"]["t-one"]
     assert man["code_hash"] == code_hash() and man["format"] == rec.FORMAT and one["file"] != "gone.json"
     assert one["code_hash"] == code_hash() and one["role_hash"] == role_code(("lfm2vl_lab.measure.bench",))["role_hash"]
@@ -101,10 +135,10 @@ def test_a_role_of_other_code_is_recorded_again_and_the_others_keep_their_code(t
     assert man["files"]["t-two"] == {"file": "kept.json", "code_hash": "sha256:old"}  # not chosen: kept, as it was
 
 
-def test_changed_records_only_the_roles_whose_own_files_changed(tmp_path, fake_bench):
+def test_changed_records_only_the_roles_whose_own_files_changed(tmp_path, stand_in):
     steps = _steps(bad=False)
     man = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=lambda s: None, repo_root=tmp_path,
-                         python=fake_bench)
+                         python=stand_in)
     path = tmp_path / "cpu" / "reference.json"
     # as if the manifest had been written by other code, whose bench.py differed and whose other files did not
     man["code_hash"] = "sha256:other"
@@ -118,7 +152,7 @@ def test_changed_records_only_the_roles_whose_own_files_changed(tmp_path, fake_b
     assert rec.stale(man, steps[0], False, code_hash()) == ["code other"]  # a full record runs both
     said = []
     new = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=said.append, repo_root=tmp_path, changed=True,
-                         python=fake_bench)
+                         python=stand_in)
     assert new["files"]["t-one"] == man["files"]["t-one"]  # its files are as they were: kept
     assert new["files"]["t-two"]["code_hash"] == code_hash() != man["files"]["t-two"]["code_hash"]
     assert any("t-two" in s and "why: lfm2vl_lab/measure/bench.py" in s for s in said)
@@ -191,7 +225,7 @@ def test_reference_load_names_what_is_missing(tmp_path):
     assert reference.load("bench-450m", root=tmp_path, required=False) is None
 
 
-def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path, fake_bench):
+def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path, stand_in):
     """vLLM's role is recorded apart, when its part is named, by code that may differ from the rest of
     the set's: it joins the set there, whose other roles keep the code that recorded them."""
     folder = tmp_path / "cpu"
@@ -201,40 +235,24 @@ def test_a_step_beside_the_set_joins_a_set_of_other_code(tmp_path, fake_bench):
     (folder / "reference.json").write_text(json.dumps(old))
     beside = rec.Step("t-b", "b", "t-b", (*TINY, "--name", "t-b"), 120, beside=True)
     man = rec.run_record(parts=("b",), out=tmp_path, gpu="cpu", steps=(*_steps(bad=False)[:1], beside),
-                         say=lambda s: None, repo_root=tmp_path, python=fake_bench)
+                         say=lambda s: None, repo_root=tmp_path, python=stand_in)
     assert man["files"]["t-one"] == {**old["files"]["t-one"], "code_hash": "sha256:old"}
     assert man["files"]["t-b"]["code_hash"] == code_hash() and man["complete"]
     assert man["started"] == old["started"]
     # a step of the set, run by this code, replaces only its own role
     man = rec.run_record(parts=("encoder",), out=tmp_path, gpu="cpu", steps=(*_steps(bad=False)[:1], beside),
-                         say=lambda s: None, repo_root=tmp_path, python=fake_bench)
+                         say=lambda s: None, repo_root=tmp_path, python=stand_in)
     assert man["files"]["t-one"]["code_hash"] == code_hash() and "t-b" in man["files"]
 
 
-FAKE = '''import json, sys, pathlib, datetime, time
-time.sleep(0.2)  # a call that takes time, so that the manifest has seconds to sum
-args = sys.argv[3:]  # -m lfm2vl_lab <argv>
-out = pathlib.Path(args[args.index("--out") + 1]) / "cpu"
-resume = args[args.index("--resume") + 1] if "--resume" in args else None
-assert "--deadline" in args
-name = pathlib.Path(resume).name if resume else "slow-20260101-000000.json"
-parts = json.loads(pathlib.Path(resume).read_text())["parts"] + 1 if resume else 1
-(out / name).write_text(json.dumps({"parts": parts, "complete": parts == 2,
-                                    "provenance": {"date": datetime.datetime.now().isoformat()}}))
-'''
-
-
-def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
+def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path, stand_in):
     """A step that takes two calls: the first leaves a partial file (listed as such, not as failed),
     the second resumes that file and records it."""
-    fake = tmp_path / "fake-python"
-    fake.write_text(f"#!{sys.executable}\n" + FAKE)
-    fake.chmod(0o755)
     slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True,
                     measures=("lfm2vl_lab.measure.bench",))
     said = []
     kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
-              python=str(fake), deadline_s=300)
+              python=stand_in, deadline_s=300)
     man = rec.run_record(**kw)
     assert man["partial"]["slow"]["file"] == "slow-20260101-000000.json" and not man["failed"]
     assert man["partial"]["slow"]["code_hash"] == code_hash()  # beside the set: it names its own code
@@ -252,17 +270,14 @@ def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path):
     assert entry["seconds"] == round(sum(entry["calls"]), 1) > max(entry["calls"])
 
 
-def _partial_run(tmp_path):
+def _partial_run(tmp_path, python):
     """A resumable step's first call, which leaves its partial file; the manifest's path, the keywords
     of the call and what it said."""
-    fake = tmp_path / "fake-python"
-    fake.write_text(f"#!{sys.executable}\n" + FAKE)
-    fake.chmod(0o755)
     slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True,
                     measures=("lfm2vl_lab.measure.bench",))
     said = []
     kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
-              python=str(fake), deadline_s=300)
+              python=python, deadline_s=300)
     rec.run_record(**kw)
     return tmp_path / "cpu" / "reference.json", kw, said
 
@@ -278,11 +293,11 @@ def _edit_partial(path, **changes):
     path.write_text(json.dumps(man))
 
 
-def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
+def test_a_partial_file_of_other_code_is_not_resumed(tmp_path, stand_in):
     """A file names one version of the code that makes its numbers: a partial file left while one of its
     role's files differed is started afresh, not continued by this code (its sections would be credited
     to code that did not make them)."""
-    path, kw, said = _partial_run(tmp_path)
+    path, kw, said = _partial_run(tmp_path, stand_in)
     _edit_partial(path, code_hash="sha256:other", role_hash="sha256:other",
                   measures={"lfm2vl_lab/measure/bench.py": "0" * 40})
     man = rec.run_record(**kw)
@@ -293,11 +308,11 @@ def test_a_partial_file_of_other_code_is_not_resumed(tmp_path):
     assert "calls" not in man["partial"]["slow"], "a fresh start does not count the other code's call"
 
 
-def test_a_partial_file_from_a_tree_that_differs_elsewhere_is_resumed(tmp_path):
+def test_a_partial_file_from_a_tree_that_differs_elsewhere_is_resumed(tmp_path, stand_in):
     """A change outside the role's files (a table, a figure, another command) moves the whole tree's
     code hash but not what makes the role's numbers: its partial file goes on, and the entry keeps each
     call's whole-tree code hash beside its seconds."""
-    path, kw, said = _partial_run(tmp_path)
+    path, kw, said = _partial_run(tmp_path, stand_in)
     _edit_partial(path, code_hash="sha256:other")
     man = rec.run_record(**kw)
     assert any("resuming slow-20260101-000000.json" in s for s in said), said
@@ -307,9 +322,9 @@ def test_a_partial_file_from_a_tree_that_differs_elsewhere_is_resumed(tmp_path):
     assert len(entry["calls"]) == 2
 
 
-def test_a_partial_entry_that_names_no_files_resumes_only_under_the_same_code(tmp_path):
+def test_a_partial_entry_that_names_no_files_resumes_only_under_the_same_code(tmp_path, stand_in):
     """An entry from before roles named their files has only the whole tree's code hash to go by."""
-    path, kw, said = _partial_run(tmp_path)
+    path, kw, said = _partial_run(tmp_path, stand_in)
     man = json.loads(path.read_text())
     for key in ("measures", "role_hash"):
         man["partial"]["slow"].pop(key)
@@ -333,14 +348,7 @@ def test_the_cost_table_says_what_a_resumed_roles_seconds_cover():
     assert _beside_seconds(man, slow).startswith("20 (its last call only")
 
 
-FAST = '''import json, sys, pathlib
-args = sys.argv[3:]  # -m lfm2vl_lab <name> ... --out <root>
-out = pathlib.Path(args[args.index("--out") + 1]) / "cpu"
-(out / f"{args[0]}-20260101-000000.json").write_text(json.dumps({"provenance": {"gpu": "cpu"}}))
-'''
-
-
-def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeypatch):
+def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeypatch, stand_in):
     """A call that records a role into the repo's results folder ends with the report step: the figures
     (into the figures folder beside it) and the docs' tables, from that set. A call that changes
     nothing in a set still incomplete redraws nothing, and neither does one that writes elsewhere."""
@@ -349,15 +357,12 @@ def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeyp
     drawn, tabled = [], []
     monkeypatch.setattr(report, "report", lambda root, out, verbose=True: drawn.append((str(root), str(out))) or [])
     monkeypatch.setattr(tables, "run_tables", lambda args: tabled.append(args.root) or 0)
-    fake = tmp_path / "fake-python"
-    fake.write_text(f"#!{sys.executable}\n" + FAST)
-    fake.chmod(0o755)
     kit = ("lfm2vl_lab.measure.bench",)  # fake commands: the code they stand for
     steps = (rec.Step("fast", "encoder", "fast", ("fast",), 60, measures=kit),
              rec.Step("long", "encoder", "long", ("long",), 900, measures=kit))
     repo = tmp_path / "data" / "results"
     said = []
-    kw = dict(gpu="cpu", steps=steps, say=said.append, python=str(fake), deadline_s=300,  # "long" never fits
+    kw = dict(gpu="cpu", steps=steps, say=said.append, python=stand_in, deadline_s=300,  # "long" never fits
               derive=report.derive_set)  # what the command passes
     man = rec.run_record(out=repo, repo_root=repo, **kw)
     assert list(man["files"]) == ["fast"] and not man["complete"]
@@ -372,7 +377,7 @@ def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeyp
     assert man["complete"] and drawn[1:] == [(str(repo), str(tmp_path / "data" / "figures"))] and len(tabled) == 2
 
 
-def test_each_entry_a_call_records_names_that_calls_host(tmp_path, fake_bench, monkeypatch):
+def test_each_entry_a_call_records_names_that_calls_host(tmp_path, stand_in, monkeypatch):
     """Machines lent under one name differ in host speed (measure/host): every entry keeps the probe
     of the call that recorded it, taken once before its first step; a call that records nothing
     probes nothing."""
@@ -380,12 +385,12 @@ def test_each_entry_a_call_records_names_that_calls_host(tmp_path, fake_bench, m
     speed = {"python_ms": 50.0, "torch_op_us": 1.5, "cuda_launch_us": 4.2, "device": "cpu"}
     monkeypatch.setattr(rec, "host_speed", lambda python: probes.append(python) or dict(speed))
     man = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=lambda s: None, repo_root=tmp_path,
-                         python=fake_bench)
-    assert probes == [fake_bench]
+                         python=stand_in)
+    assert probes == [stand_in]
     assert [e["host"] for e in man["files"].values()] == [speed, speed]
     rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=lambda s: None, repo_root=tmp_path,
-                   python=fake_bench)
-    assert probes == [fake_bench]  # all recorded already: no step, no probe
+                   python=stand_in)
+    assert probes == [stand_in]  # all recorded already: no step, no probe
 
 
 def test_the_host_probe_runs_in_a_process_of_its_own_and_a_broken_one_stops_nothing(tmp_path):
@@ -397,12 +402,12 @@ def test_the_host_probe_runs_in_a_process_of_its_own_and_a_broken_one_stops_noth
     assert rec.host_speed(str(broken))["error"].startswith("IndexError"), rec.host_speed(str(broken))
 
 
-def test_a_role_recorded_by_another_command_is_stale_whatever_its_code(tmp_path, fake_bench):
+def test_a_role_recorded_by_another_command_is_stale_whatever_its_code(tmp_path, stand_in):
     """A step's arguments (repeats, workloads, presets) make its numbers as much as its code does: a
     change to them in STEPS records the role again, in a full and in a partial re-record."""
     steps = _steps(bad=False)
     man = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=lambda s: None, repo_root=tmp_path,
-                         python=fake_bench)
+                         python=stand_in)
     fewer = rec.Step("t-one", "encoder", "t-one", (*TINY[:-4], "--repeats", "2", *TINY[-4:], "--name", "t-one"), 120)
     assert fewer.command != steps[0].command
     for changed in (False, True):
@@ -410,14 +415,128 @@ def test_a_role_recorded_by_another_command_is_stale_whatever_its_code(tmp_path,
         assert rec.stale(man, fewer, changed, man["code_hash"]) == ["its command changed"]
 
 
-def test_roles_named_are_the_only_ones_recorded_again(tmp_path, fake_bench):
+# How a step is launched (measure/launch.py): both ways run it as `python -m lfm2vl_lab` would, its output
+# at fd level into its log, a crash, an exception or a kill recorded as such; the forkserver's steps
+# are each a process of its own, which a timeout kills with what it started.
+KIT = ("lfm2vl_lab.measure.bench",)  # the stand-in commands' code, for their manifest entries
+PREFIX = r"\[ *\d+\.\d s\] "
+
+
+def _record(tmp_path, python, *argv: str, limit: int = 60) -> tuple[dict, dict, list[str]]:
+    """One stand-in step, recorded: its manifest entry, its file (if it wrote one) and its log's lines."""
+    step = rec.Step(argv[0], "encoder", argv[0], argv, limit, measures=KIT)
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=(step,), say=lambda s: None, repo_root=tmp_path / "r",
+                         python=python)
+    entry = man["files"].get(step.role) or man["failed"][step.role]
+    ran = json.loads((tmp_path / "cpu" / entry["file"]).read_text()) if entry["file"] else {}
+    return entry, ran, (tmp_path / "cpu" / "logs" / f"{step.role}.log").read_text().splitlines()
+
+
+def test_a_step_runs_as_python_m_would_and_its_log_holds_its_fd_level_output(tmp_path, stand_in, launch_mode,
+                                                                             monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the launch makes a step's output unbuffered itself
+    entry, ran, log = _record(tmp_path, stand_in, "say")
+    assert entry["rc"] == 0 and entry["launch"] == {"fork": "forkserver", "exec": "exec"}[launch_mode]
+    assert ran["argv"][0].endswith(os.path.join("lfm2vl_lab", "__main__.py"))  # what cli.py's from_main reads
+    assert ran["argv"][1:] == ["say", "--out", str(tmp_path)] and ran["main"] == "lfm2vl_lab.__main__"
+    assert ran["unbuffered"] == "1" and ran["cwd"] == os.getcwd()
+    assert ran["python"] == stand_in  # run_record's python: each step's, or the forkserver's
+    # every line with its second, the one written to fd 2 below Python too, in the order they were written
+    assert all(re.match(PREFIX, line) for line in log), log
+    assert [re.sub(PREFIX, "", line) for line in log] == ["a line from print", "a line written to fd 2"]
+    if launch_mode == "fork":
+        assert ran["pgid"] == ran["pid"]  # a process group of its own: what a timeout kills
+    from lfm2vl_lab.cli import cli
+
+    assert "say" not in cli.SUBCOMMANDS  # the stand-ins stay in the steps: this process's commands are real
+
+
+@pytest.mark.parametrize("command, rc, said", [("segv", -11, "about to crash"), ("boom", 1, "RuntimeError: boom"),
+                                               ("exit3", 3, None)])
+def test_a_step_that_crashes_is_recorded_failed_with_its_exit_status(tmp_path, stand_in, launch_mode, command, rc,
+                                                                       said):
+    """A signal is an exit status below zero (never 0); an exception prints its traceback and exits 1."""
+    entry, _, log = _record(tmp_path, stand_in, command)
+    assert entry["rc"] == rc and entry["file"] is None, entry
+    if said:
+        assert re.sub(PREFIX, "", log[-1]) == said, log
+    if command == "boom":
+        assert any(line.endswith("Traceback (most recent call last):") for line in log), log
+
+
+def _gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether process ``pid`` ended (a zombie has), waiting up to ``wait_s``."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < wait_s:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_forked_step_past_its_limit_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
+    entry, _, log = _record(tmp_path, _stand_in(tmp_path, monkeypatch), "sleep", limit=1)
+    assert entry["rc"] == "timeout" and entry["launch"] == "forkserver"
+    assert 1.0 <= entry["seconds"] < 3.0, entry  # killed at its limit, not when its sleep ends
+    assert re.sub(PREFIX, "", log[-1]) == "sleeping", log
+    assert _gone(int((tmp_path / "cpu" / "sleeper.pid").read_text()))  # its process group went with it
+
+
+def test_the_forkserver_imports_the_preload_and_no_step_gets_cuda_from_it(tmp_path, monkeypatch):
+    """Each step finds the preload imported (none of it failed, which the forkserver would not say) and
+    CUDA untouched (on a CPU that is all there is to see: the next test breaks it on purpose)."""
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
+    preload = launch.PRELOAD
+    monkeypatch.setattr(launch, "PRELOAD", (*preload, "record_steps"))
+    _importable(monkeypatch, TESTS)
+    entry, ran, _ = _record(tmp_path, _interpreter(tmp_path / "python"), "say")
+    assert entry["rc"] == 0 and ran["torch_imported"] and not ran["cuda_initialized"]
+    assert ran["preloaded"] == sorted(preload)
+
+
+# What a preload that touched CUDA leaves in the forkserver, as torch shows it to a child forked from it
+TOUCHED = {"initialised": "torch.cuda._initialized = True  # torch's lazy init, where is_initialized() shows it",
+           "bad fork": "torch.cuda._is_in_bad_fork = lambda: True  # how torch marks a child of a CUDA process",
+           # the driver initialised (cuInit): a child finds no device though the record process has one
+           "driver": "torch.cuda.is_available = lambda: False"}
+
+
+@pytest.mark.parametrize("how", TOUCHED)
+def test_a_step_forked_from_a_forkserver_that_touched_cuda_fails_at_once_and_says_why(tmp_path, monkeypatch, how):
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
+    (tmp_path / "touch_cuda.py").write_text(f"import torch\n{TOUCHED[how]}\n")
+    _importable(monkeypatch, tmp_path)
+    _importable(monkeypatch, TESTS)
+    monkeypatch.setattr(launch, "PRELOAD", ("record_steps", "touch_cuda"))
+    if how == "driver":
+        monkeypatch.setattr(launch, "_has_cuda", lambda: True)  # as a record on a GPU machine
+    entry, _, log = _record(tmp_path, _interpreter(tmp_path / "python"), "say")
+    assert entry["rc"] == 1 and entry["file"] is None, entry
+    assert len(log) == 1 and "forkserver's preload (lfm2vl_lab.measure.launch.PRELOAD)" in log[0], log
+    assert ("the CUDA driver" in log[0]) == (how == "driver") and f"{launch.LAUNCH_ENV}=exec" in log[0]
+
+
+def test_the_launch_is_chosen_by_its_environment_variable(monkeypatch):
+    for asked, mode in (("fork", "forkserver"), ("exec", "exec"), ("", "forkserver")):
+        monkeypatch.setenv(launch.LAUNCH_ENV, asked)
+        assert launch.launch_mode() == mode
+    monkeypatch.setenv(launch.LAUNCH_ENV, "spawn")
+    with pytest.raises(ValueError, match=f"{launch.LAUNCH_ENV}=spawn: fork or exec"):
+        launch.launch_mode()
+
+
+def test_roles_named_are_the_only_ones_recorded_again(tmp_path, stand_in):
     """``roles`` (``record --role``): only the roles named run, here again though this code recorded
     them (``again``); the manifest keeps every other role's entry as it was."""
     said = []
     first = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path,
-                           python=fake_bench)
+                           python=stand_in)
     again = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path,
-                           python=fake_bench, again=True, roles=("t-two",))
+                           python=stand_in, again=True, roles=("t-two",))
     assert again["files"]["t-one"] == first["files"]["t-one"]
     assert again["files"]["t-two"]["file"] != first["files"]["t-two"]["file"] and again["complete"]
     proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--dry-run", "--role", "autotune", "--role",

@@ -6,6 +6,11 @@ time limit (so a hang or a crashed CUDA context costs one step, not the run), an
 manifest ``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.report.reference`): a run cut
 short keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
 
+A step is forked from a forkserver that imported torch, transformers and the kit's commands once for
+the call (:mod:`.launch`): torch's imports are paid once a call, not once a step, and each step is still
+a process of its own with its own CUDA context. ``LFM2VL_RECORD_LAUNCH=exec`` starts each step with
+``python -m`` instead; each manifest entry says how its step was launched (``launch``).
+
 Each entry of the manifest says how many seconds its step took. Where a machine is lent for less
 time than the whole run takes, the run is resumable: ``--deadline`` leaves the steps that no longer fit for
 the next call, and a call records only the roles that this tree has not recorded yet (under ``--out``
@@ -33,15 +38,14 @@ resumable, and its entry keeps each call's whole-tree code hash); its file joins
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .launch import Launcher
 from .results import REPO_ROOT, RESULTS_ROOT, code_hash, gpu_slug
 from .role_code import changed_files, command_modules, role_code
 
@@ -196,45 +200,23 @@ def _partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | Non
     return next((f / entry["file"] for f in folders if (f / entry["file"]).is_file()), None)
 
 
-def _run_step(step: Step, folder: Path, out, python: str, left: float | None = None,
+def _run_step(step: Step, folder: Path, out, launch: Launcher, left: float | None = None,
               resume: Path | None = None) -> tuple[dict, list[Path]]:
-    """Run one step in a process of its own, its output into ``logs/<role>.log``; returns the
-    manifest entry and the result files it wrote. A resumable step gets ``--deadline`` (the time
-    left, less a margin) and ``--resume`` with its partial file; it then rewrites that file's name."""
+    """Run one step in a process of its own (:mod:`.launch`), its output into ``logs/<role>.log``;
+    returns the manifest entry and the result files it wrote. A resumable step gets ``--deadline`` (the
+    time left, less a margin) and ``--resume`` with its partial file; it then rewrites that file's name."""
     argv, limit = list(step.argv), step.limit_s
     if step.resumable:
         limit = int(min(limit, left)) if left is not None else limit
         argv += ["--deadline", str(max(limit - 20, 1))] + (["--resume", str(resume)] if resume else [])
     before = {p: p.stat().st_mtime for p in folder.glob(f"{step.name}-*.json")}
+    launch.start()
     t0 = time.perf_counter()
     with (folder / "logs" / f"{step.role}.log").open("a" if resume else "w") as fh:
-        rc = _logged([python, "-m", "lfm2vl_lab", *argv, "--out", str(out)], fh, limit)
+        rc = launch.run([*argv, "--out", str(out)], fh, limit)
     new = sorted(p for p in folder.glob(f"{step.name}-*.json") if before.get(p) != p.stat().st_mtime)
     return ({"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
-             "seconds": round(time.perf_counter() - t0, 1), "date": _now()}, new)
-
-
-def _logged(cmd: list[str], fh, limit: float) -> int | str:
-    """Run ``cmd``, each line of its output written to ``fh`` after the seconds since its start
-    (``[  12.3 s] …``: where a step's time goes, read off its log); its exit status, or "timeout"."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-    def copy():
-        for line in proc.stdout:
-            fh.write(f"[{time.perf_counter() - t0:7.1f} s] {line}")
-            fh.flush()
-
-    reader = threading.Thread(target=copy, daemon=True)
-    reader.start()
-    try:
-        rc = proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = "timeout"
-    reader.join(timeout=5)
-    return rc
+             "seconds": round(time.perf_counter() - t0, 1), "date": _now(), "launch": launch.mode}, new)
 
 
 def _complete(path: Path) -> bool:
@@ -298,6 +280,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
 
     * ``gpu``: the device name the files are filed under (default: CUDA device 0's).
+    * ``python``: the interpreter that runs the steps (:mod:`.launch`: the forkserver's, or each step's).
     * Which roles run (:func:`stale`): those missing, and those recorded by other code than this
       tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``.
       A role recorded by this code is not run again, so calling ``record`` once more finishes a run
@@ -329,19 +312,21 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     host = host_speed(python) if todo else None  # once a call: the roles it records share one machine
     if host:
         say(f"== host: {json.dumps(host)}")
-    for k, step in enumerate(todo, 1):
-        left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
-        if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
-            say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, {left:.0f} s left)")
-            continue
-        resume = _partial_file(step, man, (folder, repo_folder), hash_, say)
-        say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
-            f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
-        entry, new = _run_step(step, folder, out, python, left, resume)
-        _file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None, host=host)
-        man.update(format=FORMAT, code_hash=hash_, finished=_now())
-        man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
-        (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
+    with Launcher(python, say) as launch:
+        for k, step in enumerate(todo, 1):
+            left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
+            if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
+                say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, "
+                    f"{left:.0f} s left)")
+                continue
+            resume = _partial_file(step, man, (folder, repo_folder), hash_, say)
+            say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
+                f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
+            entry, new = _run_step(step, folder, out, launch, left, resume)
+            _file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None, host=host)
+            man.update(format=FORMAT, code_hash=hash_, finished=_now())
+            man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
+            (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
     if derive is not None:
         derive(man, before, out, repo_root, say)
     missing = [s.role for s in steps if s.role not in man["files"]]
