@@ -86,6 +86,9 @@ def say(args) -> int:
         "argv": sys.argv, "main": sys.modules["__main__"].__spec__.name, "pid": os.getpid(), "pgid": os.getpgid(0),
         "unbuffered": os.environ.get("PYTHONUNBUFFERED"), "cwd": os.getcwd(),
         "python": os.environ.get("STAND_IN_PYTHON"),
+        "caches": {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")},
+        "caches_hold": [str(f) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+                        for f in Path(os.environ.get(k) or "/nonexistent").parent.rglob("*")],
         "torch_imported": torch is not None,  # before this command: the forkserver's preload
         "cuda_initialized": torch is not None and torch.cuda.is_initialized(),
         "preloaded": sorted(m for m in sys.modules if m in _preload())}))

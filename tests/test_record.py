@@ -446,6 +446,12 @@ def test_a_step_runs_as_python_m_would_and_its_log_holds_its_fd_level_output(tmp
     assert [re.sub(PREFIX, "", line) for line in log] == ["a line from print", "a line written to fd 2"]
     if launch_mode == "fork":
         assert ran["pgid"] == ran["pid"]  # a process group of its own: what a timeout kills
+        assert entry["forkserver_s"] > 0  # the call's first step: its seconds hold the forkserver's imports
+    # torch.compile's and Triton's caches: a folder of the step's own, empty when it starts, gone after it
+    caches = [Path(ran["caches"][k]) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")]
+    assert caches[0].parent == caches[1].parent and caches[0] != caches[1] and ran["caches_hold"] == []
+    assert not caches[0].parent.exists() and entry["compile_cache"] == "empty"
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(caches[0])  # the record process's own untouched
     from lfm2vl_lab.cli import cli
 
     assert "say" not in cli.SUBCOMMANDS  # the stand-ins stay in the steps: this process's commands are real

@@ -59,16 +59,18 @@ class Launcher:
         self.python, self.say, self.mode = python, say, mode or launch_mode()
         self._ctx = self._exe = None
 
-    def run(self, argv: list[str], fh, limit: float) -> int | str:
-        """Run ``python -m lfm2vl_lab <argv>``, its output into ``fh``; its exit status, or "timeout"."""
+    def run(self, argv: list[str], fh, limit: float, env: dict[str, str] | None = None) -> int | str:
+        """Run ``python -m lfm2vl_lab <argv>`` with ``env`` added to its environment, its output into
+        ``fh``; its exit status, or "timeout"."""
         if self.mode == "exec":
-            return _logged([self.python, "-m", "lfm2vl_lab", *argv], fh, limit)
+            return _logged([self.python, "-m", "lfm2vl_lab", *argv], fh, limit, env or {})
         self.start()
-        return _forked(self._ctx, argv, fh, limit, self._cuda)
+        return _forked(self._ctx, argv, fh, limit, self._cuda, env or {})
 
     def start(self) -> None:
         """Start the forkserver and wait for its imports, unless it runs (or steps are exec'd): called
-        before a step's clock starts, so that its seconds are its own."""
+        before the step's command starts, so that its log's seconds count from the command (the record
+        counts the imports in the step's seconds all the same: they are what the call spent on it)."""
         if self.mode == "exec" or self._ctx is not None:
             return
         _stop_forkserver()  # one started earlier in this process has another preload, or older code
@@ -79,7 +81,7 @@ class Launcher:
         self._cuda = _has_cuda()
         t0 = time.perf_counter()
         ready = ctx.Process(target=_ready, args=(PRELOAD,), name="record-forkserver-ready")
-        try:  # the imports, paid here rather than in the first step's seconds
+        try:  # the imports, once for the call
             ready.start()
             ready.join()
             missing = ready.exitcode
@@ -144,11 +146,11 @@ def _copy_lines(stream, fh, t0: float) -> threading.Thread:
     return reader
 
 
-def _logged(cmd: list[str], fh, limit: float) -> int | str:
+def _logged(cmd: list[str], fh, limit: float, env: dict[str, str]) -> int | str:
     """Run ``cmd`` (the ``exec`` launch), its output into ``fh``; its exit status, or "timeout"."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
     reader = _copy_lines(proc.stdout, fh, t0)
     try:
         rc = proc.wait(timeout=limit)
@@ -159,13 +161,13 @@ def _logged(cmd: list[str], fh, limit: float) -> int | str:
     return rc
 
 
-def _forked(ctx, argv: list[str], fh, limit: float, cuda: bool) -> int | str:
+def _forked(ctx, argv: list[str], fh, limit: float, cuda: bool, env: dict[str, str]) -> int | str:
     """Run one step as a child of the forkserver (the ``forkserver`` launch): its fd 1 and 2 are the
     write end of a pipe whose lines go to ``fh``. At the limit the step's whole process group is killed,
     and so is anything a finished step left running in it."""
     r, w = os.pipe()
     t0 = time.perf_counter()
-    proc = ctx.Process(target=_step, args=(argv, _ChildFd(w), cuda), name="record-step")
+    proc = ctx.Process(target=_step, args=(argv, _ChildFd(w), cuda, env), name="record-step")
     try:
         proc.start()
     except BaseException:
@@ -211,7 +213,7 @@ def _ready(preload: tuple[str, ...]) -> None:
     sys.exit(sum(name not in sys.modules for name in preload))
 
 
-def _step(argv: list[str], out: int, cuda: bool) -> None:
+def _step(argv: list[str], out: int, cuda: bool, env: dict[str, str]) -> None:
     """The child: ``python -m lfm2vl_lab <argv>`` in this process, as the interpreter would run it."""
     # a process group of its own, so that a kill at the limit reaches what the command started too; in
     # the record's session still, so that what ends the session (a lent machine's call) ends the step
@@ -221,7 +223,8 @@ def _step(argv: list[str], out: int, cuda: bool) -> None:
     os.close(out)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)
-    os.environ["PYTHONUNBUFFERED"] = "1"  # as exec sets it, for the processes the command starts
+    # the forkserver's environment is the one it started with: the step's own goes in here
+    os.environ.update(env, PYTHONUNBUFFERED="1")  # unbuffered as exec sets it, for what the command starts
     problem = _cuda_problem(cuda)
     if problem:
         raise SystemExit(problem)  # one line on stderr, exit 1

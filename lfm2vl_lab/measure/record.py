@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -210,13 +211,32 @@ def _run_step(step: Step, folder: Path, out, launch: Launcher, left: float | Non
         limit = int(min(limit, left)) if left is not None else limit
         argv += ["--deadline", str(max(limit - 20, 1))] + (["--resume", str(resume)] if resume else [])
     before = {p: p.stat().st_mtime for p in folder.glob(f"{step.name}-*.json")}
-    launch.start()
+    # The first step of a call pays the forkserver's imports: a step's seconds are what the call spent
+    # on it, so the steps of a record sum to its cost. Each step compiles into caches of its own, empty
+    # (:func:`cold_compile_caches`): a first compile is a cold one, whatever ran before it on the machine.
     t0 = time.perf_counter()
-    with (folder / "logs" / f"{step.role}.log").open("a" if resume else "w") as fh:
-        rc = launch.run([*argv, "--out", str(out)], fh, limit)
+    launch.start()
+    started = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix=f"lfm2vl-{step.role}-") as caches, \
+            (folder / "logs" / f"{step.role}.log").open("a" if resume else "w") as fh:
+        rc = launch.run([*argv, "--out", str(out)], fh, limit, cold_compile_caches(caches))
     new = sorted(p for p in folder.glob(f"{step.name}-*.json") if before.get(p) != p.stat().st_mtime)
-    return ({"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
-             "seconds": round(time.perf_counter() - t0, 1), "date": _now(), "launch": launch.mode}, new)
+    entry = {"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
+             "seconds": round(time.perf_counter() - t0, 1), "date": _now(), "launch": launch.mode,
+             "compile_cache": "empty"}
+    if started >= 0.05:  # this step started the forkserver: its seconds hold the imports, said here
+        entry["forkserver_s"] = round(started, 1)
+    return entry, new
+
+
+def cold_compile_caches(folder) -> dict[str, str]:
+    """The environment that points torch.compile's caches (inductor's FX graphs, AOTAutograd's and
+    autotuning results, under ``TORCHINDUCTOR_CACHE_DIR``) and Triton's compiled kernels
+    (``TRITON_CACHE_DIR``) into ``folder``, empty. Left at their defaults, both persist on the machine
+    between processes, so a step's "first compile" would be a cache hit wherever an earlier step (or an
+    earlier call on a warm machine) compiled the same graph, and its seconds would depend on the order
+    the steps ran in."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(Path(folder) / "inductor"), "TRITON_CACHE_DIR": str(Path(folder) / "triton")}
 
 
 def _complete(path: Path) -> bool:
@@ -279,16 +299,14 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
     the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
 
-    * ``gpu``: the device name the files are filed under (default: CUDA device 0's).
-    * ``python``: the interpreter that runs the steps (:mod:`.launch`: the forkserver's, or each step's).
+    * ``gpu``: the device name the files are filed under (default: CUDA device 0's); ``python``: the
+      interpreter that runs the steps (:mod:`.launch`: the forkserver's, or each step's).
     * Which roles run (:func:`stale`): those missing, and those recorded by other code than this
-      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``.
-      A role recorded by this code is not run again, so calling ``record`` once more finishes a run
-      that was cut short. Each role that runs replaces its entry; the others keep theirs.
-    * ``roles``: only these roles (of ``parts``) are considered; the manifest keeps the others as they are.
+      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``;
+      ``roles``: of those, only the roles named. A role recorded by this code is not run again, so
+      calling ``record`` again finishes a run cut short. A role that runs replaces its entry alone.
     * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
-      next call (never started, so never cut off). A resumable step starts in whatever time is left
-      and stops at it (see the module).
+      next call (never started, so never cut off; a resumable one stops at it: see the module).
     * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
       file it left moves to ``<out>/<gpu>/incomplete/``, and the run goes on with the next step. The
       manifest is ``complete`` once every role of ``steps`` is recorded and none failed.
