@@ -331,6 +331,25 @@ def test_the_record_goal_sums_the_kit_s_own_steps_and_can_be_missed(tmp_path):
     assert "| `ttft` | 600 | 40.0 | 4.0 | 556 |" in why and "| `check` | 100 | – | – | 100 |" in why
 
 
+def test_the_record_explanation_says_how_each_step_started_and_compiled(tmp_path):
+    """From the manifest: the steps forked from a forkserver (its imports counted where a call started
+    it), those that compiled into empty caches, and the share of the limit the first compiles take."""
+    make_set(tmp_path, {"check": {}, "ttft": {"setup": {"compile_s": 150.0}}, "e2e": {}})
+    man_path = tmp_path / "nvidia-h200" / "reference.json"
+    man = json.loads(man_path.read_text())
+    man["files"]["check"].update(launch="forkserver", forkserver_s=7.5, compile_cache="empty")
+    man["files"]["ttft"].update(launch="forkserver", compile_cache="empty")
+    man_path.write_text(json.dumps(man))
+    why = tables_record.explain_record(Refs(root=tmp_path))
+    assert ("2 of the 3 steps were forked from a forkserver that imports torch, transformers and the kit once per "
+            "call (8 s of imports in all, counted in each call's first step), the others each started as a process "
+            "of its own; 2 compiled into empty caches of their own") in why
+    assert "The recorded first compiles alone take 150 s, 25% of the 600 s aimed for." in why
+    older = make_set(tmp_path / "older", {"check": {}})  # entries from before either: said as they ran
+    assert ("Each of the 1 steps started as a process of its own, imports and all; all compiled on the machine's "
+            "shared caches") in tables_record.explain_record(older)
+
+
 def test_fewer_repeats_are_allowed_only_where_no_median_moves_past_the_limit(tmp_path):
     """One repeat fewer is the samples without the last round: a row whose median then moves by more than
     2% forbids the cut for its step; steps that keep no samples are not judged."""

@@ -144,9 +144,28 @@ def explain_record(refs: Refs) -> str:
         "and the timed calls, which the files do not split (`scripts/step_profile.py` splits one step's seconds "
         "under cProfile).",
         table(["step", "seconds", "compiles recorded (s)", "captures recorded (s)", "the rest (s)"], rows),
+        _launch_text(refs, comp),
         repeat_spread_text(refs),
         "A change touches fewer roles: `record --changed` re-runs only those (docs/gpu.md gives each group's "
         "seconds)."])
+
+
+def _launch_text(refs: Refs, compiles: float) -> str:
+    """How the steps were started and compiled (the manifest's ``launch``, ``forkserver_s`` and
+    ``compile_cache``), and what the recorded first compiles leave of the limit."""
+    entries = [refs.manifest["files"][r] for _, r in _record_seconds(refs)]
+    forked = [e for e in entries if e.get("launch") == "forkserver"]
+    cold = sum(e.get("compile_cache") == "empty" for e in entries)
+    imports = sum(e.get("forkserver_s") or 0 for e in forked)
+    started = (f"{len(forked)} of the {len(entries)} steps were forked from a forkserver that imports torch, "
+               f"transformers and the kit once per call ({imports:.0f} s of imports in all, counted in each call's "
+               "first step), the others each started as a process of its own" if forked else
+               f"Each of the {len(entries)} steps started as a process of its own, imports and all")
+    caches = (f"{cold} compiled into empty caches of their own, so their first compiles are cold, the others "
+              "on the machine's shared caches" if cold else "all compiled on the machine's shared caches, so a "
+              "first compile may have found what an earlier step compiled")
+    return (f"{started}; {caches}. The recorded first compiles alone take {compiles:.0f} s, "
+            f"{compiles / RECORD_LIMIT_S:.0%} of the {RECORD_LIMIT_S} s aimed for.")
 
 
 # The roles whose rows keep every timed sample, in round order, and the key of the samples; a median that
@@ -164,7 +183,7 @@ def repeat_spread(refs: Refs) -> list[dict]:
     for role, key in SAMPLED.items():
         if role not in refs.manifest["files"]:
             continue
-        samples = [r[key] for r in refs(role)["rows"] if len(r.get(key) or []) >= 3]
+        samples = [r[key] for r in refs(role).get("rows") or [] if len(r.get(key) or []) >= 3]
         if not samples:
             continue
         moves = [abs(statistics.median(s[:-1]) / statistics.median(s) - 1) for s in samples]
