@@ -533,18 +533,3 @@ def test_the_launch_is_chosen_by_its_environment_variable(monkeypatch):
     monkeypatch.setenv(launch.LAUNCH_ENV, "spawn")
     with pytest.raises(ValueError, match=f"{launch.LAUNCH_ENV}=spawn: fork or exec"):
         launch.launch_mode()
-
-
-def test_roles_named_are_the_only_ones_recorded_again(tmp_path, stand_in):
-    """``roles`` (``record --role``): only the roles named run, here again though this code recorded
-    them (``again``); the manifest keeps every other role's entry as it was."""
-    said = []
-    first = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path,
-                           python=stand_in)
-    again = rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=said.append, repo_root=tmp_path,
-                           python=stand_in, again=True, roles=("t-two",))
-    assert again["files"]["t-one"] == first["files"]["t-one"]
-    assert again["files"]["t-two"]["file"] != first["files"]["t-two"]["file"] and again["complete"]
-    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--dry-run", "--role", "autotune", "--role",
-                           "vllm"], capture_output=True, text=True, cwd=REPO_ROOT)
-    assert [line.split()[1] for line in proc.stdout.splitlines()] == ["autotune", "vllm"]  # a named role, any part

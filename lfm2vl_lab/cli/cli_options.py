@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from types import SimpleNamespace
 
-from ..measure.record import DEFAULT_PARTS, PARTS, STEPS
+from ..measure.record import DEFAULT_PARTS, PARTS
 from ..measure.results import FIGURES_ROOT, RESULTS_ROOT
 from .args import (
     budgets_arg,
@@ -227,8 +227,6 @@ def add_record_args(p) -> None:
                         "docs' tables: `report` does that for another root once its files are in the repo)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for this call: steps whose limit no longer fits are left for the next call")
-    p.add_argument("--role", action="append", choices=[s.role for s in STEPS], default=None,
-                   help="only this role (repeatable; the manifest keeps the others as they are)")
     p.add_argument("--again", action="store_true", help="run steps the manifest of this code already holds too")
     p.add_argument("--changed", action="store_true",
                    help="a partial re-record: only the roles missing or whose own files changed since they were "

@@ -28,7 +28,7 @@ def dry_run(args, parts) -> None:
     for e in man["files"].values():
         e.setdefault("code_hash", man.get("code_hash"))
     for s in STEPS:
-        if s.part in parts and (not args.role or s.role in args.role):
+        if s.part in parts:
             why = ["--again"] if args.again else stale(man, s, args.changed, hash_)
             print(f"{s.part:>8} {s.role:<16} {s.limit_s:>4} s  {'runs: ' + why_text(why) if why else 'kept'}  "
                   f"{s.command}")
@@ -37,8 +37,6 @@ def dry_run(args, parts) -> None:
 def run_record_cli(args) -> int:
     """Record the reference set on this GPU: every file the notebooks, figures and tables read."""
     parts = tuple(args.part or DEFAULT_PARTS)
-    if args.role:  # a role named is recorded whatever its part
-        parts = tuple(dict.fromkeys([*parts, *(s.part for s in STEPS if s.role in args.role)]))
     if args.take:
         if not list(Path(args.take).glob("*/reference.json")):
             raise UsageError(f"--take {args.take}: no <gpu>/reference.json under it (give the --out of a record)")
@@ -55,5 +53,5 @@ def run_record_cli(args) -> int:
         raise UsageError("record needs a CUDA GPU and none is available: the reference set is a GPU run "
                          "(`--dry-run` lists its steps)")
     man = run_record(parts, args.out, deadline_s=args.deadline, again=args.again, changed=args.changed,
-                     derive=derive_set, roles=tuple(args.role or ()))
+                     derive=derive_set)
     return 0 if not man["failed"] else 1

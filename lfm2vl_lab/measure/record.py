@@ -295,16 +295,16 @@ def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path
 
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
                say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False,
-               changed: bool = False, derive=None, roles: tuple[str, ...] = ()) -> dict:
+               changed: bool = False, derive=None) -> dict:
     """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
     the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
 
     * ``gpu``: the device name the files are filed under (default: CUDA device 0's); ``python``: the
       interpreter that runs the steps (:mod:`.launch`: the forkserver's, or each step's).
     * Which roles run (:func:`stale`): those missing, and those recorded by other code than this
-      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``;
-      ``roles``: of those, only the roles named. A role recorded by this code is not run again, so
-      calling ``record`` again finishes a run cut short. A role that runs replaces its entry alone.
+      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``.
+      A role recorded by this code is not run again, so calling ``record`` again finishes a run cut
+      short. A role that runs replaces its entry alone.
     * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
       next call (never started, so never cut off; a resumable one stops at it: see the module).
     * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
@@ -324,8 +324,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     man = _base_manifest(folder, repo_folder, gpu, hash_)
     man.setdefault("failed", {})
     before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
-    why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps
-           if s.part in parts and (not roles or s.role in roles)}
+    why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
     todo = [s for s in steps if why.get(s.role)]
     host = host_speed(python) if todo else None  # once a call: the roles it records share one machine
     if host:
