@@ -50,10 +50,13 @@
 # the last part with `vllm`. A call that finds the machine cold finds /tmp empty: "missing parts: ...".
 #
 # The Jupyter wheels (the H200 image has no Jupyter), made once here; then delete the packaging,
-# typing_extensions, pytest, pluggy and iniconfig wheels, which the image already has:
+# typing_extensions, pytest, pluggy and iniconfig wheels, which the image already has, and the debugpy,
+# jedi and widgetsnbextension ones (12 MB), which executing a notebook never imports (a kernel without
+# them ran a widget cell here): a call carries the tree and these together within 64 MiB:
 #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl \
 #     nbval nbclient nbformat ipykernel ipywidgets
+#   rm .whl/{packaging,typing_extensions,pytest,pluggy,iniconfig,debugpy,jedi,widgetsnbextension}-*.whl
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # Every run measures the kit as a user who built its C++ pointer check (core/ptrcheck.py): unset, a
