@@ -157,3 +157,80 @@ def test_a_tree_without_history_reads_the_recorded_versions_from_the_carried_blo
     assert carry.main(["--root", str(copy), "--check"]) == 0
     (copy / rc.BLOBS / entry["measures"]["lfm2vl_lab/measure/m.py"]).write_text("not the blob")
     assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), copy) == ["lfm2vl_lab/measure/m.py"]
+
+
+# The dispatchers hold every command's options: each role compares only what its own command reaches.
+CLI, OPTIONS = "lfm2vl_lab/cli/cli.py", "lfm2vl_lab/cli/cli_options.py"
+ROLE_COMMANDS = sorted({rc.entry_command({"command": s.command}) for s in STEPS})
+
+
+def _part(path: str, text: str, command: str) -> str:
+    return rc.command_part(text.encode(), path, command)
+
+
+def test_each_command_s_options_are_its_own_add_args():
+    """command_part finds a command's options in cli_options.py by the name add_<command>_args."""
+    from lfm2vl_lab.cli.cli import SUBCOMMANDS
+
+    assert set(ROLE_COMMANDS) <= set(SUBCOMMANDS)
+    for command, (add_args, _run) in SUBCOMMANDS.items():
+        assert add_args.__name__ == rc.DISPATCHERS[OPTIONS](command)[0], command
+        assert add_args.__module__ == "lfm2vl_lab.cli.cli_options", command
+
+
+def test_a_new_option_of_one_command_moves_no_other_command_s_part():
+    options = (rc.REPO_ROOT / OPTIONS).read_text()
+    record_opt = options.replace('    p.add_argument("--dry-run", action="store_true",',
+                                 '    p.add_argument("--role", action="append", default=None)\n'
+                                 '    p.add_argument("--dry-run", action="store_true",')
+    bench_default = options.replace('add("--repeats", type=positive_int, default=None',
+                                    'add("--repeats", type=positive_int, default=3')
+    assert record_opt != options and bench_default != options
+    for command in ROLE_COMMANDS:
+        assert _part(OPTIONS, record_opt, command) == _part(OPTIONS, options, command), command
+        assert (_part(OPTIONS, bench_default, command) != _part(OPTIONS, options, command)) == (command == "bench")
+    assert _part(OPTIONS, record_opt, "record") != _part(OPTIONS, options, "record")
+    # a docstring or a comment moves nothing, as for any other module
+    documented = options.replace('"""Options of', '"""All options of')
+    assert documented != options and _part(OPTIONS, documented, "bench") == _part(OPTIONS, options, "bench")
+
+
+def test_a_new_command_in_the_dispatcher_moves_no_recorded_command_but_its_shared_path_moves_all():
+    cli = (rc.REPO_ROOT / CLI).read_text()
+    added = cli.replace("SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {\n",
+                        "def run_new_cli(args) -> int:\n    return 0\n\n\n"
+                        "SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {\n"
+                        '    "new": (add_new_args, run_new_cli),\n')
+    added = added.replace("    add_bench_args,\n", "    add_bench_args,\n    add_new_args,\n")
+    bench_run = cli.replace("def run_bench_cli(args) -> int:\n",
+                            "def run_bench_cli(args) -> int:\n    args.repeats += 1\n")
+    shared = cli.replace("    args = build_parser().parse_args(argv)\n",
+                         "    args = build_parser().parse_args(argv)\n    args.seed = 1\n")
+    assert len({cli, added, bench_run, shared}) == 4
+    for command in ROLE_COMMANDS:
+        assert _part(CLI, added, command) == _part(CLI, cli, command), command
+        assert (_part(CLI, bench_run, command) != _part(CLI, cli, command)) == (command == "bench"), command
+        assert _part(CLI, shared, command) != _part(CLI, cli, command), command
+    assert _part(CLI, "def (", "bench") is None  # a file that does not parse has no part: it counts as changed
+
+
+def test_a_role_is_stale_only_where_its_own_command_s_options_changed(tmp_path):
+    root = _tree(tmp_path / "repo", {
+        **{f: "" for f in rc.ALWAYS}, "lfm2vl_lab/measure/m.py": MODULE, "data/presets/p.json": "{}",
+        OPTIONS: 'def add_bench_args(p):\n    p.add_argument("--repeats", default=30)\n\n\n'
+                 'def add_record_args(p):\n    p.add_argument("--part")\n',
+        CLI: 'from .cli_options import add_bench_args, add_record_args\n\n'
+             'SUBCOMMANDS = {"bench": (add_bench_args, None), "record": (add_record_args, None)}\n\n\n'
+             'def main():\n    return SUBCOMMANDS\n'})
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "recorded")
+    entry = {"command": "python -m lfm2vl_lab bench --repeats 30", **rc.role_code(("lfm2vl_lab.measure.m",), root)}
+    opts = root / OPTIONS
+    opts.write_text(opts.read_text() + '    p.add_argument("--role")\n')  # record's own option
+    assert rc.role_code(("lfm2vl_lab.measure.m",), root)["role_hash"] != entry["role_hash"]
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == []
+    no_command = {k: v for k, v in entry.items() if k != "command"}  # whole files, as before roles had commands
+    assert rc.changed_files(no_command, ("lfm2vl_lab.measure.m",), root) == [OPTIONS]
+    opts.write_text(opts.read_text().replace("default=30", "default=3"))
+    assert rc.changed_files(entry, ("lfm2vl_lab.measure.m",), root) == [OPTIONS]

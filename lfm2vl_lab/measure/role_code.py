@@ -18,10 +18,13 @@ presets. Three rules keep the closure to what makes numbers:
 
 A file whose bytes changed still makes the same numbers when only its comments, blank lines or
 docstrings changed: :func:`code_id` (its syntax tree without docstrings) is then the same, and
-:func:`changed_files` does not count it. That needs the recorded version's bytes, which the entry names
-by blob id: git has them in a clone; a device call, which gets the working tree without its history,
-reads them from :data:`BLOBS` (``scripts/carry_blobs.py`` writes that folder, carried with the call).
-Where neither has them, the file counts as changed.
+:func:`changed_files` does not count it. The two dispatchers that hold every command's options
+(:data:`DISPATCHERS`) are compared per command: a role counts one as changed only where what its own
+command reaches in it changed (:func:`command_part`), so a new option of ``record`` moves no role.
+Both comparisons need the recorded version's bytes, which the entry names by blob id: git has them in
+a clone; a device call, which gets the working tree without its history, reads them from
+:data:`BLOBS` (``scripts/carry_blobs.py`` writes that folder, carried with the call). Where neither
+has them, the file counts as changed.
 
 The role's *hash* is the kit's code hash (:func:`~lfm2vl_lab.measure.results.hash_code_entries`: path and
 git blob id of each file) over just those files. ``record`` stores it with the file list in each
@@ -54,6 +57,14 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 # Run by every command, hashed as files: the entry point and the dispatcher with every command's options.
 ALWAYS = ("lfm2vl_lab/__init__.py", "lfm2vl_lab/__main__.py", "lfm2vl_lab/cli/__init__.py",
           "lfm2vl_lab/measure/__init__.py", "lfm2vl_lab/cli/cli.py", "lfm2vl_lab/cli/cli_options.py")
+# The dispatchers among them, compared per command (:func:`command_part`): the root names of a command
+# in each. cli.py runs main → build_parser, which calls every command's add_args, then the command's own
+# SUBCOMMANDS entry; cli_options.py holds each command's add_<command>_args (tests/test_role_code.py
+# checks the names against cli.SUBCOMMANDS).
+DISPATCHERS: dict[str, object] = {
+    "lfm2vl_lab/cli/cli.py": lambda command: ("main", "build_parser", "_help", ("SUBCOMMANDS", command)),
+    "lfm2vl_lab/cli/cli_options.py": lambda command: (f"add_{command.replace('-', '_')}_args",),
+}
 PRESETS = "data/presets"
 # The C++ sources a module compiles and runs (no import statement names them): a role whose closure holds
 # the module measures them too. Every *.cpp of the package is named here (tests/test_role_code.py).
@@ -157,14 +168,77 @@ def code_id(data: bytes, path: str) -> str:
             tree = ast.parse(data)
         except SyntaxError:
             return blob_sha1(data)
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)):
-                node.body = body[1:] or [ast.Pass()]
-        return "ast:" + hashlib.sha1(ast.dump(tree).encode()).hexdigest()
+        return "ast:" + hashlib.sha1(ast.dump(_strip_docstrings(tree)).encode()).hexdigest()
     return blob_sha1(data)
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def _bindings(tree: ast.Module) -> tuple[dict[str, list[ast.AST]], list[ast.AST]]:
+    """A module's top-level names, each with the statements that bind it (an import binds each of its
+    names apart: an ``ast.alias`` of its own), and the top-level statements that bind none."""
+    names: dict[str, list[ast.AST]] = {}
+    rest: list[ast.AST] = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                one = ast.ImportFrom(node.module, [a], node.level) if isinstance(node, ast.ImportFrom) else \
+                    ast.Import([a])
+                names.setdefault(a.asname or a.name.split(".")[0], []).append(one)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.setdefault(node.name, []).append(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        names.setdefault(n.id, []).append(node)
+        else:
+            rest.append(node)
+    return names, rest
+
+
+def _entry(node: ast.AST, key: str) -> ast.AST:
+    """Of a dict assigned at module level (``SUBCOMMANDS = {...}``), the item ``key`` alone."""
+    value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+    if not isinstance(value, ast.Dict):
+        return node
+    items = [(k, v) for k, v in zip(value.keys, value.values) if isinstance(k, ast.Constant) and k.value == key]
+    return ast.Dict([k for k, _ in items], [v for _, v in items])
+
+
+def command_part(data: bytes, path: str, command: str) -> str | None:
+    """What of dispatcher ``path`` (:data:`DISPATCHERS`) can move the numbers of ``command``: the
+    top-level statements its roots reach by name, each dict root reduced to the command's own item,
+    and every statement that binds no name; docstrings left out, as in :func:`code_id`. None where the
+    file does not parse."""
+    try:
+        tree = _strip_docstrings(ast.parse(data))
+    except SyntaxError:
+        return None
+    names, rest = _bindings(tree)
+    todo, seen, parts = list(DISPATCHERS[path](command)), set(), []
+    keyed = dict(r for r in todo if isinstance(r, tuple))  # a dict root is its command's item wherever named
+    while todo:
+        root = todo.pop()
+        name, key = root if isinstance(root, tuple) else (root, keyed.get(root))
+        if (name, key) in seen:
+            continue
+        seen.add((name, key))
+        for node in names.get(name, []):
+            node = _entry(node, key) if key is not None else node
+            parts.append(f"{name}[{key}]: {ast.dump(node)}")
+            todo += sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - {name})
+    parts += [ast.dump(node) for node in rest]
+    return "part:" + hashlib.sha1("\n".join(sorted(parts)).encode()).hexdigest()
 
 
 def recorded_bytes(blob: str, root: Path = REPO_ROOT) -> bytes | None:
@@ -180,11 +254,24 @@ def recorded_bytes(blob: str, root: Path = REPO_ROOT) -> bytes | None:
     return kept.read_bytes() if kept.is_file() and blob_sha1(kept.read_bytes()) == blob else None
 
 
-def same_code(path: str, blob: str, root: Path = REPO_ROOT) -> bool:
+def same_code(path: str, blob: str, root: Path = REPO_ROOT, command: str | None = None) -> bool:
     """Whether ``path`` under ``root`` makes the numbers its recorded version (``blob``) made: the
-    same :func:`code_id`. False where that version's bytes cannot be read."""
+    same :func:`code_id`, or for a dispatcher and a role's ``command``, the same :func:`command_part`.
+    False where that version's bytes cannot be read."""
     then, now = recorded_bytes(blob, root), Path(root) / path
-    return then is not None and now.is_file() and code_id(then, path) == code_id(now.read_bytes(), path)
+    if then is None or not now.is_file():
+        return False
+    if command and path in DISPATCHERS:
+        part = command_part(then, path, command)
+        return part is not None and part == command_part(now.read_bytes(), path, command)
+    return code_id(then, path) == code_id(now.read_bytes(), path)
+
+
+def entry_command(entry: dict) -> str | None:
+    """The command (``bench``, ``ttft``, ...) a manifest entry's role ran: its ``command``'s word after
+    ``python -m lfm2vl_lab``; None where it names none."""
+    words = str(entry.get("command", "")).split()
+    return words[3] if words[:3] == ["python", "-m", PACKAGE] and len(words) > 3 else None
 
 
 def changed_files(entry: dict, modules, root: Path = REPO_ROOT) -> list[str] | None:
@@ -199,4 +286,6 @@ def changed_files(entry: dict, modules, root: Path = REPO_ROOT) -> list[str] | N
         return []
     then = entry.get("measures", {})
     moved = [f for f in set(then) | set(now["measures"]) if then.get(f) != now["measures"].get(f)]
-    return sorted(f for f in moved if f not in then or f not in now["measures"] or not same_code(f, then[f], root))
+    command = entry_command(entry)
+    return sorted(f for f in moved if f not in then or f not in now["measures"]
+                  or not same_code(f, then[f], root, command))
