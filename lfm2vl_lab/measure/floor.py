@@ -19,11 +19,13 @@ is held to, judged from recorded result files.
 from __future__ import annotations
 
 import statistics
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from .results import target_row as _row  # one judged target, as every judge writes it
 from .trace_analysis import COPY_NAME_PREFIXES, idle_gaps
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # (class, substrings of kernel names), first match wins; the names are what the H200 profiles show
 KERNEL_CLASSES = (
@@ -65,6 +67,10 @@ def kernel_breakdown(row: dict) -> dict[str, dict]:
 
 def breakdown_figure(rows: dict[str, dict], title: str | None = None) -> Figure:
     """Stacked bars of :func:`kernel_breakdown`, one bar per labelled row (µs of one call)."""
+    # imported here: the commands that judge targets with this module never draw, and matplotlib's import
+    # builds its font cache on a fresh machine (about 12 s, seen in a record step's profile)
+    from matplotlib.figure import Figure
+
     parts = {label: kernel_breakdown(r) for label, r in rows.items()}
     classes = list(dict.fromkeys(c for p in parts.values() for c in p))
     fig = Figure(figsize=(max(5.5, 1.6 * len(parts) + 3), 4), layout="constrained")
