@@ -43,12 +43,12 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .launch import Launcher
+from .manifest import FORMAT, base_manifest, file_step, partial_file, utc_now, why_text
 from .results import REPO_ROOT, RESULTS_ROOT, code_hash, gpu_slug
-from .role_code import changed_files, command_modules, role_code
+from .role_code import changed_files, command_modules
 
 
 @dataclass(frozen=True)
@@ -135,31 +135,8 @@ STEPS: tuple[Step, ...] = (
     Step("vllm", "vllm", "vllm", ("vllm",), 1500, beside=True, resumable=True),
 )
 PARTS = tuple(dict.fromkeys(s.part for s in STEPS))
-# Manifest format 2: every entry names the code that recorded it (``code_hash``, the whole tree) and
-# the files its numbers depend on (``measures``, ``role_hash``), so roles of several code versions can
-# share one set, each checked against the tree on its own.
-FORMAT = 2
 # what a plain `record` runs: every part but those beside the set
 DEFAULT_PARTS = tuple(dict.fromkeys(s.part for s in STEPS if not s.beside))
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str) -> dict:
-    """The manifest this call adds to: the one under ``folder``, else the repo's, else a new one. A
-    manifest from before each role named its own code gets its set's code in each entry."""
-    for where in (folder, repo_folder):
-        path = where / "reference.json"
-        if path.is_file():
-            man = json.loads(path.read_text())
-            if man.get("gpu") == gpu:
-                for entry in [*man.get("files", {}).values(), *man.get("partial", {}).values()]:
-                    entry.setdefault("code_hash", man["code_hash"])
-                return man
-    return {"format": FORMAT, "gpu": gpu, "code_hash": hash_, "command": "python -m lfm2vl_lab record",
-            "started": _now(), "finished": None, "complete": False, "files": {}}
 
 
 def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_ROOT) -> list[str] | None:
@@ -177,28 +154,6 @@ def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_RO
         return None if entry.get("code_hash") == hash_ else [f"code {str(entry.get('code_hash'))[7:19]}"]
     files = changed_files(entry, step.modules, root)
     return ["recorded before roles named their code"] if files is None else files or None
-
-
-def _partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | None:
-    """The partial file a resumable step left in an earlier call (under ``--out`` or in the repo), if
-    the same code recorded it: the same files of its role (``measures``), so that every section of the
-    file comes from one version of the code that makes its numbers. A change elsewhere (a table, a
-    figure, another command) leaves it resumable; a change to one of its files, or an entry that names
-    no files and other whole code, starts the step afresh."""
-    entry = man.get("partial", {}).get(step.role)
-    if not step.resumable or entry is None:
-        return None
-    if entry.get("command", step.command) != step.command:
-        say(f"   {entry['file']} is partial but was recorded by another command ({entry['command']}): starting afresh")
-        return None
-    files = changed_files(entry, step.modules)
-    if files is None and entry.get("code_hash", man.get("code_hash")) != hash_:
-        say(f"   {entry['file']} is partial but recorded by other code ({entry.get('code_hash')}): starting afresh")
-        return None
-    if files:
-        say(f"   {entry['file']} is partial but its role's files changed since ({why_text(files)}): starting afresh")
-        return None
-    return next((f / entry["file"] for f in folders if (f / entry["file"]).is_file()), None)
 
 
 def _run_step(step: Step, folder: Path, out, launch: Launcher, left: float | None = None,
@@ -222,7 +177,7 @@ def _run_step(step: Step, folder: Path, out, launch: Launcher, left: float | Non
         rc = launch.run([*argv, "--out", str(out)], fh, limit, cold_compile_caches(caches))
     new = sorted(p for p in folder.glob(f"{step.name}-*.json") if before.get(p) != p.stat().st_mtime)
     entry = {"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
-             "seconds": round(time.perf_counter() - t0, 1), "date": _now(), "launch": launch.mode,
+             "seconds": round(time.perf_counter() - t0, 1), "date": utc_now(), "launch": launch.mode,
              "compile_cache": "empty"}
     if started >= 0.05:  # this step started the forkserver: its seconds hold the imports, said here
         entry["forkserver_s"] = round(started, 1)
@@ -239,11 +194,6 @@ def cold_compile_caches(folder) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": str(Path(folder) / "inductor"), "TRITON_CACHE_DIR": str(Path(folder) / "triton")}
 
 
-def _complete(path: Path) -> bool:
-    """Whether a resumable step's file says it holds all it was asked for."""
-    return bool(json.loads(path.read_text()).get("complete"))
-
-
 def host_speed(python: str = sys.executable) -> dict:
     """This call's host speed (:mod:`.host`), probed in a process of its own so that no CUDA context of
     the recording process outlives it; ``{"error": ...}`` where the probe fails (the record goes on)."""
@@ -253,44 +203,6 @@ def host_speed(python: str = sys.executable) -> dict:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
         return {"error": f"{type(e).__name__}: {e}"[:200]}
-
-
-def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path, hash_: str, say,
-               resumed: bool = False, host: dict | None = None) -> None:
-    """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
-    not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``).
-
-    A step that ``resumed`` its partial file keeps the seconds of every call it took (``calls``) and
-    sums them in ``seconds``: a role that took three calls cost the three, not the last one. Each call's
-    whole-tree code hash is kept beside them (``calls_code_hash``): the calls may have run in trees that
-    differ outside the role's files (:func:`_partial_file`), and ``code_hash`` names the last. So is each
-    call's ``host`` (:func:`host_speed`, ``calls_host``): a call may have had another machine."""
-    prior = man.setdefault("partial", {}).pop(step.role, None)
-    if resumed and prior is not None and prior.get("seconds") is not None:
-        calls = [*prior.get("calls", [prior["seconds"]]), entry["seconds"]]
-        codes = [*prior.get("calls_code_hash", [prior.get("code_hash")] * (len(calls) - 1)), hash_]
-        hosts = [*prior.get("calls_host", [prior.get("host")] * (len(calls) - 1)), host]
-        entry = {**entry, "calls": calls, "seconds": round(sum(calls), 1), "calls_code_hash": codes,
-                 "calls_host": hosts}
-    entry = {**entry, "code_hash": hash_, **role_code(step.modules), **({"host": host} if host else {})}
-    if entry["rc"] == 0 and len(new) == 1 and not (step.resumable and not _complete(new[0])):
-        man["files"][step.role] = entry
-        man["failed"].pop(step.role, None)
-        say(f"   {entry['file']} in {entry['seconds']} s")
-    elif entry["rc"] == 0 and len(new) == 1:
-        man["partial"][step.role] = entry
-        say(f"   {entry['file']} in {entry['seconds']} s: partial, the next call resumes it")
-    else:
-        (folder / "incomplete").mkdir(exist_ok=True)
-        for f in new:  # what a failed step left is kept, but out of the set
-            f.rename(folder / "incomplete" / f.name)
-        man["files"].pop(step.role, None)
-        man["failed"][step.role] = {**entry, "files": [f.name for f in new]}
-        log = folder / "logs" / f"{step.role}.log"
-        say(f"   FAILED (exit {entry['rc']}, {len(new)} file(s)) after {entry['seconds']} s; the end of {log}:")
-        say("   " + "\n   ".join(log.read_text().splitlines()[-8:]))
-    if not man["partial"]:
-        man.pop("partial")
 
 
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
@@ -321,7 +233,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     folder, repo_folder = Path(out) / gpu_slug(gpu), Path(repo_root) / gpu_slug(gpu)
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     hash_ = code_hash()
-    man = _base_manifest(folder, repo_folder, gpu, hash_)
+    man = base_manifest(folder, repo_folder, gpu, hash_)
     man.setdefault("failed", {})
     before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
     why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
@@ -336,12 +248,12 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
                 say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, "
                     f"{left:.0f} s left)")
                 continue
-            resume = _partial_file(step, man, (folder, repo_folder), hash_, say)
+            resume = partial_file(step, man, (folder, repo_folder), hash_, say)
             say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
                 f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
             entry, new = _run_step(step, folder, out, launch, left, resume)
-            _file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None, host=host)
-            man.update(format=FORMAT, code_hash=hash_, finished=_now())
+            file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None, host=host)
+            man.update(format=FORMAT, code_hash=hash_, finished=utc_now())
             man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
             (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
     if derive is not None:
@@ -352,11 +264,6 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
         + (f", still to record: {', '.join(missing)}" if missing else ", complete")
         + (f"; of other code than this tree's: {', '.join(behind)}" if behind else "") + f" (code {hash_})")
     return man
-
-
-def why_text(files: list[str]) -> str:
-    """A role's reasons to run, shortened for one line."""
-    return ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
 
 
 def take(src, dst=RESULTS_ROOT, say=print) -> list[str]:
