@@ -1,10 +1,16 @@
 """``python -m lfm2vl_lab record``: the reference run, every file the course reads, in one go.
 
 Each :class:`Step` is one of the kit's own commands (``bench``, ``check``, ``ttft``, …) and plays one
-*role* in the reference set. The steps run one after another, each in a fresh process under its own
-time limit (so a hang or a crashed CUDA context costs one step, not the run), and after each the
-manifest ``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.report.reference`): a run cut
-short keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
+*role* in the reference set. Each step runs in a fresh process under its own time limit (so a hang or
+a crashed CUDA context costs one step, not the run), and after each the manifest
+``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.report.reference`): a run cut short
+keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
+
+On one GPU the steps run one after another, in :data:`STEPS` order; on several, one per GPU at once
+(:mod:`.schedule`): a worker thread per GPU takes the next step, longest first, and runs it with only
+its GPU visible and on its own share of the cores (``LFM2VL_RECORD_GPUS`` runs fewer at once). Their
+entries name the GPU (``gpu``) and how many ran at once (``gpus``); every entry names its call
+(``call``: when it started), so the report counts a call on several GPUs by its span.
 
 A step is forked from a forkserver that imported torch, transformers and the kit's commands once for
 the call (:mod:`.launch`): torch's imports are paid once a call, not once a step, and each step is still
@@ -41,14 +47,17 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from .launch import Launcher
 from .manifest import FORMAT, base_manifest, file_step, partial_file, utc_now, why_text
 from .results import REPO_ROOT, RESULTS_ROOT, code_hash, gpu_slug
 from .role_code import changed_files, command_modules
+from .schedule import asked_roles, record_gpus, run_steps
 
 
 @dataclass(frozen=True)
@@ -157,10 +166,11 @@ def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_RO
 
 
 def _run_step(step: Step, folder: Path, out, launch: Launcher, left: float | None = None,
-              resume: Path | None = None) -> tuple[dict, list[Path]]:
-    """Run one step in a process of its own (:mod:`.launch`), its output into ``logs/<role>.log``;
-    returns the manifest entry and the result files it wrote. A resumable step gets ``--deadline`` (the
-    time left, less a margin) and ``--resume`` with its partial file; it then rewrites that file's name."""
+              resume: Path | None = None, env: dict[str, str] | None = None) -> tuple[dict, list[Path]]:
+    """Run one step in a process of its own (:mod:`.launch`), ``env`` added to its environment, its
+    output into ``logs/<role>.log``; returns the manifest entry and the result files it wrote. A
+    resumable step gets ``--deadline`` (the time left, less a margin) and ``--resume`` with its partial
+    file; it then rewrites that file's name."""
     argv, limit = list(step.argv), step.limit_s
     if step.resumable:
         limit = int(min(limit, left)) if left is not None else limit
@@ -170,17 +180,17 @@ def _run_step(step: Step, folder: Path, out, launch: Launcher, left: float | Non
     # on it, so the steps of a record sum to its cost. Each step compiles into caches of its own, empty
     # (:func:`cold_compile_caches`): a first compile is a cold one, whatever ran before it on the machine.
     t0 = time.perf_counter()
-    launch.start()
-    started = time.perf_counter() - t0
+    started = launch.start()
+    imports = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(prefix=f"lfm2vl-{step.role}-") as caches, \
             (folder / "logs" / f"{step.role}.log").open("a" if resume else "w") as fh:
-        rc = launch.run([*argv, "--out", str(out)], fh, limit, cold_compile_caches(caches))
+        rc = launch.run([*argv, "--out", str(out)], fh, limit, {**cold_compile_caches(caches), **(env or {})})
     new = sorted(p for p in folder.glob(f"{step.name}-*.json") if before.get(p) != p.stat().st_mtime)
     entry = {"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
              "seconds": round(time.perf_counter() - t0, 1), "date": utc_now(), "launch": launch.mode,
              "compile_cache": "empty"}
-    if started >= 0.05:  # this step started the forkserver: its seconds hold the imports, said here
-        entry["forkserver_s"] = round(started, 1)
+    if started:  # this step started the forkserver: its seconds hold the imports, said here
+        entry["forkserver_s"] = round(imports, 1)
     return entry, new
 
 
@@ -205,18 +215,60 @@ def host_speed(python: str = sys.executable) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
+@dataclass
+class _Call:
+    """What the steps of one record call share; its workers read and write ``man`` under ``lock``."""
+
+    man: dict
+    folder: Path
+    repo_folder: Path
+    out: Path
+    hash_: str
+    steps: tuple[Step, ...]
+    why: dict[str, list[str]]
+    ends: float | None  # the deadline, on time.perf_counter's clock
+    host: dict | None
+    started: str  # when the call started: each entry's ``call``
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _record_step(call: _Call, step: Step, k: int, n: int, launch: Launcher, say, where: dict | None = None) -> None:
+    """The ``k``-th of the call's ``n`` steps: left for the next call where its limit no longer fits,
+    else run (``where``: its worker's GPU and cores, :func:`.schedule.places`) and filed in the manifest."""
+    left = None if call.ends is None else call.ends - time.perf_counter()
+    if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
+        say(f"== [{k}/{n}] {step.role}: left for the next call (limit {step.limit_s} s, {left:.0f} s left)")
+        return
+    with call.lock:
+        resume = partial_file(step, call.man, (call.folder, call.repo_folder), call.hash_, say)
+    say(f"== [{k}/{n}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
+        f"{why_text(call.why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
+    entry, new = _run_step(step, call.folder, call.out, launch, left, resume, where and where["env"])
+    entry = {**entry, "call": call.started, **(where["entry"] if where else {})}
+    with call.lock:
+        man = call.man
+        file_step(man, step, entry, new, call.folder, call.hash_, say, resumed=resume is not None, host=call.host)
+        man.update(format=FORMAT, code_hash=call.hash_, finished=utc_now())
+        man["complete"] = all(s.role in man["files"] for s in call.steps) and not man["failed"]
+        (call.folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
+
+
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
                say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False,
-               changed: bool = False, derive=None) -> dict:
-    """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
-    the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
+               changed: bool = False, derive=None, gpus: int | None = None,
+               roles: tuple[str, ...] | None = None) -> dict:
+    """Run the steps of ``parts``, each as ``python -m lfm2vl_lab … --out <out>``, and keep the
+    manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
 
     * ``gpu``: the device name the files are filed under (default: CUDA device 0's); ``python``: the
       interpreter that runs the steps (:mod:`.launch`: the forkserver's, or each step's).
     * Which roles run (:func:`stale`): those missing, and those recorded by other code than this
-      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``.
-      A role recorded by this code is not run again, so calling ``record`` again finishes a run cut
-      short. A role that runs replaces its entry alone.
+      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``;
+      ``roles``: exactly those, whatever their part and however recorded. A role recorded by this code
+      is not run again, so calling ``record`` again finishes a run cut short. A role that runs replaces
+      its entry alone.
+    * ``gpus``: how many steps run at once, one GPU each (:func:`.schedule.record_gpus`: by default the
+      machine's GPUs or ``LFM2VL_RECORD_GPUS``, one where ``gpu`` is given); one runs them in turn.
     * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
       next call (never started, so never cut off; a resumable one stops at it: see the module).
     * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
@@ -225,37 +277,27 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     * ``derive(man, before, out, repo_root, say)``, if given, runs at the end: the command passes
       :func:`~.report.derive_set`, which redraws the figures and the docs' generated tables.
     """
+    machine = None
     if gpu is None:
         import torch
 
-        gpu = torch.cuda.get_device_name(0)
-    t_start = time.perf_counter()
+        gpu, machine = torch.cuda.get_device_name(0), torch.cuda.device_count()
+    workers, asked = record_gpus(gpus, machine), asked_roles(roles, steps)  # refused before any work
+    ends, started = None if deadline_s is None else time.perf_counter() + deadline_s, utc_now()
     folder, repo_folder = Path(out) / gpu_slug(gpu), Path(repo_root) / gpu_slug(gpu)
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     hash_ = code_hash()
     man = base_manifest(folder, repo_folder, gpu, hash_)
     man.setdefault("failed", {})
     before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
-    why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
+    why = ({s.role: ["asked for"] for s in steps if s.role in asked} if roles is not None else
+           {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts})
     todo = [s for s in steps if why.get(s.role)]
     host = host_speed(python) if todo else None  # once a call: the roles it records share one machine
     if host:
         say(f"== host: {json.dumps(host)}")
-    with Launcher(python, say) as launch:
-        for k, step in enumerate(todo, 1):
-            left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
-            if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
-                say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, "
-                    f"{left:.0f} s left)")
-                continue
-            resume = partial_file(step, man, (folder, repo_folder), hash_, say)
-            say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
-                f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
-            entry, new = _run_step(step, folder, out, launch, left, resume)
-            file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None, host=host)
-            man.update(format=FORMAT, code_hash=hash_, finished=utc_now())
-            man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
-            (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
+    call = _Call(man, folder, repo_folder, out, hash_, steps, why, ends, host, started)
+    run_steps(todo, workers, man, python, partial(_record_step, call), say)
     if derive is not None:
         derive(man, before, out, repo_root, say)
     missing = [s.role for s in steps if s.role not in man["files"]]
