@@ -1,11 +1,13 @@
 """measure/record and report/reference: the reference run's machinery on the CPU (tiny steps), and the
 code hash that names the code a run came from, recomputed from git's objects."""
 
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -583,6 +585,24 @@ def test_steps_run_at_once_each_on_its_own_gpu_and_cores_and_a_failure_stops_no_
     shares = [r["cpus"] for r in ran.values()]
     assert shares == [launch.parse_cpu_list(r["cpus_env"]) for r in ran.values()]  # kept to what it was given
     assert len(shares[0]) == len(shares[1]) == len(cores) // 2 and not set(shares[0]) & set(shares[1])
+
+
+def test_one_launcher_serves_several_threads_and_each_step_keeps_its_exit_status(tmp_path, monkeypatch):
+    """multiprocessing's Process.start polls every live child of the process: without the Launcher's
+    lock, a thread starting a step could read the exit status of another thread's step as it ended, and
+    that step would read 255 (a few in a few hundred steps on two cores, as tried here without it)."""
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
+    python, rcs = _stand_in(tmp_path, monkeypatch), []
+    with launch.Launcher(python, say=lambda s: None) as launcher:
+        def work() -> None:
+            rcs.extend(launcher.run(["exit3"], io.StringIO(), 30) for _ in range(50))
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert rcs == [3] * 200
 
 
 def test_one_gpu_runs_the_steps_in_turn_in_their_order(tmp_path, stand_in):
