@@ -129,3 +129,22 @@ def sleep(args) -> int:
     time.sleep(60)
     return 0
 
+
+
+def _where_options(p) -> None:
+    for option in ("--out", "--name", "--sleep"):
+        p.add_argument(option)
+
+
+@command("where", _where_options)
+def where(args) -> int:
+    """Sleeps ``--sleep`` seconds (so that steps run at once overlap), then writes
+    ``<out>/cpu/<name>-<ns>.json``: the GPU and the cores it was given and had, and when it ran."""
+    start = time.time()
+    time.sleep(float(args.sleep or 0))
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} cpus={cpus}")
+    (_folder(args) / f"{args.name}-{time.time_ns()}.json").write_text(json.dumps({
+        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "cpus": cpus, "cpus_env": os.environ.get("LFM2VL_RECORD_CPUS"),
+        "start": start, "end": time.time()}))
+    return 0

@@ -1,20 +1,23 @@
 """measure/record and report/reference: the reference run's machinery on the CPU (tiny steps), and the
 code hash that names the code a run came from, recomputed from git's objects."""
 
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from lfm2vl_lab.measure import launch
+from lfm2vl_lab.measure import launch, schedule
 from lfm2vl_lab.measure import record as rec
 from lfm2vl_lab.measure.results import REPO_ROOT, blob_sha1, code_hash, hash_code_entries
 from lfm2vl_lab.measure.role_code import role_code
+from lfm2vl_lab.measure.values import UsageError
 from lfm2vl_lab.report import reference
 
 TINY = ("bench", "--preset", "tiny", "--mode", "lab-eager", "--workload", "1x256", "--repeats", "1", "--warmup", "0",
@@ -533,3 +536,149 @@ def test_the_launch_is_chosen_by_its_environment_variable(monkeypatch):
     monkeypatch.setenv(launch.LAUNCH_ENV, "spawn")
     with pytest.raises(ValueError, match=f"{launch.LAUNCH_ENV}=spawn: fork or exec"):
         launch.launch_mode()
+
+
+# Steps on several GPUs at once (measure/schedule.py): a worker thread per GPU takes the next step,
+# longest first, and runs it with its own CUDA_VISIBLE_DEVICES and its own share of the cores.
+
+def _where(role: str, limit: int, sleep: float = 3.0) -> rec.Step:
+    """A stand-in step that sleeps, then writes where it ran (tests/record_steps.py's ``where``)."""
+    return rec.Step(role, "encoder", role, ("where", "--name", role, "--sleep", str(sleep)), limit, measures=KIT)
+
+
+def _started(said: list[str]) -> dict[int, str]:
+    """``{k: role}`` of the call's "== [k/n] role: …" lines, whatever GPU label they carry."""
+    found = (re.match(r"== (?:\[gpu \d+\] )?\[(\d+)/\d+\] ([\w-]+): ", s) for s in said)
+    return {int(m[1]): m[2] for m in found if m}
+
+
+def test_steps_run_at_once_each_on_its_own_gpu_and_cores_and_a_failure_stops_no_other(tmp_path, stand_in,
+                                                                                       launch_mode, monkeypatch):
+    monkeypatch.setenv(schedule.GPUS_ENV, "2")  # as on a machine of two GPUs
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # longest first: "w-long" by its limit, "boom" (fails at once) by the seconds the set recorded of it,
+    # "w-short" last; so one worker runs "w-long" while the other runs "boom", then "w-short"
+    steps = (_where("w-short", 50), rec.Step("boom", "encoder", "boom", ("boom",), 40, measures=KIT),
+             _where("w-long", 90))
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "reference.json").write_text(json.dumps({"gpu": "cpu", "code_hash": "sha256:old", "files": {
+        "boom": {"file": "boom-old.json", "seconds": 70.0}}}))
+    said = []
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=said.append, repo_root=tmp_path / "r",
+                         python=stand_in)
+    assert _started(said) == {1: "w-long", 2: "boom", 3: "w-short"}
+    assert sorted(man["files"]) == ["w-long", "w-short"] and man["failed"]["boom"]["rc"] == 1
+    assert any(re.match(r"== \[gpu [01]\] \[2/3\] boom: ", s) for s in said), said
+    assert any(re.match(r" {3}\[gpu [01]\] FAILED \(exit 1", s) for s in said), said
+    entries = {**man["files"], "boom": man["failed"]["boom"]}
+    assert {e["gpu"] for e in entries.values()} == {0, 1} and {e["gpus"] for e in entries.values()} == {2}
+    assert len({e["call"] for e in entries.values()}) == 1 and entries["boom"]["gpu"] == entries["w-short"]["gpu"]
+    assert sum("forkserver_s" in e for e in entries.values()) == (launch_mode == "fork")  # the one that started it
+    ran = {r: json.loads((tmp_path / "cpu" / man["files"][r]["file"]).read_text()) for r in ("w-long", "w-short")}
+    for role, r in ran.items():
+        assert r["cuda"] == str(man["files"][role]["gpu"])  # only its own GPU visible
+    assert ran["w-long"]["start"] < ran["w-short"]["end"] and ran["w-short"]["start"] < ran["w-long"]["end"], said
+    assert json.loads((tmp_path / "cpu" / "reference.json").read_text()) == man
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: no shares to tell apart")
+    shares = [r["cpus"] for r in ran.values()]
+    assert shares == [launch.parse_cpu_list(r["cpus_env"]) for r in ran.values()]  # kept to what it was given
+    assert len(shares[0]) == len(shares[1]) == len(cores) // 2 and not set(shares[0]) & set(shares[1])
+
+
+def test_one_launcher_serves_several_threads_and_each_step_keeps_its_exit_status(tmp_path, monkeypatch):
+    """multiprocessing's Process.start polls every live child of the process: without the Launcher's
+    lock, a thread starting a step could read the exit status of another thread's step as it ended, and
+    that step would read 255 (a few in a few hundred steps on two cores, as tried here without it)."""
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fork")
+    python, rcs = _stand_in(tmp_path, monkeypatch), []
+    with launch.Launcher(python, say=lambda s: None) as launcher:
+        def work() -> None:
+            rcs.extend(launcher.run(["exit3"], io.StringIO(), 30) for _ in range(50))
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert rcs == [3] * 200
+
+
+def test_one_gpu_runs_the_steps_in_turn_in_their_order(tmp_path, stand_in):
+    steps = (_where("w-short", 50, sleep=0), _where("w-long", 90, sleep=0))
+    said = []
+    man = rec.run_record(out=tmp_path, gpu="cpu", steps=steps, say=said.append, repo_root=tmp_path, python=stand_in,
+                         gpus=1)
+    assert _started(said) == {1: "w-short", 2: "w-long"} and not any("[gpu" in s for s in said)
+    for e in man["files"].values():
+        assert "gpu" not in e and "gpus" not in e and e["call"] == man["files"]["w-short"]["call"]
+
+
+def test_the_workers_take_the_longest_expected_step_first():
+    steps = [_where("a", 50), _where("b", 90), _where("c", 60), _where("d", 60)]
+    man = {"files": {"a": {"seconds": 120.0}, "b": {"seconds": None}}}  # a as recorded; b, c, d by their limits
+    assert [s.role for s in schedule.longest_first(steps, man)] == ["a", "b", "c", "d"]
+
+
+def test_roles_runs_exactly_the_roles_asked_for_and_an_unknown_one_is_one_line(tmp_path, monkeypatch):
+    python = _stand_in(tmp_path, monkeypatch)
+    steps, said = _steps(bad=False), []
+    kw = dict(out=tmp_path, gpu="cpu", steps=steps, repo_root=tmp_path, python=python)
+    first = rec.run_record(say=lambda s: None, **kw)
+    man = rec.run_record(parts=("encoder",), roles=("t-two",), say=said.append, **kw)  # recorded, of another part
+    assert man["files"]["t-one"] == first["files"]["t-one"] and man["files"]["t-two"] != first["files"]["t-two"]
+    assert _started(said) == {1: "t-two"} and any("why: asked for" in s for s in said)
+    with pytest.raises(UsageError) as e:
+        rec.run_record(roles=("t-two", "t-three"), say=said.append, **kw)
+    assert str(e.value) == "unknown role t-three; the roles are t-one, t-two"
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-1", "1.5"])
+def test_a_bad_gpu_count_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch, value):
+    monkeypatch.setenv(schedule.GPUS_ENV, value)
+    with pytest.raises(UsageError) as e:
+        rec.run_record(out=tmp_path, gpu="cpu", steps=_steps(bad=False), say=lambda s: None, repo_root=tmp_path)
+    assert str(e.value).startswith(f"{schedule.GPUS_ENV}={value}: ") and "\n" not in str(e.value)
+    assert not (tmp_path / "cpu").exists()
+
+
+def test_how_many_steps_run_at_once(monkeypatch):
+    monkeypatch.delenv(schedule.GPUS_ENV, raising=False)
+    assert schedule.record_gpus(None, 4) == 4 and schedule.record_gpus(None, None) == 1  # every GPU; a named one: 1
+    assert schedule.record_gpus(3, None) == 3
+    monkeypatch.setenv(schedule.GPUS_ENV, "2")
+    assert schedule.record_gpus(None, 4) == 2 and schedule.record_gpus(None, None) == 2
+    monkeypatch.setenv(schedule.GPUS_ENV, "8")
+    with pytest.raises(UsageError, match=f"^{schedule.GPUS_ENV}=8: this machine has 4 GPU"):
+        schedule.record_gpus(None, 4)
+
+
+def test_each_worker_gets_an_equal_disjoint_share_of_the_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    shares = schedule.cpu_shares(4)
+    assert [launch.cpu_list_text(c) for c in shares] == ["0-15", "16-31", "32-47", "48-63"]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 8, 9, 10})
+    assert schedule.cpu_shares(3) == [[0, 1], [2, 3], [8, 9]]  # what is left over runs no step
+    assert schedule.cpu_shares(2) == [[0, 1, 2], [3, 8, 9]] and launch.cpu_list_text([3, 8, 9]) == "3,8-9"
+    assert launch.parse_cpu_list("3,8-9") == [3, 8, 9] and launch.parse_cpu_list("0-15") == list(range(16))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    assert schedule.cpu_shares(2) == [[5], [5]]  # fewer cores than workers: shared
+
+
+def test_a_forked_step_sizes_torch_and_inductor_to_its_cores():
+    """The forkserver imported torch and inductor's config with every core; a step kept to fewer cores
+    has the threads a process started on them would have."""
+    code = ("import os, torch, torch._inductor.config as c; from lfm2vl_lab.measure.launch import keep_to_cpus; "
+            "keep_to_cpus([min(os.sched_getaffinity(0))]); print(torch.get_num_threads(), c.compile_threads, "
+            "len(os.sched_getaffinity(0)))")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, env=env)
+    assert out.stdout.split() == ["1", "1", "1"], out.stderr
+
+
+def test_steps_that_run_at_once_tell_their_files_apart_by_name():
+    """A step's files are those named ``<name>-*.json`` that changed while it ran: no name may be another's
+    with a dash after it, or a step running beside it would take its files."""
+    names = [s.name for s in rec.STEPS]
+    assert not [(a, b) for a in names for b in names if b.startswith(a + "-")]

@@ -350,6 +350,37 @@ def test_the_record_explanation_says_how_each_step_started_and_compiled(tmp_path
             "shared caches") in tables_record.explain_record(older)
 
 
+def test_a_record_call_on_several_gpus_costs_its_span_and_the_others_their_seconds(tmp_path):
+    """Two calls: one in turn (its steps' seconds summed, as before), one on two GPUs at once, which costs
+    the time from its first step's start (date less seconds) to its last step's end, not its steps' sum."""
+    make_set(tmp_path, {r: {} for r in ("check", "kernels", "ttft", "e2e", "engine")})
+    man_path = tmp_path / "nvidia-h200" / "reference.json"
+    man = json.loads(man_path.read_text())
+    serial = {"call": "2030-01-01T00:00:00+00:00"}
+    man["files"]["check"].update(serial, seconds=100.0, date="2030-01-01T00:01:40+00:00")
+    man["files"]["kernels"].update(serial, seconds=50.0, date="2030-01-01T00:02:30+00:00")
+    at_once = {"call": "2030-01-02T00:00:00+00:00", "gpus": 2}  # ttft 0-300 s on GPU 0, then engine 300-400 s
+    man["files"]["ttft"].update(at_once, gpu=0, seconds=300.0, date="2030-01-02T00:05:00+00:00")
+    man["files"]["e2e"].update(at_once, gpu=1, seconds=200.0, date="2030-01-02T00:04:10+00:00")  # 50-250 s
+    man["files"]["engine"].update(at_once, gpu=0, seconds=100.0, date="2030-01-02T00:06:40+00:00")
+    man_path.write_text(json.dumps(man))
+    refs = Refs(root=tmp_path)
+    (goal,) = tables_record.record_goals(refs)
+    assert (goal["value"], goal["ok"]) == (100.0 + 50.0 + 400.0, True)
+    assert goal["detail"] == "5 roles; on 2 GPUs at once, 600 s of steps in 400 s"
+    block = tables_goals.BLOCKS["goals-record"](refs)
+    assert "| ≤ 600 s | 550.00 s | yes | 5 roles; on 2 GPUs at once, 600 s of steps in 400 s |" in block
+    assert "(the manifest's seconds of each step, summed; a call that ran on several GPUs counts its span" in block
+    assert tables_record.explain_record(refs).startswith(
+        "The 5 steps took 750 s; 600 s of them ran on 2 GPUs at once, in 400 s. The five longest")
+    assert ("| every role of the kit's own (5) | a full `record` | 550 (on 2 GPUs at once: 600 s of steps in 400 s) |"
+            in tables_record.record_cost_block(refs))
+    for entry in man["files"].values():  # the same steps in turn: each costs its seconds
+        entry.pop("gpus", None)
+    man_path.write_text(json.dumps(man))
+    assert tables_record.record_goals(Refs(root=tmp_path))[0]["value"] == 750.0
+
+
 def test_fewer_repeats_are_allowed_only_where_no_median_moves_past_the_limit(tmp_path):
     """One repeat fewer is the samples without the last round: a row whose median then moves by more than
     2% forbids the cut for its step; steps that keep no samples are not judged."""

@@ -12,6 +12,10 @@
 ``LFM2VL_RECORD_LAUNCH=fork|exec`` picks one. Either way the step's fd 1 and 2 (C++ output too) go to
 its log, each line after the seconds since the step started; a step that overruns its limit is killed
 (``"timeout"``); its exit status is recorded as Python gives it, a signal's as minus its number.
+
+Where steps run side by side (:mod:`.schedule`), each is given its share of the cores
+(:data:`CPUS_ENV`) and keeps to it either way: a step's launch overhead is what the kit measures, so
+steps must not take each other's cores. One :class:`Launcher` serves every worker thread.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing import forkserver, reduction, spawn
+from multiprocessing import connection, forkserver, reduction, spawn
 
 from .role_code import COMMAND_MODULES
 from .values import UsageError
 
 LAUNCH_ENV = "LFM2VL_RECORD_LAUNCH"
+# The cores a step keeps to ("0-15", "0-3,8-11"), where steps run side by side: unset, it has the machine's.
+CPUS_ENV = "LFM2VL_RECORD_CPUS"
 # What every step imports before it measures: the forkserver imports these once per record call. None
 # of them may touch CUDA at import (a forked child cannot use its parent's CUDA context, nor the
 # driver once the parent called cuInit, as torch.cuda.is_available() does): _cuda_problem checks.
@@ -58,6 +64,11 @@ class Launcher:
     def __init__(self, python: str = sys.executable, say=print, mode: str | None = None):
         self.python, self.say, self.mode = python, say, mode or launch_mode()
         self._ctx = self._exe = None
+        # Held to start the forkserver (once, whichever worker asks first) and wherever multiprocessing
+        # reads a child's exit status: Process.start polls every other live child of this process
+        # (process._cleanup), and two threads reading one child's status pipe at once would leave one of
+        # them an EOF, which popen_forkserver records as exit status 255.
+        self._lock = threading.Lock()
 
     def run(self, argv: list[str], fh, limit: float, env: dict[str, str] | None = None) -> int | str:
         """Run ``python -m lfm2vl_lab <argv>`` with ``env`` added to its environment, its output into
@@ -65,14 +76,23 @@ class Launcher:
         if self.mode == "exec":
             return _logged([self.python, "-m", "lfm2vl_lab", *argv], fh, limit, env or {})
         self.start()
-        return _forked(self._ctx, argv, fh, limit, self._cuda, env or {})
+        return _forked(self._ctx, argv, fh, limit, self._cuda, env or {}, self._lock)
 
-    def start(self) -> None:
+    def start(self) -> bool:
         """Start the forkserver and wait for its imports, unless it runs (or steps are exec'd): called
         before the step's command starts, so that its log's seconds count from the command (the record
-        counts the imports in the step's seconds all the same: they are what the call spent on it)."""
-        if self.mode == "exec" or self._ctx is not None:
-            return
+        counts the imports in the step's seconds all the same: they are what the call spent on it).
+        True where this call started it: of steps that start at once, one pays the imports, the others
+        wait for them."""
+        if self.mode == "exec":
+            return False
+        with self._lock:
+            if self._ctx is not None:
+                return False
+            self._start()
+            return True
+
+    def _start(self) -> None:
         _stop_forkserver()  # one started earlier in this process has another preload, or older code
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))
@@ -151,6 +171,14 @@ def _logged(cmd: list[str], fh, limit: float, env: dict[str, str]) -> int | str:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                             env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+    if env.get(CPUS_ENV):
+        # set on the new process rather than in a preexec_fn, which may deadlock a child forked while other
+        # threads run (record's workers); the interpreter is then only starting, and torch, imported later,
+        # sizes its thread pool by these cores (torch.get_num_threads follows the affinity it starts with)
+        try:
+            os.sched_setaffinity(proc.pid, parse_cpu_list(env[CPUS_ENV]))
+        except ProcessLookupError:
+            pass  # the step already ended
     reader = _copy_lines(proc.stdout, fh, t0)
     try:
         rc = proc.wait(timeout=limit)
@@ -161,15 +189,18 @@ def _logged(cmd: list[str], fh, limit: float, env: dict[str, str]) -> int | str:
     return rc
 
 
-def _forked(ctx, argv: list[str], fh, limit: float, cuda: bool, env: dict[str, str]) -> int | str:
+def _forked(ctx, argv: list[str], fh, limit: float, cuda: bool, env: dict[str, str],
+            lock: threading.Lock) -> int | str:
     """Run one step as a child of the forkserver (the ``forkserver`` launch): its fd 1 and 2 are the
     write end of a pipe whose lines go to ``fh``. At the limit the step's whole process group is killed,
-    and so is anything a finished step left running in it."""
+    and so is anything a finished step left running in it. ``lock``: :class:`Launcher`'s, held wherever
+    multiprocessing reads an exit status, so that steps may run from several threads."""
     r, w = os.pipe()
     t0 = time.perf_counter()
     proc = ctx.Process(target=_step, args=(argv, _ChildFd(w), cuda, env), name="record-step")
     try:
-        proc.start()
+        with lock:
+            proc.start()
     except BaseException:
         os.close(r)
         raise
@@ -177,17 +208,18 @@ def _forked(ctx, argv: list[str], fh, limit: float, cuda: bool, env: dict[str, s
         os.close(w)  # the child holds its own copy: the pipe ends when the step's processes are gone
     reader = _copy_lines(open(r, errors="replace"), fh, t0)
     try:
-        proc.join(limit)
-        rc = "timeout" if proc.exitcode is None else proc.exitcode
+        connection.wait([proc.sentinel], limit)  # not join(limit): it reads the exit status, outside the lock
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the group the child made (_step)
-        except (ProcessLookupError, PermissionError):
-            pass  # none left, or the child died before it made one
-        if proc.exitcode is None:
-            proc.kill()
-        proc.join()
-        proc.close()
+        with lock:
+            rc = "timeout" if proc.exitcode is None else proc.exitcode
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the group the child made (_step)
+            except (ProcessLookupError, PermissionError):
+                pass  # none left, or the child died before it made one
+            if proc.exitcode is None:
+                proc.kill()
+            proc.join()
+            proc.close()
     reader.join(timeout=5)
     return rc
 
@@ -225,6 +257,8 @@ def _step(argv: list[str], out: int, cuda: bool, env: dict[str, str]) -> None:
         stream.reconfigure(line_buffering=True)
     # the forkserver's environment is the one it started with: the step's own goes in here
     os.environ.update(env, PYTHONUNBUFFERED="1")  # unbuffered as exec sets it, for what the command starts
+    if env.get(CPUS_ENV):
+        keep_to_cpus(parse_cpu_list(env[CPUS_ENV]))
     problem = _cuda_problem(cuda)
     if problem:
         raise SystemExit(problem)  # one line on stderr, exit 1
@@ -240,6 +274,39 @@ def _step(argv: list[str], out: int, cuda: bool, env: dict[str, str]) -> None:
     # a forked child ends in os._exit, which skips what the interpreter runs at exit
     atexit._run_exitfuncs()
     raise SystemExit(code)  # multiprocessing reads it as Python does: None 0, an int itself, else 1
+
+
+def keep_to_cpus(cpus: list[int]) -> None:
+    """Keep this forked step, and what it starts, to ``cpus``, with the threads a process started on them
+    would have: the forkserver imported torch (and inductor's config) with every core of the machine,
+    and they sized their pools by those."""
+    os.sched_setaffinity(0, cpus)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(len(cpus))
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:  # one the user set stays
+        inductor.compile_threads = len(cpus)
+
+
+def cpu_list_text(cpus: list[int]) -> str:
+    """``[0, 1, 2, 3, 8, 9]`` as ``"0-3,8-9"``: the form of :data:`CPUS_ENV` (and of ``taskset -c``)."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """:func:`cpu_list_text`'s inverse."""
+    cpus = []
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus += range(int(first), int(last or first) + 1)
+    return cpus
 
 
 def _cuda_problem(cuda: bool) -> str | None:

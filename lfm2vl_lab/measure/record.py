@@ -1,10 +1,16 @@
 """``python -m lfm2vl_lab record``: the reference run, every file the course reads, in one go.
 
 Each :class:`Step` is one of the kit's own commands (``bench``, ``check``, ``ttft``, …) and plays one
-*role* in the reference set. The steps run one after another, each in a fresh process under its own
-time limit (so a hang or a crashed CUDA context costs one step, not the run), and after each the
-manifest ``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.report.reference`): a run cut
-short keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
+*role* in the reference set. Each step runs in a fresh process under its own time limit (so a hang or
+a crashed CUDA context costs one step, not the run), and after each the manifest
+``<out>/<gpu>/reference.json`` is rewritten (:mod:`lfm2vl_lab.report.reference`): a run cut short
+keeps what it finished. Each step's output goes to ``<out>/<gpu>/logs/<role>.log``.
+
+On one GPU the steps run one after another, in :data:`STEPS` order; on several, one per GPU at once
+(:mod:`.schedule`): a worker thread per GPU takes the next step, longest first, and runs it with only
+its GPU visible and on its own share of the cores (``LFM2VL_RECORD_GPUS`` runs fewer at once). Their
+entries name the GPU (``gpu``) and how many ran at once (``gpus``); every entry names its call
+(``call``: when it started), so the report counts a call on several GPUs by its span.
 
 A step is forked from a forkserver that imported torch, transformers and the kit's commands once for
 the call (:mod:`.launch`): torch's imports are paid once a call, not once a step, and each step is still
@@ -41,14 +47,17 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from .launch import Launcher
+from .manifest import FORMAT, base_manifest, file_step, partial_file, utc_now, why_text
 from .results import REPO_ROOT, RESULTS_ROOT, code_hash, gpu_slug
-from .role_code import changed_files, command_modules, role_code
+from .role_code import changed_files, command_modules
+from .schedule import asked_roles, record_gpus, run_steps
 
 
 @dataclass(frozen=True)
@@ -135,31 +144,8 @@ STEPS: tuple[Step, ...] = (
     Step("vllm", "vllm", "vllm", ("vllm",), 1500, beside=True, resumable=True),
 )
 PARTS = tuple(dict.fromkeys(s.part for s in STEPS))
-# Manifest format 2: every entry names the code that recorded it (``code_hash``, the whole tree) and
-# the files its numbers depend on (``measures``, ``role_hash``), so roles of several code versions can
-# share one set, each checked against the tree on its own.
-FORMAT = 2
 # what a plain `record` runs: every part but those beside the set
 DEFAULT_PARTS = tuple(dict.fromkeys(s.part for s in STEPS if not s.beside))
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str) -> dict:
-    """The manifest this call adds to: the one under ``folder``, else the repo's, else a new one. A
-    manifest from before each role named its own code gets its set's code in each entry."""
-    for where in (folder, repo_folder):
-        path = where / "reference.json"
-        if path.is_file():
-            man = json.loads(path.read_text())
-            if man.get("gpu") == gpu:
-                for entry in [*man.get("files", {}).values(), *man.get("partial", {}).values()]:
-                    entry.setdefault("code_hash", man["code_hash"])
-                return man
-    return {"format": FORMAT, "gpu": gpu, "code_hash": hash_, "command": "python -m lfm2vl_lab record",
-            "started": _now(), "finished": None, "complete": False, "files": {}}
 
 
 def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_ROOT) -> list[str] | None:
@@ -179,33 +165,12 @@ def stale(man: dict, step: Step, changed: bool, hash_: str, root: Path = REPO_RO
     return ["recorded before roles named their code"] if files is None else files or None
 
 
-def _partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | None:
-    """The partial file a resumable step left in an earlier call (under ``--out`` or in the repo), if
-    the same code recorded it: the same files of its role (``measures``), so that every section of the
-    file comes from one version of the code that makes its numbers. A change elsewhere (a table, a
-    figure, another command) leaves it resumable; a change to one of its files, or an entry that names
-    no files and other whole code, starts the step afresh."""
-    entry = man.get("partial", {}).get(step.role)
-    if not step.resumable or entry is None:
-        return None
-    if entry.get("command", step.command) != step.command:
-        say(f"   {entry['file']} is partial but was recorded by another command ({entry['command']}): starting afresh")
-        return None
-    files = changed_files(entry, step.modules)
-    if files is None and entry.get("code_hash", man.get("code_hash")) != hash_:
-        say(f"   {entry['file']} is partial but recorded by other code ({entry.get('code_hash')}): starting afresh")
-        return None
-    if files:
-        say(f"   {entry['file']} is partial but its role's files changed since ({why_text(files)}): starting afresh")
-        return None
-    return next((f / entry["file"] for f in folders if (f / entry["file"]).is_file()), None)
-
-
 def _run_step(step: Step, folder: Path, out, launch: Launcher, left: float | None = None,
-              resume: Path | None = None) -> tuple[dict, list[Path]]:
-    """Run one step in a process of its own (:mod:`.launch`), its output into ``logs/<role>.log``;
-    returns the manifest entry and the result files it wrote. A resumable step gets ``--deadline`` (the
-    time left, less a margin) and ``--resume`` with its partial file; it then rewrites that file's name."""
+              resume: Path | None = None, env: dict[str, str] | None = None) -> tuple[dict, list[Path]]:
+    """Run one step in a process of its own (:mod:`.launch`), ``env`` added to its environment, its
+    output into ``logs/<role>.log``; returns the manifest entry and the result files it wrote. A
+    resumable step gets ``--deadline`` (the time left, less a margin) and ``--resume`` with its partial
+    file; it then rewrites that file's name."""
     argv, limit = list(step.argv), step.limit_s
     if step.resumable:
         limit = int(min(limit, left)) if left is not None else limit
@@ -215,17 +180,17 @@ def _run_step(step: Step, folder: Path, out, launch: Launcher, left: float | Non
     # on it, so the steps of a record sum to its cost. Each step compiles into caches of its own, empty
     # (:func:`cold_compile_caches`): a first compile is a cold one, whatever ran before it on the machine.
     t0 = time.perf_counter()
-    launch.start()
-    started = time.perf_counter() - t0
+    started = launch.start()
+    imports = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(prefix=f"lfm2vl-{step.role}-") as caches, \
             (folder / "logs" / f"{step.role}.log").open("a" if resume else "w") as fh:
-        rc = launch.run([*argv, "--out", str(out)], fh, limit, cold_compile_caches(caches))
+        rc = launch.run([*argv, "--out", str(out)], fh, limit, {**cold_compile_caches(caches), **(env or {})})
     new = sorted(p for p in folder.glob(f"{step.name}-*.json") if before.get(p) != p.stat().st_mtime)
     entry = {"file": new[-1].name if new else None, "command": step.command, "part": step.part, "rc": rc,
-             "seconds": round(time.perf_counter() - t0, 1), "date": _now(), "launch": launch.mode,
+             "seconds": round(time.perf_counter() - t0, 1), "date": utc_now(), "launch": launch.mode,
              "compile_cache": "empty"}
-    if started >= 0.05:  # this step started the forkserver: its seconds hold the imports, said here
-        entry["forkserver_s"] = round(started, 1)
+    if started:  # this step started the forkserver: its seconds hold the imports, said here
+        entry["forkserver_s"] = round(imports, 1)
     return entry, new
 
 
@@ -239,11 +204,6 @@ def cold_compile_caches(folder) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": str(Path(folder) / "inductor"), "TRITON_CACHE_DIR": str(Path(folder) / "triton")}
 
 
-def _complete(path: Path) -> bool:
-    """Whether a resumable step's file says it holds all it was asked for."""
-    return bool(json.loads(path.read_text()).get("complete"))
-
-
 def host_speed(python: str = sys.executable) -> dict:
     """This call's host speed (:mod:`.host`), probed in a process of its own so that no CUDA context of
     the recording process outlives it; ``{"error": ...}`` where the probe fails (the record goes on)."""
@@ -255,56 +215,60 @@ def host_speed(python: str = sys.executable) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def _file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path, hash_: str, say,
-               resumed: bool = False, host: dict | None = None) -> None:
-    """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
-    not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``).
+@dataclass
+class _Call:
+    """What the steps of one record call share; its workers read and write ``man`` under ``lock``."""
 
-    A step that ``resumed`` its partial file keeps the seconds of every call it took (``calls``) and
-    sums them in ``seconds``: a role that took three calls cost the three, not the last one. Each call's
-    whole-tree code hash is kept beside them (``calls_code_hash``): the calls may have run in trees that
-    differ outside the role's files (:func:`_partial_file`), and ``code_hash`` names the last. So is each
-    call's ``host`` (:func:`host_speed`, ``calls_host``): a call may have had another machine."""
-    prior = man.setdefault("partial", {}).pop(step.role, None)
-    if resumed and prior is not None and prior.get("seconds") is not None:
-        calls = [*prior.get("calls", [prior["seconds"]]), entry["seconds"]]
-        codes = [*prior.get("calls_code_hash", [prior.get("code_hash")] * (len(calls) - 1)), hash_]
-        hosts = [*prior.get("calls_host", [prior.get("host")] * (len(calls) - 1)), host]
-        entry = {**entry, "calls": calls, "seconds": round(sum(calls), 1), "calls_code_hash": codes,
-                 "calls_host": hosts}
-    entry = {**entry, "code_hash": hash_, **role_code(step.modules), **({"host": host} if host else {})}
-    if entry["rc"] == 0 and len(new) == 1 and not (step.resumable and not _complete(new[0])):
-        man["files"][step.role] = entry
-        man["failed"].pop(step.role, None)
-        say(f"   {entry['file']} in {entry['seconds']} s")
-    elif entry["rc"] == 0 and len(new) == 1:
-        man["partial"][step.role] = entry
-        say(f"   {entry['file']} in {entry['seconds']} s: partial, the next call resumes it")
-    else:
-        (folder / "incomplete").mkdir(exist_ok=True)
-        for f in new:  # what a failed step left is kept, but out of the set
-            f.rename(folder / "incomplete" / f.name)
-        man["files"].pop(step.role, None)
-        man["failed"][step.role] = {**entry, "files": [f.name for f in new]}
-        log = folder / "logs" / f"{step.role}.log"
-        say(f"   FAILED (exit {entry['rc']}, {len(new)} file(s)) after {entry['seconds']} s; the end of {log}:")
-        say("   " + "\n   ".join(log.read_text().splitlines()[-8:]))
-    if not man["partial"]:
-        man.pop("partial")
+    man: dict
+    folder: Path
+    repo_folder: Path
+    out: Path
+    hash_: str
+    steps: tuple[Step, ...]
+    why: dict[str, list[str]]
+    ends: float | None  # the deadline, on time.perf_counter's clock
+    host: dict | None
+    started: str  # when the call started: each entry's ``call``
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _record_step(call: _Call, step: Step, k: int, n: int, launch: Launcher, say, where: dict | None = None) -> None:
+    """The ``k``-th of the call's ``n`` steps: left for the next call where its limit no longer fits,
+    else run (``where``: its worker's GPU and cores, :func:`.schedule.places`) and filed in the manifest."""
+    left = None if call.ends is None else call.ends - time.perf_counter()
+    if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
+        say(f"== [{k}/{n}] {step.role}: left for the next call (limit {step.limit_s} s, {left:.0f} s left)")
+        return
+    with call.lock:
+        resume = partial_file(step, call.man, (call.folder, call.repo_folder), call.hash_, say)
+    say(f"== [{k}/{n}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
+        f"{why_text(call.why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
+    entry, new = _run_step(step, call.folder, call.out, launch, left, resume, where and where["env"])
+    entry = {**entry, "call": call.started, **(where["entry"] if where else {})}
+    with call.lock:
+        man = call.man
+        file_step(man, step, entry, new, call.folder, call.hash_, say, resumed=resume is not None, host=call.host)
+        man.update(format=FORMAT, code_hash=call.hash_, finished=utc_now())
+        man["complete"] = all(s.role in man["files"] for s in call.steps) and not man["failed"]
+        (call.folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
 
 
 def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, steps=STEPS, python: str = sys.executable,
                say=print, repo_root=RESULTS_ROOT, deadline_s: float | None = None, again: bool = False,
-               changed: bool = False, derive=None) -> dict:
-    """Run the steps of ``parts`` in turn, each as ``python -m lfm2vl_lab … --out <out>``, and keep
-    the manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
+               changed: bool = False, derive=None, gpus: int | None = None,
+               roles: tuple[str, ...] | None = None) -> dict:
+    """Run the steps of ``parts``, each as ``python -m lfm2vl_lab … --out <out>``, and keep the
+    manifest ``<out>/<gpu>/reference.json`` up to date after each. Returns the manifest.
 
     * ``gpu``: the device name the files are filed under (default: CUDA device 0's); ``python``: the
       interpreter that runs the steps (:mod:`.launch`: the forkserver's, or each step's).
     * Which roles run (:func:`stale`): those missing, and those recorded by other code than this
-      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``.
-      A role recorded by this code is not run again, so calling ``record`` again finishes a run cut
-      short. A role that runs replaces its entry alone.
+      tree's (``changed``: only those whose own files changed); ``again``: every role of ``parts``;
+      ``roles``: exactly those, whatever their part and however recorded. A role recorded by this code
+      is not run again, so calling ``record`` again finishes a run cut short. A role that runs replaces
+      its entry alone.
+    * ``gpus``: how many steps run at once, one GPU each (:func:`.schedule.record_gpus`: by default the
+      machine's GPUs or ``LFM2VL_RECORD_GPUS``, one where ``gpu`` is given); one runs them in turn.
     * ``deadline_s``: seconds for the whole call; a step whose limit no longer fits is left for the
       next call (never started, so never cut off; a resumable one stops at it: see the module).
     * A step that fails or overruns its limit is listed under ``failed`` with its exit status, the
@@ -313,37 +277,27 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     * ``derive(man, before, out, repo_root, say)``, if given, runs at the end: the command passes
       :func:`~.report.derive_set`, which redraws the figures and the docs' generated tables.
     """
+    machine = None
     if gpu is None:
         import torch
 
-        gpu = torch.cuda.get_device_name(0)
-    t_start = time.perf_counter()
+        gpu, machine = torch.cuda.get_device_name(0), torch.cuda.device_count()
+    workers, asked = record_gpus(gpus, machine), asked_roles(roles, steps)  # refused before any work
+    ends, started = None if deadline_s is None else time.perf_counter() + deadline_s, utc_now()
     folder, repo_folder = Path(out) / gpu_slug(gpu), Path(repo_root) / gpu_slug(gpu)
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     hash_ = code_hash()
-    man = _base_manifest(folder, repo_folder, gpu, hash_)
+    man = base_manifest(folder, repo_folder, gpu, hash_)
     man.setdefault("failed", {})
     before = json.dumps([man["files"], man.get("partial")])  # what derived files were drawn from
-    why = {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts}
+    why = ({s.role: ["asked for"] for s in steps if s.role in asked} if roles is not None else
+           {s.role: ["--again"] if again else stale(man, s, changed, hash_) for s in steps if s.part in parts})
     todo = [s for s in steps if why.get(s.role)]
     host = host_speed(python) if todo else None  # once a call: the roles it records share one machine
     if host:
         say(f"== host: {json.dumps(host)}")
-    with Launcher(python, say) as launch:
-        for k, step in enumerate(todo, 1):
-            left = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
-            if left is not None and (step.limit_s > left and not (step.resumable and left >= 60)):
-                say(f"== [{k}/{len(todo)}] {step.role}: left for the next call (limit {step.limit_s} s, "
-                    f"{left:.0f} s left)")
-                continue
-            resume = _partial_file(step, man, (folder, repo_folder), hash_, say)
-            say(f"== [{k}/{len(todo)}] {step.role}: {step.command} (limit {step.limit_s} s; why: "
-                f"{why_text(why[step.role])})" + (f", resuming {resume.name}" if resume else ""))
-            entry, new = _run_step(step, folder, out, launch, left, resume)
-            _file_step(man, step, entry, new, folder, hash_, say, resumed=resume is not None, host=host)
-            man.update(format=FORMAT, code_hash=hash_, finished=_now())
-            man["complete"] = all(s.role in man["files"] for s in steps) and not man["failed"]
-            (folder / "reference.json").write_text(json.dumps(man, indent=1) + "\n")
+    call = _Call(man, folder, repo_folder, out, hash_, steps, why, ends, host, started)
+    run_steps(todo, workers, man, python, partial(_record_step, call), say)
     if derive is not None:
         derive(man, before, out, repo_root, say)
     missing = [s.role for s in steps if s.role not in man["files"]]
@@ -352,11 +306,6 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
         + (f", still to record: {', '.join(missing)}" if missing else ", complete")
         + (f"; of other code than this tree's: {', '.join(behind)}" if behind else "") + f" (code {hash_})")
     return man
-
-
-def why_text(files: list[str]) -> str:
-    """A role's reasons to run, shortened for one line."""
-    return ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
 
 
 def take(src, dst=RESULTS_ROOT, say=print) -> list[str]:

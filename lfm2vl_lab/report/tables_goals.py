@@ -17,7 +17,7 @@ from .tables_encoder import by_mode
 from .tables_engine import image_path_pairs, mode_label
 from .tables_kernels import PREFIX as KERNELS
 from .tables_kernels import explain_kernels, kernel_goals
-from .tables_record import explain_record, record_goals
+from .tables_record import explain_record, record_goals, record_how
 
 
 def encoder_goals(refs: Refs) -> list[dict]:
@@ -390,7 +390,7 @@ BLOCKS = {"goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b",
           "goals-request": request_goals_block, "goals-guard": goals_part(guard_goals, "check"),
           "goals-kernels": goals_part(kernel_goals, "bench-450m", "bench-1.6b", "ttft", "engine",
                                       how=" (judged here from the files' rows: `report/tables_kernels.py`)"),
-          "goals-record": goals_part(record_goals, how=" (the manifest's seconds of each step, summed)"),
+          "goals-record": lambda refs: goals_part(record_goals, how=record_how(refs))(refs),
           "goals-code": lambda refs: "\n\n".join([goals_table(judged := code_goals(refs)), (
               f"{sum(t['ok'] for t in judged)} of {len(judged)} reached (measured from this tree, not the set: the "
               "lines of `lfm2vl_lab/report/*.py`, and `lfm2vl_lab.core.protocol.protocol_members()`).")]),
