@@ -81,8 +81,9 @@ vllm_env() {  # the unpacked vLLM first on the path, and the engine's environmen
   eval "$(python3 -c 'import runpy, shlex
 env = runpy.run_path("lfm2vl_lab/measure/vllm_release.py")["ENGINE_ENV"]
 print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))')"; }
-record_args() {  # record's options from RECORD_PART, RECORD_CHANGED and RECORD_AGAIN
-  echo ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed} ${RECORD_AGAIN:+--again}; }
+record_args() {  # record's options from RECORD_PART, RECORD_CHANGED, RECORD_AGAIN and RECORD_ROLES (roles)
+  echo ${RECORD_PART:+--part "$RECORD_PART"} ${RECORD_CHANGED:+--changed} ${RECORD_AGAIN:+--again} \
+    $(for r in ${RECORD_ROLES:-}; do echo --role "$r"; done); }
 sanitize_steps() {
   # The allocator's cache cannot be bypassed (PYTORCH_NO_CUDA_MEMORY_CACHING breaks graph capture), so
   # memcheck sees the allocator's segments, not each tensor; API return codes (cudaErrorNotReady from
@@ -129,7 +130,7 @@ record)
   # record stops starting steps 15 s before this step's end, so none is ever cut off (RECORD_PART: one
   # part of the steps, encoder or engine; RECORD_CHANGED=1: only the roles whose own files changed,
   # which needs the recorded versions of files changed in comments alone: carry .blobs; RECORD_AGAIN=1:
-  # the roles again, though this code recorded them)
+  # the roles again, though this code recorded them; RECORD_ROLES="ttft e2e": those roles alone, again)
   [ -n "${RECORD_CHANGED:-}" ] && { python3 scripts/carry_blobs.py --check || exit 1; }
   LOG=record TAILN=40 step "$(left)" python3 -m lfm2vl_lab record --out "$R" --deadline $(( $(left) - 15 )) \
     $(record_args)

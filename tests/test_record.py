@@ -194,6 +194,18 @@ def test_record_cli_says_what_it_needs():
         assert proc.returncode == 2 and "record needs a CUDA GPU" in proc.stderr.splitlines()[-1]
 
 
+def test_record_role_names_the_roles_it_runs_and_refuses_an_unknown_one():
+    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--role", "engine", "--role", "ttft",
+                           "--dry-run"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert proc.returncode == 0
+    assert [line.split()[1:4] for line in proc.stdout.splitlines()] == [["ttft", "400", "s"], ["engine", "160", "s"]]
+    assert all("runs: asked for" in line for line in proc.stdout.splitlines())  # current or not
+    proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--role", "nope", "--dry-run"],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("python -m lfm2vl_lab record: error: "
+                                                                            "unknown role nope; the roles are check, ")
+
+
 def test_code_hash_equals_gits_own_for_a_commit(tmp_path):
     """The hash a run stores is the one git's objects give for the commit of that code."""
     (tmp_path / "lfm2vl_lab" / "sub").mkdir(parents=True)

@@ -228,6 +228,9 @@ def add_record_args(p) -> None:
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for this call: steps whose limit no longer fits are left for the next call")
     p.add_argument("--again", action="store_true", help="run steps the manifest of this code already holds too")
+    p.add_argument("--role", action="append", default=None, metavar="ROLE",
+                   help="only this role, whether or not this tree recorded it (repeatable; `--dry-run` lists the "
+                        "roles)")
     p.add_argument("--changed", action="store_true",
                    help="a partial re-record: only the roles missing or whose own files changed since they were "
                         "recorded (default: every role not recorded by exactly this tree)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..measure import schedule
 from ..measure.record import DEFAULT_PARTS, STEPS, run_record, stale, take, why_text
 from ..measure.results import code_hash
 from ..measure.values import UsageError
@@ -22,13 +23,24 @@ def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
     derive(man, before, out, repo_root, say)
 
 
+def asked_roles(args) -> tuple[str, ...] | None:
+    """The roles ``--role`` names (None: none named), each checked against the steps (:mod:`.schedule`)."""
+    if not args.role:
+        return None
+    schedule.asked_roles(args.role, STEPS)
+    return tuple(dict.fromkeys(args.role))
+
+
 def dry_run(args, parts) -> None:
     """Each step of ``parts``, its limit, and whether this call would run it and why."""
     man, hash_ = load_manifest(root=args.out) or {"files": {}}, code_hash()
+    roles = asked_roles(args)
     for e in man["files"].values():
         e.setdefault("code_hash", man.get("code_hash"))
     for s in STEPS:
-        if s.part in parts:
+        if roles is not None and s.role in roles:
+            print(f"{s.part:>8} {s.role:<16} {s.limit_s:>4} s  runs: asked for  {s.command}")
+        elif roles is None and s.part in parts:
             why = ["--again"] if args.again else stale(man, s, args.changed, hash_)
             print(f"{s.part:>8} {s.role:<16} {s.limit_s:>4} s  {'runs: ' + why_text(why) if why else 'kept'}  "
                   f"{s.command}")
@@ -36,7 +48,7 @@ def dry_run(args, parts) -> None:
 
 def run_record_cli(args) -> int:
     """Record the reference set on this GPU: every file the notebooks, figures and tables read."""
-    parts = tuple(args.part or DEFAULT_PARTS)
+    parts, roles = tuple(args.part or DEFAULT_PARTS), asked_roles(args)
     if args.take:
         if not list(Path(args.take).glob("*/reference.json")):
             raise UsageError(f"--take {args.take}: no <gpu>/reference.json under it (give the --out of a record)")
@@ -53,5 +65,5 @@ def run_record_cli(args) -> int:
         raise UsageError("record needs a CUDA GPU and none is available: the reference set is a GPU run "
                          "(`--dry-run` lists its steps)")
     man = run_record(parts, args.out, deadline_s=args.deadline, again=args.again, changed=args.changed,
-                     derive=derive_set)
+                     derive=derive_set, roles=roles)
     return 0 if not man["failed"] else 1
