@@ -345,6 +345,12 @@ def test_the_record_explanation_says_how_each_step_started_and_compiled(tmp_path
             "call (8 s of imports in all, counted in each call's first step), the others each started as a process "
             "of its own; 2 compiled into empty caches of their own") in why
     assert "The recorded first compiles alone take 150 s, 25% of the 600 s aimed for." in why
+    for role in ("e2e",):  # every step forked and cold: no "others" left to speak of
+        man["files"][role].update(launch="forkserver", compile_cache="empty")
+    man_path.write_text(json.dumps(man))
+    assert ("All 3 steps were forked from a forkserver that imports torch, transformers and the kit once per call "
+            "(8 s of imports in all, counted in each call's first step); all compiled into empty caches of their "
+            "own, so their first compiles are cold. The recorded") in tables_record.explain_record(Refs(root=tmp_path))
     older = make_set(tmp_path / "older", {"check": {}})  # entries from before either: said as they ran
     assert ("Each of the 1 steps started as a process of its own, imports and all; all compiled on the machine's "
             "shared caches") in tables_record.explain_record(older)

@@ -198,13 +198,16 @@ def _launch_text(refs: Refs, compiles: float) -> str:
     forked = [e for e in entries if e.get("launch") == "forkserver"]
     cold = sum(e.get("compile_cache") == "empty" for e in entries)
     imports = sum(e.get("forkserver_s") or 0 for e in forked)
-    started = (f"{len(forked)} of the {len(entries)} steps were forked from a forkserver that imports torch, "
-               f"transformers and the kit once per call ({imports:.0f} s of imports in all, counted in each call's "
-               "first step), the others each started as a process of its own" if forked else
+    every = len(forked) == len(entries)
+    started = ((f"All {len(entries)} steps were" if every else f"{len(forked)} of the {len(entries)} steps were")
+               + " forked from a forkserver that imports torch, transformers and the kit once per call "
+               f"({imports:.0f} s of imports in all, counted in each call's first step)"
+               + ("" if every else ", the others each started as a process of its own") if forked else
                f"Each of the {len(entries)} steps started as a process of its own, imports and all")
-    caches = (f"{cold} compiled into empty caches of their own, so their first compiles are cold, the others "
-              "on the machine's shared caches" if cold else "all compiled on the machine's shared caches, so a "
-              "first compile may have found what an earlier step compiled")
+    caches = (("all" if cold == len(entries) else str(cold)) + " compiled into empty caches of their own, so their "
+              "first compiles are cold" + ("" if cold == len(entries) else ", the others on the machine's shared "
+                                           "caches") if cold else "all compiled on the machine's shared caches, "
+              "so a first compile may have found what an earlier step compiled")
     return (f"{started}; {caches}. The recorded first compiles alone take {compiles:.0f} s, "
             f"{compiles / RECORD_LIMIT_S:.0%} of the {RECORD_LIMIT_S} s aimed for.")
 
