@@ -27,6 +27,9 @@
 #                                        (reports explained in docs/design.md); logs sanitize-*.log
 #   bash scripts/h200_run.sh boundary    scripts/boundary_probe.py: a kernel boundary inside a graph, the
 #                                        copy bandwidth, and the 450M text model's decode GEMVs against it
+#   bash scripts/h200_run.sh launch      scripts/launch_probe.py: a record step's command (LAUNCH_ROLE, default
+#                                        ttft, on LAUNCH_PRESETS) forked and exec'd in turn, LAUNCH_RUNS times
+#                                        (default 4), and whether the launch moves its spread and medians
 #   bash scripts/h200_run.sh steps       where a record step's seconds go: scripts/startup_probe.py (each
 #                                        phase of a step's start, three presets), then scripts/step_profile.py
 #                                        on the steps STEP_ROLES names (default bench-450m, engine) under
@@ -209,6 +212,11 @@ compare)
   LOG=probe  TAILN=8  step 60  python3 scripts/fused_host_probe.py ;;
 boundary)
   LOG=boundary TAILN=20 step 180 python3 scripts/boundary_probe.py --out "$R" ;;
+launch)
+  # does record's forked launch move a step's numbers? LAUNCH_ROLE's command (default ttft) on
+  # LAUNCH_PRESETS (default lfm2-vl-450m, so that four runs fit one call), forked and exec'd in turn
+  LOG=launch TAILN=30 step "$(left)" python3 scripts/launch_probe.py --role "${LAUNCH_ROLE:-ttft}" \
+    --runs "${LAUNCH_RUNS:-4}" $(for p in ${LAUNCH_PRESETS:-lfm2-vl-450m}; do echo --preset "$p"; done) --out "$R/launch" ;;
 startup)
   LOG=startup-cold TAILN=12 step 60 python3 scripts/startup_probe.py --presets lfm2-vl-450m
   LOG=startup-warm TAILN=12 step 60 python3 scripts/startup_probe.py --presets lfm2-vl-450m
@@ -221,8 +229,8 @@ steps)
     LOG=profile-$role TAILN=16 step $(( l + 70 )) python3 scripts/step_profile.py --role "$role" --limit "$l" \
       --out "$W/profile"
   done ;;
-*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, steps, startup,"\
-        "vllm)"
+*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, launch, steps,"\
+        "startup, vllm)"
    exit 2 ;;
 esac
 ls -la "$OUT"

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from lfm2vl_lab.measure import launch, schedule
 from lfm2vl_lab.measure import record as rec
@@ -204,6 +205,33 @@ def test_record_role_names_the_roles_it_runs_and_refuses_an_unknown_one():
                           capture_output=True, text=True, cwd=REPO_ROOT)
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("python -m lfm2vl_lab record: error: "
                                                                             "unknown role nope; the roles are check, ")
+
+
+def test_the_launch_probe_alternates_the_launches_and_compares_their_spread(tmp_path, monkeypatch):
+    """scripts/launch_probe.py: a step's command run forked, then exec'd, each into a folder of its own;
+    then each run's spread across rounds and the rows whose medians differ most between the launches."""
+    probe = load_script("launch_probe.py")
+    out = tmp_path / "out"
+    for folder in ("1-forkserver", "2-exec"):  # the stand-in bench writes into <out>/cpu/, as record leaves it
+        (out / folder / "cpu").mkdir(parents=True)
+    runs = probe.run_all([*TINY, "--name", "p"], 2, out, 60, _stand_in(tmp_path, monkeypatch), say=lambda s: None)
+    assert [(r["launch"], r["rc"]) for r in runs] == [("forkserver", 0), ("exec", 0)]
+    for run, scale in zip(runs, (1.0, 2.0)):  # each run's file, given samples: the second run twice as slow
+        (result,) = (out / run["folder"]).glob("cpu/p-*.json")
+        result.write_text(json.dumps({"rows": [{"preset": "x", "image": "1x512", "requests": 1, "mode": "m",
+                                                "ttft_samples_ms": [v * scale for v in (10, 10, 20, 20)]}]}))
+    lines = probe.summarize(out, "ttft_samples_ms")
+    assert lines[0].startswith("run 1 (forkserver): ") and lines[0].endswith("1 of 1 rows over 2%, worst 33.3%")
+    assert lines[1].startswith("run 2 (exec): ") and "host python loop 1.0 ms" in lines[1]
+    assert lines[-1] == "  x 1x512 1 m: 15.00 vs 30.00 (-50.0%)"
+    ttft = next(s for s in rec.STEPS if s.role == "ttft").argv
+    assert probe.with_presets(list(ttft), ["lfm2-vl-450m"]) == [
+        "ttft", "--preset", "lfm2-vl-450m", *[a for a in ttft[1:] if a not in ("--preset", "lfm2-vl-450m",
+                                                                                  "lfm2-vl-1.6b")]]
+    with pytest.raises(SystemExit, match="2"):  # a role whose rows keep no samples: nothing to compare
+        probe.main(["--role", "check", "--summarize", str(out)])
+    script = (REPO_ROOT / "scripts" / "h200_run.sh").read_text()  # the device call that runs it
+    assert "launch)" in script and "python3 scripts/launch_probe.py --role" in script
 
 
 def test_code_hash_equals_gits_own_for_a_commit(tmp_path):
