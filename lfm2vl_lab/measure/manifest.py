@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .role_code import changed_files, role_code
 
-if TYPE_CHECKING:
-    from .record import Step
+# Each function's ``step`` is a :class:`.record.Step` (its role, command, modules, whether it resumes),
+# named only here: record imports this module, and an import back would close a circle.
 
 # Manifest format 2: every entry names the code that recorded it (``code_hash``, the whole tree) and
 # the files its numbers depend on (``measures``, ``role_hash``), so roles of several code versions can
@@ -40,7 +39,7 @@ def base_manifest(folder: Path, repo_folder: Path, gpu: str, hash_: str) -> dict
             "started": utc_now(), "finished": None, "complete": False, "files": {}}
 
 
-def partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | None:
+def partial_file(step, man: dict, folders, hash_: str, say) -> Path | None:
     """The partial file a resumable step left in an earlier call (under ``--out`` or in the repo), if
     the same code recorded it: the same files of its role (``measures``), so that every section of the
     file comes from one version of the code that makes its numbers. A change elsewhere (a table, a
@@ -62,7 +61,7 @@ def partial_file(step: Step, man: dict, folders, hash_: str, say) -> Path | None
     return next((f / entry["file"] for f in folders if (f / entry["file"]).is_file()), None)
 
 
-def file_step(man: dict, step: Step, entry: dict, new: list[Path], folder: Path, hash_: str, say,
+def file_step(man: dict, step, entry: dict, new: list[Path], folder: Path, hash_: str, say,
                resumed: bool = False, host: dict | None = None) -> None:
     """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
     not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``).
