@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lfm2vl_lab.measure import record  # noqa: E402
 from lfm2vl_lab.measure.launch import Launcher  # noqa: E402
-from lfm2vl_lab.report.tables_record import SAMPLED, SPREAD_LIMIT  # noqa: E402
+from lfm2vl_lab.report.tables_record import SAMPLED, SPREAD_LIMIT, round_fewer_move  # noqa: E402
 
 MODES = ("forkserver", "exec")
 
@@ -61,7 +61,7 @@ def spread(result: dict, key: str) -> dict:
     """What one round fewer would move in a result's sampled rows (as docs/goals.md's repeat spread counts
     it), and the median of each row, keyed by the row's identity."""
     rows = [r for r in result.get("rows") or [] if len(r.get(key) or []) >= 3]
-    moves = [abs(statistics.median(r[key][:-1]) / statistics.median(r[key]) - 1) for r in rows]
+    moves = [round_fewer_move(r[key]) for r in rows]
     medians = {" ".join(str(r.get(f)) for f in ("preset", "image", "requests", "mode")): statistics.median(r[key])
                for r in rows}
     return {"rows": len(rows), "over": sum(m > SPREAD_LIMIT for m in moves), "worst": max(moves, default=0.0),

@@ -219,6 +219,12 @@ SAMPLED = {"ttft": "ttft_samples_ms", "request-3b": "ttft_samples_ms", "e2e": "t
 SPREAD_LIMIT = 0.02
 
 
+def round_fewer_move(samples: list[float]) -> float:
+    """How far one round fewer moves the median of ``samples`` (in round order): the median of all but
+    the last, against the median of all, as a fraction."""
+    return abs(statistics.median(samples[:-1]) / statistics.median(samples) - 1)
+
+
 def repeat_spread(refs: Refs) -> list[dict]:
     """Per sampled role: what one repeat fewer would have recorded. The samples are in round order
     (``time_paired``), so the first ``n - 1`` of them are a run with one round fewer; each row's median
@@ -230,7 +236,7 @@ def repeat_spread(refs: Refs) -> list[dict]:
         samples = [r[key] for r in refs(role).get("rows") or [] if len(r.get(key) or []) >= 3]
         if not samples:
             continue
-        moves = [abs(statistics.median(s[:-1]) / statistics.median(s) - 1) for s in samples]
+        moves = [round_fewer_move(s) for s in samples]
         out.append({"role": role, "repeats": len(samples[0]), "rows": len(moves), "worst": max(moves),
                     "over": sum(m > SPREAD_LIMIT for m in moves)})
     return out
