@@ -37,14 +37,16 @@ def run_all(argv: list[str], runs: int, out: Path, limit: float, python: str = s
     for k in range(runs):
         mode, folder = MODES[k % 2], Path(out) / f"{k + 1}-{MODES[k % 2]}"
         folder.mkdir(parents=True, exist_ok=True)
-        host = record.host_speed(python)
+        done.append({"run": k + 1, "launch": mode, "rc": None, "seconds": None,
+                     "host": record.host_speed(python), "folder": folder.name})
+        # listed before it starts: a run the device call's limit stops still names its (partial) file
+        (Path(out) / "runs.json").write_text(json.dumps({"argv": argv, "runs": done}, indent=1) + "\n")
         t0 = time.perf_counter()
         # a Launcher per run: each forked run pays its forkserver's imports, as a record call's first step does
         with Launcher(python, say, mode=mode) as launch, tempfile.TemporaryDirectory() as caches, \
                 (folder / "run.log").open("w") as fh:
             rc = launch.run([*argv, "--out", str(folder)], fh, limit, record.cold_compile_caches(caches))
-        done.append({"run": k + 1, "launch": mode, "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
-                     "host": host, "folder": folder.name})
+        done[-1].update(rc=rc, seconds=round(time.perf_counter() - t0, 1))
         say(f"== run {k + 1} ({mode}): exit {rc} in {done[-1]['seconds']} s")
         (Path(out) / "runs.json").write_text(json.dumps({"argv": argv, "runs": done}, indent=1) + "\n")
     return done
@@ -68,11 +70,12 @@ def spread(result: dict, key: str) -> dict:
             "medians": medians}
 
 
-def summarize(out: Path, key: str) -> list[str]:
-    """One line per run (its launch, host, spread), then the rows whose medians differ most between the
-    launches (each launch's median of its runs' medians)."""
+def summarize(out: Path, key: str, per_row: bool = False) -> list[str]:
+    """One line per run (its launch, host, spread), whether the launch moves the medians one way, then the
+    rows whose medians differ most between the launches (each launch's median of its runs' medians); with
+    ``per_row``, every row's median in every run."""
     meta = json.loads((Path(out) / "runs.json").read_text())
-    lines, by_mode = [], {m: [] for m in MODES}
+    lines, by_mode, medians = [], {m: [] for m in MODES}, {}
     for run in meta["runs"]:
         files = sorted((Path(out) / run["folder"]).glob("*/*.json"))
         if not files:
@@ -80,8 +83,10 @@ def summarize(out: Path, key: str) -> list[str]:
             continue
         s = spread(json.loads(files[-1].read_text()), key)
         by_mode[run["launch"]].append(s["medians"])
+        medians[run["run"]] = s["medians"]
         python_ms = (run.get("host") or {}).get("python_ms")
-        lines.append(f"run {run['run']} ({run['launch']}): {run['seconds']} s, host python loop "
+        took = "stopped before its end (its rows so far)" if run["rc"] is None else f"{run['seconds']} s"
+        lines.append(f"run {run['run']} ({run['launch']}): {took}, host python loop "
                      f"{python_ms if python_ms is None else round(python_ms, 1)} ms, {s['over']} of {s['rows']} rows "
                      f"over {SPREAD_LIMIT:.0%}, worst {s['worst']:.1%}")
     if all(by_mode.values()):
@@ -89,10 +94,32 @@ def summarize(out: Path, key: str) -> list[str]:
                for m, runs in by_mode.items()}
         rows = sorted(set(mid["forkserver"]) & set(mid["exec"]),
                       key=lambda row: -abs(mid["forkserver"][row] / mid["exec"][row] - 1))
+        lines += bias(by_mode, mid, rows)
         lines.append("rows that differ most, forked against exec (median of each launch's runs, ms):")
         lines += [f"  {row}: {mid['forkserver'][row]:.2f} vs {mid['exec'][row]:.2f} "
                   f"({mid['forkserver'][row] / mid['exec'][row] - 1:+.1%})" for row in rows[:12]]
+    if per_row:
+        lines.append("each row's median in each run (ms; - where the run has no such row):")
+        lines.append("  " + " | ".join(["row", *(f"{r['run']} {r['launch']}" for r in meta["runs"])]))
+        runs = [(r, medians[r["run"]]) for r in meta["runs"] if r["run"] in medians]
+        for row in sorted({row for _, m in runs for row in m}):
+            lines.append("  " + " | ".join([row, *(f"{m[row]:.2f}" if row in m else "-" for _, m in runs)]))
     return lines
+
+
+def bias(by_mode: dict, mid: dict, rows: list[str]) -> list[str]:
+    """Whether the launch moves the numbers one way: how often the forked median is the higher one, and
+    how far runs of one launch differ against how far the launches' medians differ (medians over rows)."""
+    spans = []  # per row and launch with two runs or more: the largest ratio between its runs, less one
+    for runs in by_mode.values():
+        for row in rows:
+            v = [r[row] for r in runs if row in r]
+            if len(v) > 1:
+                spans.append(max(v) / min(v) - 1)
+    apart = statistics.median(abs(mid["forkserver"][row] / mid["exec"][row] - 1) for row in rows)
+    up = sum(mid["forkserver"][row] > mid["exec"][row] for row in rows)
+    line = f"forked above exec in {up} of {len(rows)} rows; the launches' medians differ by {apart:.1%}"
+    return [line + (f", runs of one launch by {statistics.median(spans):.1%} (medians over rows)" if spans else "")]
 
 
 def main(argv=None) -> int:
@@ -104,6 +131,7 @@ def main(argv=None) -> int:
                     help="run the step's command on this preset only (repeatable; default: the step's own)")
     ap.add_argument("--out", default=None, help="folder for the runs' files")
     ap.add_argument("--summarize", metavar="OUT", default=None, help="only print the summary of an --out folder")
+    ap.add_argument("--rows", action="store_true", help="also print every row's median in every run")
     args = ap.parse_args(argv)
     step = next((s for s in record.STEPS if s.role == args.role), None)
     if step is None or step.role not in SAMPLED:
@@ -113,7 +141,7 @@ def main(argv=None) -> int:
             ap.error("--out is needed to run (or --summarize OUT to read a run)")
         argv = with_presets(list(step.argv), args.preset) if args.preset else list(step.argv)
         run_all(argv, args.runs, Path(args.out), args.limit or step.limit_s)
-    print("\n".join(summarize(Path(args.summarize or args.out), SAMPLED[step.role])))
+    print("\n".join(summarize(Path(args.summarize or args.out), SAMPLED[step.role], args.rows)))
     return 0
 
 

@@ -224,6 +224,13 @@ def test_the_launch_probe_alternates_the_launches_and_compares_their_spread(tmp_
     assert lines[0].startswith("run 1 (forkserver): ") and lines[0].endswith("1 of 1 rows over 2%, worst 33.3%")
     assert lines[1].startswith("run 2 (exec): ") and "host python loop 1.0 ms" in lines[1]
     assert lines[-1] == "  x 1x512 1 m: 15.00 vs 30.00 (-50.0%)"
+    assert lines[2] == "forked above exec in 0 of 1 rows; the launches' medians differ by 50.0%"
+    meta = json.loads((out / "runs.json").read_text())  # a run the call's limit stopped: listed, its rows so far
+    meta["runs"][1].update(rc=None, seconds=None)
+    (out / "runs.json").write_text(json.dumps(meta))
+    lines = probe.summarize(out, "ttft_samples_ms", per_row=True)
+    assert lines[1].startswith("run 2 (exec): stopped before its end (its rows so far), ")
+    assert lines[-2:] == ["  row | 1 forkserver | 2 exec", "  x 1x512 1 m | 15.00 | 30.00"]
     ttft = next(s for s in rec.STEPS if s.role == "ttft").argv
     assert probe.with_presets(list(ttft), ["lfm2-vl-450m"]) == [
         "ttft", "--preset", "lfm2-vl-450m", *[a for a in ttft[1:] if a not in ("--preset", "lfm2-vl-450m",
