@@ -32,6 +32,7 @@ shape must come before a graph capture (it compiles, and allocates its workspace
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from typing import NamedTuple
@@ -68,15 +69,17 @@ def _next_pow2(v: int) -> int:
 
 
 def pick_config(m: int, n: int, k: int, sms: int = SMS_DEFAULT) -> GemvConfig:
-    """The table: enough programs for about two per SM, each reading as much of W as that allows.
+    """The table: at least two programs per SM, each of a few dozen KiB of W at most.
 
     BLOCK_K is 512 bf16 (1 KiB per row: 16-byte loads, 64 lanes along K), less for short K or for
-    several rows of x (one fp32 accumulator each). BLOCK_N is the largest of 64, 32, 16, 8 that still
-    gives ``2 * sms`` row tiles; where even 8 rows do not, K is split (halving BLOCK_K to 256 first,
-    so that a 1024-wide K splits four ways)."""
+    several rows of x (one fp32 accumulator each). BLOCK_N is 16 where that gives ``2 * sms`` row
+    tiles, else 8; where even 8 rows do not, K is split too (BLOCK_K 256 then, so that a 1024-wide K
+    splits four ways). Small programs (16 x 512: 80 registers a thread at 4 warps, sm_90) let several
+    share an SM, which keeps enough loads in flight without software pipelining; wider tiles are among
+    the probe's candidates."""
     want = 2 * sms
     block_k = min(512 if m == 1 else 256, max(16, _next_pow2(k)))
-    block_n = next((b for b in (64, 32, 16) if -(-n // b) >= want), 8)
+    block_n = 16 if -(-n // 16) >= want else 8
     tiles_n = -(-n // block_n)
     split = 1
     if tiles_n < want:
@@ -188,7 +191,12 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
 def _sms(device: torch.device) -> int:
     if device.type != "cuda":
         return SMS_DEFAULT
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_sms(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def cat_weights(weights, biases=None) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
