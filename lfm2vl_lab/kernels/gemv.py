@@ -91,6 +91,14 @@ def pick_config(m: int, n: int, k: int, sms: int = SMS_DEFAULT) -> GemvConfig:
     return GemvConfig(block_n, block_k, split, num_warps, 1)
 
 
+def resolve(cfg: GemvConfig, k: int) -> tuple[GemvConfig, int]:
+    """``cfg`` as it launches for a K of ``k``, and the K chunks each program reads: no more splits
+    than chunks, and none left without a chunk."""
+    k_tiles = -(-k // cfg.block_k)
+    k_iters = -(-k_tiles // max(1, min(cfg.split_k, k_tiles)))
+    return cfg._replace(split_k=-(-k_tiles // k_iters)), k_iters
+
+
 _KERNEL = None
 
 
@@ -170,10 +178,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     n = weight.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
-    cfg = config or pick_config(m, n, k, _sms(x.device))
-    k_tiles = -(-k // cfg.block_k)
-    k_iters = -(-k_tiles // min(cfg.split_k, k_tiles))  # K chunks per program
-    split = -(-k_tiles // k_iters)  # no program is left without a chunk
+    cfg, k_iters = resolve(config or pick_config(m, n, k, _sms(x.device)), k)
+    split = cfg.split_k
     tiles_n = -(-n // cfg.block_n)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if split > 1:
