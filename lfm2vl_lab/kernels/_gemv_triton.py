@@ -13,12 +13,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _row_dot(w, x_ptr, cols, col_ok, EVEN_K: tl.constexpr):
+def _row_dot(w, x_ptr, cols, col_ok):
     """One row of x's chunk against the loaded W chunk: a (BLOCK_N,) fp32 partial sum."""
-    if EVEN_K:
-        x = tl.load(x_ptr + cols, eviction_policy="evict_last")
-    else:
-        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
+    x = tl.load(x_ptr + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
     return tl.sum(w * x.to(tl.float32)[None, :], axis=1)
 
 
@@ -67,27 +64,29 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, stride_xm
     row_ok = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
     k_lo = pid_k * k_iters * BLOCK_K
-    n_iters = tl.minimum(k_iters, tl.cdiv(K - k_lo, BLOCK_K))
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in range(n_iters):
-        cols = k_lo + i * BLOCK_K + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        if EVEN_K:
-            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None], other=0.0, eviction_policy="evict_first")
+    for i in range(k_iters):
+        k0 = k_lo + i * BLOCK_K
+        cols = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:  # a chunk is all in K or (the last split's spare turns) all past it: one scalar says which
+            col_ok = k0 < K
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok, other=0.0,
+                        eviction_policy="evict_first")
         else:
+            col_ok = cols < K
             w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
         w = w.to(tl.float32)
-        acc0 += _row_dot(w, x_ptr, cols, col_ok, EVEN_K)
+        acc0 += _row_dot(w, x_ptr, cols, col_ok)
         if BLOCK_M > 1:
-            acc1 += _row_dot(w, x_ptr + stride_xm, cols, col_ok, EVEN_K)
+            acc1 += _row_dot(w, x_ptr + stride_xm, cols, col_ok)
         if BLOCK_M > 2:
-            acc2 += _row_dot(w, x_ptr + 2 * stride_xm, cols, col_ok, EVEN_K)
+            acc2 += _row_dot(w, x_ptr + 2 * stride_xm, cols, col_ok)
         if BLOCK_M > 3:
-            acc3 += _row_dot(w, x_ptr + 3 * stride_xm, cols, col_ok, EVEN_K)
+            acc3 += _row_dot(w, x_ptr + 3 * stride_xm, cols, col_ok)
     last = True
     if SPLIT_K > 1:
         _park(acc0, 0, part_ptr, pid_k, rows, row_ok, N, BLOCK_M)
