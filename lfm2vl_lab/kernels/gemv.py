@@ -74,7 +74,7 @@ def pick_config(m: int, n: int, k: int, sms: int = SMS_DEFAULT) -> GemvConfig:
     BLOCK_K is 512 bf16 (1 KiB per row: 16-byte loads, 64 lanes along K), less for short K or for
     several rows of x (one fp32 accumulator each). BLOCK_N is 16 where that gives ``2 * sms`` row
     tiles, else 8; where even 8 rows do not, K is split too (BLOCK_K 256 then, so that a 1024-wide K
-    splits four ways). Small programs (16 x 512: 80 registers a thread at 4 warps, sm_90) let several
+    splits four ways). Small programs (16 x 512 at 4 warps: 96 registers a thread, Triton 3.6, sm_90) let several
     share an SM, which keeps enough loads in flight without software pipelining; wider tiles are among
     the probe's candidates."""
     want = 2 * sms
