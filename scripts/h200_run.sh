@@ -26,7 +26,8 @@
 #                                        memcheck (must end "ERROR SUMMARY: 0 errors") and initcheck
 #                                        (reports explained in docs/design.md); logs sanitize-*.log
 #   bash scripts/h200_run.sh boundary    scripts/boundary_probe.py: a kernel boundary inside a graph, the
-#                                        copy bandwidth, and the 450M text model's decode GEMVs against it
+#                                        copy bandwidth, and the 450M text model's decode GEMVs against it,
+#                                        F.linear's and kernels/gemv.py's (Triton)
 #   bash scripts/h200_run.sh launch      scripts/launch_probe.py: a record step's command (LAUNCH_ROLE, default
 #                                        ttft, on LAUNCH_PRESETS) forked and exec'd in turn, LAUNCH_RUNS times
 #                                        (default 4), and whether the launch moves its spread and medians
@@ -211,7 +212,7 @@ compare)
                                  --figure none --name fused-rules --out "$R"
   LOG=probe  TAILN=8  step 60  python3 scripts/fused_host_probe.py ;;
 boundary)
-  LOG=boundary TAILN=20 step 180 python3 scripts/boundary_probe.py --out "$R" ;;
+  LOG=boundary TAILN=30 step 180 python3 scripts/boundary_probe.py --out "$R" ;;
 launch)
   # does record's forked launch move a step's numbers? LAUNCH_ROLE's command (default ttft) on
   # LAUNCH_PRESETS (default lfm2-vl-450m, so that four runs fit one call), forked and exec'd in turn

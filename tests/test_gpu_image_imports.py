@@ -17,8 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # What the GPU image has besides the standard library; then the kit and tests/' own helper modules.
 # pandas and tabulate: the device tool's list of the H200 image's packages holds both (the report
-# layer's DataFrames need them; `record` on the device never imports that layer).
-GPU_IMAGE = {"torch", "transformers", "pytest", "numpy", "PIL", "matplotlib", "pandas", "tabulate"}
+# layer's DataFrames need them; `record` on the device never imports that layer). triton: the image's CUDA
+# torch brings its own (kernels/fused.py's kernels run there); kernels/_gemv_triton.py imports it at module
+# level and is itself imported only where Triton is found (kernels/gemv.py).
+GPU_IMAGE = {"torch", "transformers", "pytest", "numpy", "PIL", "matplotlib", "pandas", "tabulate", "triton"}
 LOCAL = {"lfm2vl_lab", "chromium", "conftest", "nbcheck", "script_loader"}
 NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 

@@ -1,0 +1,110 @@
+"""The Triton side of :mod:`.gemv`: its kernel and helpers. Imported by :func:`.gemv._kernel` on
+first use only, since importing Triton costs time and a CPU run never needs it.
+
+A program owns ``BLOCK_N`` rows of W (one row tile) and one of ``SPLIT_K`` spans of K. It keeps one
+fp32 accumulator per row of x (``BLOCK_M`` of them, at most four, unrolled at compile time), so each
+chunk of W it loads serves every row of x. Without a split it writes ``y`` itself; with one, it
+parks its partial sums, and the last program of its row tile to bump the tile's counter adds them
+up, writes ``y`` and puts the counter back to zero.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_dot(w, x_ptr, cols, col_ok):
+    """One row of x's chunk against the loaded W chunk: a (BLOCK_N,) fp32 partial sum."""
+    x = tl.load(x_ptr + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
+    return tl.sum(w * x.to(tl.float32)[None, :], axis=1)
+
+
+@triton.jit
+def _write(acc, m, y_ptr, b_ptr, rows, row_ok, N, HAS_BIAS: tl.constexpr):
+    """Row ``m`` of y: the bias added in fp32, then rounded once to y's dtype."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * N + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _gather(m, part_ptr, rows, row_ok, N, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Row ``m``'s partial sums from every split, added up (``.cg``: from L2, where the others wrote)."""
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(part_ptr + (s * BLOCK_M + m) * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
+def _finish(acc, m, y_ptr, b_ptr, part_ptr, rows, row_ok, N, last, HAS_BIAS: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Row ``m``'s end: written, or (split K, the last program of the tile) gathered and written."""
+    if SPLIT_K == 1:
+        _write(acc, m, y_ptr, b_ptr, rows, row_ok, N, HAS_BIAS)
+    else:
+        if last:
+            _write(_gather(m, part_ptr, rows, row_ok, N, BLOCK_N, BLOCK_M, SPLIT_K), m, y_ptr, b_ptr, rows,
+                   row_ok, N, HAS_BIAS)
+
+
+@triton.jit
+def _park(acc, m, part_ptr, pid_k, rows, row_ok, N, BLOCK_M: tl.constexpr):
+    tl.store(part_ptr + (pid_k * BLOCK_M + m) * N + rows, acc, mask=row_ok)
+
+
+@triton.jit
+def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, stride_xm, k_iters,
+                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """``y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for one row tile and one span of K."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+    k_lo = pid_k * k_iters * BLOCK_K
+    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in range(k_iters):
+        k0 = k_lo + i * BLOCK_K
+        cols = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:  # a chunk is all in K or (the last split's spare turns) all past it: one scalar says which
+            col_ok = k0 < K
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok, other=0.0,
+                        eviction_policy="evict_first")
+        else:
+            col_ok = cols < K
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0,
+                        eviction_policy="evict_first")
+        w = w.to(tl.float32)
+        acc0 += _row_dot(w, x_ptr, cols, col_ok)
+        if BLOCK_M > 1:
+            acc1 += _row_dot(w, x_ptr + stride_xm, cols, col_ok)
+        if BLOCK_M > 2:
+            acc2 += _row_dot(w, x_ptr + 2 * stride_xm, cols, col_ok)
+        if BLOCK_M > 3:
+            acc3 += _row_dot(w, x_ptr + 3 * stride_xm, cols, col_ok)
+    last = True
+    if SPLIT_K > 1:
+        _park(acc0, 0, part_ptr, pid_k, rows, row_ok, N, BLOCK_M)
+        if BLOCK_M > 1:
+            _park(acc1, 1, part_ptr, pid_k, rows, row_ok, N, BLOCK_M)
+        if BLOCK_M > 2:
+            _park(acc2, 2, part_ptr, pid_k, rows, row_ok, N, BLOCK_M)
+        if BLOCK_M > 3:
+            _park(acc3, 3, part_ptr, pid_k, rows, row_ok, N, BLOCK_M)
+        tl.debug_barrier()  # every thread's partials are stored before the counter says so
+        last = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1
+    _finish(acc0, 0, y_ptr, b_ptr, part_ptr, rows, row_ok, N, last, HAS_BIAS, BLOCK_N, BLOCK_M, SPLIT_K)
+    if BLOCK_M > 1:
+        _finish(acc1, 1, y_ptr, b_ptr, part_ptr, rows, row_ok, N, last, HAS_BIAS, BLOCK_N, BLOCK_M, SPLIT_K)
+    if BLOCK_M > 2:
+        _finish(acc2, 2, y_ptr, b_ptr, part_ptr, rows, row_ok, N, last, HAS_BIAS, BLOCK_N, BLOCK_M, SPLIT_K)
+    if BLOCK_M > 3:
+        _finish(acc3, 3, y_ptr, b_ptr, part_ptr, rows, row_ok, N, last, HAS_BIAS, BLOCK_N, BLOCK_M, SPLIT_K)
+    if SPLIT_K > 1:
+        if last:
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next call (or graph replay)

@@ -1,0 +1,180 @@
+"""kernels/gemv.py: the decode step's Triton GEMV, on the CPU. The kernel itself runs in Triton's
+interpreter (TRITON_INTERPRET=1 must be set before Triton is imported, hence one subprocess that runs
+every kernel check and prints its findings); the table, the input checks and the plain-torch fallback
+run here. The GPU half (speed, and the same comparison on the real kernel) is scripts/boundary_probe.py's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lfm2vl_lab.kernels.gemv import (
+    MAX_M,
+    GemvConfig,
+    cat_weights,
+    check_inputs,
+    gemv,
+    gemv_shared,
+    pick_config,
+    torch_gemv,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-2  # bf16 output against an fp32 reference, relative to the output's largest magnitude
+
+# (m, n, k, config, bias): odd N and K, K split or not, one to four rows, the table's own pick (None)
+CASES = [(1, 40, 70, GemvConfig(16, 32), True), (1, 40, 70, GemvConfig(16, 32, 2), False),
+         (3, 37, 96, GemvConfig(8, 16, 4), True), (4, 64, 128, None, False), (2, 33, 200, GemvConfig(8, 64, 8), True),
+         (1, 48, 64, GemvConfig(16, 64), False), (1, 24, 1024, None, True)]
+
+INTERPRETED = textwrap.dedent("""
+    import json, torch, torch.nn.functional as F
+    from lfm2vl_lab.kernels import gemv as G
+    CASES = json.loads(%r)
+    def rel(y, ref):
+        return ((y.float() - ref).abs().max() / ref.abs().max()).item()
+    out = {"cases": [], "nan": [], "counters_zero": None}
+    g = torch.Generator().manual_seed(0)
+    for m, n, k, cfg, bias in CASES:
+        cfg = cfg and G.GemvConfig(*cfg)
+        x, w, b = (torch.randn(*s, generator=g).bfloat16() for s in ((m, k), (n, k), (n,)))
+        b = b if bias else None
+        y = G.gemv(x, w, b, cfg)
+        ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+        again = G.gemv(x, w, b, cfg)  # a second call (a graph replay's case): split-K counters were reset
+        out["cases"].append({"shape": list(y.shape), "dtype": str(y.dtype), "rel": rel(y, ref),
+                             "same_again": torch.equal(y, again)})
+    out["counters_zero"] = all(int(t.abs().sum()) == 0 for key, t in G._WORKSPACES.items() if key[1] == "counters")
+    x, w = torch.randn(1, 70, generator=g).bfloat16(), torch.randn(40, 70, generator=g).bfloat16()
+    for cfg in (G.GemvConfig(16, 32), G.GemvConfig(8, 16, 4)):
+        xn = x.clone(); xn[0, 69] = float("nan")  # in the last, partial chunk of K
+        wn = w.clone(); wn[5, 3] = float("nan")
+        out["nan"].append({"x_all_nan": bool(G.gemv(xn, w, None, cfg).isnan().all()),
+                           "w_row_nan": G.gemv(x, wn, None, cfg)[0].isnan().nonzero().flatten().tolist()})
+    ws = [torch.randn(n, 96, generator=g).bfloat16() for n in (32, 16, 16)]
+    bs = [torch.randn(n, generator=g).bfloat16() for n in (32, 16, 16)]
+    wcat, bcat, sizes = G.cat_weights(ws, bs)
+    x = torch.randn(2, 96, generator=g).bfloat16()
+    cfg = G.GemvConfig(16, 32, 3)
+    parts = G.gemv_shared(x, wcat, sizes, bcat, cfg)
+    out["shared"] = {"sizes": list(sizes), "rel": [rel(p, F.linear(x.float(), w.float(), b.float()))
+                                                    for p, w, b in zip(parts, ws, bs)],
+                     "equal_to_separate": [torch.equal(p, G.gemv(x, w, b, cfg)) for p, w, b in zip(parts, ws, bs)]}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """Every kernel check, run once by Triton's interpreter in a subprocess."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed: the kernel cannot run, even in its CPU interpreter")
+    cases = json.dumps([[m, n, k, cfg and list(cfg), bias] for m, n, k, cfg, bias in CASES])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", INTERPRETED % cases], env=env, capture_output=True, text=True,
+                          timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=lambda i: "m{}-n{}-k{}".format(*CASES[i][:3]))
+def test_the_kernel_matches_an_fp32_linear_within_bf16_rounding(interpreted, i):
+    m, n, k, _, _ = CASES[i]
+    case = interpreted["cases"][i]
+    assert case["shape"] == [m, n] and case["dtype"] == "torch.bfloat16"
+    assert case["rel"] <= TOL, case
+    assert case["same_again"], "a second call differs: the split-K counters were not put back to zero"
+
+
+def test_split_k_counters_go_back_to_zero(interpreted):
+    assert interpreted["counters_zero"]
+
+
+def test_nan_is_never_masked_away(interpreted):
+    """A NaN in x (in K's last, partial chunk) reaches every output; one in W's row 5 reaches y[5] only."""
+    for found in interpreted["nan"]:
+        assert found == {"x_all_nan": True, "w_row_nan": [5]}
+
+
+def test_linears_that_share_an_input_run_as_one(interpreted):
+    shared = interpreted["shared"]
+    assert shared["sizes"] == [32, 16, 16]
+    assert max(shared["rel"]) <= TOL, shared
+    assert all(shared["equal_to_separate"]), shared
+
+
+# --- here, without the interpreter --------------------------------------------------------------
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).bfloat16()
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (lambda: (torch.ones(1, 8, dtype=torch.int32), _bf16(4, 8), None), "x dtype torch.int32"),
+    (lambda: (_bf16(1, 8), torch.randn(4, 8), None), "weight dtype torch.float32"),
+    (lambda: (_bf16(1, 9), _bf16(4, 8), None), "x shape (1, 9)"),
+    (lambda: (_bf16(1, 8), _bf16(8, 4).t(), None), "weight strides (1, 4)"),
+    (lambda: (_bf16(1, 8), _bf16(4, 8), _bf16(5)), "bias shape (5,)"),
+    (lambda: (_bf16(1, 8), _bf16(4, 8), torch.randn(4)), "bias torch.float32"),
+    (lambda: (_bf16(1, 8), _bf16(2, 4, 8), None), "weight shape (2, 4, 8)"),
+], ids=["x-int", "w-fp32", "k-mismatch", "w-transposed", "bias-shape", "bias-dtype", "w-3d"])
+def test_bad_input_is_one_line_naming_the_value(bad, needle):
+    x, w, b = bad()
+    with pytest.raises(ValueError) as err:
+        gemv(x, w, b)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError):
+        check_inputs(x, w, b)
+
+
+def test_shared_sizes_must_cover_the_weight():
+    w, b, sizes = cat_weights([_bf16(4, 8), _bf16(2, 8)])
+    assert b is None and sizes == (4, 2) and w.shape == (6, 8)
+    with pytest.raises(ValueError, match=r"sizes \(4, 1\) add up to 5, weight has 6 rows"):
+        gemv_shared(_bf16(1, 8), w, (4, 1))
+    with pytest.raises(ValueError, match="all or none"):
+        cat_weights([_bf16(4, 8), _bf16(2, 8)], [_bf16(4), None])
+
+
+def test_without_triton_or_a_gpu_it_is_the_plain_product(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x, w, b = _bf16(3, 40), _bf16(24, 40), _bf16(24)
+    y = gemv(x, w, b)
+    assert torch.equal(y, torch_gemv(x, w, b))
+    ref = F.linear(x.float(), w.float(), b.float())
+    assert ((y.float() - ref).abs().max() / ref.abs().max()).item() <= TOL
+    assert gemv(_bf16(2, 3, 40), w).shape == (2, 3, 24)  # leading dims kept
+    assert torch.isnan(gemv(torch.full((1, 40), float("nan")).bfloat16(), w)).all()
+    assert gemv(_bf16(MAX_M + 1, 40), w).shape == (MAX_M + 1, 24)  # more rows than the kernel takes: torch
+
+
+# The 450M text model's decode linears (in, out) and the q/k/v and gate/up concatenations
+DECODE_SHAPES = [(1024, 512), (1024, 1024), (1024, 3072), (1024, 4608), (1024, 65536), (4608, 1024),
+                 (1024, 2048), (1024, 9216)]
+
+
+@pytest.mark.parametrize("k,n", DECODE_SHAPES)
+def test_the_table_fills_an_h200_with_wide_chunks(k, n):
+    cfg = pick_config(1, n, k, sms=132)
+    programs = -(-n // cfg.block_n) * cfg.split_k
+    k_tiles = -(-k // cfg.block_k)
+    assert cfg.block_k >= 128 and cfg.block_k & (cfg.block_k - 1) == 0 and cfg.block_n in (8, 16)
+    assert programs >= 2 * 132 or cfg.split_k * 2 > k_tiles, cfg  # enough programs, or K split as far as it goes
+    assert cfg.block_n * cfg.block_k <= 16384 or cfg.num_warps == 8
+
+
+def test_the_table_keeps_small_shapes_legal():
+    for m in range(1, MAX_M + 1):
+        for n, k in ((1, 1), (3, 5), (17, 33)):
+            cfg = pick_config(m, n, k)
+            assert cfg.block_k >= 16 and cfg.split_k >= 1 and cfg.split_k <= max(1, -(-k // cfg.block_k))
