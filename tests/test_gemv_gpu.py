@@ -1,0 +1,59 @@
+"""On a GPU: the decode step's Triton GEMV (kernels/gemv.py), compiled for the card it runs on, gives
+what an fp32 linear gives within bf16 rounding, on fresh random inputs, eagerly and from a replayed
+CUDA graph (whose split-K counters must be back at zero for the next replay); a NaN is never lost."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lfm2vl_lab.kernels.gemv import cat_weights, gemv, gemv_shared, pick_config
+
+pytestmark = pytest.mark.gpu
+
+TOL = 1e-2  # bf16 output against an fp32 reference, relative to the reference's largest magnitude
+# (rows of x, out_features, in_features): the 450M text model's decode shapes, and odd ones
+SHAPES = [(1, 512, 1024), (1, 1024, 1024), (1, 3072, 1024), (1, 4608, 1024), (1, 1024, 4608),
+          (1, 65536, 1024), (3, 1000, 1030), (4, 37, 4100)]
+
+
+def _rel(y, x, w, b):
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    return ((y.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_the_kernel_matches_fp32_eagerly_and_from_graph_replays(m, n, k):
+    torch.manual_seed(n + k)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    assert _rel(gemv(x, w, b), x, w, b) <= TOL
+    static = x.clone()
+    gemv(static, w, b)  # the first call of a shape compiles and makes its workspace, outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gemv(static, w, b)
+    for _ in range(3):  # fresh inputs each replay: a counter left over from the last one would show here
+        static.copy_(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(y, static, w, b) <= TOL, pick_config(m, n, k)
+
+
+def test_a_nan_reaches_the_outputs_it_touches():
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    x[0, 1023] = float("nan")
+    assert gemv(x, w).isnan().all()
+    x[0, 1023] = 0.0
+    w[7, 0] = float("nan")
+    y = gemv(x, w)
+    assert y[0, 7].isnan() and not y[0, torch.arange(1024, device="cuda") != 7].isnan().any()
+
+
+def test_linears_that_share_an_input_run_as_one_launch():
+    ws = [torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16) for n in (1024, 512, 512)]
+    weight, bias, sizes = cat_weights(ws)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    for y, w in zip(gemv_shared(x, weight, sizes, bias), ws):
+        assert _rel(y, x, w, None) <= TOL
