@@ -6,12 +6,18 @@ request and of eight, timed in alternating turns, and one profiled call of each 
 (kernel count, GPU-busy time, the kernels that take the most of it). The greedy tokens of 16 steps
 are compared between the engines. Prints as it goes; ``--json`` writes the numbers.
 
+Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or
+not), and ``fused-gemv``: the fused engine compiled with the decode step's linears through the Triton
+GEMV (:mod:`lfm2vl_lab.kernels.gemv`), which no role's engine runs yet.
+
     python scripts/engine_probe.py --preset lfm2-vl-450m --json probe.json
+    python scripts/engine_probe.py --modes plain,fused,fused-gemv --json probe.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -45,7 +51,26 @@ def profile_step(fn, top: int = 12) -> dict:
     n, busy = sum(v[0] for v in per.values()), sum(v[1] for v in per.values())
     rows = sorted(per.items(), key=lambda kv: -kv[1][1])[:top]
     return {"kernels": n, "busy_us": round(busy, 1),
-            "top": [{"name": k[:90], "calls": c, "us": round(t, 1)} for k, (c, t) in rows]}
+            "top": [{"name": k[:90], "calls": c, "us": round(t, 1)} for k, (c, t) in rows],
+            "all": [{"name": k[:90], "calls": c, "us": round(t, 1)} for k, (c, t) in per.items()]}
+
+
+@contextlib.contextmanager
+def linears_through_gemv(on: bool):
+    """``fused-gemv``: while the engine compiles and captures, every ``F.linear`` (nn.Linear's too) is
+    :func:`~lfm2vl_lab.kernels.gemv.decode_linear`, so the decode step's linears of at most four rows
+    run the Triton GEMV and a prefill's stay torch's. Dynamo guards on the function it traced, so the
+    same layer functions compile apart for this engine (the profile's ``gemv`` kernels show it)."""
+    if not on:
+        yield
+        return
+    from lfm2vl_lab.kernels.gemv import decode_linear
+
+    torch_linear, torch.nn.functional.linear = torch.nn.functional.linear, decode_linear()
+    try:
+        yield
+    finally:
+        torch.nn.functional.linear = torch_linear
 
 
 def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> dict:
@@ -62,7 +87,8 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> d
         FUSE_COMPILE["dynamic"] = {"fused": None, "fused-static": False}.get(mode)
         t0 = time.perf_counter()
         eng = TextEngine(model, max_batch=8, max_len=512, fuse=mode != "plain")
-        info = eng.capture([(1, length), (8, length)])
+        with linears_through_gemv(mode == "fused-gemv"):  # compiled (and captured) with the kernel in
+            info = eng.capture([(1, length), (8, length)])
         wall = time.perf_counter() - t0
         print(f"{mode}: compile {info['compile_s']:.1f} s, capture {info['capture_s']:.2f} s, wall {wall:.1f} s",
               flush=True)
@@ -91,8 +117,9 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> d
             out["engines"][mode][step] = {"median_ms": s["median_ms"], "p90_ms": s["p90_ms"],
                                           "profile": profile_step(make(engines[mode]))}
             p = out["engines"][mode][step]["profile"]
-            print(f"{mode:13s} {step:15s} {s['median_ms']:.3f} ms (p90 {s['p90_ms']:.3f}); {p['kernels']} kernels, "
-                  f"busy {p['busy_us'] / 1e3:.3f} ms", flush=True)
+            p["gemv_kernels"] = sum(r["calls"] for r in p["all"] if "gemv" in r["name"])
+            print(f"{mode:13s} {step:15s} {s['median_ms']:.3f} ms (p90 {s['p90_ms']:.3f}); {p['kernels']} kernels "
+                  f"({p['gemv_kernels']} gemv), busy {p['busy_us'] / 1e3:.3f} ms", flush=True)
     for mode in engines:
         for step in steps:
             print(f"-- {mode} {step}: top kernels")
@@ -103,11 +130,13 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> d
         eng.prompt(1, length).copy_(emb[:1])
         eng.prefill([length])
         toks[mode] = torch.cat([eng.sample(), eng.decode(16)[0]]).tolist()
-    base = toks.get("plain")
     for mode, t in toks.items():
-        same = next((i for i, (a, b) in enumerate(zip(t, base)) if a != b), len(t)) if base else None
-        out["engines"][mode]["tokens"], out["engines"][mode]["matching_plain"] = t, same
-        print(f"{mode}: tokens matching the unfused engine's: {same} of {len(t)}")
+        out["engines"][mode]["tokens"] = t
+        for other in ("plain", "fused"):
+            if other in toks and other != mode:
+                same = next((i for i, (a, b) in enumerate(zip(t, toks[other])) if a != b), len(t))
+                out["engines"][mode][f"matching_{other}"] = same
+                print(f"{mode}: tokens matching the {other} engine's: {same} of {len(t)}")
     del engines, model
     torch.cuda.empty_cache()
     return out

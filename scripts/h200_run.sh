@@ -28,6 +28,9 @@
 #   bash scripts/h200_run.sh boundary    scripts/boundary_probe.py: a kernel boundary inside a graph, the
 #                                        copy bandwidth, and the 450M text model's decode GEMVs against it,
 #                                        F.linear's and kernels/gemv.py's (Triton)
+#   bash scripts/h200_run.sh engine-gemv scripts/engine_probe.py with ENGINE_MODES (default plain, fused and
+#                                        fused-gemv: the decode linears through kernels/gemv.py), then the GPU
+#                                        tests GPU_TESTS (default tests/test_gemv_gpu.py)
 #   bash scripts/h200_run.sh launch      scripts/launch_probe.py: a record step's command (LAUNCH_ROLE, default
 #                                        ttft, on LAUNCH_PRESETS) forked and exec'd in turn, LAUNCH_RUNS times
 #                                        (default 4), and whether the launch moves its spread and medians
@@ -213,6 +216,11 @@ compare)
   LOG=probe  TAILN=8  step 60  python3 scripts/fused_host_probe.py ;;
 boundary)
   LOG=boundary TAILN=30 step 180 python3 scripts/boundary_probe.py --out "$R" ;;
+engine-gemv)
+  # the fused text engine with its decode linears through the Triton GEMV, beside the plain and fused ones
+  LOG=engine-gemv TAILN=70 step 300 python3 scripts/engine_probe.py --modes "${ENGINE_MODES:-plain,fused,fused-gemv}" \
+    --json "$R/engine-gemv.json"
+  LOG=pytest TAILN=8 step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/test_gemv_gpu.py} ;;
 launch)
   # does record's forked launch move a step's numbers? LAUNCH_ROLE's command (default ttft) on
   # LAUNCH_PRESETS (default lfm2-vl-450m, so that four runs fit one call), forked and exec'd in turn
@@ -230,7 +238,7 @@ steps)
     LOG=profile-$role TAILN=16 step $(( l + 70 )) python3 scripts/step_profile.py --role "$role" --limit "$l" \
       --out "$W/profile"
   done ;;
-*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, launch, steps,"\
+*) echo "unknown part $PART (record, notebooks, finish, gpu-tests, sanitize, verify, compare, boundary, engine-gemv, launch, steps,"\
         "startup, vllm)"
    exit 2 ;;
 esac

@@ -178,3 +178,33 @@ def test_the_table_keeps_small_shapes_legal():
         for n, k in ((1, 1), (3, 5), (17, 33)):
             cfg = pick_config(m, n, k)
             assert cfg.block_k >= 16 and cfg.split_k >= 1 and cfg.split_k <= max(1, -(-k // cfg.block_k))
+
+
+def test_decode_linear_is_torchs_own_where_the_kernel_does_not_run_and_compiles_whole():
+    """On the CPU every call stays torch's F.linear, bit for bit; routed through F.linear (as nn.Linear
+    calls it), torch.compile traces it with no graph break, and compiles again once the routing is undone."""
+    from torch._dynamo.testing import CompileCounter
+
+    from lfm2vl_lab.kernels.gemv import decode_linear
+
+    m = torch.nn.Linear(64, 32, dtype=torch.bfloat16)
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    linear = decode_linear()
+    assert torch.equal(linear(x, m.weight, m.bias), F.linear(x, m.weight, m.bias))
+    counter = CompileCounter()
+    torch_linear, torch.nn.functional.linear = torch.nn.functional.linear, linear
+    try:
+        routed = torch.compile(lambda a: m(a) * 2, backend=counter, fullgraph=True)(x)
+    finally:
+        torch.nn.functional.linear = torch_linear
+    assert torch.equal(routed, m(x) * 2) and counter.frame_count == 1
+    torch.compile(lambda a: m(a) * 2, backend=counter, fullgraph=True)(x)
+    assert counter.frame_count == 2  # dynamo guarded on the routed function: torch's own compiles apart
+
+
+def test_the_custom_op_is_the_kernels_product():
+    from lfm2vl_lab.kernels.gemv import gemv_op
+
+    x, w, b = torch.randn(2, 64).bfloat16(), torch.randn(48, 64).bfloat16(), torch.randn(48).bfloat16()
+    assert torch.equal(torch.ops.lfm2vl.gemv(x, w, b), torch_gemv(x, w, b))
+    torch.library.opcheck(gemv_op(), (x, w, b))  # its fake (shape-only) version agrees with it

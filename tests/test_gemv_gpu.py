@@ -57,3 +57,30 @@ def test_linears_that_share_an_input_run_as_one_launch():
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     for y, w in zip(gemv_shared(x, weight, sizes, bias), ws):
         assert _rel(y, x, w, None) <= TOL
+
+
+def test_decode_linear_compiled_and_captured_runs_the_kernel_for_few_rows_only():
+    """torch.compile (inductor, whole graph) keeps the routed linear's few-row calls as the kernel, and
+    a captured graph of it replays within bf16 rounding of fp32; many rows stay torch's GEMM."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lfm2vl_lab.kernels.gemv import decode_linear
+
+    linear = decode_linear()
+    w = torch.randn(4608, 1024, device="cuda", dtype=torch.bfloat16)
+    fn = torch.compile(lambda a: torch.nn.functional.silu(linear(a, w)), fullgraph=True)
+    for rows in (1, 280):
+        x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
+        fn(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = fn(x)
+        x.copy_(torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        ref = torch.nn.functional.silu(torch.nn.functional.linear(x.float(), w.float()))
+        assert ((y.float() - ref).abs().max() / ref.abs().max()).item() <= TOL
+        gemv_kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                        and "gemv" in e.name]
+        assert bool(gemv_kernels) == (rows == 1), (rows, [e.name for e in prof.events()][:10])

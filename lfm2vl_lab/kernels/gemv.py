@@ -224,3 +224,37 @@ def gemv_shared(x: torch.Tensor, weight: torch.Tensor, sizes, bias: torch.Tensor
     if sum(sizes) != weight.shape[0]:
         raise ValueError(f"gemv: sizes {tuple(sizes)} add up to {sum(sizes)}, weight has {weight.shape[0]} rows")
     return gemv(x, weight, bias, config).split(list(sizes), dim=-1)
+
+
+_F_LINEAR = torch.nn.functional.linear  # torch's own, whatever a caller later routes F.linear to
+
+
+def _gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return gemv(x, weight, bias)
+
+
+@functools.cache
+def gemv_op():
+    """:func:`gemv` as a torch custom op, ``torch.ops.lfm2vl.gemv``: torch.compile keeps it as one opaque
+    call (traced as itself, it would be lowered to inductor's own GEMM), and a captured graph holds the
+    Triton kernel it launches. Registered on first use."""
+    op = torch.library.custom_op("lfm2vl::gemv", _gemv_op, mutates_args=())
+    op.register_fake(lambda x, weight, bias: x.new_empty((*x.shape[:-1], weight.shape[0])))
+    return op
+
+
+def decode_linear():
+    """A drop-in ``F.linear`` that sends a decode step's linears (at most :data:`MAX_M` rows, 16-bit,
+    on CUDA, a contiguous weight) to the kernel and everything else (a prefill's hundreds of rows) to
+    torch's own. It reads only tensor properties, so torch.compile traces it whole (``fullgraph``)."""
+    op = gemv_op()
+    on = triton_available()  # decided here, once: a call inside a traced function must not ask
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if (on and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+                and weight.dim() == 2 and weight.is_contiguous() and x.shape[-1] == weight.shape[1]
+                and x.numel() <= MAX_M * weight.shape[1] and (bias is None or bias.dtype == x.dtype)):
+            return op(x, weight, bias)
+        return _F_LINEAR(x, weight, bias)
+
+    return linear
