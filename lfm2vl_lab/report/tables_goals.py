@@ -220,10 +220,10 @@ def _engine_rows(res: dict, s: dict) -> list[list]:
     for step, key, what in (("decode_step", "decode_ms_per_token", "decode ms per token"),
                             ("prefill", "prefill_sample_ms", "prefill + sample ms")):
         out += [[f"{preset_label(preset)} ({s['prompt_len']} positions): {what}, timed", *(ms(r[key]) for r in mine)],
-                [f"{step}: kernels (GEMMs)", *(f"{p[step]['kernels']:.0f} ({p[step]['classes'].get('GEMM', 0)})"
-                                               for p in pp)],
-                [f"{step}: GPU-busy / wall ms", *(f"{ms(p[step]['gpu_busy_ms'])} / {ms(p[step]['wall_ms'])}"
-                                                  for p in pp)]]
+                [f"{step.replace('_', ' ')}: kernels (GEMMs)",
+                 *(f"{p[step]['kernels']:.0f} ({p[step]['classes'].get('GEMM', 0)})" for p in pp)],
+                [f"{step.replace('_', ' ')}: GPU-busy / wall ms",
+                 *(f"{ms(p[step]['gpu_busy_ms'])} / {ms(p[step]['wall_ms'])}" for p in pp)]]
     return out + [[f"weights' floor per decode step ({floor['param_bytes'] / 1e9:.3f} GB at "
                    f"{floor['bandwidth_B_per_s'] / 1e12:.1f} TB/s)", None, f"{floor['floor_ms']:.3f} ms (fused "
                    f"kernels: {pp[1]['decode_step']['gpu_busy_ms'] / floor['floor_ms']:.1f}×)"],
