@@ -187,6 +187,11 @@ def table(head: list[str], rows: list[list]) -> str:
     return md(pd.DataFrame(rows, columns=head, dtype=object))
 
 
+def facts(rows: list[list], note: str = "", head=("what", "measured")) -> str:
+    """A miss's numbers as a small table, and a line after it."""
+    return "\n\n".join([table(list(head), rows)] + ([note] if note else []))
+
+
 def need(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
     """``df`` with every column of ``cols``, empty where its rows lack the field."""
     return df.reindex(columns=[*df.columns, *(c for c in cols if c not in df.columns)])

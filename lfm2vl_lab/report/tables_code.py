@@ -1,14 +1,12 @@
-"""The library's own shape as goals (``goals-code``), measured from this tree rather than the set: the
-report layer's lines against half of what it was when the goal was set, and core's protocol's members
-against vLLM's eleven; and, for a miss, where the report layer's lines are (:func:`explain_report_layer`).
-The goals page's block of them is ``tables_goals``' ``goals-code``."""
+"""The library's own shape as goals (``goals-code``), measured from this tree, not the set: the report
+layer's lines, and core's protocol's members against vLLM's eleven."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from .frames import Refs
+from .frames import Refs, facts
 
 REPORT_DIR = Path(__file__).resolve().parent
 REPORT_LIMIT_LINES = 1750  # half the ~3,500 lines that turned result files into pages when the goal was set
@@ -67,14 +65,7 @@ def explain_report_layer(refs: Refs | None = None) -> str:
     for text in mods.values():
         for k, v in line_kinds(text).items():
             kinds[k] += v
-    total = sum(kinds.values())
-    return (f"The report layer is {total:,} lines in {len(mods)} modules; the five largest: "
-            + ", ".join(f"`{name}` {n}" for n, name in sizes[:5]) + f". Of its lines, {kinds['docs']:,} are "
-            f"docstrings, comment lines and blank lines; {kinds['wording']:,} carry the pages' wording (a phrase in a "
-            f"string literal: what the pages print word for word, which `report --check` holds fixed); "
-            f"{kinds['code']:,} are the rest. A rewrite that keeps every page byte-identical keeps the wording, so "
-            f"the goal leaves {REPORT_LIMIT_LINES - kinds['wording']:,} lines for docstrings, comments and code "
-            f"together, against {kinds['docs']:,} of docstrings and comments alone today. Moving the wording "
-            "out of the code, into the pages around smaller generated blocks of numbers (not built), would leave "
-            f"{kinds['docs'] + kinds['code']:,} lines: "
-            + ("still over the goal." if kinds["docs"] + kinds["code"] > REPORT_LIMIT_LINES else "within the goal."))
+    return facts([["the five largest modules", ", ".join(f"`{name}` {n}" for n, name in sizes[:5])],
+                  ["docstrings, comment and blank lines", f"{kinds['docs']:,}"],
+                  ["lines with the pages' wording (a phrase in a string literal)", f"{kinds['wording']:,}"],
+                  ["the rest (code)", f"{kinds['code']:,}"]])

@@ -76,28 +76,18 @@ def encoder_table(res: dict) -> str:
 
 
 def encoder_summary(res: dict) -> str:
-    """Sentences read off the same rows: where lab-graph is fastest, where its kernels are cheaper than
-    transformers', its stream p99 against compile's, and what its graphs cost to capture."""
-    df = medians(frame(res))
-    med, busy = grid(df), grid(df, "gpu_busy_ms", ["lab-graph", "hf-eager"])
-    med = med[med.get("lab-graph", pd.Series(dtype=float)).notna()]
-    ws, fastest = list(med.index), list(med.index[med["lab-graph"] == med.min(axis=1)])
-    out = [f"lab-graph is the fastest mode at {len(fastest)} of {len(ws)} workloads"
-           + ("" if len(fastest) == len(ws) else f" (not at {', '.join(w for w in ws if w not in fastest)})") + "."]
-    prof = busy.loc[ws][(busy.loc[ws] > 0).all(axis=1)]
-    out.append(f"Its GPU-busy time is at or below transformers' at {(prof['lab-graph'] <= prof['hf-eager']).sum()} "
-               f"of the {len(prof)} profiled workloads (the stream is timed request by request, not profiled).")
-    at = df.set_index(["mode", "workload"])
+    """What the table leaves out: the stream's p99 against compile's, and what lab-graph's graphs cost."""
+    at = medians(frame(res)).set_index(["mode", "workload"])
+    out = []
     if {("lab-graph", "stream"), ("compile", "stream")} <= set(at.index):
         gs, cs = at.loc[("lab-graph", "stream")], at.loc[("compile", "stream")]
-        if gs.p99_ms and cs.p99_ms and not (missing(gs.p99_ms) or missing(cs.p99_ms)):
-            out.append(f"On the stream its p99 is {ms(gs.p99_ms)} ms against compile's {ms(cs.p99_ms)} ms "
-                       f"(compile's slowest request: {ms(cs.max_ms)} ms; `torch.compile` records a new graph for "
-                       "each new shape).")
-    g = at.loc[("lab-graph", ws[0])] if ws else None
-    if g is not None and not missing(g.capture_s):
-        out.append(f"All of lab-graph's graphs were captured in {ms(g.capture_s)} s and hold "
-                   f"{g.graph_total_mb:.0f} MiB.")
+        if not (missing(gs.p99_ms) or missing(cs.p99_ms)):
+            out.append(f"Stream p99: lab-graph {ms(gs.p99_ms)} ms, compile {ms(cs.p99_ms)} ms (its slowest request "
+                       f"{ms(cs.max_ms)} ms).")
+    g = at.xs("lab-graph").capture_s.dropna() if "lab-graph" in at.index.get_level_values(0) else []
+    if len(g):
+        out.append(f"lab-graph's graphs: captured in {ms(g.iloc[0])} s, "
+                   f"{at.xs('lab-graph').graph_total_mb.dropna().iloc[0]:.0f} MiB.")
     return " ".join(out)
 
 
@@ -105,9 +95,8 @@ def encoder_block(role: str):
     def block(refs: Refs) -> str:
         res = refs(role)
         prov = res["provenance"]
-        head = (f"{preset_label(prov.get('preset', '?'))}, {prov.get('dtype')}, random weights: median ms of "
-                f"{prov.get('repeats')} timed calls after {prov.get('warmup')} warm-up calls per row (the stream "
-                "times each request once); in brackets the GPU-busy ms of one profiled call.")
+        head = (f"{preset_label(prov.get('preset', '?'))}, {prov.get('dtype')}: median ms of {prov.get('repeats')} "
+                f"timed calls after {prov.get('warmup')} warm-up calls per row (GPU-busy ms of one profiled call).")
         return "\n\n".join([head, encoder_table(res), encoder_summary(res), refs.source(role)])
     return block
 
@@ -234,17 +223,13 @@ def code_of(prov: dict) -> str:
 
 
 def machine_sentence(now: dict, then: dict) -> str:
-    """What two files' provenance shares and where it differs: machine, libraries, the kit's code, time."""
+    """Where two files' provenance differs (machine, libraries, the kit's code), what it shares, the hours between."""
     a, b = now["provenance"], then["provenance"]
-    same = [f"{label} {a[k]}" for k, label in MACHINE_FIELDS if a.get(k) is not None and a.get(k) == b.get(k)]
-    differ = [f"{label} ({b.get(k)} earlier, {a.get(k)} in this set)" for k, label in MACHINE_FIELDS
-              if a.get(k) != b.get(k)]
-    if code_of(a) != code_of(b):
-        differ.append(f"the kit's code ({code_of(b)} earlier, {code_of(a)} in this set)")
+    fields = [(label, a.get(k), b.get(k)) for k, label in MACHINE_FIELDS] + [("the kit's code", code_of(a), code_of(b))]
     hours = (datetime.fromisoformat(a["date"]) - datetime.fromisoformat(b["date"])).total_seconds() / 3600
-    return (f"Both files record the same {', '.join(same) or 'nothing'}; they differ in "
-            f"{'; '.join(differ) or 'nothing they record'}, and the earlier run is {hours:.1f} h older. Whether "
-            "one physical host ran both, the files do not record.")
+    rows = [[label, x, y] for label, x, y in fields if x != y] + [["hours between the runs", f"{hours:.1f}", None]]
+    same = ", ".join(f"{label} {x}" for label, x, y in fields if x == y and x is not None)
+    return table(["differs", "this set", "earlier"], rows) + f"\n\nThe same in both: {same or 'nothing'}."
 
 
 def machine_block(refs: Refs) -> str:
@@ -260,9 +245,8 @@ def machine_block(refs: Refs) -> str:
     out.columns = [f"{w}: this set vs earlier" for w in ws]
     out.insert(0, "mode", [label for _, label in ENCODER_MODES])
     return "\n\n".join([md(out),
-                        f"Median ms. This set: `{refs.shown(now)}` ({str(now['provenance']['date'])[:10]}); earlier: "
-                        f"`{refs.shown(then)}` ({str(then['provenance']['date'])[:10]}, an archived run of the same "
-                        "bench command, read here only for this comparison). " + machine_sentence(now, then)])
+                        f"Median ms. This set: `{refs.shown(now)}`; earlier: `{refs.shown(then)}` (archived).",
+                        machine_sentence(now, then)])
 
 
 def busy_over_wall_block(refs: Refs) -> str:

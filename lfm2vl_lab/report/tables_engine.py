@@ -1,14 +1,12 @@
-"""The pages' parts about the request past the encoder: the ``ttft`` grid and its phases, profiles,
-parity and image path; TTFT inside ``generate`` (``e2e``); the text model's peers (``engine``); and
-whole requests (``request-3b``), measured where the text model is graphed and composed from measured
-parts elsewhere, the measured rows saying how close the composition is."""
+"""The parts about the request past the encoder: the ``ttft`` grid, TTFT inside ``generate`` (``e2e``), the
+text model's peers (``engine``) and whole requests (``request-3b``), measured or composed, each row saying which."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from ..measure.e2e import DECODE_DRIFT_WARN
-from ..measure.request import NEW_TOKENS, STAND_IN, composed_e2e, composition_check, like_for_like
+from ..measure.request import NEW_TOKENS, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
 from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times
 from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_cases, ttft_frame
@@ -59,9 +57,8 @@ def ttft_modes_block(refs: Refs) -> str:
         **{BOTH_GRAPHED: "**" + ttft[BOTH_GRAPHED].map(ms, na_action="ignore") + "**"}).values
     out["decode ms/token, both eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
     parity = [m for p in res.get("parity") or [] for m in p["modes"].values()]
-    note = (f"TTFT ms (median of {res['rows'][0].get('repeats')} paired rounds), processor excluded. Parity: "
-            f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass "
-            "(tokens against `generate`, first-token logits against a float32 copy; docs/results.md lists them).")
+    note = (f"TTFT ms, median of {res['rows'][0].get('repeats')} paired rounds. Parity: "
+            f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass.")
     return _part(refs, md(out), note)
 
 
@@ -75,7 +72,7 @@ def ttft_phases_block(refs: Refs) -> str:
     for p in TTFT_PHASES:
         out[p] = need(one, f"phases_ms.{p}")[f"phases_ms.{p}"].map(ms)
     out["decode ms/token"] = one.decode_ms_per_token.map(ms)
-    return _part(refs, "Median ms of one 512 px request.", md(out))
+    return _part(refs, md(out))
 
 
 def _profiled(where: list, r: dict, busy: float | None, *graphs: str) -> list:
@@ -91,8 +88,7 @@ def ttft_profile_block(refs: Refs) -> str:
     rows = [_profiled([preset_label(p["preset"]), mode_label(m)], r, r.get("busy_share"), f"{r['graph_launches']:.0f}")
             for p in res.get("profile") or [] for m in TTFT_MODES if (r := p.get(m))]
     head = ["preset", "mode", "kernels", "launch calls", "graph launches", "GPU-busy ms", "wall ms", "busy"]
-    return _part(refs, "One profiled request (512 px, processor excluded), the mean of "
-                 f"{(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows))
+    return _part(refs, f"The mean of {(res.get('profile') or [{}])[0].get('iters')} profiled calls.", table(head, rows))
 
 
 def ttft_grid_block(refs: Refs) -> str:
@@ -106,8 +102,7 @@ def ttft_grid_block(refs: Refs) -> str:
     for m, text in ((mode_name("eager", "graphed"), "eager"), (BOTH_GRAPHED, "graphed")):
         out[f"encoder graphs' cut, text {text}"] = [_cut(c, d) for c, d in zip(cut[m], drift[m])]
     out["decode ms/token, all eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
-    note = (f"\"drift\" marks a cut where decode, which never runs the encoder, moved by more than "
-            f"{pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes: there the cut is not the encoder's alone.")
+    note = f"drift: decode moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes."
     return _part(refs, md(out), note)
 
 
@@ -143,20 +138,19 @@ def text_cuts_block(refs: Refs) -> str:
             out.append([preset_label(preset), c["image"], c["requests"], c["prompt_tokens"], ms(c["eager_ms"]),
                         ms(c["graphed_ms"]), pct(c["cut"])])
     head = ["preset", "image", "requests", "prompt tokens", "TTFT, text eager", "TTFT, text graphed", "cut (paired)"]
-    return _part(refs, "The encoder graphed in both columns; sorted by the batch's prompt tokens.", table(head, out))
+    return _part(refs, table(head, out))
 
 
 def engine_setup_block(refs: Refs) -> str:
     """What the text engine captured per preset, and whether any timed call fell back to eager."""
-    parts = []
-    for s in refs("ttft").get("setup") or []:
-        cap, stats = s["engine_capture"], s.get("engine_stats") or {}
-        fused = (f"fused (inductor-compiled layers, {ms(cap['compile_s'])} s compiling first)"
-                 if s.get("engine_fused") else "unfused")
-        parts.append(f"{preset_label(s['preset'])}: {fused}, {len(cap['captured'])} graphs (prefill, sample and decode "
-                     f"shapes) captured in {ms(cap['capture_s'])} s, a hybrid cache of {cap['cache_mib']:.0f} MiB, "
-                     f"{sum((stats.get('eager') or {}).values())} eager fallbacks in the timed calls")
-    return "The text engine's graphs: " + "; ".join(parts) + " (`setup` in the file)."
+    rows = [[preset_label(s["preset"]), "fused" if s.get("engine_fused") else "unfused",
+             ms(s["engine_capture"].get("compile_s")) if s.get("engine_fused") else None,
+             len(s["engine_capture"]["captured"]), ms(s["engine_capture"]["capture_s"]),
+             f"{s['engine_capture']['cache_mib']:.0f}",
+             sum(((s.get("engine_stats") or {}).get("eager") or {}).values())]
+            for s in refs("ttft").get("setup") or []]
+    return table(["text engine", "layers", "first compile s", "graphs", "capture s", "cache MiB",
+                  "eager fallbacks when timed"], rows)
 
 
 def e2e_block(refs: Refs) -> str:
@@ -170,8 +164,8 @@ def e2e_block(refs: Refs) -> str:
                         "change (paired)": (-d.ttft_reduction_paired).map(lambda v: pct(v, sign=True)),
                         "encoder ms": d.encoder_ms_hf.map(ms) + " → " + d.encoder_ms.map(ms),
                         "decode drift": [pct(v, 0, True) + " (disturbed)" * drift_beyond(v) for v in d.decode_drift]})
-    note = (f"Median ms of {df.repeats.iloc[0]} rounds, the two modes in alternating turns. \"disturbed\": "
-            f"decode per token moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the modes.")
+    note = (f"Median ms of {df.repeats.iloc[0]} rounds. disturbed: decode per token moved by more than "
+            f"{pct(DECODE_DRIFT_WARN, 0)} between the modes.")
     return _part(refs, md(out), note, roles=("e2e",))
 
 
@@ -259,9 +253,8 @@ def engine_peers_block(refs: Refs) -> str:
                        f"{f['bandwidth_B_per_s'] / 1e12:.1f} TB/s)" for s in res["setup"] for f in [s["floor"]])
     eight = [f"{PEER_LABELS.get(r['mode'], r['mode'])} {ms(r['decode_ms_per_step'])} ms per step" for r in res["rows"]
              if r["requests"] > 1 and "error" not in r]
-    note = (f"bf16, one request ({res['setup'][0]['prompt_len']} positions), median ms of "
-            f"{res['rows'][0].get('repeats')} rounds, every mode in alternating turns. The weights' floor per decode "
-            f"step: {floors}. Eight requests: {', '.join(eight)}.")
+    note = (f"One request ({res['setup'][0]['prompt_len']} positions), median ms of {res['rows'][0].get('repeats')} "
+            f"rounds. The weights' floor per decode step: {floors}. Eight requests: {', '.join(eight)}.")
     return _part(refs, table(head, rows), note, roles=("engine",))
 
 
@@ -326,17 +319,10 @@ def e2e_requests_block(refs: Refs, res: dict) -> str:
     ms_gap = max((abs(x) for c in checks for x in c["ms_error"]), default=None)
     cut_gap = max((abs(c["cut_error"]) for c in checks), default=None)
     check_note = (f"On the {len(checks)} measured rows the composition lands within {pct(ms_gap)} of each measured "
-                  f"whole request, and its cut is off by up to {100 * cut_gap:.1f} points (the error in brackets); "
-                  "the composed rows of the other presets have no measurement beside them. " if checks else
-                  "No row was measured, so the composition's error is not known here. ")
-    note = (f"Whole requests of {tokens} output tokens, bf16, medians; processor to tokens on the host. "
-            f"Measured: whole requests in paired turns (text model graphed, the `{REQUEST_ROLE}` file). "
-            "Composed: the request to its first token plus the decode steps, each measured "
-            f"(`request.composed_e2e`). {check_note}"
-            "The text model eager is transformers' own, and its rows are composed on every preset. (drift): the "
-            f"cell's decode control fails, its two encoder modes decoded more than {pct(DECODE_DRIFT_WARN, 0)} "
-            "apart although decode never runs the encoder, so that cut is not the encoder alone. "
-            f"{STAND_IN[0].upper() + STAND_IN[1:]}.")
+                  f"whole request, its cut off by up to {100 * cut_gap:.1f} points." if checks else
+                  "No row was measured, so the composition's error is not known here.")
+    note = (f"Whole requests of {tokens} output tokens, medians. {check_note} (drift): the two encoder modes decoded "
+            f"more than {pct(DECODE_DRIFT_WARN, 0)} apart.")
     return _part(refs, table(head, out), note, roles=(REQUEST_ROLE, "ttft"))
 
 
@@ -349,9 +335,8 @@ def throughput_block(refs: Refs, res: dict) -> str:
     if not out:
         return "_This request file has no throughput run._"
     tp = res["throughput"][0]
-    note = (f"{tp['requests']} requests of the seeded workload's mixed image sizes, in arrival order, batches of up to "
-            f"{tp['batch']}, {tp['new_tokens']} output tokens each, text model graphed; median of {tp['passes']} "
-            f"passes in turns. Encoder graphs: {times(tp['speedup'], 3)} the throughput.")
+    note = (f"{tp['requests']} requests, batches of up to {tp['batch']}, {tp['new_tokens']} output tokens each; median "
+            f"of {tp['passes']} passes in turns. Encoder graphs: {times(tp['speedup'], 3)} the throughput.")
     return _part(refs, table(["preset", "encoder", "requests/s", "output tokens/s", "s per pass"], out), note,
                  roles=(REQUEST_ROLE,))
 

@@ -62,9 +62,7 @@ def other_capture(refs: Refs, preset: str | None) -> str:
         return ""
     cap = setup["encoder_capture"]
     return (f"The same `pr` budget set captured again in the whole-request run (`request-3b`, another process): "
-            f"{ms(sum(c['capture_s'] for c in cap))} s, {sum(c['total_mb'] for c in cap):.0f} MiB. Capture time and "
-            "graph memory move between processes; the capture goal on docs/goals.md is judged from the "
-            "`request-3b` run.")
+            f"{ms(sum(c['capture_s'] for c in cap))} s, {sum(c['total_mb'] for c in cap):.0f} MiB.")
 
 
 @needs(ROLE, f"This reference set has no `{ROLE}` file: `python -m lfm2vl_lab record` on the GPU records it, and "
@@ -74,13 +72,10 @@ def pr_config_block(refs: Refs, res: dict) -> str:
     sentence saying so (the page still builds and stays equal to what the generator writes)."""
     prov = res["provenance"]
     same, differ = shared_settings([r for r in res["rows"] if r.get("graph_config")] or [{}])
-    note = (f"lab-graph on {preset_label(prov.get('preset', '?'))}, {prov.get('dtype')}, random weights: median ms "
-            f"of {prov.get('repeats')} timed calls per row; the stream ({prov.get('stream_n')} requests) times each "
-            "request once. `kit` is `GraphOptions()`, `pr` is `GraphOptions.named(\"pr\")`; both ran with "
+    note = (f"lab-graph on {preset_label(prov.get('preset', '?'))}, {prov.get('dtype')}: median ms of "
+            f"{prov.get('repeats')} timed calls per row, a stream of {prov.get('stream_n')} requests; both ran with "
             + ", ".join(f"{k}={v}" for k, v in same.items())
-            + (f" (they differ in {', '.join(differ)})" if differ else "")
-            + ". Graph memory is the pool's growth during capture plus the persistent buffers; graphs counts every "
-            "variant of every budget.")
+            + (f" (they differ in {', '.join(differ)})" if differ else "") + ".")
     errors = [f"- {e.get('graph_config', e.get('mode'))} {e.get('workload', '')} ({e.get('stage')}): "
               f"{short_error(e.get('error'))}" for e in res.get("errors") or []]
     other = other_capture(refs, prov.get("preset"))

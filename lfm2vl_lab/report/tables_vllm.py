@@ -1,7 +1,5 @@
-"""The pages' parts that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline (TTFT, whole
-requests, breakdown, engines), and ``pr-verdict``, the one verdict on the PR's claim
-(:data:`~.ttft_summary.PR_CLAIM`) that every other page links to. A cut is placed against the range
-by its whole 95% interval; the kit's other runs have no interval, so they give medians, no verdict."""
+"""The parts that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline, and ``pr-verdict``, the
+one verdict on the PR's claim, which places a cut against the range by its whole 95% interval."""
 
 from __future__ import annotations
 
@@ -67,13 +65,10 @@ def _settings(res: dict) -> str:
     s = res["settings"]
     counts = sorted({(sec.get("rounds", s["rounds"]), sec.get("kit_repeats", s["kit_repeats"]))
                      for sec in res["presets"].values()})
-    rounds = " or ".join(f"{r} rounds (the kit's pipeline: {k})" for r, k in counts)
     skipped = sorted({f"{preset_label(p)} {case}: {why}" for p, sec in res["presets"].items()
                       for case, why in sec.get("skipped", {}).items()})
-    return (f"vLLM {res['provenance'].get('vllm')}, bf16, the kit's seeded random weights loaded by all three engines "
-            f"and by the kit's pipeline. Median of {rounds}, the engines in rotating turns, a new image per "
-            "request; a cut is the median of the paired per-round savings against encoder eager, with its 95% "
-            "bootstrap interval (an interval holding 0 is no measurable change)."
+    return (f"vLLM {res['provenance'].get('vllm')}, bf16; median of "
+            + " or ".join(f"{r} rounds (the kit's pipeline: {k})" for r, k in counts) + "."
             + "".join(f" Left out in vLLM: {s_}." for s_ in skipped) + partial_note(res))
 
 
@@ -81,16 +76,13 @@ def _settings(res: dict) -> str:
 def ttft_block(refs: Refs, res: dict) -> str:
     """TTFT per preset and case: vLLM's and the kit's pipeline's, with the encoder graphs' cuts."""
     return "\n\n".join([_table(res, "ttft_cut", "ttft_ms", TOKENS[:1]),
-                        f"Time to first token, processor included in both, from requests of {TOKENS[0]} tokens. "
-                        + _settings(res), refs.source(ROLE)])
+                        f"Requests of {TOKENS[0]} tokens. " + _settings(res), refs.source(ROLE)])
 
 
 @vllm_part
 def requests_block(refs: Refs, res: dict) -> str:
     """Whole requests of 16 and 128 tokens: vLLM's and the kit's pipeline's, with the encoder graphs' cuts."""
-    return "\n\n".join([_table(res, "e2e_cut", "e2e_ms", TOKENS),
-                        "Whole requests, from the call to the last token on the host. " + _settings(res),
-                        refs.source(ROLE)])
+    return "\n\n".join([_table(res, "e2e_cut", "e2e_ms", TOKENS), _settings(res), refs.source(ROLE)])
 
 
 VERDICTS = {"within": "within it", "above": "above it", "below": "below it",
@@ -122,10 +114,8 @@ def _verdict(res: dict, engine: str, key: str, tokens_list) -> str:
 def claim_block(refs: Refs, res: dict) -> str:
     """The PR's claim judged from vLLM's own A/B with the PR's graph config, then from the kit's pipeline
     on the same weights and images: each whole-request and TTFT cut set against 10–20%."""
-    return "\n".join(claim_lines(res)) + ("\n\nThe PR claimed 10–20% lower end-to-end latency at low batch size. A cut "
-                                          "counts as within, above or below that range only when its whole 95% "
-                                          "interval is; the median and the interval follow each case."
-                                          + partial_note(res) + "\n\n") + refs.source(ROLE)
+    return "\n".join(claim_lines(res)) + "\n\n" + (partial_note(res).strip() + "\n\n" if partial_note(res) else "") \
+        + refs.source(ROLE)
 
 
 def claim_lines(res: dict) -> list[str]:
@@ -159,12 +149,8 @@ def breakdown_block(refs: Refs, res: dict) -> str:
                 step = sum(v for k, v in ph.items() if k not in ("processor", "decode"))
                 rows.append([preset_label(preset), f"kit's pipeline, {arm}", ms(r["ttft_ms"], 1),
                              ms(ph.get("processor"), 1), None, ms(step, 1), ms(ph.get("encoder"), 2), None])
-    return "\n\n".join([table(head, rows),
-                        "Medians over the rounds' requests of one 512 px image and 16 tokens, ms. vLLM's parts are its "
-                        "own: its processor timing, its scheduler's timestamps (queued, scheduled, first token) and "
-                        "CUDA events around its encoder step in its worker; what is left of TTFT is the frontend and "
-                        "the pipe between its processes (composed). The kit's are its pipeline's phases; its step "
-                        "is upload, encoder, merge, prefill and sampling.", refs.source(ROLE)])
+    return "\n\n".join([table(head, rows), f"Medians, ms, of one 512 px image and {TOKENS[0]} tokens.",
+                        refs.source(ROLE)])
 
 
 def _capture_mib(cap: dict) -> str | None:
@@ -201,18 +187,7 @@ def engines_block(refs: Refs, res: dict) -> str:
     seconds = "; ".join(f"{preset_label(p)} {res['presets'][p]['seconds'].get('total', 0):.0f} s ("
                         + ", ".join(f"{k} {v:.0f} s" for k, v in res["presets"][p]["seconds"].items() if k != "total")
                         + ")" for p in presets(res))
-    return "\n\n".join([table(head, rows), f"Seconds per preset on the H200: {seconds}.",
-                        "Start-up: `LLM(...)` to ready, compile and CUDA graph capture included. The encoder graphs "
-                        "captured once more in the live engine after the rounds, the way vLLM's own start-up "
-                        "profiling captures them (a manager of its own into a pool of its own); memory is what that "
-                        "pool holds after the capture. A file without that read shows the growth of the "
-                        "allocator's reserved bytes where it is above 0, and otherwise \"not seen\": a capture "
-                        "that fits in blocks the allocator already holds reserves nothing new, so 0 there says "
-                        "nothing of the graphs' size. Parity: each "
-                        "engine's raw logits of its 20 most likely first tokens against a float32 copy of the same "
-                        "weights, passing within 1e-2 or no worse than 1.05 × transformers' bf16; tokens: how many "
-                        "of its greedy tokens follow the float32 copy's, per parity prompt (one 512 px image, one "
-                        "tiled image).", refs.source(ROLE)])
+    return "\n\n".join([table(head, rows), f"Seconds per preset: {seconds}.", refs.source(ROLE)])
 
 
 # The PR's claim
@@ -334,15 +309,7 @@ def verdict_block(refs: Refs, res: dict) -> str:
             + [others.get((label, preset))] for label, _, _ in measures() for preset in presets(res)]
     head = ["measure", "preset", f"inside vLLM {version}, PR config", "the kit's pipeline, PR config, same weights",
             "the kit's other runs (medians, no interval)"]
-    lo, hi = PR_CLAIM
-    rule = (f"The PR claimed {pct(lo, 0)}–{pct(hi, 0)} lower end-to-end latency at low batch size. A case counts as "
-            "within, above or below that range only when its whole 95% interval of the paired cut is (open: the "
-            "interval reaches across an edge). A group holds where some case lies within or above the range and none "
-            "below it, does not hold where some lies below and none within or above, and is not settled where every "
-            "interval is open. The first token is not what the PR claimed: it holds the encoder's whole saving in "
-            "less time than a whole request, so its cut is the larger one. The kit's other runs are the same "
-            "pipeline in separate processes, with more request counts; they record medians only, so they give no "
-            "verdict.")
+    rule = f"The PR claimed {pct(PR_CLAIM[0], 0)}–{pct(PR_CLAIM[1], 0)} lower end-to-end latency at low batch size."
     sources = refs.source(ROLE, *[r for r in (REQUEST_ROLE, "ttft") if refs.has(r)])
     return "\n\n".join(["\n".join(summary(groups, names)), table(head, rows), rule, sources])
 
