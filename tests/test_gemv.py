@@ -52,7 +52,7 @@ INTERPRETED = textwrap.dedent("""
         again = G.gemv(x, w, b, cfg)  # a second call (a graph replay's case): split-K counters were reset
         out["cases"].append({"shape": list(y.shape), "dtype": str(y.dtype), "rel": rel(y, ref),
                              "same_again": torch.equal(y, again)})
-    out["counters_zero"] = all(int(t.abs().sum()) == 0 for key, t in G._WORKSPACES.items() if key[1] == "counters")
+    out["counters_zero"] = all(int(t.abs().sum()) == 0 for key, t in G._WORKSPACES.items() if key[2] == "counters")
     x, w = torch.randn(1, 70, generator=g).bfloat16(), torch.randn(40, 70, generator=g).bfloat16()
     for cfg in (G.GemvConfig(16, 32), G.GemvConfig(8, 16, 4)):
         xn = x.clone(); xn[0, 69] = float("nan")  # in the last, partial chunk of K
@@ -206,5 +206,16 @@ def test_the_custom_op_is_the_kernels_product():
     from lfm2vl_lab.kernels.gemv import gemv_op
 
     x, w, b = torch.randn(2, 64).bfloat16(), torch.randn(48, 64).bfloat16(), torch.randn(48).bfloat16()
-    assert torch.equal(torch.ops.lfm2vl.gemv(x, w, b), torch_gemv(x, w, b))
-    torch.library.opcheck(gemv_op(), (x, w, b))  # its fake (shape-only) version agrees with it
+    assert torch.equal(torch.ops.lfm2vl.gemv(x, w, b, 0), torch_gemv(x, w, b))
+    torch.library.opcheck(gemv_op(), (x, w, b, 0))  # its fake (shape-only) version agrees with it
+
+
+def test_each_space_has_workspaces_of_its_own():
+    """Split-K buffers are kept per space: calls in one space reuse them, two spaces (two engines'
+    routers, which two threads may replay at once) never share one."""
+    from lfm2vl_lab.kernels.gemv import _workspace
+
+    cpu = torch.device("cpu")
+    one, again = (_workspace(cpu, "counters", 8, torch.int32, space=101) for _ in range(2))
+    other = _workspace(cpu, "counters", 8, torch.int32, space=102)
+    assert one is again and one.data_ptr() != other.data_ptr() and not one.any()

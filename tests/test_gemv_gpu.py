@@ -84,3 +84,42 @@ def test_decode_linear_compiled_and_captured_runs_the_kernel_for_few_rows_only()
         gemv_kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                         and "gemv" in e.name]
         assert bool(gemv_kernels) == (rows == 1), (rows, [e.name for e in prof.events()][:10])
+
+
+def test_two_routers_replayed_at_once_on_two_streams_stay_right():
+    """Two engines' routers (decode_linear), each captured in a graph of split-K GEMVs of one shape and
+    replayed by its own thread on its own stream at the same time: neither reads the other's partial
+    sums or counters."""
+    import threading
+
+    from lfm2vl_lab.kernels.gemv import decode_linear
+
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)  # the table splits K for this shape
+    assert pick_config(1, 1024, 1024).split_k > 1
+    runs, errors = [], []
+    for seed in (1, 2):
+        linear, stream = decode_linear(), torch.cuda.Stream()
+        torch.manual_seed(seed)
+        x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+        linear(x, w)  # compiles and makes this router's workspaces, outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            y = [linear(x, w) for _ in range(50)]
+        runs.append((graph, stream, x, y))
+
+    def replay(graph, stream, x, y):
+        try:
+            with torch.cuda.stream(stream):
+                for _ in range(20):
+                    graph.replay()
+                stream.synchronize()
+            assert all(_rel(out, x, w, None) <= TOL for out in y)
+        except Exception as e:  # noqa: BLE001 (reported below, with the thread's failure)
+            errors.append(e)
+
+    threads = [threading.Thread(target=replay, args=run) for run in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors

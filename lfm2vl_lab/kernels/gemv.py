@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import os
 from typing import NamedTuple
 
@@ -141,28 +142,30 @@ def torch_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None) -> torch.Tensor:
+         config: GemvConfig | None = None, space: int = 0) -> torch.Tensor:
     """``x @ weight.T + bias`` for x of shape (..., K): the Triton kernel for up to :data:`MAX_M`
     rows on CUDA (or in Triton's interpreter on CPU), plain torch otherwise. ``config`` overrides
-    :func:`pick_config` (the probe and the tests use it)."""
+    :func:`pick_config` (the probe and the tests use it); ``space`` names whose split-K workspaces
+    the call uses (:func:`decode_linear` gives each of its callers one of their own)."""
     check_inputs(x, weight, bias)
     k = weight.shape[1]
     m = x.numel() // k if k else 0
     runs_triton = (x.is_cuda and triton_available()) or (x.device.type == "cpu" and interpreting())
     if not runs_triton or m == 0 or m > MAX_M or k == 0:
         return torch_gemv(x, weight, bias)
-    y = _launch(x.reshape(m, k), weight, bias, config)
+    y = _launch(x.reshape(m, k), weight, bias, config, space)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 _WORKSPACES: dict = {}
 
 
-def _workspace(device: torch.device, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A buffer kept per (device, kind, size): split-K partials (``empty``) and tile counters (zeros,
-    which the kernel returns to zero). Made outside graph capture only: made inside, it would live in
-    the graph's private pool and be zeroed by the graph itself."""
-    key = (str(device), kind, numel)
+def _workspace(device: torch.device, kind: str, numel: int, dtype: torch.dtype, space: int = 0) -> torch.Tensor:
+    """A buffer kept per (space, device, kind, size): split-K partials (``empty``) and tile counters
+    (zeros, which the kernel returns to zero). Calls in one space must run one after another (one
+    stream); two spaces never share a buffer. Made outside graph capture only: made inside, it would
+    live in the graph's private pool and be zeroed by the graph itself."""
+    key = (space, str(device), kind, numel)
     buf = _WORKSPACES.get(key)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -173,7 +176,8 @@ def _workspace(device: torch.device, kind: str, numel: int, dtype: torch.dtype) 
     return buf
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None):
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None,
+            space: int = 0):
     m, k = x.shape
     n = weight.shape[0]
     if x.stride(1) != 1:
@@ -183,8 +187,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     tiles_n = -(-n // cfg.block_n)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if split > 1:
-        partials = _workspace(x.device, "partials", split * m * n, torch.float32)
-        counters = _workspace(x.device, "counters", tiles_n, torch.int32)
+        partials = _workspace(x.device, "partials", split * m * n, torch.float32, space)
+        counters = _workspace(x.device, "counters", tiles_n, torch.int32, space)
     else:
         partials = counters = y  # unread: SPLIT_K == 1 compiles the split-K path away
     _kernel()[(tiles_n, split)](
@@ -218,19 +222,20 @@ def cat_weights(weights, biases=None) -> tuple[torch.Tensor, torch.Tensor | None
 
 
 def gemv_shared(x: torch.Tensor, weight: torch.Tensor, sizes, bias: torch.Tensor | None = None,
-                config: GemvConfig | None = None) -> tuple[torch.Tensor, ...]:
+                config: GemvConfig | None = None, space: int = 0) -> tuple[torch.Tensor, ...]:
     """Several linears that share ``x`` in one launch: ``weight`` is their concatenation
     (:func:`cat_weights`), ``sizes`` their output widths; returns each output (views of one)."""
     if sum(sizes) != weight.shape[0]:
         raise ValueError(f"gemv: sizes {tuple(sizes)} add up to {sum(sizes)}, weight has {weight.shape[0]} rows")
-    return gemv(x, weight, bias, config).split(list(sizes), dim=-1)
+    return gemv(x, weight, bias, config, space).split(list(sizes), dim=-1)
 
 
 _F_LINEAR = torch.nn.functional.linear  # torch's own, whatever a caller later routes F.linear to
+_SPACES = itertools.count(1)  # workspace names for decode_linear's routers (0: direct calls of gemv)
 
 
-def _gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return gemv(x, weight, bias)
+def _gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, space: int) -> torch.Tensor:
+    return gemv(x, weight, bias, space=space)
 
 
 @functools.cache
@@ -239,22 +244,27 @@ def gemv_op():
     call (traced as itself, it would be lowered to inductor's own GEMM), and a captured graph holds the
     Triton kernel it launches. Registered on first use."""
     op = torch.library.custom_op("lfm2vl::gemv", _gemv_op, mutates_args=())
-    op.register_fake(lambda x, weight, bias: x.new_empty((*x.shape[:-1], weight.shape[0])))
+    op.register_fake(lambda x, weight, bias, space: x.new_empty((*x.shape[:-1], weight.shape[0])))
     return op
 
 
 def decode_linear():
     """A drop-in ``F.linear`` that sends a decode step's linears (at most :data:`MAX_M` rows, 16-bit,
     on CUDA, a contiguous weight) to the kernel and everything else (a prefill's hundreds of rows) to
-    torch's own. It reads only tensor properties, so torch.compile traces it whole (``fullgraph``)."""
+    torch's own. It reads only tensor properties, so torch.compile traces it whole (``fullgraph``).
+
+    Each call of this function makes a router with split-K workspaces of its own: an engine that makes
+    one never shares a buffer with another engine's graphs, which another thread may replay at the same
+    time on another stream."""
     op = gemv_op()
     on = triton_available()  # decided here, once: a call inside a traced function must not ask
+    space = next(_SPACES)
 
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if (on and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
                 and weight.dim() == 2 and weight.is_contiguous() and x.shape[-1] == weight.shape[1]
                 and x.numel() <= MAX_M * weight.shape[1] and (bias is None or bias.dtype == x.dtype)):
-            return op(x, weight, bias)
+            return op(x, weight, bias, space)
         return _F_LINEAR(x, weight, bias)
 
     return linear
