@@ -219,3 +219,156 @@ def test_each_space_has_workspaces_of_its_own():
     one, again = (_workspace(cpu, "counters", 8, torch.int32, space=101) for _ in range(2))
     other = _workspace(cpu, "counters", 8, torch.int32, space=102)
     assert one is again and one.data_ptr() != other.data_ptr() and not one.any()
+
+
+# --- gemv_rmsnorm: the RMSNorm before a linear group, taken into the GEMV ------------------------
+
+# (m, n, k, config, bias, dtype): odd N and K, K split or not, one to four rows, the table's pick (None)
+NORM_CASES = [(1, 40, 70, GemvConfig(16, 32), True, "bfloat16"),
+              (1, 40, 70, GemvConfig(16, 32, 2), False, "bfloat16"),
+              (3, 37, 96, GemvConfig(8, 16, 4), False, "bfloat16"),
+              (4, 33, 200, GemvConfig(8, 64, 8), True, "bfloat16"),
+              (2, 24, 1024, None, True, "bfloat16"), (4, 48, 130, None, False, "float16"),
+              (2, 40, 70, GemvConfig(8, 32, 2), True, "float32")]
+EPS = 1e-5
+
+# Triton's interpreter casts fp32 to bf16 by truncation where the GPU (and torch) round to nearest even,
+# so a bf16 kernel in the interpreter would be off by up to two ulps more than on the GPU. For these checks
+# the subprocess makes the interpreter's fp32 -> bf16 cast round as torch does (fp16's already does).
+NORM_INTERPRETED = textwrap.dedent("""
+    import json, numpy as np, torch, torch.nn.functional as F, triton.language as tl
+    import triton.runtime.interpreter as I
+    _cast = I._convert_float
+    def _round_like_torch(a, src, dst, mode):
+        if src == tl.float32 and dst == tl.bfloat16:
+            t = torch.from_numpy(np.ascontiguousarray(a).view(np.float32).copy()).to(torch.bfloat16)
+            return t.view(torch.int16).numpy().view(np.uint16).reshape(a.shape)
+        return _cast(a, src, dst, mode)
+    I._convert_float = _round_like_torch
+    from lfm2vl_lab.kernels import gemv as G
+    CASES, EPS = json.loads(%r), %r
+    g = torch.Generator().manual_seed(0)
+    def data(m, n, k, dtype):
+        x = (3 * torch.randn(m, k, generator=g)).to(dtype)
+        nw = (1 + 0.3 * torch.randn(k, generator=g)).to(dtype)
+        return x, nw, torch.randn(n, k, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)
+    def ref(x, nw, w, b):  # all in fp32: the norm unrounded, then the linear
+        h = x.float(); h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * nw.float()
+        return F.linear(h, w.float(), None if b is None else b.float())
+    def rel(y, r):
+        return ((y.float() - r).abs().max() / r.abs().max()).item()
+    out = {"cases": []}
+    for m, n, k, cfg, bias, dtype in CASES:
+        cfg = cfg and G.GemvConfig(*cfg)
+        x, nw, w, b = data(m, n, k, getattr(torch, dtype))
+        b = b if bias else None
+        y = G.gemv_rmsnorm(x, nw, EPS, w, b, cfg)
+        plain = G.torch_gemv(G.torch_rmsnorm(x, nw, EPS), w, b)  # Lfm2RMSNorm, then the linear
+        out["cases"].append({"shape": list(y.shape), "dtype": str(y.dtype), "rel": rel(y, ref(x, nw, w, b)),
+                             "equal_share": (y == plain).float().mean().item(),
+                             "same_again": torch.equal(y, G.gemv_rmsnorm(x, nw, EPS, w, b, cfg))})
+    out["counters_zero"] = all(int(t.abs().sum()) == 0 for key, t in G._WORKSPACES.items() if key[2] == "counters")
+    out["nan"] = []
+    for cfg in (G.GemvConfig(16, 32), G.GemvConfig(8, 16, 4)):
+        x, nw, w, _ = data(2, 40, 70, torch.bfloat16)
+        xn = x.clone(); xn[0, 69] = float("nan")  # row 0 only, in the last, partial chunk of K
+        nwn = nw.clone(); nwn[3] = float("nan")
+        wn = w.clone(); wn[5, 3] = float("nan")
+        y_x, y_nw, y_w = G.gemv_rmsnorm(xn, nw, EPS, w, None, cfg), G.gemv_rmsnorm(x, nwn, EPS, w, None, cfg), \\
+            G.gemv_rmsnorm(x, nw, EPS, wn, None, cfg)
+        out["nan"].append({"x_row": [bool(y_x[0].isnan().all()), bool(y_x[1].isnan().any())],
+                           "norm_weight": bool(y_nw.isnan().all()),
+                           "w_row": y_w.isnan().any(0).nonzero().flatten().tolist()})
+    x, nw, _, _ = data(2, 1, 96, torch.bfloat16)
+    ws = [torch.randn(n, 96, generator=g).bfloat16() for n in (32, 16, 16)]
+    wcat, _, sizes = G.cat_weights(ws)
+    cfg = G.GemvConfig(16, 32, 3)
+    parts = G.gemv_rmsnorm_shared(x, nw, EPS, wcat, sizes, None, cfg)
+    out["shared"] = {"rel": [rel(p, ref(x, nw, w, None)) for p, w in zip(parts, ws)],
+                     "equal_to_separate": [torch.equal(p, G.gemv_rmsnorm(x, nw, EPS, w, None, cfg))
+                                           for p, w in zip(parts, ws)]}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def norm_interpreted():
+    """Every gemv_rmsnorm kernel check, run once by Triton's interpreter in a subprocess."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed: the kernel cannot run, even in its CPU interpreter")
+    cases = json.dumps([[m, n, k, cfg and list(cfg), bias, dt] for m, n, k, cfg, bias, dt in NORM_CASES])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", NORM_INTERPRETED % (cases, EPS)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.parametrize("i", range(len(NORM_CASES)), ids=lambda i: "m{}-n{}-k{}-{}".format(
+    *NORM_CASES[i][:3], NORM_CASES[i][5]))
+def test_the_norm_prologue_matches_fp32_and_rounds_as_lfm2_rmsnorm(norm_interpreted, i):
+    """Within 1e-2 of an all-fp32 norm and linear; and, in 16 bits, equal output for output (95% at least:
+    the rstd's sum runs in another order) to Lfm2RMSNorm's own roundings followed by the plain product,
+    which a norm rounded in another order is not (in fp32 the sums' order alone moves the last bit)."""
+    m, n, k, _, _, dtype = NORM_CASES[i]
+    case = norm_interpreted["cases"][i]
+    assert case["shape"] == [m, n] and case["dtype"] == f"torch.{dtype}"
+    assert case["rel"] <= TOL, case
+    assert dtype == "float32" or case["equal_share"] >= 0.95, case
+    assert case["same_again"], "a second call differs: the split-K counters were not put back to zero"
+
+
+def test_the_norm_prologue_leaves_the_split_k_counters_at_zero(norm_interpreted):
+    assert norm_interpreted["counters_zero"]
+
+
+def test_a_nan_reaches_what_the_norm_spreads_it_to(norm_interpreted):
+    """A NaN in a row of x makes that row's rstd NaN (all its outputs, no other row's); one in the norm
+    weight reaches every output; one in W's row 5 only output 5."""
+    for found in norm_interpreted["nan"]:
+        assert found == {"x_row": [True, False], "norm_weight": True, "w_row": [5]}
+
+
+def test_a_normed_group_runs_as_one_launch(norm_interpreted):
+    shared = norm_interpreted["shared"]
+    assert max(shared["rel"]) <= TOL and all(shared["equal_to_separate"]), shared
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (lambda: (_bf16(9), 1e-5), "norm_weight shape (9,)"),
+    (lambda: (_bf16(1, 8), 1e-5), "norm_weight shape (1, 8)"),
+    (lambda: (torch.randn(8), 1e-5), "norm_weight torch.float32"),
+    (lambda: (_bf16(16)[::2], 1e-5), "norm_weight stride (2,)"),
+    (lambda: (_bf16(8), 0.0), "eps 0.0"),
+    (lambda: (_bf16(8), -1e-6), "eps -1e-06"),
+    (lambda: (_bf16(8), float("nan")), "eps nan"),
+    (lambda: (_bf16(8), None), "eps None"),
+], ids=["nw-short", "nw-2d", "nw-fp32", "nw-strided", "eps-0", "eps-neg", "eps-nan", "eps-none"])
+def test_a_bad_norm_input_is_one_line_naming_the_value(bad, needle):
+    from lfm2vl_lab.kernels.gemv import gemv_rmsnorm
+
+    nw, eps = bad()
+    with pytest.raises(ValueError) as err:
+        gemv_rmsnorm(_bf16(1, 8), nw, eps, _bf16(4, 8))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_without_triton_the_norm_is_lfm2s_own_then_the_plain_product(monkeypatch):
+    from transformers.models.lfm2.modeling_lfm2 import Lfm2RMSNorm
+
+    from lfm2vl_lab.kernels.gemv import gemv_rmsnorm, gemv_rmsnorm_shared, torch_rmsnorm
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    norm = Lfm2RMSNorm(40, eps=EPS).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(40))
+    x, w, b = 3 * _bf16(3, 40), _bf16(24, 40), _bf16(24)
+    assert torch.equal(torch_rmsnorm(x, norm.weight, EPS), norm(x))  # transformers' module, bit for bit
+    y = gemv_rmsnorm(x, norm.weight, EPS, w, b)
+    assert torch.equal(y, torch_gemv(norm(x), w, b))
+    assert gemv_rmsnorm(_bf16(2, 3, 40), norm.weight, EPS, w).shape == (2, 3, 24)
+    q, k = gemv_rmsnorm_shared(x, norm.weight, EPS, w, (16, 8), b)
+    assert torch.equal(torch.cat([q, k], -1), y)
+    with pytest.raises(ValueError, match=r"sizes \(16, 4\) add up to 20"):
+        gemv_rmsnorm_shared(x, norm.weight, EPS, w, (16, 4))

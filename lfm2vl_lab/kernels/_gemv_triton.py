@@ -6,6 +6,13 @@ fp32 accumulator per row of x (``BLOCK_M`` of them, at most four, unrolled at co
 chunk of W it loads serves every row of x. Without a split it writes ``y`` itself; with one, it
 parks its partial sums, and the last program of its row tile to bump the tile's counter adds them
 up, writes ``y`` and puts the counter back to zero.
+
+With ``NORM`` the kernel is :func:`.gemv.gemv_rmsnorm`: ``x`` goes through transformers' RMSNorm on
+its way in. Each program first reads its rows of x whole (a few KiB, from L2) for their sums of
+squares in fp32, so every program, split-K or not, has each row's ``rstd`` without a second kernel;
+then each x chunk of its K loop is normalized as Lfm2RMSNorm does it: ``(x * rstd)`` in fp32, rounded
+to x's dtype, times the norm weight (rounded again: a 16-bit product, as torch's), and only then dotted
+with W in fp32.
 """
 
 import triton
@@ -13,9 +20,28 @@ import triton.language as tl
 
 
 @triton.jit
-def _row_dot(w, x_ptr, cols, col_ok):
-    """One row of x's chunk against the loaded W chunk: a (BLOCK_N,) fp32 partial sum."""
+def _rstd(x_ptr, K, eps, ON: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row's ``1 / sqrt(mean(x * x) + eps)`` in fp32 (the row read whole); 1 unless ``ON``."""
+    r = 1.0
+    if ON:
+        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            ss += x * x
+        r = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+    return r
+
+
+@triton.jit
+def _row_dot(w, x_ptr, cols, col_ok, nw_ptr, rstd, NORM: tl.constexpr):
+    """One row of x's chunk (normalized first, with ``NORM``) against the loaded W chunk: a (BLOCK_N,)
+    fp32 partial sum."""
     x = tl.load(x_ptr + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
+    if NORM:  # Lfm2RMSNorm's roundings: weight * (x * rstd).to(dtype), a product in x's dtype. Each cast
+        # rounds to nearest even, as torch's (on the GPU: Triton's interpreter truncates fp32 -> bf16)
+        nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        x = ((x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32) * nw).to(x.dtype)
     return tl.sum(w * x.to(tl.float32)[None, :], axis=1)
 
 
@@ -54,39 +80,9 @@ def _park(acc, m, part_ptr, pid_k, rows, row_ok, N, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, stride_xm, k_iters,
-                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """``y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for one row tile and one span of K."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
-    k_lo = pid_k * k_iters * BLOCK_K
-    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in range(k_iters):
-        k0 = k_lo + i * BLOCK_K
-        cols = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:  # a chunk is all in K or (the last split's spare turns) all past it: one scalar says which
-            col_ok = k0 < K
-            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok, other=0.0,
-                        eviction_policy="evict_first")
-        else:
-            col_ok = cols < K
-            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0,
-                        eviction_policy="evict_first")
-        w = w.to(tl.float32)
-        acc0 += _row_dot(w, x_ptr, cols, col_ok)
-        if BLOCK_M > 1:
-            acc1 += _row_dot(w, x_ptr + stride_xm, cols, col_ok)
-        if BLOCK_M > 2:
-            acc2 += _row_dot(w, x_ptr + 2 * stride_xm, cols, col_ok)
-        if BLOCK_M > 3:
-            acc3 += _row_dot(w, x_ptr + 3 * stride_xm, cols, col_ok)
+def _rows_end(acc0, acc1, acc2, acc3, y_ptr, b_ptr, part_ptr, count_ptr, pid_n, pid_k, rows, row_ok, N,
+              HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Every row's end: written (no split), or parked, counted, and gathered by the tile's last program."""
     last = True
     if SPLIT_K > 1:
         _park(acc0, 0, part_ptr, pid_k, rows, row_ok, N, BLOCK_M)
@@ -108,3 +104,46 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, stride_xm
     if SPLIT_K > 1:
         if last:
             tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next call (or graph replay)
+
+
+@triton.jit
+def gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, y_ptr, part_ptr, count_ptr, N, K, stride_xm, k_iters, eps,
+                HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """``y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for one row tile and one span of K; with ``NORM``,
+    ``x[m]`` is first RMS-normalized with the weight at ``nw_ptr`` (each program computes the rstd)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+    k_lo = pid_k * k_iters * BLOCK_K
+    r0 = _rstd(x_ptr, K, eps, NORM, BLOCK_K)
+    r1 = _rstd(x_ptr + stride_xm, K, eps, NORM and BLOCK_M > 1, BLOCK_K)
+    r2 = _rstd(x_ptr + 2 * stride_xm, K, eps, NORM and BLOCK_M > 2, BLOCK_K)
+    r3 = _rstd(x_ptr + 3 * stride_xm, K, eps, NORM and BLOCK_M > 3, BLOCK_K)
+    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in range(k_iters):
+        k0 = k_lo + i * BLOCK_K
+        cols = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:  # a chunk is all in K or (the last split's spare turns) all past it: one scalar says which
+            col_ok = k0 < K
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok, other=0.0,
+                        eviction_policy="evict_first")
+        else:
+            col_ok = cols < K
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0,
+                        eviction_policy="evict_first")
+        w = w.to(tl.float32)
+        acc0 += _row_dot(w, x_ptr, cols, col_ok, nw_ptr, r0, NORM)
+        if BLOCK_M > 1:
+            acc1 += _row_dot(w, x_ptr + stride_xm, cols, col_ok, nw_ptr, r1, NORM)
+        if BLOCK_M > 2:
+            acc2 += _row_dot(w, x_ptr + 2 * stride_xm, cols, col_ok, nw_ptr, r2, NORM)
+        if BLOCK_M > 3:
+            acc3 += _row_dot(w, x_ptr + 3 * stride_xm, cols, col_ok, nw_ptr, r3, NORM)
+    _rows_end(acc0, acc1, acc2, acc3, y_ptr, b_ptr, part_ptr, count_ptr, pid_n, pid_k, rows, row_ok, N,
+              HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)

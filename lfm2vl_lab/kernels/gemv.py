@@ -22,6 +22,8 @@ shaped for streaming:
 
 :func:`gemv_shared` is the variant for linears that share an input (q/k/v, the MLP's gate and
 up): one launch over their concatenated weight (:func:`cat_weights`), fewer and larger kernels.
+:func:`gemv_rmsnorm` (and :func:`gemv_rmsnorm_shared`) takes the RMSNorm before such a group into the
+same kernel: ``F.linear(rmsnorm(x), W)`` in one launch, no normalized row written and read back.
 
 Plain torch (fp32 accumulation, then the input's dtype) runs where there is no CUDA or no Triton,
 and for more than :data:`MAX_M` rows (a GEMM's work, cuBLAS's job). With ``TRITON_INTERPRET=1`` set
@@ -141,6 +143,10 @@ def torch_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return y.to(x.dtype)
 
 
+def _runs_triton(x: torch.Tensor) -> bool:
+    return (x.is_cuda and triton_available()) or (x.device.type == "cpu" and interpreting())
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None, space: int = 0) -> torch.Tensor:
     """``x @ weight.T + bias`` for x of shape (..., K): the Triton kernel for up to :data:`MAX_M`
@@ -150,10 +156,47 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     check_inputs(x, weight, bias)
     k = weight.shape[1]
     m = x.numel() // k if k else 0
-    runs_triton = (x.is_cuda and triton_available()) or (x.device.type == "cpu" and interpreting())
-    if not runs_triton or m == 0 or m > MAX_M or k == 0:
+    if not _runs_triton(x) or m == 0 or m > MAX_M or k == 0:
         return torch_gemv(x, weight, bias)
     y = _launch(x.reshape(m, k), weight, bias, config, space)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def check_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> None:
+    """One-line ``ValueError`` for an RMSNorm weight or eps that :func:`gemv_rmsnorm` cannot take."""
+    if not isinstance(norm_weight, torch.Tensor) or tuple(norm_weight.shape) != (x.shape[-1],):
+        shape = tuple(norm_weight.shape) if isinstance(norm_weight, torch.Tensor) else type(norm_weight).__name__
+        raise ValueError(f"gemv_rmsnorm: norm_weight shape {shape}, expected ({x.shape[-1]},)")
+    if norm_weight.dtype != x.dtype or norm_weight.device != x.device:
+        raise ValueError(f"gemv_rmsnorm: norm_weight {norm_weight.dtype} on {norm_weight.device}, "
+                         f"expected {x.dtype} on {x.device}")
+    if norm_weight.stride() != (1,):
+        raise ValueError(f"gemv_rmsnorm: norm_weight stride {norm_weight.stride()}, expected (1,)")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0 or eps == float("inf"):
+        raise ValueError(f"gemv_rmsnorm: eps {eps!r}, expected a positive finite number")
+
+
+def torch_rmsnorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Lfm2RMSNorm, as it computes it: fp32 statistics, rounded to x's dtype, then
+    times the weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return norm_weight * h.to(x.dtype)
+
+
+def gemv_rmsnorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None, config: GemvConfig | None = None,
+                 space: int = 0) -> torch.Tensor:
+    """``F.linear(rmsnorm(x), weight, bias)`` in one kernel, the norm being transformers'
+    Lfm2RMSNorm (:func:`torch_rmsnorm`) with ``norm_weight`` and ``eps``: each program sums x's
+    squares itself and normalizes x's chunks as it reads them. Plain torch where :func:`gemv` is."""
+    check_inputs(x, weight, bias)
+    check_norm(x, norm_weight, eps)
+    k = weight.shape[1]
+    m = x.numel() // k if k else 0
+    if not _runs_triton(x) or m == 0 or m > MAX_M or k == 0:
+        return torch_gemv(torch_rmsnorm(x, norm_weight, eps), weight, bias)
+    y = _launch(x.reshape(m, k), weight, bias, config, space, norm=(norm_weight, eps))
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -177,7 +220,8 @@ def _workspace(device: torch.device, kind: str, numel: int, dtype: torch.dtype, 
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None,
-            space: int = 0):
+            space: int = 0, norm: tuple[torch.Tensor, float] | None = None):
+    """One kernel launch; ``norm`` is (RMSNorm weight, eps) for :func:`gemv_rmsnorm`, or None."""
     m, k = x.shape
     n = weight.shape[0]
     if x.stride(1) != 1:
@@ -191,10 +235,12 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         counters = _workspace(x.device, "counters", tiles_n, torch.int32, space)
     else:
         partials = counters = y  # unread: SPLIT_K == 1 compiles the split-K path away
+    norm_weight, eps = norm if norm is not None else (weight, 1.0)  # unread without NORM
     _kernel()[(tiles_n, split)](
-        x, weight, weight if bias is None else bias, y, partials, counters, n, k, x.stride(0), k_iters,
-        HAS_BIAS=bias is not None, BLOCK_M=m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
-        EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        x, weight, weight if bias is None else bias, norm_weight, y, partials, counters, n, k, x.stride(0),
+        k_iters, float(eps), HAS_BIAS=bias is not None, NORM=norm is not None, BLOCK_M=m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT_K=split, EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return y
 
 
@@ -228,6 +274,16 @@ def gemv_shared(x: torch.Tensor, weight: torch.Tensor, sizes, bias: torch.Tensor
     if sum(sizes) != weight.shape[0]:
         raise ValueError(f"gemv: sizes {tuple(sizes)} add up to {sum(sizes)}, weight has {weight.shape[0]} rows")
     return gemv(x, weight, bias, config, space).split(list(sizes), dim=-1)
+
+
+def gemv_rmsnorm_shared(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, sizes,
+                        bias: torch.Tensor | None = None, config: GemvConfig | None = None,
+                        space: int = 0) -> tuple[torch.Tensor, ...]:
+    """:func:`gemv_shared` with the RMSNorm in front (:func:`gemv_rmsnorm`): q/k/v after
+    ``operator_norm``, w1/w3 after ``ffn_norm``, as one launch."""
+    if sum(sizes) != weight.shape[0]:
+        raise ValueError(f"gemv: sizes {tuple(sizes)} add up to {sum(sizes)}, weight has {weight.shape[0]} rows")
+    return gemv_rmsnorm(x, norm_weight, eps, weight, bias, config, space).split(list(sizes), dim=-1)
 
 
 _F_LINEAR = torch.nn.functional.linear  # torch's own, whatever a caller later routes F.linear to
