@@ -123,3 +123,54 @@ def test_two_routers_replayed_at_once_on_two_streams_stay_right():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+# --- gemv_rmsnorm: the RMSNorm before a linear group in the GEMV's kernel ------------------------
+
+EPS = 1e-5
+# (rows of x, out_features of each linear, in_features): the 450M model's groups after a norm (q/k/v after
+# operator_norm, w1/w3 after ffn_norm, a conv layer's in_proj after operator_norm), and odd ones
+NORM_SHAPES = [(1, (1024, 512, 512), 1024), (1, (4608, 4608), 1024), (1, (3072,), 1024), (4, (4608, 4608), 1024),
+               (3, (1000,), 1030), (2, (37,), 4100)]
+
+
+def _norm_rel(y, x, nw, w):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * nw.float()
+    ref = F.linear(h, w.float())
+    return ((y.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("m,sizes,k", NORM_SHAPES)
+def test_the_norm_prologue_matches_fp32_eagerly_and_from_graph_replays(m, sizes, k):
+    """One launch of norm and (concatenated) linears, within bf16 rounding of an all-fp32 norm and linear,
+    and output for output (95% at least) Lfm2RMSNorm's own roundings followed by the plain product."""
+    from lfm2vl_lab.kernels.gemv import gemv_rmsnorm_shared, torch_gemv, torch_rmsnorm
+
+    torch.manual_seed(k + sum(sizes))
+    w = torch.randn(sum(sizes), k, device="cuda", dtype=torch.bfloat16)
+    nw = (1 + 0.3 * torch.randn(k, device="cuda")).bfloat16()
+    x = 3 * torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.cat(gemv_rmsnorm_shared(x, nw, EPS, w, sizes), -1)
+    assert _norm_rel(y, x, nw, w) <= TOL
+    assert (y == torch_gemv(torch_rmsnorm(x, nw, EPS), w)).float().mean().item() >= 0.95
+    static = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.cat(gemv_rmsnorm_shared(static, nw, EPS, w, sizes), -1)
+    for _ in range(3):  # fresh inputs each replay (and each split program's rstd of them)
+        static.copy_(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _norm_rel(out, static, nw, w) <= TOL, pick_config(m, sum(sizes), k)
+
+
+def test_a_nan_in_a_normed_row_reaches_all_its_outputs_and_no_others():
+    from lfm2vl_lab.kernels.gemv import gemv_rmsnorm
+
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)  # split K: every split sees the NaN
+    nw = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
+    x[0, 1023] = float("nan")
+    y = gemv_rmsnorm(x, nw, EPS, w)
+    assert y[0].isnan().all() and not y[1].isnan().any()
