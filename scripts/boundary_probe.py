@@ -22,12 +22,21 @@ on. Every time is taken with CUDA events around graph replays (the median of ``-
    one by one and as one launch over their concatenated weight; and the step's sums: ``F.linear``,
    the table, the best candidate per shape, and the table with each group as one launch. Triton's
    compiles are part of its time (``seconds``), about 30 kernels.
+5. ``norm`` (on unless ``--no-norm``): the linear groups that read an RMSNorm's output (q/k/v and a
+   conv layer's in_proj after ``operator_norm``, w1/w3 after ``ffn_norm``; :func:`norm_groups` counts
+   them per step from the model), timed the same way two ways: transformers' RMSNorm compiled by
+   torch.compile (one inductor kernel) then the Triton GEMV over the group's concatenated weight, and
+   ``gemv_rmsnorm_shared`` (the norm inside the GEMV: one kernel); the saving per call and per decode
+   step, and the fused kernel checked against an all-fp32 norm and linear (``FAILED`` if not within
+   :data:`REL_LIMIT`). The engine's norm kernels also add the residual: the saving counts the norm's
+   kernel as gone, which it is only once the residual add is done elsewhere.
 
 It writes ``<out>/<gpu>/boundary-*.json`` with provenance. A probe beside the reference set: its file
 is kept under ``data/results/<gpu>/probes/<date>/`` (the set's own folder holds only the set), and no
 page reads it until a role records it. It needs a CUDA GPU (``bash scripts/h200_run.sh boundary``).
 
     python scripts/boundary_probe.py [--preset lfm2-vl-450m] [--repeats 50] [--out data/results] [--no-triton]
+                                     [--no-norm]
 """
 
 from __future__ import annotations
@@ -335,6 +344,133 @@ def checks(rows: list[dict], groups: list[dict]) -> dict:
             and all(isinstance(e, float) for e in must)}
 
 
+# --- the norm part: the RMSNorm before a linear group, a kernel of its own or taken into the GEMV ---
+
+
+def norm_groups(preset: str) -> Counter:
+    """``{(label, in_features, (out_features, ...)): count}`` of the linear groups whose input is an
+    RMSNorm's output in the preset's text model, read off transformers' LFM2: each decoder layer's
+    ``operator_norm`` feeds its attention's q/k/v or its conv's in_proj, its ``ffn_norm`` the MLP's w1/w3."""
+    out = Counter()
+    for layer in _text_model(preset).model.layers:
+        first = (("q/k/v", layer.self_attn, ("q_proj", "k_proj", "v_proj")) if layer.is_attention_layer
+                 else ("in_proj", layer.conv, ("in_proj",)))
+        for label, module, names in (first, ("w1/w3", layer.feed_forward, ("w1", "w3"))):
+            linears = [getattr(module, name) for name in names]
+            out[(label, linears[0].in_features, tuple(m.out_features for m in linears))] += 1
+    return out
+
+
+def norm_eps(preset: str) -> float:
+    return float(_text_model(preset).config.norm_eps)
+
+
+@functools.cache
+def _compiled_rmsnorm():
+    """transformers' Lfm2RMSNorm (``kernels.gemv.torch_rmsnorm``) through torch.compile: one inductor
+    kernel, as the compiled engine runs it before each normed group (there with the residual add in it)."""
+    from lfm2vl_lab.kernels.gemv import torch_rmsnorm
+
+    return torch.compile(torch_rmsnorm, fullgraph=True, dynamic=False)
+
+
+def _norm_rel_err(k: int, sizes: tuple, m: int, eps: float) -> float:
+    """``gemv_rmsnorm_shared`` of an [m, k] block against an all-fp32 norm and linear: the larger
+    :func:`rel_error` of an eager call and of a graph replayed three times."""
+    from lfm2vl_lab.kernels.gemv import gemv_rmsnorm_shared
+
+    x = 3 * torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    nw = (1 + 0.3 * torch.randn(k, device="cuda")).bfloat16()
+    w = torch.randn(sum(sizes), k, dtype=torch.bfloat16, device="cuda")
+    h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * nw.float()
+    ref = torch.nn.functional.linear(h, w.float())
+    out = {}
+
+    def body():
+        out["y"] = torch.cat(gemv_rmsnorm_shared(x, nw, eps, w, sizes), -1)
+
+    body()
+    eager = out["y"].clone()
+    graph = _graph(body)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    errs = [rel_error(eager, ref), rel_error(out["y"], ref)]
+    return float("nan") if any(e != e for e in errs) else max(errs)
+
+
+def norm_group(label: str, k: int, sizes: tuple, count: int, eps: float, repeats: int) -> dict:
+    """One normed group, L2-cold (:func:`_cold_us`): the compiled RMSNorm, then the Triton GEMV over the
+    group's concatenated weight (two kernels), against ``gemv_rmsnorm_shared`` (one); and the fused
+    kernel's error against fp32 at 1 and :data:`CHECK_ROWS` rows."""
+    from lfm2vl_lab.kernels.gemv import gemv_rmsnorm_shared, gemv_shared
+
+    nw = torch.ones(k, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
+    norm = _compiled_rmsnorm()
+    norm(torch.ones(1, k, dtype=nw.dtype, device=nw.device), nw, eps)  # compiled here, not in a timing
+    row = {"label": label, "in": k, "sizes": list(sizes), "count": count}
+    for name, call in (("norm_then_gemv", lambda x, w: gemv_shared(norm(x, nw.to(x.device), eps), w, sizes)),
+                       ("fused", lambda x, w: gemv_rmsnorm_shared(x, nw.to(x.device), eps, w, sizes))):
+        row[f"{name}_us"] = _run(name, lambda call=call: _cold_us(call, [(sum(sizes), k)], repeats)[0])
+        torch.cuda.empty_cache()
+    a, b = _us(row["norm_then_gemv_us"]), _us(row["fused_us"])
+    row["saving_us"] = None if a is None or b is None else a - b
+    for m in (1, CHECK_ROWS):
+        row[f"rel_err_{m}_rows"] = _run(f"{m} rows", lambda m=m: _norm_rel_err(k, sizes, m, eps))
+    return row
+
+
+def norm_section(groups: Counter, eps: float, repeats: int) -> dict:
+    """The ``norm`` part: each normed group (:func:`norm_group`), the step's sums (each group times its
+    count) and the check (every fused run within :data:`REL_LIMIT` of fp32, none left unrun)."""
+    from lfm2vl_lab.kernels.gemv import triton_available
+
+    if not triton_available():
+        return {"available": False, "error": "Triton is not importable here"}
+    start = time.perf_counter()
+    rows = [norm_group(label, k, sizes, c, eps, repeats) for (label, k, sizes), c in sorted(groups.items())]
+    step = {}
+    for name in ("norm_then_gemv", "fused", "saving"):
+        parts = [(_us(r[f"{name}_us"]), r["count"]) for r in rows]
+        step[f"{name}_ms"] = None if any(u is None for u, _ in parts) else sum(u * c for u, c in parts) / 1e3
+    errs = [r[f"rel_err_{m}_rows"] for r in rows for m in (1, CHECK_ROWS)]
+    numbers = [e for e in errs if isinstance(e, float)]
+    nan = any(e != e for e in numbers)
+    return {"available": True, "eps": eps, "groups": rows, "step": step, "launches_fewer": sum(groups.values()),
+            "rel_limit": REL_LIMIT, "checks": len(numbers), "not_run": len(errs) - len(numbers),
+            "max_rel_err": float("nan") if nan else max(numbers, default=None),
+            "rel_ok": len(numbers) == len(errs) > 0 and not nan and all(e <= REL_LIMIT for e in numbers),
+            "seconds": time.perf_counter() - start}
+
+
+def _error(run) -> str:
+    return run.get("error", "?") if isinstance(run, dict) else str(run)
+
+
+def norm_lines(t: dict) -> list[str]:
+    """The ``norm`` part's lines: per group, the two ways and the saving per call and per step; the step's
+    sums; the check (``FAILED`` where a fused run is off, NaN, or did not run)."""
+    if not t.get("available"):
+        return [f"rmsnorm + GEMV: not run ({t.get('error')})"]
+    out = [f"rmsnorm + GEMV, L2-cold, graphed (eps {t['eps']:g}): compiled RMSNorm then the Triton GEMV "
+           "(two kernels) | the norm inside the GEMV (gemv_rmsnorm, one kernel):"]
+    for r in t["groups"]:
+        a, b, s = _us(r["norm_then_gemv_us"]), _us(r["fused_us"]), r["saving_us"]
+        out.append(f"  {r['label']} {r['in']} x {'+'.join(map(str, r['sizes']))} x{r['count']}: "
+                   + (f"failed ({_error(r['norm_then_gemv_us'] if a is None else r['fused_us'])})" if s is None else
+                      f"{a:.2f} us | {b:.2f} us, saves {s:.2f} us per call, {s * r['count']:.1f} us per step"))
+    st = t["step"]
+    out.append("  per decode step: " + ("incomplete" if st["saving_ms"] is None else
+               f"{st['norm_then_gemv_ms']:.3f} ms -> {st['fused_ms']:.3f} ms, saves {st['saving_ms']:.3f} ms "
+               f"({t['launches_fewer']} kernels fewer; the engine's norm kernels also add the residual, which "
+               "would have to move elsewhere)"))
+    worst = "none" if t["max_rel_err"] is None else f"{t['max_rel_err']:.2e}"
+    out.append(f"  check of the fused kernel against fp32: max rel error {worst} over {t['checks']} runs, "
+               f"{t['not_run']} not run (limit {t['rel_limit']:.0e}): {'ok' if t['rel_ok'] else 'FAILED'}; "
+               f"section {t['seconds']:.1f} s")
+    return out
+
+
 def lines(res: dict) -> list[str]:
     b, bw = res["boundary"], res["bandwidth"]
     out = [f"kernel boundary inside a graph: {b['per_kernel_graph_us']:.2f} us per kernel "
@@ -347,7 +483,8 @@ def lines(res: dict) -> list[str]:
     out.append(f"{res['preset']} decode GEMMs: {f['weight_bytes'] / 1e9:.3f} GB of weights per token, "
                f"{f['ms_at_copy']:.3f} ms at the copy bandwidth, {f['ms_measured']:.3f} ms as the GEMVs ran "
                f"(one after another, no boundary or other op counted)")
-    return out + (triton_lines(res["triton"], res["gemv"]) if "triton" in res else [])
+    out += triton_lines(res["triton"], res["gemv"]) if "triton" in res else []
+    return out + (norm_lines(res["norm"]) if "norm" in res else [])
 
 
 def _cfg(run) -> str:
@@ -400,6 +537,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--out", default=None, help="results root (default: data/results)")
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton GEMV part (kernels/gemv.py)")
+    p.add_argument("--no-norm", action="store_true", help="leave out the RMSNorm + GEMV part (gemv_rmsnorm)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("boundary_probe: needs a CUDA GPU (run it with `bash scripts/h200_run.sh boundary`)", file=sys.stderr)
@@ -416,6 +554,8 @@ def main(argv=None) -> int:
     if not args.no_triton:
         res["triton"] = triton_section(shapes, shared_groups(args.preset), res["gemv"], args.repeats,
                                        res["bandwidth"]["copy_gbs"])
+    if not args.no_norm:
+        res["norm"] = norm_section(norm_groups(args.preset), norm_eps(args.preset), args.repeats)
     res["provenance"] = provenance(device="cuda", preset=args.preset, dtype="bfloat16")
     print("\n".join(lines(res)))
     print(f"results: {save_result(res, root=args.out or RESULTS_ROOT, name='boundary')}")

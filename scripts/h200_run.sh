@@ -27,7 +27,8 @@
 #                                        (reports explained in docs/design.md); logs sanitize-*.log
 #   bash scripts/h200_run.sh boundary    scripts/boundary_probe.py: a kernel boundary inside a graph, the
 #                                        copy bandwidth, and the 450M text model's decode GEMVs against it,
-#                                        F.linear's and kernels/gemv.py's (Triton)
+#                                        F.linear's and kernels/gemv.py's (Triton), and the RMSNorm before
+#                                        a linear group as a compiled kernel or inside the GEMV (gemv_rmsnorm)
 #   bash scripts/h200_run.sh engine-gemv scripts/engine_probe.py with ENGINE_MODES (default plain, fused and
 #                                        fused-gemv: the decode linears through kernels/gemv.py), then the GPU
 #                                        tests GPU_TESTS (default tests/test_gemv_gpu.py)

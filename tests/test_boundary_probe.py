@@ -145,3 +145,86 @@ def test_a_candidate_that_does_not_compile_is_reported_and_a_wrong_kernel_fails(
 def test_without_triton_the_part_says_so():
     lines = bp.triton_lines({"available": False, "error": "Triton is not importable here"}, [])
     assert lines == ["triton: not run (Triton is not importable here)"]
+
+
+# --- the norm part: an RMSNorm kernel then the GEMV, against the norm inside the GEMV -----------
+
+
+def test_the_normed_groups_and_their_counts_come_from_the_model():
+    """LFM2-350M: operator_norm before q/k/v in 6 attention layers and before in_proj in 10 conv layers,
+    ffn_norm before w1/w3 in all 16: 32 norm kernels a decode step."""
+    assert bp.norm_groups("lfm2-vl-450m") == {("q/k/v", 1024, (1024, 512, 512)): 6, ("in_proj", 1024, (3072,)): 10,
+                                              ("w1/w3", 1024, (4608, 4608)): 16}
+    assert bp.norm_eps("lfm2-vl-450m") == 1e-5
+
+
+NORM_GROUPS = Counter({("q/k/v", 64, (48, 16, 16)): 2, ("in_proj", 64, (96,)): 3})
+
+
+def _norm_stand_ins(monkeypatch, error=None, fail=None):
+    """CPU stand-ins: ``_cold_us`` runs the call once on CPU tensors and answers µs = weight KiB, plus 1
+    for each call of the (eager, here) norm; ``_norm_rel_err`` runs gemv_rmsnorm_shared (plain torch on
+    the CPU) against the fp32 reference."""
+    from lfm2vl_lab.kernels import gemv as G
+
+    calls = []
+
+    def norm(x, nw, eps):
+        calls.append(x.shape)
+        return G.torch_rmsnorm(x, nw, eps)
+
+    def cold_us(call, shapes, repeats):
+        before = len(calls)
+        x = torch.randn(1, shapes[0][1]).bfloat16()
+        parts = call(x, *[torch.randn(*s).bfloat16() for s in shapes])
+        if fail is not None and fail(shapes, len(calls) > before):
+            raise RuntimeError("out of resource: registers\nsecond line")
+        assert sum(p.shape[-1] for p in parts) == shapes[0][0]
+        return sum(n * k * 2 for n, k in shapes) / 1024 + (len(calls) - before), 2
+
+    def rel_err(k, sizes, m, eps):
+        if error is not None:
+            return error
+        x, nw, w = torch.randn(m, k).bfloat16(), torch.ones(k).bfloat16(), torch.randn(sum(sizes), k).bfloat16()
+        h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        return bp.rel_error(torch.cat(G.gemv_rmsnorm_shared(x, nw, eps, w, sizes), -1), F.linear(h, w.float()))
+
+    monkeypatch.setattr(bp, "_cold_us", cold_us)
+    monkeypatch.setattr(bp, "_norm_rel_err", rel_err)
+    monkeypatch.setattr(bp, "_compiled_rmsnorm", lambda: norm)
+    monkeypatch.setattr(G, "triton_available", lambda: True)
+
+
+def test_the_norm_part_times_both_ways_and_sums_the_saving_per_step(monkeypatch):
+    _norm_stand_ins(monkeypatch)
+    t = bp.norm_section(NORM_GROUPS, 1e-5, repeats=3)
+    assert t["available"] and t["rel_ok"] and t["checks"] == 4 and t["not_run"] == 0
+    assert [(g["label"], g["count"]) for g in t["groups"]] == [("in_proj", 3), ("q/k/v", 2)]
+    for g in t["groups"]:
+        assert g["fused_us"] == 64 * sum(g["sizes"]) * 2 / 1024 and g["saving_us"] == 1.0  # the norm's call
+    assert t["step"]["saving_ms"] == pytest.approx(5 / 1e3) and t["launches_fewer"] == 5
+    assert t["step"]["norm_then_gemv_ms"] - t["step"]["fused_ms"] == pytest.approx(t["step"]["saving_ms"])
+    text = "\n".join(bp.norm_lines(t))
+    assert "q/k/v 64 x 48+16+16 x2: 11.00 us | 10.00 us, saves 1.00 us per call, 2.0 us per step" in text
+    assert "per decode step: 0.061 ms -> 0.056 ms, saves 0.005 ms (5 kernels fewer" in text
+    assert "(limit 1e-02): ok;" in text
+
+
+def test_a_wrong_or_missing_fused_kernel_shows_as_failed(monkeypatch):
+    _norm_stand_ins(monkeypatch, error=float("nan"))
+    t = bp.norm_section(NORM_GROUPS, 1e-5, repeats=3)
+    assert not t["rel_ok"] and "max rel error nan" in "\n".join(bp.norm_lines(t))
+    _norm_stand_ins(monkeypatch, error=0.02)
+    assert "FAILED" in "\n".join(bp.norm_lines(bp.norm_section(NORM_GROUPS, 1e-5, repeats=3)))
+    _norm_stand_ins(monkeypatch, fail=lambda shapes, normed: not normed and shapes == [(80, 64)])
+    t = bp.norm_section(NORM_GROUPS, 1e-5, repeats=3)
+    row = next(g for g in t["groups"] if g["label"] == "q/k/v")
+    assert row["fused_us"]["error"] == "RuntimeError: out of resource: registers" and row["saving_us"] is None
+    assert t["step"]["saving_ms"] is None
+    assert "failed (RuntimeError: out of resource: registers)" in "\n".join(bp.norm_lines(t))
+    assert "per decode step: incomplete" in "\n".join(bp.norm_lines(t))
+
+
+def test_without_triton_the_norm_part_says_so():
+    assert bp.norm_lines({"available": False, "error": "Triton is not importable here"}) == [
+        "rmsnorm + GEMV: not run (Triton is not importable here)"]
