@@ -215,10 +215,16 @@ def _rel_err(k: int, n: int, m: int, cfg) -> float:
 
     x, w = (torch.randn(*s, dtype=torch.bfloat16, device="cuda") for s in ((m, k), (n, k)))
     ref = torch.nn.functional.linear(x.float(), w.float())
+    return _eager_and_replayed(lambda: gemv(x, w, None, cfg), ref)
+
+
+def _eager_and_replayed(call, ref: torch.Tensor) -> float:
+    """The larger :func:`rel_error` against ``ref`` of ``call()`` eagerly and of a graph of it replayed
+    three times (split-K counters must come back to zero between replays); NaN if either is NaN."""
     out = {}
 
     def body():
-        out["y"] = gemv(x, w, None, cfg)
+        out["y"] = call()
 
     body()
     eager = out["y"].clone()
@@ -384,19 +390,7 @@ def _norm_rel_err(k: int, sizes: tuple, m: int, eps: float) -> float:
     w = torch.randn(sum(sizes), k, dtype=torch.bfloat16, device="cuda")
     h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * nw.float()
     ref = torch.nn.functional.linear(h, w.float())
-    out = {}
-
-    def body():
-        out["y"] = torch.cat(gemv_rmsnorm_shared(x, nw, eps, w, sizes), -1)
-
-    body()
-    eager = out["y"].clone()
-    graph = _graph(body)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    errs = [rel_error(eager, ref), rel_error(out["y"], ref)]
-    return float("nan") if any(e != e for e in errs) else max(errs)
+    return _eager_and_replayed(lambda: torch.cat(gemv_rmsnorm_shared(x, nw, eps, w, sizes), -1), ref)
 
 
 def norm_group(label: str, k: int, sizes: tuple, count: int, eps: float, repeats: int) -> dict:

@@ -154,11 +154,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     :func:`pick_config` (the probe and the tests use it); ``space`` names whose split-K workspaces
     the call uses (:func:`decode_linear` gives each of its callers one of their own)."""
     check_inputs(x, weight, bias)
+    return _product(x, weight, bias, config, space, None)
+
+
+def _product(x, weight, bias, config, space, norm):
+    """The kernel over x's rows as a (rows, K) block, or plain torch where it does not run; ``norm`` is
+    (RMSNorm weight, eps) or None."""
     k = weight.shape[1]
     m = x.numel() // k if k else 0
     if not _runs_triton(x) or m == 0 or m > MAX_M or k == 0:
-        return torch_gemv(x, weight, bias)
-    y = _launch(x.reshape(m, k), weight, bias, config, space)
+        return torch_gemv(x if norm is None else torch_rmsnorm(x, *norm), weight, bias)
+    y = _launch(x.reshape(m, k), weight, bias, config, space, norm)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -192,12 +198,7 @@ def gemv_rmsnorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight:
     squares itself and normalizes x's chunks as it reads them. Plain torch where :func:`gemv` is."""
     check_inputs(x, weight, bias)
     check_norm(x, norm_weight, eps)
-    k = weight.shape[1]
-    m = x.numel() // k if k else 0
-    if not _runs_triton(x) or m == 0 or m > MAX_M or k == 0:
-        return torch_gemv(torch_rmsnorm(x, norm_weight, eps), weight, bias)
-    y = _launch(x.reshape(m, k), weight, bias, config, space, norm=(norm_weight, eps))
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+    return _product(x, weight, bias, config, space, (norm_weight, eps))
 
 
 _WORKSPACES: dict = {}
@@ -271,9 +272,14 @@ def gemv_shared(x: torch.Tensor, weight: torch.Tensor, sizes, bias: torch.Tensor
                 config: GemvConfig | None = None, space: int = 0) -> tuple[torch.Tensor, ...]:
     """Several linears that share ``x`` in one launch: ``weight`` is their concatenation
     (:func:`cat_weights`), ``sizes`` their output widths; returns each output (views of one)."""
+    _check_sizes(sizes, weight)
+    return gemv(x, weight, bias, config, space).split(list(sizes), dim=-1)
+
+
+def _check_sizes(sizes, weight: torch.Tensor) -> None:
+    """A shared launch's output widths must cover its concatenated weight's rows."""
     if sum(sizes) != weight.shape[0]:
         raise ValueError(f"gemv: sizes {tuple(sizes)} add up to {sum(sizes)}, weight has {weight.shape[0]} rows")
-    return gemv(x, weight, bias, config, space).split(list(sizes), dim=-1)
 
 
 def gemv_rmsnorm_shared(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, sizes,
@@ -281,8 +287,7 @@ def gemv_rmsnorm_shared(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, 
                         space: int = 0) -> tuple[torch.Tensor, ...]:
     """:func:`gemv_shared` with the RMSNorm in front (:func:`gemv_rmsnorm`): q/k/v after
     ``operator_norm``, w1/w3 after ``ffn_norm``, as one launch."""
-    if sum(sizes) != weight.shape[0]:
-        raise ValueError(f"gemv: sizes {tuple(sizes)} add up to {sum(sizes)}, weight has {weight.shape[0]} rows")
+    _check_sizes(sizes, weight)
     return gemv_rmsnorm(x, norm_weight, eps, weight, bias, config, space).split(list(sizes), dim=-1)
 
 
