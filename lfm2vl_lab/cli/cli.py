@@ -7,7 +7,8 @@ answers at once; each run imports what it needs when it runs. The encoder's runs
 ``bench``, ``check`` and ``attention``; the others are loaded by name (:func:`lazy`) when they run:
 ``graph-apis`` from :mod:`.cli_graph_apis`, the whole-request ones, ``e2e`` and ``ttft``, from
 :mod:`.cli_serving`, the text model's peers, ``engine``, from :mod:`.cli_engine`, vLLM itself,
-``vllm``, from :mod:`.cli_vllm`, ``report`` and ``record`` from beside what they drive
+``vllm``, from :mod:`.cli_vllm`, the kit's pipeline on vLLM's A/B, ``pipeline``, from :mod:`.cli_pipeline`,
+``report`` and ``record`` from beside what they drive
 (:mod:`.report`, :mod:`.record`). The measurements themselves (:mod:`.bench`, :mod:`.check`, ...)
 know no argparse.
 
@@ -40,6 +41,7 @@ from .cli_options import (
     add_e2e_args,
     add_engine_args,
     add_graph_apis_args,
+    add_pipeline_args,
     add_record_args,
     add_report_args,
     add_ttft_args,
@@ -196,7 +198,9 @@ SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "record": (add_record_args, lazy("cli.cli_record", "run_record_cli", "Record the reference set on this GPU: "
                                      "every file the notebooks, figures and tables read.")),
     "vllm": (add_vllm_args, lazy("cli.cli_vllm", "run_vllm_cli", "vLLM itself on the GPU: encoder graphs off, the PR's "
-                                 "config and the kit's, beside the kit's pipeline.")),
+                                 "config and the kit's.")),
+    "pipeline": (add_pipeline_args, lazy("cli.cli_pipeline", "run_pipeline_cli", "The kit's pipeline on vLLM's A/B: "
+                                         "the same cases, arms, weights and parity judge.")),
 }
 
 

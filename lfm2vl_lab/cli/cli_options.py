@@ -203,8 +203,6 @@ def add_vllm_args(p) -> None:
                    help=f"preset(s) (repeatable; default: {', '.join(VLLM_PRESETS)})")
     p.add_argument("--rounds", type=positive_int, default=20,
                    help="rounds of the A/B: every case once per engine, the engines in rotating turns (default: 20)")
-    p.add_argument("--kit-repeats", type=int, default=6,
-                   help="rounds of the kit's own pipeline on the same cases (0: leave it out; default: 6)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for this call: presets that no longer fit are left for --resume")
@@ -215,6 +213,18 @@ def add_vllm_args(p) -> None:
     # how the command runs each preset in a process of its own (not for users: no help line)
     p.add_argument("--one-preset", default=None, help=argparse.SUPPRESS)
     p.add_argument("--section-out", default=None, help=argparse.SUPPRESS)
+
+
+def add_pipeline_args(p) -> None:
+    """Options of ``python -m lfm2vl_lab pipeline``."""
+    p.add_argument("--preset", action="append", type=preset_arg, default=None,
+                   help=f"preset(s) (repeatable; default: {', '.join(VLLM_PRESETS)}, as vllm)")
+    p.add_argument("--repeats", type=positive_int, default=6,
+                   help="rounds of every case, the arms in turns (default: 6)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0, as vllm)")
+    p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
+    p.add_argument("--name", default="pipeline", help="result file name prefix (default: pipeline)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
 
 
 def add_record_args(p) -> None:

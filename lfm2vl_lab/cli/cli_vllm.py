@@ -1,10 +1,11 @@
-"""``python -m lfm2vl_lab vllm``: vLLM PR #44930 measured inside vLLM, beside the kit's own pipeline.
+"""``python -m lfm2vl_lab vllm``: vLLM PR #44930 measured inside vLLM.
 
-Per preset (:mod:`.vllm_preset`): the preset's seeded weights written as a model folder, the kit's
-references and pipeline on them, then three vLLM engines (encoder graphs off, the PR's graph config,
-the kit's) serving the same requests in rotating turns. Each preset runs in a process of its own, so
-its engines and their GPU memory are gone before the next preset starts; the result file
-(``vllm-<date>.json``) is rewritten after each preset.
+Per preset (:mod:`.vllm_preset`): the preset's seeded weights written as a model folder, the float32
+references on them, then three vLLM engines (encoder graphs off, the PR's graph config, the kit's)
+serving the same requests in rotating turns. The kit's own pipeline on the same cases is ``python -m
+lfm2vl_lab pipeline`` (role ``pipeline``), recorded apart so that a change to the kit re-runs no vLLM.
+Each preset runs in a process of its own, so its engines and their GPU memory are gone before the next
+preset starts; the result file (``vllm-<date>.json``) is rewritten after each preset.
 
 ``--deadline`` leaves a preset that no longer fits its expected seconds (:data:`EXPECTED_S`) for a
 later call, and ``--resume FILE`` continues such a file: ``complete`` says whether every preset asked
@@ -28,10 +29,9 @@ from ..measure.vllm_ab import ARMS, CASES, PRESETS, TOKENS
 from ..measure.vllm_release import ENGINE_ENV, VLLM_VERSION
 
 NAME = "vllm"
-# Seconds one preset is expected to take on the H200 at the defaults, what --deadline plans with: the
-# recorded LFM2-VL-3B section's seconds per part (its file's "seconds"), its rounds doubled, with room
-# to spare; the smaller presets start and decode faster.
-EXPECTED_S = {"lfm2-vl-450m": 380, "lfm2-vl-1.6b": 430, "lfm2-vl-3b": 520}
+# Seconds one preset is expected to take on the H200 at the defaults, what --deadline plans with: each
+# preset's recorded seconds of vLLM's part (engine starts, parity, 20 rounds), with about 10% to spare.
+EXPECTED_S = {"lfm2-vl-450m": 280, "lfm2-vl-1.6b": 370, "lfm2-vl-3b": 420}
 FOLDERS = Path(tempfile.gettempdir()) / "lfm2vl-vllm-models"
 BUNDLE_ENV = "LFM2VL_VLLM_BUNDLE"  # bundle.json of the installed bundle (scripts/vllm_bundle.py), for provenance
 
@@ -72,7 +72,7 @@ def new_result(args, command: str, vllm_version: str) -> dict:
     prov = provenance(command, dtype="bfloat16", preset=",".join(args.preset or PRESETS), vllm=vllm_version,
                       vllm_bundle=_bundle(), text="full depth, random weights (the kit's seeded presets)")
     settings = {"arms": list(ARMS), "cases": [list(c) for c in CASES], "tokens": list(TOKENS), "rounds": args.rounds,
-                "kit_repeats": args.kit_repeats, "seed": args.seed, "engine_env": ENGINE_ENV}
+                "seed": args.seed, "engine_env": ENGINE_ENV}
     return {"name": NAME, "provenance": prov, "settings": settings, "presets": {}, "rows": [], "errors": [],
             "complete": False}
 
@@ -82,7 +82,7 @@ def _child(preset: str, args, left: float | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "section.json"
         cmd = [sys.executable, "-m", "lfm2vl_lab", "vllm", "--one-preset", preset, "--section-out", str(out),
-               "--rounds", str(args.rounds), "--kit-repeats", str(args.kit_repeats), "--seed", str(args.seed)]
+               "--rounds", str(args.rounds), "--seed", str(args.seed)]
         env = {**os.environ, **ENGINE_ENV}
         try:
             rc = subprocess.run(cmd, env=env, timeout=left).returncode
@@ -113,7 +113,7 @@ def run_presets(args, result: dict, save) -> dict:
             save(result)
             break
         sec["seconds"]["total"] = round(time.perf_counter() - t1, 1)
-        result["rows"] += sec.pop("rows") + sec.get("kit", {}).pop("rows", [])
+        result["rows"] += sec.pop("rows")
         result["presets"][preset] = sec
         save(result)
     result["complete"] = all(p in result["presets"] for p in args.preset or PRESETS) and not result["errors"]
@@ -122,13 +122,13 @@ def run_presets(args, result: dict, save) -> dict:
 
 
 def run_vllm_cli(args) -> int:
-    """vLLM itself on the GPU: encoder graphs off, the PR's config and the kit's, beside the kit's pipeline."""
+    """vLLM itself on the GPU: encoder graphs off, the PR's config and the kit's."""
     version = _check_machine()
     if args.one_preset:
         from ..measure.vllm_preset import measure_preset
 
         say = (lambda s: None) if args.no_progress else (lambda s: print(s, flush=True))
-        sec = measure_preset(args.one_preset, args.rounds, args.kit_repeats, FOLDERS, args.seed, say)
+        sec = measure_preset(args.one_preset, args.rounds, FOLDERS, args.seed, say)
         Path(args.section_out).write_text(json.dumps(sec, default=str))
         return 0
     if version != VLLM_VERSION:

@@ -138,10 +138,13 @@ STEPS: tuple[Step, ...] = (
                                                 "1,2,4", "--repeats", "5", "--decode-tokens", "16", "--request-tokens",
                                                 "128", "--throughput", "32", "--graph-config", "pr", "--fuse", "on",
                                                 "--no-progress", "--name", "request-3b"), 330),
+    # the kit's pipeline on vLLM's A/B (the same cases, arms, weights and judge), apart from vLLM's own
+    # run so that a change to the kit's serving code re-runs no vLLM engine
+    Step("pipeline", "engine", "pipeline", ("pipeline", "--no-progress"), 330),
     # vLLM itself (the release scripts/vllm_bundle.py carries): three engines per preset, encoder graphs
-    # off, the PR's config and the kit's, beside the kit's pipeline on the same weights; about five
-    # minutes a preset, so it may take two calls (resumable)
-    Step("vllm", "vllm", "vllm", ("vllm",), 1500, beside=True, resumable=True),
+    # off, the PR's config and the kit's; four to six minutes a preset, so it takes two or three calls
+    # (resumable)
+    Step("vllm", "vllm", "vllm", ("vllm",), 1300, beside=True, resumable=True),
 )
 PARTS = tuple(dict.fromkeys(s.part for s in STEPS))
 # what a plain `record` runs: every part but those beside the set

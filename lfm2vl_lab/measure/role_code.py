@@ -53,6 +53,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "e2e": ("lfm2vl_lab.cli.cli_serving",),
     "engine": ("lfm2vl_lab.cli.cli_engine",),
     "vllm": ("lfm2vl_lab.cli.cli_vllm",),
+    "pipeline": ("lfm2vl_lab.cli.cli_pipeline",),
 }
 # Run by every command, hashed as files: the entry point and the dispatcher with every command's options.
 ALWAYS = ("lfm2vl_lab/__init__.py", "lfm2vl_lab/__main__.py", "lfm2vl_lab/cli/__init__.py",

@@ -26,7 +26,7 @@ from .plots import (
 )
 from .plots_ttft import decode_figure, e2e_figure, ttft_breakdown_figure, ttft_grid_figure
 from .tables import run_tables
-from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure
+from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure, with_pipeline
 
 BENCH_PREFIX = "bench-"  # roles of the per-preset benchmark runs
 BUDGETS_ROLE = "sweep-budgets"  # the budget sweep: the padding-waste figure of its preset
@@ -115,11 +115,13 @@ def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
             stem = f"{slug}-{role}" + (f"-{suffix}" if suffix else "")
             title = f"{short} — {res['provenance'].get('dtype')}\n{recorded_tag(res)}"
             jobs.append((stem, partial(make_fig, res.get("rows") or [], title=title), [res]))
+        ab = with_pipeline(res, files.get("pipeline")) if role in WHOLE_FILE_ROLES else None  # the kit's beside
         for suffix, (make_fig, short) in WHOLE_FILE_ROLES.get(role, {}).items():
             prov = res["provenance"]
             held = f" (partial: {', '.join(res.get('presets', {}))} so far)" if res.get("_partial") else ""
-            title = f"{short} — vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}\n{recorded_tag(res)}"
-            jobs.append((f"{slug}-{role}-{suffix}", partial(make_fig, res, title=title), [res]))
+            title = f"{short} — vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}\n" + \
+                "\n".join(recorded_tag(f) for f in ab["files"])
+            jobs.append((f"{slug}-{role}-{suffix}", partial(make_fig, ab, title=title), ab["files"]))
     return jobs
 
 

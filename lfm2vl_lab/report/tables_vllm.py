@@ -1,9 +1,11 @@
-"""The parts that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline, and ``pr-verdict``, the
-one verdict on the PR's claim, which places a cut against the range by its whole 95% interval."""
+"""The parts that read the ``vllm`` file: vLLM's own A/B beside the kit's pipeline (the ``pipeline`` file,
+where the set has it), and ``pr-verdict``, the one verdict on the PR's claim, which places a cut against
+the range by its whole 95% interval."""
 
 from __future__ import annotations
 
 from collections import Counter
+from functools import wraps
 
 import pandas as pd
 
@@ -13,13 +15,25 @@ from .frames import Refs, frame, md, missing, ms, need, needs, pct, preset_label
 from .ttft_findings import cut_range, e2e_cuts, encoder_cuts
 from .ttft_summary import PR_CLAIM, claim_verdict, range_verdict
 from .vllm_report import find as _row
+from .vllm_report import with_pipeline
 
 ROLE = "vllm"
+KIT_ROLE = "pipeline"  # the kit's pipeline on the same cases, recorded apart
 
 
-# the parts below are drawn from the vllm file, partial or whole
-vllm_part = needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` on the H200 records "
-                  f"role `{ROLE}`._", partial=True)
+def vllm_part(draw):
+    """A part drawn from the vllm file, partial or whole, with the pipeline file's rows beside it."""
+    @needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` on the H200 records "
+           f"role `{ROLE}`._", partial=True)
+    @wraps(draw)
+    def block(refs: Refs, res: dict) -> str:
+        return draw(refs, with_pipeline(res, refs(KIT_ROLE) if refs.has(KIT_ROLE) else None))
+    return block
+
+
+def sources(refs: Refs, *more: str) -> str:
+    """The source line of a part: the vllm file, the pipeline file where the set has it, then ``more``."""
+    return refs.source(ROLE, *[r for r in (KIT_ROLE, *more) if refs.has(r)])
 
 
 def partial_note(res: dict) -> str:
@@ -76,13 +90,13 @@ def _settings(res: dict) -> str:
 def ttft_block(refs: Refs, res: dict) -> str:
     """TTFT per preset and case: vLLM's and the kit's pipeline's, with the encoder graphs' cuts."""
     return "\n\n".join([_table(res, "ttft_cut", "ttft_ms", TOKENS[:1]),
-                        f"Requests of {TOKENS[0]} tokens. " + _settings(res), refs.source(ROLE)])
+                        f"Requests of {TOKENS[0]} tokens. " + _settings(res), sources(refs)])
 
 
 @vllm_part
 def requests_block(refs: Refs, res: dict) -> str:
     """Whole requests of 16 and 128 tokens: vLLM's and the kit's pipeline's, with the encoder graphs' cuts."""
-    return "\n\n".join([_table(res, "e2e_cut", "e2e_ms", TOKENS), _settings(res), refs.source(ROLE)])
+    return "\n\n".join([_table(res, "e2e_cut", "e2e_ms", TOKENS), _settings(res), sources(refs)])
 
 
 VERDICTS = {"within": "within it", "above": "above it", "below": "below it",
@@ -115,7 +129,7 @@ def claim_block(refs: Refs, res: dict) -> str:
     """The PR's claim judged from vLLM's own A/B with the PR's graph config, then from the kit's pipeline
     on the same weights and images: each whole-request and TTFT cut set against 10–20%."""
     return "\n".join(claim_lines(res)) + "\n\n" + (partial_note(res).strip() + "\n\n" if partial_note(res) else "") \
-        + refs.source(ROLE)
+        + sources(refs)
 
 
 def claim_lines(res: dict) -> list[str]:
@@ -150,7 +164,7 @@ def breakdown_block(refs: Refs, res: dict) -> str:
                 rows.append([preset_label(preset), f"kit's pipeline, {arm}", ms(r["ttft_ms"], 1),
                              ms(ph.get("processor"), 1), None, ms(step, 1), ms(ph.get("encoder"), 2), None])
     return "\n\n".join([table(head, rows), f"Medians, ms, of one 512 px image and {TOKENS[0]} tokens.",
-                        refs.source(ROLE)])
+                        sources(refs)])
 
 
 def _capture_mib(cap: dict) -> str | None:
@@ -187,7 +201,7 @@ def engines_block(refs: Refs, res: dict) -> str:
     seconds = "; ".join(f"{preset_label(p)} {res['presets'][p]['seconds'].get('total', 0):.0f} s ("
                         + ", ".join(f"{k} {v:.0f} s" for k, v in res["presets"][p]["seconds"].items() if k != "total")
                         + ")" for p in presets(res))
-    return "\n\n".join([table(head, rows), f"Seconds per preset: {seconds}.", refs.source(ROLE)])
+    return "\n\n".join([table(head, rows), f"Seconds per preset: {seconds}.", sources(refs)])
 
 
 # The PR's claim
@@ -300,8 +314,9 @@ def summary(groups: dict[tuple, list[dict]], names: dict[str, str]) -> list[str]
 
 @needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` records role `{ROLE}`, which "
        "the verdict reads._", partial=True)
-def verdict_block(refs: Refs, res: dict) -> str:
+def verdict_block(refs: Refs, vllm_res: dict) -> str:
     """The verdict: a line per outcome, then the table by measure and preset it is read from."""
+    res = with_pipeline(vllm_res, refs(KIT_ROLE) if refs.has(KIT_ROLE) else None)
     version = res["provenance"].get("vllm")
     names = {"vllm": f"inside vLLM {version}", "kit": "the kit's pipeline"}
     groups, others = vllm_groups(res), other_runs(refs)
@@ -310,8 +325,8 @@ def verdict_block(refs: Refs, res: dict) -> str:
     head = ["measure", "preset", f"inside vLLM {version}, PR config", "the kit's pipeline, PR config, same weights",
             "the kit's other runs (medians, no interval)"]
     rule = f"The PR claimed {pct(PR_CLAIM[0], 0)}–{pct(PR_CLAIM[1], 0)} lower end-to-end latency at low batch size."
-    sources = refs.source(ROLE, *[r for r in (REQUEST_ROLE, "ttft") if refs.has(r)])
-    return "\n\n".join(["\n".join(summary(groups, names)), table(head, rows), rule, sources])
+    return "\n\n".join(["\n".join(summary(groups, names)), table(head, rows), rule,
+                        sources(refs, REQUEST_ROLE, "ttft")])
 
 
 BLOCKS = {"vllm-ttft": ttft_block, "vllm-requests": requests_block, "vllm-claim": claim_block,

@@ -1,6 +1,6 @@
-"""How a ``vllm`` result reads: the terminal's summary, the A/B as a DataFrame (:func:`ab_frame`), the row
-lookup the pages' tables share, and the
-two figures (the encoder graphs' cuts with their 95% intervals against the PR's band; where one
+"""How a ``vllm`` result reads: the kit's ``pipeline`` file set beside it (:func:`with_pipeline`), the
+terminal's summary, the A/B as a DataFrame (:func:`ab_frame`), the row lookup the pages' tables share, and
+the two figures (the encoder graphs' cuts with their 95% intervals against the PR's band; where one
 request's first token goes in vLLM and in the kit's pipeline)."""
 
 from __future__ import annotations
@@ -28,6 +28,25 @@ def cut_text(cut: dict | None) -> str:
 def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: str) -> dict | None:
     return next((r for r in result["rows"] if (r.get("engine"), r["preset"], r["case"], r["tokens"], r["arm"])
                  == (engine, preset, case, tokens, arm)), None)
+
+
+def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
+    """vLLM's A/B (role ``vllm``) with the kit's pipeline on the same cases (role ``pipeline``) beside it:
+    one result whose rows are both files' (``engine`` ``vllm`` or ``kit``), each preset's section with
+    the kit's repeats, and ``files`` naming both. The two files are separate recordings; each row's cuts
+    are paired within its own file, never across them. None without a ``vllm`` file."""
+    if vllm_res is None:
+        return None
+    out = {**vllm_res, "rows": list(vllm_res["rows"]), "files": [vllm_res]}
+    out["settings"] = {"kit_repeats": 0, **vllm_res.get("settings", {})}
+    out["presets"] = {p: dict(sec) for p, sec in vllm_res["presets"].items()}
+    if kit_res is not None:
+        out["rows"] += [r for r in kit_res["rows"] if r["preset"] in out["presets"]]
+        out["settings"]["kit_repeats"] = kit_res["settings"]["repeats"]
+        for p, sec in out["presets"].items():
+            sec["kit_repeats"] = kit_res["presets"].get(p, {}).get("repeats", 0)
+        out["files"].append(kit_res)
+    return out
 
 
 def ab_frame(res: dict) -> pd.DataFrame:
@@ -72,12 +91,17 @@ def parity_line(preset: str, sec: dict) -> str:
 
 
 def summary_lines(result: dict) -> list[str]:
-    """The terminal's summary: per preset, engine start-up, parity, and per case the medians of each
-    engine arm with the graphed arms' paired cuts (95% interval), and the kit's pipeline beside."""
+    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, vLLM's engine start-up
+    and parity (or the kit's parity), and per case the medians of each arm with the graphed arms' paired
+    cuts (95% interval)."""
     out = []
     for preset, sec in result["presets"].items():
-        starts = ", ".join(f"{a} {e['start_s']:.0f} s" for a, e in sec["engines"].items())
-        out += [f"{preset}: engines started in {starts}", parity_line(preset, sec)]
+        if "engines" in sec:
+            starts = ", ".join(f"{a} {e['start_s']:.0f} s" for a, e in sec["engines"].items())
+            out += [f"{preset}: engines started in {starts}", parity_line(preset, sec)]
+        else:
+            out.append(f"{preset} parity: " + ", ".join(f"{k} {'ok' if c['logits_ok'] else 'FAILED'}"
+                                                        for k, c in sec.get("parity", {}).items()))
         for image, n in CASES:
             case = case_name(image, n)
             for tokens in TOKENS:
