@@ -320,6 +320,36 @@ def test_a_resumable_step_is_partial_until_its_file_is_complete(tmp_path, stand_
     assert entry["seconds"] == round(sum(entry["calls"]), 1) > max(entry["calls"])
 
 
+def test_a_resumable_role_run_again_holds_its_partial_file_not_the_earlier_complete_one(tmp_path, stand_in):
+    """A role recorded again (its code changed) that takes two calls: after the first, the set lists the
+    new partial file and no longer the earlier complete one (``take`` archives it), so it is never
+    listed twice nor read as current; the second call completes it."""
+    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True,
+                    measures=("lfm2vl_lab.measure.bench",))
+    said = []
+    kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
+              python=stand_in, deadline_s=300)
+    rec.run_record(**kw)
+    first = rec.run_record(**kw)["files"]["slow"]["file"]
+    (tmp_path / "cpu" / first).rename(tmp_path / "cpu" / "slow-20250101-000000.json")  # an earlier run's file
+    man_path = tmp_path / "cpu" / "reference.json"
+    man = json.loads(man_path.read_text())
+    man["files"]["slow"]["file"] = "slow-20250101-000000.json"
+    man_path.write_text(json.dumps(man))
+    man = rec.run_record(**kw, again=True)
+    assert "slow" not in man["files"] and man["partial"]["slow"]["file"] == first and not man["complete"]
+    assert any("slow-20250101-000000.json (an earlier run of slow) leaves the set" in s for s in said)
+    repo = tmp_path / "repo"  # the repo's set, which held the earlier complete file
+    (repo / "cpu").mkdir(parents=True)
+    earlier = "slow-20250101-000000.json"
+    (repo / "cpu" / earlier).write_bytes((tmp_path / "cpu" / earlier).read_bytes())
+    rec.take(tmp_path, repo, say=lambda s: None)
+    assert (repo / "cpu" / "archive" / "slow-20250101-000000.json").is_file()
+    assert not (repo / "cpu" / "slow-20250101-000000.json").exists()
+    man = rec.run_record(**kw)
+    assert man["files"]["slow"]["file"] == first and "partial" not in man
+
+
 def _partial_run(tmp_path, python):
     """A resumable step's first call, which leaves its partial file; the manifest's path, the keywords
     of the call and what it said."""

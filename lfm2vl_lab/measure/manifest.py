@@ -64,7 +64,9 @@ def partial_file(step, man: dict, folders, hash_: str, say) -> Path | None:
 def file_step(man: dict, step, entry: dict, new: list[Path], folder: Path, hash_: str, say,
                resumed: bool = False, host: dict | None = None) -> None:
     """Put one step's outcome into the manifest: recorded, partial (a resumable step's file that is
-    not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``).
+    not complete yet: left for the next call) or failed (its file set aside in ``incomplete/``). A
+    partial or failed step's role leaves ``files``: the set never holds a complete file of an earlier
+    run beside its successor, and is not ``complete`` until the role is.
 
     A step that ``resumed`` its partial file keeps the seconds of every call it took (``calls``) and
     sums them in ``seconds``: a role that took three calls cost the three, not the last one. Each call's
@@ -86,6 +88,10 @@ def file_step(man: dict, step, entry: dict, new: list[Path], folder: Path, hash_
     elif entry["rc"] == 0 and len(new) == 1:
         man["partial"][step.role] = entry
         say(f"   {entry['file']} in {entry['seconds']} s: partial, the next call resumes it")
+        # the role's newest run is the one the set holds, as a failed step's is: a complete file of an
+        # earlier run leaves the set (``take`` archives it) rather than stand beside its successor
+        if (done := man["files"].pop(step.role, None)) is not None:
+            say(f"   {done['file']} (an earlier run of {step.role}) leaves the set for it")
     else:
         (folder / "incomplete").mkdir(exist_ok=True)
         for f in new:  # what a failed step left is kept, but out of the set
