@@ -174,10 +174,14 @@ def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
                     err[1].append(100 * (c["ci"][1] - c["cut"]))
                 if xs:
                     clipped = [x for x, y, e in zip(xs, ys, err[0]) if y - e < Y_FLOOR]
+                    # a median below the floor is drawn to the floor (its whisker from there up): the
+                    # marker says the bar goes on, as it does for an interval that reaches below
+                    err[1] = [max(0.0, e + y - max(y, Y_FLOOR)) for y, e in zip(ys, err[1])]
+                    ys = [max(y, Y_FLOOR) for y in ys]
                     err[0] = [min(e, y - Y_FLOOR) for y, e in zip(ys, err[0])]
                     ax.bar(xs, ys, width, color=color, label=label, yerr=err, capsize=2, ecolor="#444444")
                     ax.plot(clipped, [Y_FLOOR + 2] * len(clipped), "v", color="#444444", ms=4,
-                            label=None if clipped_seen else f"interval reaches below {Y_FLOOR:.0f}%")
+                            label=None if clipped_seen else f"interval (or median) reaches below {Y_FLOOR:.0f}%")
                     clipped_seen = clipped_seen or bool(clipped)
             ax.axhline(0, color="black", lw=0.8)
             ax.set_ylim(bottom=Y_FLOOR)
