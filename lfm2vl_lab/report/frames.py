@@ -77,11 +77,6 @@ def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
     return reference.roles(gpu, root)
 
 
-def load_all(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict[str, pd.DataFrame]:
-    """Every role's rows, by role (:func:`load`)."""
-    return {role: load(role, gpu=gpu, root=root) for role in roles(gpu, root)}
-
-
 def md(df: pd.DataFrame) -> str:
     """``df`` as one of the pages' Markdown tables (``to_markdown``): cells as they are, no padding,
     a missing cell (None, NaN) as a dash, the index left out."""

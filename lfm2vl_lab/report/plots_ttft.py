@@ -53,9 +53,14 @@ def ttft_cases(rows: list[dict]) -> list[tuple]:
     return list(dict.fromkeys((r.get("preset"), r.get("image"), r.get("requests")) for r in ttft_rows(rows)))
 
 
+def case_name(case: tuple) -> str:
+    """``("lfm2-vl-450m", "1x512", 4)`` → ``"lfm2-vl-450m 1x512 x4"``."""
+    return f"{case[0]} {case[1]} x{case[2]}"
+
+
 def recorded_cases(rows: list[dict]) -> str:
     """What the rows cover, for messages: ``"lfm2-vl-450m 1x512 x1, lfm2-vl-450m 1x512 x4"``."""
-    return ", ".join(f"{p} {image} x{n}" for p, image, n in ttft_cases(rows)) or "nothing"
+    return ", ".join(map(case_name, ttft_cases(rows))) or "nothing"
 
 
 def ttft_case(rows: list[dict], preset: str, image: str, requests: int) -> dict[str, dict]:

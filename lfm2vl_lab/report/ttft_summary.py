@@ -182,8 +182,3 @@ def disturbed(df: pd.DataFrame) -> pd.Series:
     """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any of its modes fails the
     decode control, so a cut between its modes may not be the graphs' alone."""
     return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
-
-
-def case_disturbed(rows: list[dict], preset: str, image: str, requests: int) -> bool:
-    """:func:`disturbed` for one case (False where the rows lack it)."""
-    return bool(disturbed(ttft_frame(rows)).get((preset, image, requests), False))
