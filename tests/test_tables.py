@@ -474,11 +474,6 @@ def test_the_pr_budget_set_is_held_to_the_kit_s_one_capture_limit():
     assert (t["limit"], t["ok"], t["recorded_limit"]) == (floor.TARGETS["capture_s"], False, 5.0)
 
 
-def test_idle_gaps_are_the_stretches_between_gpu_entries():
-    row = {"timeline": {"gpu": [[10.0, 2.0, "b"], [0.0, 5.0, "a"], [12.0, 1.0, "c"], [20.0, 1.0, "d"]]}}
-    assert tables_goals.idle_gaps(row) == [(5.0, "a", "b"), (7.0, "c", "d")]
-
-
 # --------------------------------------------------------------------------------------------
 # The command
 # --------------------------------------------------------------------------------------------

@@ -7,9 +7,11 @@ import statistics
 
 from ..measure.floor import TARGETS as FLOOR_TARGETS
 from ..measure.floor import judge_targets, kernel_breakdown
+from ..measure.trace_analysis import Gap, idle_gaps
 from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
 from .frames import Refs, facts, ms, pct, preset_label, table
+from .plots_ttft import ttft_case
 from .reference import manifest_path
 from .tables_code import REPORT_GOAL, code_goals, explain_report_layer
 from .tables_encoder import by_mode
@@ -108,27 +110,21 @@ def request_goals_block(refs: Refs) -> str:
 
 # What explains each miss
 
-def idle_gaps(row: dict) -> list[tuple[float, str, str]]:
-    """``(µs, entry before, entry after)`` of each idle stretch between a profiled call's GPU entries, in order."""
-    gpu = sorted((row.get("timeline") or {}).get("gpu") or [])
-    return [(b[0] - (a[0] + a[1]), a[2], b[2]) for a, b in zip(gpu, gpu[1:]) if b[0] > a[0] + a[1]]
-
-
 def gap_rows(refs: Refs, workload: str) -> list[list]:
     """Where the graphed 450M call's time that is not kernel time goes, gap by gap of its profiled call."""
     r = by_mode(refs("bench-450m")["rows"])[("lab-graph", workload)]
-    gaps = idle_gaps(r)
-    first = gaps[0] if gaps else (0.0, "", "")
-    memset = [g[0] for g in gaps if "Memset" in g[1]]
-    inner = [g[0] for g in gaps[1:] if "Memset" not in g[1]]
-    idle, off = sum(g[0] for g in gaps), 1000 * (r["median_ms"] - r["gpu_busy_ms"])
+    gaps = idle_gaps(r.get("timeline") or {}, kernels_only=False)  # cuDNN's memsets count as entries
+    first = gaps[0] if gaps else Gap(0.0, 0.0, "", "")
+    memset = [g.dur_us for g in gaps if "Memset" in g.before]
+    inner = [g.dur_us for g in gaps[1:] if "Memset" not in g.before]
+    idle, off = sum(g.dur_us for g in gaps), 1000 * (r["median_ms"] - r["gpu_busy_ms"])
     return [[f"median call, lab-graph {workload}", f"{1000 * r['median_ms']:.0f} µs"],
             ["its kernels (GPU-busy of one profiled call)", f"{1000 * r['gpu_busy_ms']:.0f} µs"],
             ["not kernel time", f"{off:.0f} µs"],
             ["of it: idle between the profiled call's GPU entries", f"{idle:.0f} µs"],
             ["of it: outside them, on the host side of the call", f"{off - idle:.0f} µs"],
-            [f"first entry (`{first[1][:40]}`) to the graph's first kernel: input copy, graph launch",
-             f"{first[0]:.0f} µs"],
+            [f"first entry (`{first.before[:40]}`) to the graph's first kernel: input copy, graph launch",
+             f"{first.dur_us:.0f} µs"],
             [f"{len(memset)} gaps after cuDNN's `Memset` entries ({min(memset, default=0):.1f}–"
              f"{max(memset, default=0):.1f} µs each)", f"{sum(memset):.0f} µs"],
             [f"{len(inner)} other gaps, one per kernel boundary (median "
@@ -237,8 +233,7 @@ def explain_text_engine(refs: Refs) -> str:
     res = refs("engine")
     out = [table(["`engine`, one request", "unfused", "fused"],
                  [row for s in res["setup"] for row in _engine_rows(res, s)])]
-    want = ("lfm2-vl-450m", "1x512", 1, mode_name("graphed", "graphed"))
-    both = next((r for r in refs("ttft")["rows"] if (r["preset"], r["image"], r["requests"], r["mode"]) == want), None)
+    both = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(mode_name("graphed", "graphed"))
     if both:
         out.append(f"One 512 px request on LFM2-VL-450M, both graphed (`ttft`): TTFT {ms(both['ttft_ms'])} ms ("
                    + ", ".join(f"{k} {ms(v)}" for k, v in both["phases_ms"].items() if k != "processor")
