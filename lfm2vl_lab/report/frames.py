@@ -171,6 +171,11 @@ def pct(v, digits: int = 1, sign: bool = False) -> str | None:
     return None if missing(v) else f"{100 * v:{'+' if sign else ''}.{digits}f}%"
 
 
+def verdict(ok, yes: str = "yes", no: str = "no") -> str:
+    """A check's cell: ``yes``, or ``no`` in bold, so that a failure stands out."""
+    return yes if ok else f"**{no}**"
+
+
 def span(values, fmt=ms, unit: str = "") -> str:
     """``a–b`` (or one value where all are equal) of the formatted min and max."""
     lo, hi = fmt(min(values)), fmt(max(values))

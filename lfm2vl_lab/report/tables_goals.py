@@ -10,7 +10,7 @@ from ..measure.floor import judge_targets, kernel_breakdown
 from ..measure.trace_analysis import Gap, idle_gaps
 from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
-from .frames import Refs, facts, ms, pct, preset_label, table
+from .frames import Refs, facts, ms, pct, preset_label, table, verdict
 from .plots_ttft import ttft_case
 from .reference import manifest_path
 from .tables_code import REPORT_GOAL, code_goals, explain_report_layer
@@ -92,7 +92,7 @@ def goals_part(goals, *roles: str):
     """One run's goals as a table, how many were reached, and the files (no roles: the manifest, or nothing)."""
     def block(refs: Refs) -> str:
         judged = goals(refs)
-        rows = [[t["target"], *_aim_and_value(t), "yes" if t["ok"] else "**no**",
+        rows = [[t["target"], *_aim_and_value(t), verdict(t["ok"]),
                  None if t["target"].startswith("fastest mode") or len(t.get("detail") or "") > 60  # the misses'
                  else t.get("detail") or None] for t in judged]  # section explains a long one
         source = refs.source(*roles) if roles else f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."
