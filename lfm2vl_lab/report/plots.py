@@ -5,6 +5,7 @@ rows and returns a ``Figure`` built without ``pyplot`` (no GUI backend, no globa
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from itertools import groupby
 
 from matplotlib.figure import Figure
@@ -100,13 +101,10 @@ def speedup_figure(rows: list[dict], side: int | None = None, title: str | None 
     ``S`` (default: the side with the most image counts). ``rows``: one run's."""
     rows = [r for r in pick_rows(rows) if r.get("speedup_vs_hf") and NXS.fullmatch(str(r.get("workload")))]
     if side is None:
-        sides: dict[int, set] = {}
-        for r in rows:
-            n, s = _nxs(r["workload"])
-            sides.setdefault(s, set()).add(n)
+        sides = Counter(s for _, s in dict.fromkeys(_nxs(r["workload"]) for r in rows))  # image counts per side
         if not sides:
             raise NoData("speedup_figure: no NxS rows with speedup_vs_hf")
-        side = max(sides, key=lambda s: len(sides[s]))
+        side = max(sides, key=sides.get)
     rows = [r for r in rows if _nxs(r["workload"])[1] == side and r["mode"] != "hf-eager"]
     if not rows:
         raise NoData(f"speedup_figure: no rows for {side} px images")
