@@ -130,7 +130,10 @@ class Refs:
         return shown_path(res["_path"] if isinstance(res, dict) else res, self.root.resolve().parent)
 
     def source(self, *roles: str) -> str:
-        """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions."""
+        """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions; no roles: the
+        manifest's path (a part drawn from the manifest alone)."""
+        if not roles:
+            return f"Manifest: `{self.shown(manifest_path(self.gpu, self.root))}`."
         parts = []
         for role in roles:
             res = self._cache.get(role) or self(role)

@@ -17,7 +17,6 @@ from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
 from .frames import Refs, facts, ms, pct, preset_label, table, verdict
 from .plots_ttft import ttft_case
-from .reference import manifest_path
 from .tables_encoder import by_mode
 from .tables_engine import image_path_pairs, mode_label
 from .tables_record import explain_record, record_goals
@@ -218,10 +217,9 @@ def goals_part(goals, *roles: str):
         rows = [[t["target"], *_aim_and_value(t), verdict(t["ok"]),
                  None if t["target"].startswith("fastest mode") or len(t.get("detail") or "") > 60  # the misses'
                  else t.get("detail") or None] for t in judged]  # section explains a long one
-        source = refs.source(*roles) if roles else f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."
         reached = f"{sum(t['ok'] for t in judged)} of {len(judged)} reached."
         return "\n\n".join([table(["goal", "aimed for", "measured", "reached", "note"], rows),
-                            reached if goals is code_goals else f"{reached} {source}"])
+                            reached if goals is code_goals else f"{reached} {refs.source(*roles)}"])
     return block
 
 
