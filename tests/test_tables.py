@@ -474,11 +474,6 @@ def test_the_pr_budget_set_is_held_to_the_kit_s_one_capture_limit():
     assert (t["limit"], t["ok"], t["recorded_limit"]) == (floor.TARGETS["capture_s"], False, 5.0)
 
 
-def test_idle_gaps_are_the_stretches_between_gpu_entries():
-    row = {"timeline": {"gpu": [[10.0, 2.0, "b"], [0.0, 5.0, "a"], [12.0, 1.0, "c"], [20.0, 1.0, "d"]]}}
-    assert tables_goals.idle_gaps(row) == [(5.0, "a", "b"), (7.0, "c", "d")]
-
-
 # --------------------------------------------------------------------------------------------
 # The command
 # --------------------------------------------------------------------------------------------
@@ -500,23 +495,22 @@ def test_plain_report_of_other_results_leaves_the_pages_alone(tmp_path, capsys):
 
 def test_the_code_goals_are_measured_from_this_tree_and_can_be_missed(monkeypatch):
     from lfm2vl_lab.core.protocol import protocol_members
-    from lfm2vl_lab.report import tables_code
 
     files = sorted((ROOT / "lfm2vl_lab" / "report").glob("*.py"))
     lines = sum(p.read_text(encoding="utf-8").count("\n") for p in files)
-    layer, protocol = tables_code.code_goals()
+    layer, protocol = tables_goals.code_goals()
     assert (layer["value"], layer["ok"], layer["detail"]) == (lines, lines <= 1750, f"{len(files)} modules")
     assert (protocol["value"], protocol["ok"]) == (len(protocol_members()), len(protocol_members()) <= 12)
-    monkeypatch.setattr(tables_code, "REPORT_LIMIT_LINES", lines - 1)
-    assert not tables_code.code_goals()[0]["ok"]
-    monkeypatch.setattr(tables_code, "REPORT_LIMIT_LINES", lines)
-    assert tables_code.code_goals()[0]["ok"]
+    monkeypatch.setattr(tables_goals, "REPORT_LIMIT_LINES", lines - 1)
+    assert not tables_goals.code_goals()[0]["ok"]
+    monkeypatch.setattr(tables_goals, "REPORT_LIMIT_LINES", lines)
+    assert tables_goals.code_goals()[0]["ok"]
     assert tables_goals._aim_and_value(dict(layer, value=4296, limit=1750)) == ("≤ 1,750", "4,296")
-    assert tables_goals.explainer(layer["target"]) is tables_code.explain_report_layer
+    assert tables_goals.explainer(layer["target"]) is tables_goals.explain_report_layer
 
 
 def test_the_report_layer_s_lines_are_told_apart_by_what_they_hold():
-    from lfm2vl_lab.report.tables_code import line_kinds
+    from lfm2vl_lab.report.tables_goals import line_kinds
 
     text = '''"""A module docstring
 on two lines."""
@@ -536,11 +530,10 @@ def f(x):
 
 
 def test_the_report_layer_s_miss_does_its_arithmetic_on_the_modules_it_reads(monkeypatch):
-    from lfm2vl_lab.report import tables_code
 
     one = 'def f(x):\n    """Doc."""\n    return f"{x} ms, a phrase"\n'  # 1 docs, 1 wording, 1 code
-    monkeypatch.setattr(tables_code, "_modules", lambda: {"a.py": one, "b.py": one + "\n# why\n"})
-    why = tables_code.explain_report_layer()
+    monkeypatch.setattr(tables_goals, "_modules", lambda: {"a.py": one, "b.py": one + "\n# why\n"})
+    why = tables_goals.explain_report_layer()
     assert "| the five largest modules | `b.py` 5, `a.py` 3 |" in why
     assert "| docstrings, comment and blank lines | 4 |" in why and "(a phrase in a string literal) | 2 |" in why
     assert "| the rest (code) | 2 |" in why
@@ -554,21 +547,20 @@ def test_every_miss_of_the_reference_set_is_explained():
 
 
 def test_the_kernel_goals_are_judged_from_the_set_s_rows_and_explained(monkeypatch):
-    from lfm2vl_lab.report import tables_kernels as tk
     from lfm2vl_lab.report.tables_encoder import by_mode
 
     refs = Refs()
-    judged = {t["target"]: t for t in tk.kernel_goals(refs)}
-    for name, role, workload, field, limit in tk.KERNEL_GOALS:
+    judged = {t["target"]: t for t in tables_goals.kernel_goals(refs)}
+    for name, role, workload, field, limit in tables_goals.KERNEL_GOALS:
         row = by_mode(refs(role)["rows"])[("lab-graph", workload)]
         assert (judged[name]["value"], judged[name]["ok"]) == (row[field], row[field] <= limit)
-    grid, eng = tk._grid_and_engine_decode(refs)
-    decode = judged[f"{tk.PREFIX}450M decode per token in the TTFT grid / the engine's"]
-    assert decode["value"] == grid / eng and decode["ok"] == (grid / eng <= tk.DECODE_MATCH)
-    why = tk.explain_kernels(refs)
+    grid, eng = tables_goals._grid_and_engine_decode(refs)
+    decode = judged[f"{tables_goals.KERNELS}450M decode per token in the TTFT grid / the engine's"]
+    assert decode["value"] == grid / eng and decode["ok"] == (grid / eng <= tables_goals.DECODE_MATCH)
+    why = tables_goals.explain_kernels(refs)
     one = by_mode(refs("bench-450m")["rows"])[("lab-graph", "1x512")]
     assert f"| GPU-busy the goal takes off one image's call | {1000 * one['gpu_busy_ms'] - 500:.0f} µs |" in why
-    loose = tuple((n, r, w, f, 1e9) for n, r, w, f, _ in tk.KERNEL_GOALS)
-    monkeypatch.setattr(tk, "KERNEL_GOALS", loose)
-    assert all(t["ok"] for t in tk.kernel_goals(refs)[:-1])  # the same rows under a loose limit: reached
-    assert tables_goals.explainer(f"{tk.PREFIX}450M 16x512 median ms") is tk.explain_kernels
+    loose = tuple((n, r, w, f, 1e9) for n, r, w, f, _ in tables_goals.KERNEL_GOALS)
+    monkeypatch.setattr(tables_goals, "KERNEL_GOALS", loose)
+    assert all(t["ok"] for t in tables_goals.kernel_goals(refs)[:-1])  # the same rows under a loose limit: reached
+    assert tables_goals.explainer(f"{tables_goals.KERNELS}450M 16x512 median ms") is tables_goals.explain_kernels

@@ -77,11 +77,6 @@ def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
     return reference.roles(gpu, root)
 
 
-def load_all(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict[str, pd.DataFrame]:
-    """Every role's rows, by role (:func:`load`)."""
-    return {role: load(role, gpu=gpu, root=root) for role in roles(gpu, root)}
-
-
 def md(df: pd.DataFrame) -> str:
     """``df`` as one of the pages' Markdown tables (``to_markdown``): cells as they are, no padding,
     a missing cell (None, NaN) as a dash, the index left out."""
@@ -135,7 +130,10 @@ class Refs:
         return shown_path(res["_path"] if isinstance(res, dict) else res, self.root.resolve().parent)
 
     def source(self, *roles: str) -> str:
-        """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions."""
+        """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions; no roles: the
+        manifest's path (a part drawn from the manifest alone)."""
+        if not roles:
+            return f"Manifest: `{self.shown(manifest_path(self.gpu, self.root))}`."
         parts = []
         for role in roles:
             res = self._cache.get(role) or self(role)
@@ -174,6 +172,11 @@ def times(v, digits: int = 1) -> str | None:
 
 def pct(v, digits: int = 1, sign: bool = False) -> str | None:
     return None if missing(v) else f"{100 * v:{'+' if sign else ''}.{digits}f}%"
+
+
+def verdict(ok, yes: str = "yes", no: str = "no") -> str:
+    """A check's cell: ``yes``, or ``no`` in bold, so that a failure stands out."""
+    return yes if ok else f"**{no}**"
 
 
 def span(values, fmt=ms, unit: str = "") -> str:

@@ -5,6 +5,7 @@ rows and returns a ``Figure`` built without ``pyplot`` (no GUI backend, no globa
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from itertools import groupby
 
 from matplotlib.figure import Figure
@@ -69,15 +70,11 @@ def latency_figure(rows: list[dict], title: str | None = None, log: bool = False
     width = 0.8 / len(modes)
     crowded = len(modes) * len(workloads) > 16  # upright labels would overlap: turn them
     for i, mode in enumerate(modes):
-        xs, ys, errs = [], [], []
-        for j, w in enumerate(workloads):
-            r = by.get((mode, w))
-            if r is None:
-                continue
-            xs.append(j + (i - (len(modes) - 1) / 2) * width)
-            ys.append(r["median_ms"])
-            errs.append(max(0.0, (r.get("p90_ms") or r["median_ms"]) - r["median_ms"]))
-        bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=mode, color=MODE_COLORS.get(mode), capsize=2)
+        mine = [(j + (i - (len(modes) - 1) / 2) * width, r) for j, w in enumerate(workloads)
+                if (r := by.get((mode, w)))]
+        errs = [max(0.0, (r.get("p90_ms") or r["median_ms"]) - r["median_ms"]) for _, r in mine]
+        bars = ax.bar([x for x, _ in mine], [r["median_ms"] for _, r in mine], width, yerr=[[0] * len(errs), errs],
+                      label=mode, color=MODE_COLORS.get(mode), capsize=2)
         ax.bar_label(bars, fmt="%.2f", fontsize=6 if crowded else 7, padding=2, rotation=90 if crowded else 0)
     ax.set_xticks(range(len(workloads)), workloads)
     ax.set_ylabel("median latency per call (ms)")
@@ -100,13 +97,10 @@ def speedup_figure(rows: list[dict], side: int | None = None, title: str | None 
     ``S`` (default: the side with the most image counts). ``rows``: one run's."""
     rows = [r for r in pick_rows(rows) if r.get("speedup_vs_hf") and NXS.fullmatch(str(r.get("workload")))]
     if side is None:
-        sides: dict[int, set] = {}
-        for r in rows:
-            n, s = _nxs(r["workload"])
-            sides.setdefault(s, set()).add(n)
+        sides = Counter(s for _, s in dict.fromkeys(_nxs(r["workload"]) for r in rows))  # image counts per side
         if not sides:
             raise NoData("speedup_figure: no NxS rows with speedup_vs_hf")
-        side = max(sides, key=lambda s: len(sides[s]))
+        side = max(sides, key=sides.get)
     rows = [r for r in rows if _nxs(r["workload"])[1] == side and r["mode"] != "hf-eager"]
     if not rows:
         raise NoData(f"speedup_figure: no rows for {side} px images")
@@ -187,11 +181,8 @@ def _timeline_lanes(ax, tl: dict, seen: set) -> float:
     for lane, y in (("cpu", 1), ("gpu", 0)):
         events = tl.get(lane, [])
         spans = [(float(s), max(float(d), 0.05)) for s, d, *_ in events]
-        if lane == "gpu":
-            kinds = ["gpu"] * len(events)
-        else:
-            kinds = ["launch" if str(e[2] if len(e) > 2 else "").startswith(LAUNCH_PREFIXES) else "other"
-                     for e in events]
+        kinds = ["gpu"] * len(events) if lane == "gpu" else [
+            "launch" if str(e[2] if len(e) > 2 else "").startswith(LAUNCH_PREFIXES) else "other" for e in events]
         ax.broken_barh(spans, (y - 0.35, 0.7), facecolors=[TIMELINE_COLORS[k] for k in kinds], lw=0)
         seen.update(kinds)
         end = max([end] + [s + d for s, d in spans])

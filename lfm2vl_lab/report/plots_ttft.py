@@ -53,9 +53,14 @@ def ttft_cases(rows: list[dict]) -> list[tuple]:
     return list(dict.fromkeys((r.get("preset"), r.get("image"), r.get("requests")) for r in ttft_rows(rows)))
 
 
+def case_name(case: tuple) -> str:
+    """``("lfm2-vl-450m", "1x512", 4)`` → ``"lfm2-vl-450m 1x512 x4"``."""
+    return f"{case[0]} {case[1]} x{case[2]}"
+
+
 def recorded_cases(rows: list[dict]) -> str:
     """What the rows cover, for messages: ``"lfm2-vl-450m 1x512 x1, lfm2-vl-450m 1x512 x4"``."""
-    return ", ".join(f"{p} {image} x{n}" for p, image, n in ttft_cases(rows)) or "nothing"
+    return ", ".join(map(case_name, ttft_cases(rows))) or "nothing"
 
 
 def ttft_case(rows: list[dict], preset: str, image: str, requests: int) -> dict[str, dict]:
@@ -233,13 +238,9 @@ def _e2e_ttft_bars(ax, keys: list, by: dict, lab: str) -> None:
 def _e2e_share_bars(ax, keys: list, by: dict, lab: str) -> None:
     """The encoder's share of TTFT per mode (``encoder_share_of_ttft``, else encoder / TTFT)."""
     for i, mode in enumerate(("hf-eager", lab)):
-        xs, ys = [], []
-        for j, k in enumerate(keys):
-            r = by.get((*k, mode))
-            if r is not None:
-                xs.append(j + (i - 0.5) * 0.38)
-                ys.append(100 * r.get("encoder_share_of_ttft", r["encoder_ms"] / r["ttft_ms"]))
-        bars = ax.bar(xs, ys, 0.36, color=MODE_COLORS.get(mode), label=mode)
+        mine = [(j + (i - 0.5) * 0.38, r) for j, k in enumerate(keys) if (r := by.get((*k, mode)))]
+        bars = ax.bar([x for x, _ in mine], [100 * r.get("encoder_share_of_ttft", r["encoder_ms"] / r["ttft_ms"])
+                                             for _, r in mine], 0.36, color=MODE_COLORS.get(mode), label=mode)
         ax.bar_label(bars, fmt="%.0f%%", fontsize=7, padding=1)
     ax.margins(y=0.15)  # room for the labels
     ax.set_ylabel("encoder share of TTFT (%)")

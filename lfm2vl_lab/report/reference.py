@@ -82,12 +82,6 @@ def load_archived(name: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dic
     return _read(path)
 
 
-def files(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
-    """The file names of the reference set (what a figure or table built from it may cite)."""
-    man = load_manifest(gpu, root)
-    return [e["file"] for e in man["files"].values()] if man else []
-
-
 def code_hash_at(commit: str, repo: Path = REPO_ROOT) -> str:
     """The code hash (:func:`~lfm2vl_lab.measure.results.code_hash`) of ``commit``'s tree, from git's
     objects: what a result recorded from that commit's code carries."""

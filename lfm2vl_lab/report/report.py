@@ -111,17 +111,16 @@ def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
             sweep, preset = files.get(BUDGETS_ROLE), res["provenance"].get("preset")
             budgets = sweep if sweep and preset is not None and sweep["provenance"].get("preset") == preset else res
             jobs += _bench_jobs(slug, res, budgets)
-        for suffix, (make_fig, short) in SPECIAL_ROLES.get(role, {}).items():
-            stem = f"{slug}-{role}" + (f"-{suffix}" if suffix else "")
-            title = f"{short} — {res['provenance'].get('dtype')}\n{recorded_tag(res)}"
-            jobs.append((stem, partial(make_fig, res.get("rows") or [], title=title), [res]))
-        ab = with_pipeline(res, files.get("pipeline")) if role in WHOLE_FILE_ROLES else None  # the kit's beside
-        for suffix, (make_fig, short) in WHOLE_FILE_ROLES.get(role, {}).items():
-            prov = res["provenance"]
-            held = f" (partial: {', '.join(res.get('presets', {}))} so far)" if res.get("_partial") else ""
-            title = f"{short} — vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}\n" + \
-                "\n".join(recorded_tag(f) for f in ab["files"])
-            jobs.append((f"{slug}-{role}-{suffix}", partial(make_fig, ab, title=title), ab["files"]))
+        whole, prov = role in WHOLE_FILE_ROLES, res.get("provenance", {})
+        held = f" (partial: {', '.join(res.get('presets', {}))} so far)" if res.get("_partial") else ""
+        what = f"vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}" if whole else prov.get("dtype")
+        # a whole-file figure of vLLM's A/B draws the kit's pipeline file beside it, and names both
+        drawn = with_pipeline(res, files.get("pipeline")) if whole else res
+        sources = drawn.get("files", [res])
+        for suffix, (make_fig, short) in {**SPECIAL_ROLES, **WHOLE_FILE_ROLES}.get(role, {}).items():
+            title = f"{short} — {what}\n" + "\n".join(recorded_tag(f) for f in sources)
+            jobs.append((f"{slug}-{role}" + (f"-{suffix}" if suffix else ""),
+                         partial(make_fig, drawn if whole else res.get("rows") or [], title=title), sources))
     return jobs
 
 

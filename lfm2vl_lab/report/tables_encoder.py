@@ -10,7 +10,7 @@ import pandas as pd
 from ..measure.floor import kernel_breakdown
 from ..measure.workloads import NXS, TILED_SIZE
 from . import frames
-from .frames import Refs, frame, md, missing, ms, need, pct, preset_label, span, table, times
+from .frames import Refs, frame, md, missing, ms, need, pct, preset_label, span, table, times, verdict
 
 ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-eager", "packed, eager"),
                  ("lab-graph", "lab-graph"))
@@ -286,7 +286,7 @@ def check_block(refs: Refs) -> str:
                      f"{sum(g['pass'] for g in replays)} of {len(replays)} pass, "
                      f"{sum(g['rel_err'] == 0 for g in replays)} bit-identical, {sum(g['nan'] for g in replays)} NaN",
                      f"{sum(g['aliasing_ok'] and not g['shares_graph_storage'] for g in alias)} of {len(alias)}",
-                     "pass" if other.get("oversize_fallback", {}).get("pass") else "**fail**",
+                     verdict(other.get("oversize_fallback", {}).get("pass"), "pass", "fail"),
                      "**pass**" if p["pass"] else "**fail**"])
     head = ["preset", "attention", "parity cases", "no host sync", "replay vs eager (every budget, both rules, "
             "both max_seqlen modes)", "results not aliased", "oversize fallback", "verdict"]
@@ -304,7 +304,7 @@ def model_changes_block(refs: Refs) -> str:
             continue
         for c in moved["changes"]:
             rows.append([preset_label(p["preset"]), f"`{c['change']}`", c["recaptures"],
-                         f"{c['rel_err']:.2e} ({c['hf_rel_err']:.2e})", "pass" if c["pass"] else "**fail**"])
+                         f"{c['rel_err']:.2e} ({c['hf_rel_err']:.2e})", verdict(c["pass"], "pass", "fail")])
         q = moved["fused_qkv"]
         how = "comparing every pointer"
         if moved.get("pointer_check") == "extension":  # the same run timed torch's function too

@@ -8,11 +8,12 @@ import pandas as pd
 from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.request import NEW_TOKENS, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
-from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times
+from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times, verdict
 from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_cases, ttft_frame
 from .ttft_summary import disturbed, drift_beyond, drift_fails, text_graph_cuts
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
+ONE_REQUEST = "image == '1x512' and requests == 1"  # the grid's case the pages show first
 
 
 def mode_label(mode: str) -> str:
@@ -28,16 +29,6 @@ def _part(refs: Refs, *pieces: str, roles=("ttft",)) -> str:
     return "\n\n".join([*pieces, refs.source(*roles)])
 
 
-def _one_request(df: pd.DataFrame) -> pd.DataFrame:
-    """The grid's rows of one 512 px request, the case the pages show first."""
-    return df[(df.image == "1x512") & (df.requests == 1)]
-
-
-def _yes(ok) -> str:
-    """A check's cell: a failure in bold."""
-    return "yes" if ok else "**no**"
-
-
 def _cut(cut, drift) -> str | None:
     """The encoder graphs' cut, and its decode drift where that fails the decode control."""
     return pct(cut) and pct(cut) + (f" (drift {pct(drift, 0, sign=True)})" if drift_beyond(drift) else "")
@@ -50,7 +41,7 @@ def _arrow(a: pd.Series, b: pd.Series) -> pd.Series:
 def ttft_modes_block(refs: Refs) -> str:
     """One 512 px request per preset: TTFT in the four modes, decode per token both eager → both graphed."""
     res = refs("ttft")
-    one = _one_request(ttft_frame(res["rows"]))
+    one = ttft_frame(res["rows"]).query(ONE_REQUEST)
     ttft, dec = per_case(one, "ttft_ms"), per_case(one, "decode_ms_per_token")
     out = pd.DataFrame({"preset": [preset_label(p) for p, *_ in ttft.index]})
     out[[mode_label(m) for m in TTFT_MODES]] = ttft.map(ms).assign(
@@ -66,7 +57,7 @@ def ttft_phases_block(refs: Refs) -> str:
     """The phases of one 512 px request, every mode of every preset."""
     df = ttft_frame(refs("ttft")["rows"])
     order = {"preset": list(dict.fromkeys(df.preset)), "mode": list(TTFT_MODES)}  # presets as recorded
-    one = _one_request(df).sort_values(["preset", "mode"], key=lambda col: col.map(order[col.name].index))
+    one = df.query(ONE_REQUEST).sort_values(["preset", "mode"], key=lambda col: col.map(order[col.name].index))
     out = pd.DataFrame({"preset": one.preset.map(preset_label), "mode": one["mode"].map(mode_label),
                         "TTFT": "**" + one.ttft_ms.map(ms) + "**"})
     for p in TTFT_PHASES:
@@ -132,11 +123,8 @@ def decode_ratio_block(refs: Refs) -> str:
 def text_cuts_block(refs: Refs) -> str:
     """What graphing the text model cuts from TTFT (encoder graphed), by the batch's prompt tokens."""
     rows = refs("ttft")["rows"]
-    out = []
-    for preset in dict.fromkeys(c[0] for c in ttft_cases(rows)):
-        for c in text_graph_cuts(rows, preset):
-            out.append([preset_label(preset), c["image"], c["requests"], c["prompt_tokens"], ms(c["eager_ms"]),
-                        ms(c["graphed_ms"]), pct(c["cut"])])
+    out = [[preset_label(p), c["image"], c["requests"], c["prompt_tokens"], ms(c["eager_ms"]), ms(c["graphed_ms"]),
+            pct(c["cut"])] for p in dict.fromkeys(c[0] for c in ttft_cases(rows)) for c in text_graph_cuts(rows, p)]
     head = ["preset", "image", "requests", "prompt tokens", "TTFT, text eager", "TTFT, text graphed", "cut (paired)"]
     return _part(refs, table(head, out))
 
@@ -191,7 +179,7 @@ def image_path_block(refs: Refs) -> str:
     rows = [[preset_label(r.get("preset", "?")), r["workload"], ms(r["gpu_ms_median"]), ms(r["cpu_ms_median"]),
              times(r["ratio"], 2), times(r.get("ratio_padded"), 2), times(r.get("ratio_chunked"), 2),
              ms(s.get("gather_ms_median"), 3), ms(s.get("upload_ms_median"), 3), ms(s.get("upload_gb_s"), 1),
-             _yes(r.get("outputs_equal")), (r.get("staging") or {}).get("host_waits")]
+             verdict(r.get("outputs_equal")), (r.get("staging") or {}).get("host_waits")]
             for r, s in image_path_pairs(refs, "encode_sources", "staging_split")]
     head = ["preset", "workload", "from GPU input ms", "from CPU output ms", "ratio", "ratio, padded float32",
             "ratio, chunked upload", "host gather ms", "upload ms", "upload GB/s", "outputs equal", "host waits"]
@@ -216,8 +204,8 @@ def ttft_parity_block(refs: Refs) -> str:
         for m, r in p["modes"].items():
             rows.append([preset_label(p["preset"]), f"{p['image']} ×{p['requests']}", f"{margin:.3g}", mode_label(m),
                          f"{r['rel_err_vs_fp32']:.2e} ({r['hf_rel_err_vs_fp32']:.2e})",
-                         _yes(r["same_first_token"]), _yes(r["first_token_as_fp32"]),
-                         f"{r['matching_tokens']} of {p['new_tokens']}", _yes(r["ok"])])
+                         verdict(r["same_first_token"]), verdict(r["first_token_as_fp32"]),
+                         f"{r['matching_tokens']} of {p['new_tokens']}", verdict(r["ok"])])
     head = ["preset", "case", "float32 top-2 margin", "mode", "logits vs float32 (transformers' bf16)",
             "first token as `generate`", "first token as float32", "tokens as `generate`", "passes"]
     return _part(refs, table(head, rows))

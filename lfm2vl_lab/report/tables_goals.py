@@ -1,21 +1,24 @@
 """docs/goals.md's generated parts: every run's goals in one table shape, and per miss a small table of
-the numbers from the same files that explain it (:data:`EXPLAIN`)."""
+the numbers from the same files that explain it (:data:`EXPLAIN`). Besides the runs' own targets: the
+goals the encoder's kernels are held to once its launches are graphed (:data:`KERNEL_GOALS`, each
+stricter than its first limit in ``measure.floor.TARGETS``), and the library's own shape, measured from
+this tree rather than the set (the report layer's lines; core's protocol's members against vLLM's eleven)."""
 
 from __future__ import annotations
 
+import ast
 import statistics
+from pathlib import Path
 
 from ..measure.floor import TARGETS as FLOOR_TARGETS
 from ..measure.floor import judge_targets, kernel_breakdown
+from ..measure.trace_analysis import Gap, idle_gaps
 from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
-from .frames import Refs, facts, ms, pct, preset_label, table
-from .reference import manifest_path
-from .tables_code import REPORT_GOAL, code_goals, explain_report_layer
+from .frames import Refs, facts, ms, pct, preset_label, table, verdict
+from .plots_ttft import ttft_case
 from .tables_encoder import by_mode
 from .tables_engine import image_path_pairs, mode_label
-from .tables_kernels import PREFIX as KERNELS
-from .tables_kernels import explain_kernels, kernel_goals
 from .tables_record import explain_record, record_goals
 
 
@@ -57,6 +60,127 @@ def guard_goals(refs: Refs) -> list[dict]:
                       for name, limit in STAMP_TARGET.items()]
 
 
+# The kernels once graphed
+
+KERNELS = "kernels: "  # every goal of this section starts so; explain_kernels explains them all
+# (goal, role, workload, field of its graphed row, limit)
+KERNEL_GOALS = (
+    (f"{KERNELS}450M 1x512 median ms", "bench-450m", "1x512", "median_ms", 0.60),
+    (f"{KERNELS}450M 1x512 GPU-busy ms", "bench-450m", "1x512", "gpu_busy_ms", 0.50),
+    (f"{KERNELS}450M 16x512 median ms", "bench-450m", "16x512", "median_ms", 6.0),
+    (f"{KERNELS}1.6B tiled median ms", "bench-1.6b", "tiled", "median_ms", 13.0),
+)
+DECODE_MATCH = 1.05  # decode per token inside the TTFT grid within this factor of the engine's own
+
+
+def _grid_and_engine_decode(refs: Refs) -> tuple[float | None, float | None]:
+    """450M decode ms per token: one 512 px request of the TTFT grid (both graphed), the fused engine's."""
+    grid = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(mode_name("graphed", "graphed"))
+    eng = next((r for r in refs("engine")["rows"] if (r["preset"], r["mode"], r.get("requests"))
+                == ("lfm2-vl-450m", "engine-fused", 1) and "error" not in r), None)
+    return (grid or {}).get("decode_ms_per_token"), (eng or {}).get("decode_ms_per_token")
+
+
+def kernel_goals(refs: Refs) -> list[dict]:
+    out = []
+    for name, role, workload, field, limit in KERNEL_GOALS:
+        v = (by_mode(refs(role)["rows"]).get(("lab-graph", workload)) or {}).get(field)
+        out.append({"target": name, "limit": limit, "value": v, "ok": v is not None and v <= limit, "detail": ""})
+    grid, eng = _grid_and_engine_decode(refs)
+    ratio = grid / eng if grid and eng else None
+    out.append({"target": f"{KERNELS}450M decode per token in the TTFT grid / the engine's", "limit": DECODE_MATCH,
+                "value": ratio, "ok": ratio is not None and ratio <= DECODE_MATCH,
+                "detail": f"{ms(grid)} against {ms(eng)} ms" if ratio else "not in the set's files"})
+    return out
+
+
+def explain_kernels(refs: Refs) -> str:
+    """The graphed calls' kernels by class, and how far the GPU-busy goal is from what the non-GEMMs take."""
+    by, by16 = by_mode(refs("bench-450m")["rows"]), by_mode(refs("bench-1.6b")["rows"])
+    calls = {"450M 1x512": by[("lab-graph", "1x512")], "450M 16x512": by[("lab-graph", "16x512")],
+             "1.6B tiled": by16[("lab-graph", "tiled")]}
+    rows = [[name, f"{r['kernels']:.0f}", f"{1000 * r['gpu_busy_ms']:.0f}", ", ".join(
+        f"{c} {v['us']:.0f} µs in {v['count']}" for c, v in list(kernel_breakdown(r).items())[:3])]
+        for name, r in calls.items()]
+    one = calls["450M 1x512"]
+    busy, limit = 1000 * one["gpu_busy_ms"], next(lim for n, *_, lim in KERNEL_GOALS if "1x512 GPU-busy" in n)
+    rest = busy - kernel_breakdown(one).get("GEMM", {}).get("us", 0.0)
+    grid, eng = _grid_and_engine_decode(refs)
+    return "\n\n".join([table(["graphed call", "kernels", "GPU-busy µs", "largest classes"], rows), facts([
+        ["GPU-busy the goal takes off one image's call", f"{busy - 1000 * limit:.0f} µs"],
+        ["what the kernels other than the GEMMs take", f"{rest:.0f} µs"],
+        ["not kernel time in one image's median", f"{1000 * one['median_ms'] - busy:.0f} of "
+         f"{1000 * one['median_ms']:.0f} µs"],
+        ["450M decode per token: TTFT grid (longest prompt's cache) / engine", f"{ms(grid)} / {ms(eng)} ms"]],
+        "Not built: attention without cuDNN's memsets, norms, biases and GELU folded into the GEMMs, fewer kernel "
+        "boundaries per layer, a decode attention that reads only the positions in use.")])
+
+
+# The library's own shape
+
+REPORT_DIR = Path(__file__).resolve().parent
+REPORT_LIMIT_LINES = 1750  # half the ~3,500 lines that turned result files into pages when the goal was set
+PROTOCOL_LIMIT = 12  # vLLM's SupportsEncoderCudaGraph has 11 methods; the kit's protocol adds its config
+REPORT_GOAL = "the report layer (`lfm2vl_lab/report/`), lines"
+
+
+def _modules() -> dict[str, str]:
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(REPORT_DIR.glob("*.py"))}
+
+
+def code_goals(refs: Refs | None = None) -> list[dict]:
+    """The two goals, judged on this tree (``refs`` is not read: the shape of the code is not a GPU result)."""
+    from ..core.protocol import protocol_members
+
+    mods = _modules()
+    lines, members = sum(t.count("\n") for t in mods.values()), len(protocol_members())
+    return [{"target": REPORT_GOAL, "limit": REPORT_LIMIT_LINES, "value": lines, "ok": lines <= REPORT_LIMIT_LINES,
+             "detail": f"{len(mods)} modules"},
+            {"target": "core's protocol (`EncoderGraphModel`), members", "limit": PROTOCOL_LIMIT, "value": members,
+             "ok": members <= PROTOCOL_LIMIT, "detail": "vLLM's `SupportsEncoderCudaGraph`: 11 methods"}]
+
+
+def _is_phrase(node) -> bool:
+    """An f-string, or a plain string with a space in it: words a page prints, not a key or a format."""
+    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                                                and " " in node.value.strip())
+
+
+def line_kinds(text: str) -> dict[str, int]:
+    """A module's lines by what they hold: ``docs`` (docstrings, comment lines, blank lines), ``wording``
+    (a line with a phrase in a string literal: what the pages print) and ``code`` (the rest)."""
+    tree = ast.parse(text)
+    doc, words = set(), set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            doc.update(range(body[0].lineno, body[0].end_lineno + 1))
+    for node in ast.walk(tree):
+        if _is_phrase(node) and node.lineno not in doc:
+            words.update(range(node.lineno, node.end_lineno + 1))
+    kinds = {"docs": 0, "wording": 0, "code": 0}
+    for i, line in enumerate(text.splitlines(), 1):
+        bare = line.strip()
+        kind = "docs" if i in doc or not bare or bare.startswith("#") else "wording" if i in words else "code"
+        kinds[kind] += 1
+    return kinds
+
+
+def explain_report_layer(refs: Refs | None = None) -> str:
+    """Where the report layer's lines are: its largest modules, and its lines by kind."""
+    mods = _modules()
+    sizes = sorted(((t.count("\n"), name) for name, t in mods.items()), reverse=True)
+    kinds = {"docs": 0, "wording": 0, "code": 0}
+    for text in mods.values():
+        for k, v in line_kinds(text).items():
+            kinds[k] += v
+    return facts([["the five largest modules", ", ".join(f"`{name}` {n}" for n, name in sizes[:5])],
+                  ["docstrings, comment and blank lines", f"{kinds['docs']:,}"],
+                  ["lines with the pages' wording (a phrase in a string literal)", f"{kinds['wording']:,}"],
+                  ["the rest (code)", f"{kinds['code']:,}"]])
+
+
 def _aim_and_value(t: dict) -> tuple[str, str]:
     """How a goal's limit and value read (units and direction from the goal's name)."""
     name, v, lim = t["target"], t["value"], t["limit"]
@@ -90,13 +214,12 @@ def goals_part(goals, *roles: str):
     """One run's goals as a table, how many were reached, and the files (no roles: the manifest, or nothing)."""
     def block(refs: Refs) -> str:
         judged = goals(refs)
-        rows = [[t["target"], *_aim_and_value(t), "yes" if t["ok"] else "**no**",
+        rows = [[t["target"], *_aim_and_value(t), verdict(t["ok"]),
                  None if t["target"].startswith("fastest mode") or len(t.get("detail") or "") > 60  # the misses'
                  else t.get("detail") or None] for t in judged]  # section explains a long one
-        source = refs.source(*roles) if roles else f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."
         reached = f"{sum(t['ok'] for t in judged)} of {len(judged)} reached."
         return "\n\n".join([table(["goal", "aimed for", "measured", "reached", "note"], rows),
-                            reached if goals is code_goals else f"{reached} {source}"])
+                            reached if goals is code_goals else f"{reached} {refs.source(*roles)}"])
     return block
 
 
@@ -108,27 +231,21 @@ def request_goals_block(refs: Refs) -> str:
 
 # What explains each miss
 
-def idle_gaps(row: dict) -> list[tuple[float, str, str]]:
-    """``(µs, entry before, entry after)`` of each idle stretch between a profiled call's GPU entries, in order."""
-    gpu = sorted((row.get("timeline") or {}).get("gpu") or [])
-    return [(b[0] - (a[0] + a[1]), a[2], b[2]) for a, b in zip(gpu, gpu[1:]) if b[0] > a[0] + a[1]]
-
-
 def gap_rows(refs: Refs, workload: str) -> list[list]:
     """Where the graphed 450M call's time that is not kernel time goes, gap by gap of its profiled call."""
     r = by_mode(refs("bench-450m")["rows"])[("lab-graph", workload)]
-    gaps = idle_gaps(r)
-    first = gaps[0] if gaps else (0.0, "", "")
-    memset = [g[0] for g in gaps if "Memset" in g[1]]
-    inner = [g[0] for g in gaps[1:] if "Memset" not in g[1]]
-    idle, off = sum(g[0] for g in gaps), 1000 * (r["median_ms"] - r["gpu_busy_ms"])
+    gaps = idle_gaps(r.get("timeline") or {}, kernels_only=False)  # cuDNN's memsets count as entries
+    first = gaps[0] if gaps else Gap(0.0, 0.0, "", "")
+    memset = [g.dur_us for g in gaps if "Memset" in g.before]
+    inner = [g.dur_us for g in gaps[1:] if "Memset" not in g.before]
+    idle, off = sum(g.dur_us for g in gaps), 1000 * (r["median_ms"] - r["gpu_busy_ms"])
     return [[f"median call, lab-graph {workload}", f"{1000 * r['median_ms']:.0f} µs"],
             ["its kernels (GPU-busy of one profiled call)", f"{1000 * r['gpu_busy_ms']:.0f} µs"],
             ["not kernel time", f"{off:.0f} µs"],
             ["of it: idle between the profiled call's GPU entries", f"{idle:.0f} µs"],
             ["of it: outside them, on the host side of the call", f"{off - idle:.0f} µs"],
-            [f"first entry (`{first[1][:40]}`) to the graph's first kernel: input copy, graph launch",
-             f"{first[0]:.0f} µs"],
+            [f"first entry (`{first.before[:40]}`) to the graph's first kernel: input copy, graph launch",
+             f"{first.dur_us:.0f} µs"],
             [f"{len(memset)} gaps after cuDNN's `Memset` entries ({min(memset, default=0):.1f}–"
              f"{max(memset, default=0):.1f} µs each)", f"{sum(memset):.0f} µs"],
             [f"{len(inner)} other gaps, one per kernel boundary (median "
@@ -237,8 +354,7 @@ def explain_text_engine(refs: Refs) -> str:
     res = refs("engine")
     out = [table(["`engine`, one request", "unfused", "fused"],
                  [row for s in res["setup"] for row in _engine_rows(res, s)])]
-    want = ("lfm2-vl-450m", "1x512", 1, mode_name("graphed", "graphed"))
-    both = next((r for r in refs("ttft")["rows"] if (r["preset"], r["image"], r["requests"], r["mode"]) == want), None)
+    both = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(mode_name("graphed", "graphed"))
     if both:
         out.append(f"One 512 px request on LFM2-VL-450M, both graphed (`ttft`): TTFT {ms(both['ttft_ms'])} ms ("
                    + ", ".join(f"{k} {ms(v)}" for k, v in both["phases_ms"].items() if k != "processor")

@@ -7,7 +7,6 @@ import statistics
 from datetime import datetime, timedelta
 
 from .frames import Refs, facts, ms, pct, table
-from .reference import manifest_path
 
 RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of a session's device time
 # The roles whose rows keep every timed sample in round order, and their key; a median that moves by more
@@ -18,10 +17,6 @@ SPREAD_LIMIT = 0.02
 # The set-up seconds the files record, by key; a bench row's ``capture_info`` splits its ``capture_s``
 # by budget, so it is not walked, and rows of one capture repeat its value, so each value counts once.
 SETUP_KEYS = {"compile_s": "compile", "compile_first_call_s": "compile", "capture_s": "capture"}
-
-
-def _manifest_line(refs: Refs) -> str:
-    return f"Manifest: `{refs.shown(manifest_path(refs.gpu, refs.root))}`."
 
 
 def reference_block(refs: Refs) -> str:
@@ -38,7 +33,7 @@ def reference_block(refs: Refs) -> str:
         f"{', '.join(man.get('failed') or {}) or 'none'}. torch {prov.get('torch')}, CUDA {prov.get('cuda')}, "
         f"transformers {prov.get('transformers')}, Python {prov.get('python')}.",
         table(["role", "file", "part", "exit status", "seconds", "code"], rows),
-        _manifest_line(refs)])
+        refs.source()])
 
 
 def _beside_seconds(man: dict, step) -> str:
@@ -74,7 +69,7 @@ def record_cost_block(refs: Refs) -> str:
         rows.append([shown + (f" and {len(files) - 6} more" if len(files) > 6 else ""),
                      "all" if len(roles) == len(recorded) else ", ".join(f"`{r}`" for r in roles),
                      ("≥ " if last_only & set(roles) else "") + f"{sum(seconds[r] for r in roles):.0f}"])
-    return "\n\n".join([table(["a change to", "re-records", "seconds of steps"], rows), _manifest_line(refs)])
+    return "\n\n".join([table(["a change to", "re-records", "seconds of steps"], rows), refs.source()])
 
 
 def _record_seconds(refs: Refs) -> list[tuple[float, str]]:

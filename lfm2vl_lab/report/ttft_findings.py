@@ -9,12 +9,8 @@ import pandas as pd
 
 from ..measure.ttft import mode_name
 from .frames import missing
-from .plots_ttft import per_case, ttft_case, ttft_cases, ttft_frame
+from .plots_ttft import case_name, per_case, ttft_case, ttft_cases, ttft_frame
 from .ttft_summary import PR_CLAIM, _not_recorded, disturbed, drift_beyond, range_verdict
-
-
-def _case_name(case: tuple) -> str:
-    return f"{case[0]} {case[1]} x{case[2]}"
 
 
 def coverage(rows: list[dict]) -> dict:
@@ -93,7 +89,7 @@ def range_text(cuts: list[dict], requests: int | None = None, claim: tuple | Non
         line += f", {range_verdict(r['lo'], r['hi'], claim)} the PR's {claim[0]:.0%}-{claim[1]:.0%}"
     if r["left_out"]:
         line += "; left out, decode control fails: " + ", ".join(
-            f"{_case_name(c['case'])} (drift {c['drift']:+.0%})" for c in r["left_out"])
+            f"{case_name(c['case'])} (drift {c['drift']:+.0%})" for c in r["left_out"])
     if r["unchecked"]:
         line += f"; {r['unchecked']} without a decode control"
     return line
@@ -131,7 +127,7 @@ def decode_speedup_text(rows: list[dict]) -> str:
         return _not_recorded("TTFT rows with decode per token in both text modes")
     lines = []
     for preset, mine in ups.groupby(ups.case.map(lambda c: c[0]), sort=False):
-        kept, left = mine[~mine.disturbed], mine.case[mine.disturbed].map(_case_name)
+        kept, left = mine[~mine.disturbed], mine.case[mine.disturbed].map(case_name)
         line = (f"{preset}: decode per token is {kept.ratio.min():.1f}x to {kept.ratio.max():.1f}x faster with "
                 f"the text model graphed, over {len(kept)} of {len(mine)} cases" if len(kept) else
                 f"{preset}: no case passes the decode control")
@@ -144,8 +140,8 @@ def ttft_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = "
     by = ttft_case(rows, preset, image, requests)
     e, g = by.get(mode_name("eager", "eager")), by.get(mode_name("graphed", "graphed"))
     if e is None or g is None:
-        return f"{_case_name((preset, image, requests))}: {_not_recorded('all-eager and both-graphed rows')}"
-    return (f"{_case_name((preset, image, requests))}: TTFT {e['ttft_ms']:.2f} ms with everything eager, "
+        return f"{case_name((preset, image, requests))}: {_not_recorded('all-eager and both-graphed rows')}"
+    return (f"{case_name((preset, image, requests))}: TTFT {e['ttft_ms']:.2f} ms with everything eager, "
             f"{g['ttft_ms']:.2f} ms with the text model and the encoder graphed ({e['ttft_ms'] / g['ttft_ms']:.1f}x)")
 
 
@@ -170,7 +166,7 @@ def first_tokens_text(result: dict) -> str:
     bad = {c: modes for c, modes in bad.items() if modes}
     lines = [f"every mode's first tokens equal the all-eager mode's in {len(cases) - len(bad)} of {len(cases)} cases"]
     for c, modes in bad.items():
-        line = f"  {_case_name(c)}: {', '.join(modes)} differ"
+        line = f"  {case_name(c)}: {', '.join(modes)} differ"
         p = next((p for p in result.get("parity") or [] if (p.get("preset"), p.get("image"), p.get("requests"))
                   == c), None)
         if p is not None:

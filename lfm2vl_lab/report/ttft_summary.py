@@ -11,7 +11,7 @@ import pandas as pd
 from ..measure.e2e import DECODE_DRIFT_WARN, paired_reduction
 from ..measure.ttft import mode_name
 from .frames import missing
-from .plots_ttft import TTFT_MODES, TTFT_PHASES, per_case, ttft_case, ttft_cases, ttft_frame
+from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_case, ttft_cases, ttft_frame
 
 PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
 # The phases before the text model, the ones the encoder mode can change (h2d too: the graphed encoder
@@ -30,11 +30,6 @@ def _short(mode: str) -> str:
     return f"T:{text} E:{enc}"
 
 
-def _cases(df: pd.DataFrame) -> pd.DataFrame:
-    df.index.names = ["preset", "image", "requests"]
-    return df
-
-
 def decode_frame(rows: list[dict]) -> pd.DataFrame | str:
     """Decode ms per token per case and mode (T: text model, E: encoder), and at each text mode the
     drift between the two encoder modes in %: decode never runs the encoder, so a case whose drift is
@@ -47,7 +42,7 @@ def decode_frame(rows: list[dict]) -> pd.DataFrame | str:
     for t, m in zip(TEXT_MODES, drift.columns):
         out[f"drift %, text {t}"] = (100 * drift[m].astype(float)).round(1) + 0.0  # no "-0.0"
     out["decode control"] = drift.map(drift_beyond).any(axis=1).map({True: "fails", False: "holds"})
-    return _cases(out)
+    return out.rename_axis(CASE)
 
 
 def parity_frame(result: dict) -> pd.DataFrame | str:
@@ -113,7 +108,7 @@ def claim_frame(rows: list[dict], preset: str | None = None, image: str | None =
         out[(f"text {t}", "TTFT ms, E:eager")] = ttft[e].astype(float).round(2)
         out[(f"text {t}", "TTFT ms, E:graphed")] = ttft[g].astype(float).round(2)
         out[(f"text {t}", "decode control")] = drift[g].map(lambda d: "fails" if drift_beyond(d) else "holds")
-    return _cases(pd.DataFrame(out))
+    return pd.DataFrame(out).rename_axis(CASE)
 
 
 def claim_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = "1x512", requests: int = 1) -> str:
@@ -182,8 +177,3 @@ def disturbed(df: pd.DataFrame) -> pd.Series:
     """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any of its modes fails the
     decode control, so a cut between its modes may not be the graphs' alone."""
     return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
-
-
-def case_disturbed(rows: list[dict], preset: str, image: str, requests: int) -> bool:
-    """:func:`disturbed` for one case (False where the rows lack it)."""
-    return bool(disturbed(ttft_frame(rows)).get((preset, image, requests), False))
