@@ -1,6 +1,6 @@
 """Why is ``lab-graph-fused`` (an inductor-compiled body in our graphs) slower than ``lab-graph``?
 
-The H200 bench in ``data/results/nvidia-h200/archive/bench-20261129-102755.json`` had it at 1.52 ms for
+The H200 bench in ``data/results/nvidia-h200/archive/bench-20261129-102755.json.gz`` had it at 1.52 ms for
 1x512 against 1.38 ms, although its kernels were *fewer and shorter* (GPU-busy 1.10 vs 1.17 ms): the
 loss is on the host. This probe separates the
 candidates, 1x512 on the 450M preset in bf16, varlen graphs only on both sides (the fused body

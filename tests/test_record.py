@@ -1,6 +1,7 @@
 """measure/record and report/reference: the reference run's machinery on the CPU (tiny steps), and the
 code hash that names the code a run came from, recomputed from git's objects."""
 
+import gzip
 import io
 import json
 import os
@@ -171,12 +172,15 @@ def test_take_brings_a_call_in_and_archives_what_its_manifest_no_longer_names(tm
     (src / "logs" / "a.log").write_text("log")
     (src / "reference.json").write_text(json.dumps({"gpu": "cpu", "code_hash": "x", "files": {
         "a": {"file": "a-2.json"}, "b": {"file": "b-1.json"}}}))
-    (dst / "a-1.json").write_text("{}")  # the file a-2 replaces
+    (dst / "a-1.json").write_text('{"run": 1}')  # the file a-2 replaces
     (dst / "b-1.json").write_text("{}")  # kept: the new manifest still names it
     done = rec.take(tmp_path / "out", tmp_path / "repo", say=lambda s: None)
     assert sorted(p.name for p in dst.glob("*.json")) == ["a-2.json", "b-1.json", "reference.json"]
-    assert (dst / "archive" / "a-1.json").is_file() and (dst / "logs" / "a.log").read_text() == "log"
-    assert "archived cpu/a-1.json" in done
+    assert (dst / "logs" / "a.log").read_text() == "log" and not (dst / "archive" / "a-1.json").exists()
+    assert "archived cpu/a-1.json" in done and "gzipped cpu/archive/a-1.json.gz" in done
+    # kept gzipped, the same bytes inside, and read back by name as the notebooks do
+    assert gzip.decompress((dst / "archive" / "a-1.json.gz").read_bytes()) == b'{"run": 1}'
+    assert reference.load_archived("a-1.json", gpu="cpu", root=tmp_path / "repo")["run"] == 1
 
 
 def test_record_cli_says_what_it_needs():
@@ -344,7 +348,7 @@ def test_a_resumable_role_run_again_holds_its_partial_file_not_the_earlier_compl
     earlier = "slow-20250101-000000.json"
     (repo / "cpu" / earlier).write_bytes((tmp_path / "cpu" / earlier).read_bytes())
     rec.take(tmp_path, repo, say=lambda s: None)
-    assert (repo / "cpu" / "archive" / "slow-20250101-000000.json").is_file()
+    assert (repo / "cpu" / "archive" / "slow-20250101-000000.json.gz").is_file()
     assert not (repo / "cpu" / "slow-20250101-000000.json").exists()
     man = rec.run_record(**kw)
     assert man["files"]["slow"]["file"] == first and "partial" not in man

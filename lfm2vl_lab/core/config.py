@@ -93,13 +93,13 @@ class GraphOptions:
     fuse_qkv: bool = True
     fuse_elementwise: bool = True
     # Dense graphs: their one-item case made one 512 px or 256 px image faster on the H200 at the same
-    # parity (data/results/nvidia-h200/archive/single-item-*.json).
+    # parity (data/results/nvidia-h200/archive/single-item-*.json.gz).
     dense_graphs: bool = True
     # The most 512 px images or tiles one replay carries: 8 (a 2048-token run budget), so 8 tiles run
     # as one replay with large GEMMs and 16 as two, instead of 2 or 4 replays of the largest regular
     # budget. Why not 16: on the H200 a 16-item run budget took the graphs past the memory and capture
     # time the kit allows itself (docs/goals.md) for a few percent at 16x512; the measurements are in
-    # data/results/nvidia-h200/archive/floor-*-20261201-*.json.
+    # data/results/nvidia-h200/archive/floor-*-20261201-*.json.gz.
     max_run_items: int = 8
     stage_rows: bool | None = None
     check_finite: bool = False
@@ -291,7 +291,7 @@ class EncoderGraphConfig(GraphConfig):
         Why not ``max_items`` everywhere: the varlen attention kernel launches thread blocks for
         every sequence slot in ``cu_seqlens``, empty or not, so a one-image replay of a graph with
         16 slots ran its attention slower than eager on the H200 (docs/results.md compares the
-        profiles before and after, ``data/results/nvidia-h200/archive/slots-*.json``).
+        profiles before and after, ``data/results/nvidia-h200/archive/slots-*.json.gz``).
         """
         if budget == max(self.budgets):
             return self.max_items

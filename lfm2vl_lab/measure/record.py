@@ -31,7 +31,7 @@ encoder's core every role that runs it, a change to comments or docstrings none
 (:func:`.role_code.same_code`). A role recorded by another command (its arguments changed in
 :data:`STEPS`) is recorded again too. Each entry also names its call's host speed (``host``:
 :func:`host_speed`). ``--take DIR`` brings a device call's ``--out`` into the repo
-and moves the files the new manifest no longer names into ``archive/``.
+and moves the files the new manifest no longer names into ``archive/``, gzipped.
 
 A step *beside* the set (``vllm``: vLLM itself, which the kit's code only drives) is recorded only
 when its part is named (``--part vllm``). A *resumable* step (``vllm`` again: about five minutes a
@@ -43,6 +43,7 @@ resumable, and its entry keeps each call's whole-tree code hash); its file joins
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -311,11 +312,32 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
     return man
 
 
+def archive_dir(folder: Path) -> Path:
+    """``folder``'s ``archive/``, made where missing."""
+    (folder / "archive").mkdir(exist_ok=True)
+    return folder / "archive"
+
+
+def pack_archive(folder: Path) -> list[Path]:
+    """Gzip each result file in ``folder/archive/`` (``<name>.json`` -> ``<name>.json.gz``, the same bytes
+    inside; :func:`~lfm2vl_lab.report.reference.load_archived` reads either). Earlier runs are read
+    rarely, and every device call carries the tree: uncompressed they were most of its 64 MiB, and left
+    too little room for vLLM's bundle in one call. Returns the files it wrote."""
+    out = []
+    for path in sorted((folder / "archive").glob("*.json")):
+        gz = path.with_name(path.name + ".gz")
+        gz.write_bytes(gzip.compress(path.read_bytes(), compresslevel=9, mtime=0))  # mtime 0: the same bytes each time
+        path.unlink()
+        out.append(gz)
+    return out
+
+
 def take(src, dst=RESULTS_ROOT, say=print) -> list[str]:
     """Bring a device call's results (``src/<gpu>/``, the ``--out`` of its ``record``) into the repo's
     ``dst/<gpu>/``: the manifest, every file it names, and the logs; then move each result file the
-    new manifest no longer names into ``archive/``, where earlier runs live (nothing stale stays beside
-    the set, where a reader could take it by its name). Returns what it did, a line each."""
+    new manifest no longer names into ``archive/``, where earlier runs live, gzipped (:func:`pack_archive`;
+    nothing stale stays beside the set, where a reader could take it by its name). Returns what it did, a
+    line each."""
     import shutil
 
     done = []
@@ -331,9 +353,9 @@ def take(src, dst=RESULTS_ROOT, say=print) -> list[str]:
             shutil.copy2(log, there / "logs" / log.name)
             done.append(f"took {there.name}/logs/{log.name}")
         for old in sorted(p for p in there.glob("*.json") if p.name not in named | {"reference.json"}):
-            (there / "archive").mkdir(exist_ok=True)
-            old.rename(there / "archive" / old.name)
+            old.rename(archive_dir(there) / old.name)
             done.append(f"archived {there.name}/{old.name}")
+        done += [f"gzipped {there.name}/archive/{p.name}" for p in pack_archive(there)]
     for line in done:
         say(line)
     return done

@@ -8,6 +8,7 @@ import os
 import platform
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -130,8 +131,11 @@ def show(table) -> None:
 
 def load_first_version(name: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) -> dict:
     """An earlier run's file from the archive (:func:`lfm2vl_lab.report.reference.load_archived`),
-    announced as what it is: the first version, shown beside today's reference set."""
+    announced as what it is: the first version, shown beside today's reference set. Its labels name the
+    result file as it was recorded (``name``, its ``_path``); the archive keeps it gzipped, as
+    ``<name>.gz`` (``_stored``)."""
     res = reference.load_archived(name, gpu, root)
+    res["_stored"], res["_path"] = res["_path"], str(Path(res["_path"]).with_name(name))
     print("the first version (archived, not the reference set): " + recorded_label(res))
     return res
 

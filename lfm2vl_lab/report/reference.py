@@ -5,6 +5,7 @@ earlier runs stay in ``archive/``; only :func:`load_archived` reads them, for a 
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 from pathlib import Path
@@ -46,7 +47,8 @@ def role_code_hash(man: dict, role: str) -> str | None:
 
 
 def _read(path: Path) -> dict:
-    data = json.loads(path.read_text())
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()  # archive/: gzipped
+    data = json.loads(raw)
     data["_path"] = str(path)
     return data
 
@@ -74,11 +76,12 @@ def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool 
 
 
 def load_archived(name: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
-    """An earlier run's file from ``<root>/<gpu-slug>/archive/`` by its file name, for a notebook that
-    shows an earlier version beside today's (it must say so)."""
-    path = Path(root) / gpu_slug(gpu) / ARCHIVE / name
-    if not path.is_file():
-        raise ReferenceError(f"no archived result {name} in {path.parent}")
+    """An earlier run's file from ``<root>/<gpu-slug>/archive/`` by its file name (``take`` keeps it there
+    gzipped, ``<name>.gz``), for a notebook that shows an earlier version beside today's (it must say so)."""
+    folder = Path(root) / gpu_slug(gpu) / ARCHIVE
+    path = next((p for p in (folder / name, folder / f"{name}.gz") if p.is_file()), None)
+    if path is None:
+        raise ReferenceError(f"no archived result {name} in {folder}")
     return _read(path)
 
 
