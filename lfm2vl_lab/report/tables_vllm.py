@@ -41,8 +41,11 @@ def partial_note(res: dict) -> str:
     left = [p for p in str(res["provenance"].get("preset", "")).split(",") if p and p not in res["presets"]]
     if not left:
         return ""
+    kit = [preset_label(p) for p in res.get("kit_left_out", [])]
     return (f" **Partial:** this file holds {', '.join(preset_label(p) for p in presets(res))} so far; "
-            f"{', '.join(preset_label(p) for p in left)} still to record (`record --part vllm` resumes it).")
+            f"{', '.join(preset_label(p) for p in left)} still to record (`record --part vllm` resumes it)."
+            + (f" The kit's pipeline rows of {', '.join(kit)} are in its file, left out here until vLLM's are "
+               "recorded." if kit else ""))
 
 
 def cut(c: dict | None) -> str | None:

@@ -32,8 +32,9 @@ def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: st
 
 def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
     """vLLM's A/B (role ``vllm``) with the kit's pipeline on the same cases (role ``pipeline``) beside it:
-    one result whose rows are both files' (``engine`` ``vllm`` or ``kit``), each preset's section with
-    the kit's repeats, and ``files`` naming both. The two files are separate recordings; each row's cuts
+    one result whose rows are both files' (``engine`` ``vllm`` or ``kit``) for the presets vLLM's file
+    holds (the others named in ``kit_left_out``), each preset's section with the kit's repeats, and
+    ``files`` naming both. The two files are separate recordings; each row's cuts
     are paired within its own file, never across them. None without a ``vllm`` file."""
     if vllm_res is None:
         return None
@@ -42,6 +43,8 @@ def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
     out["presets"] = {p: dict(sec) for p, sec in vllm_res["presets"].items()}
     if kit_res is not None:
         out["rows"] += [r for r in kit_res["rows"] if r["preset"] in out["presets"]]
+        # the kit's presets without a vLLM section yet: not set beside nothing, and named (kit_left_out)
+        out["kit_left_out"] = sorted(set(kit_res["presets"]) - set(out["presets"]))
         out["settings"]["kit_repeats"] = kit_res["settings"]["repeats"]
         for p, sec in out["presets"].items():
             sec["kit_repeats"] = kit_res["presets"].get(p, {}).get("repeats", 0)
