@@ -328,15 +328,9 @@ def test_a_resumable_role_run_again_holds_its_partial_file_not_the_earlier_compl
     """A role recorded again (its code changed) that takes two calls: after the first, the set lists the
     new partial file and no longer the earlier complete one (``take`` archives it), so it is never
     listed twice nor read as current; the second call completes it."""
-    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True,
-                    measures=("lfm2vl_lab.measure.bench",))
-    said = []
-    kw = dict(parts=("b",), out=tmp_path, gpu="cpu", steps=(slow,), say=said.append, repo_root=tmp_path / "r",
-              python=stand_in, deadline_s=300)
-    rec.run_record(**kw)
+    man_path, kw, said = _partial_run(tmp_path, stand_in)
     first = rec.run_record(**kw)["files"]["slow"]["file"]
     (tmp_path / "cpu" / first).rename(tmp_path / "cpu" / "slow-20250101-000000.json")  # an earlier run's file
-    man_path = tmp_path / "cpu" / "reference.json"
     man = json.loads(man_path.read_text())
     man["files"]["slow"]["file"] = "slow-20250101-000000.json"
     man_path.write_text(json.dumps(man))
