@@ -44,6 +44,7 @@ from .cli_options import (
     add_pipeline_args,
     add_record_args,
     add_report_args,
+    add_roofline_args,
     add_ttft_args,
     add_vllm_args,
 )
@@ -201,6 +202,8 @@ SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
                                  "config and the kit's.")),
     "pipeline": (add_pipeline_args, lazy("cli.cli_pipeline", "run_pipeline_cli", "The kit's pipeline on vLLM's A/B: "
                                          "the same cases, arms, weights and parity judge.")),
+    "roofline": (add_roofline_args, lazy("cli.cli_roofline", "run_roofline_cli", "After the graphs: the GPU's "
+                                         "roofs, a kernel boundary's cost, a decode step's kernels against them.")),
 }
 
 

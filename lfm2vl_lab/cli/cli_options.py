@@ -227,6 +227,16 @@ def add_pipeline_args(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
 
 
+def add_roofline_args(p) -> None:
+    """Options of ``python -m lfm2vl_lab roofline``."""
+    p.add_argument("--preset", type=preset_arg, default="lfm2-vl-450m",
+                   help="whose decode-step shapes the kernels take (default: lfm2-vl-450m)")
+    p.add_argument("--trials", type=positive_int, default=7, help="timed trials of each graph (default: 7)")
+    p.add_argument("--out", default=str(RESULTS_ROOT), help="results root (default: data/results)")
+    p.add_argument("--name", default="roofline", help="result file name prefix (default: roofline)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+
+
 def add_record_args(p) -> None:
     """Options of ``python -m lfm2vl_lab record``."""
     p.add_argument("--part", action="append", choices=PARTS, default=None,

@@ -142,6 +142,9 @@ STEPS: tuple[Step, ...] = (
     # the kit's pipeline on vLLM's A/B (the same cases, arms, weights and judge), apart from vLLM's own
     # run so that a change to the kit's serving code re-runs no vLLM engine
     Step("pipeline", "engine", "pipeline", ("pipeline", "--no-progress"), 330),
+    # after the graphs: the GPU's roofs, a kernel boundary's cost inside a graph, and a decode step's
+    # kernel classes at the 450M's shapes against them (notebook 08); seconds, most of them startup
+    Step("roofline", "engine", "roofline", ("roofline", "--no-progress"), 120),
     # vLLM itself (the release scripts/vllm_bundle.py carries): three engines per preset, encoder graphs
     # off, the PR's config and the kit's; four to six minutes a preset, so it takes two or three calls
     # (resumable)

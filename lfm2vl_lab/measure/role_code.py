@@ -54,6 +54,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "engine": ("lfm2vl_lab.cli.cli_engine",),
     "vllm": ("lfm2vl_lab.cli.cli_vllm",),
     "pipeline": ("lfm2vl_lab.cli.cli_pipeline",),
+    "roofline": ("lfm2vl_lab.cli.cli_roofline",),
 }
 # Run by every command, hashed as files: the entry point and the dispatcher with every command's options.
 ALWAYS = ("lfm2vl_lab/__init__.py", "lfm2vl_lab/__main__.py", "lfm2vl_lab/cli/__init__.py",
