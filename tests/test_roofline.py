@@ -26,7 +26,6 @@ def test_the_decode_linears_carry_the_weights_the_engine_floor_counts():
 def test_a_kernel_s_bytes_and_flops_follow_from_its_shapes():
     assert roofline.traffic("gemm", m=1, n=3, k=4) == (2 * (4 + 12 + 3), 24)
     assert roofline.traffic("add", numel=10) == (60, 10)
-    assert roofline.traffic("copy", numel=10) == (40, 0)
     b, f = roofline.traffic("attention", cache=5, heads=4, kv_heads=2, head_dim=8)
     assert (b, f) == (2 * (2 * 32 + 2 * 5 * 2 * 8), 4 * 5 * 32)
     with pytest.raises(ValueError, match="unknown kind 'conv'"):

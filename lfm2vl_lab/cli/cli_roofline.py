@@ -1,7 +1,7 @@
 """``python -m lfm2vl_lab roofline``: after the graphs, a decode step's kernels against the GPU's roofs
 (:mod:`~lfm2vl_lab.measure.roofline`).
 
-One ``roofline-<date>.json``, rewritten after each part: the copy bandwidth and the bf16 GEMM rate, the
+One ``roofline-<date>.json``, rewritten after each part: the memory bandwidth and the bf16 GEMM rate, the
 cost of a kernel boundary inside a graph against an eager launch, then each kernel class of a decode
 step at the preset's shapes, with the time its bytes predict. Needs a CUDA GPU (everything is timed
 with CUDA events around graph replays).
@@ -34,7 +34,7 @@ def run_roofline_cli(args) -> int:
     file = ResultFile(args.out, args.name)
     result["peaks"] = roofline.measure_peaks(args.trials)
     bandwidth = result["peaks"][0]["gb_s"]
-    say(f"copy {bandwidth:.0f} GB/s, GEMM {result['peaks'][1]['tflop_s']:.0f} TFLOP/s")
+    say(f"memory {bandwidth:.0f} GB/s, GEMM {result['peaks'][1]['tflop_s']:.0f} TFLOP/s")
     file.save(result)
     result["boundary"] = roofline.measure_boundary(args.trials)
     graph, eager = (result["boundary"][k]["us_per_kernel"] for k in ("graph", "eager"))
