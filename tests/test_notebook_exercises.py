@@ -1,4 +1,4 @@
-"""The exercises that end notebooks 01 to 07: their shape, which the docs site and the
+"""The exercises that end notebooks 01 to 08: their shape, which the docs site and the
 workshop rely on. ``make test`` runs every cell, the tagged solutions included (in JupyterLab, or
 through nbval without Chromium), so a solution that stops working fails the build; this file checks
 that there is something to run and that it is findable.
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-WITH_EXERCISES = sorted(p for p in (ROOT / "notebooks").glob("0[1-7]_*.ipynb"))
+WITH_EXERCISES = sorted(p for p in (ROOT / "notebooks").glob("0[1-8]_*.ipynb"))
 SOLUTION_TAG = "solution"
 
 
@@ -59,8 +59,8 @@ def test_asserts_are_counted_in_code_not_in_comments_or_strings():
     assert _asserts("print(x)") == 0
 
 
-def test_there_are_seven_notebooks_with_exercises():
-    assert [p.name[:2] for p in WITH_EXERCISES] == ["01", "02", "03", "04", "05", "06", "07"]
+def test_there_are_eight_notebooks_with_exercises():
+    assert [p.name[:2] for p in WITH_EXERCISES] == ["01", "02", "03", "04", "05", "06", "07", "08"]
 
 
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=[p.stem for p in WITH_EXERCISES])

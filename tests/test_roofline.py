@@ -62,3 +62,36 @@ def test_without_cuda_the_command_refuses_in_one_line(capsys):
 def test_the_reference_run_records_it():
     step = next(s for s in STEPS if s.role == "roofline")
     assert step.argv[0] == "roofline" and step.limit_s >= 60
+
+
+def _result():
+    kernel = {"kind": "kernel", "class": "GEMV", "impl": "F.linear", "name": "w2, F.linear", "bytes": 9_448_448,
+              "flops": 9_437_184, "us": 7.8, "gb_s": 1211.3, "tflop_s": 1.2, "predicted_us": 2.2}
+    return {"peaks": [{"name": "streaming add", "gb_s": 4300.0}, {"name": "GEMM", "tflop_s": 700.0}],
+            "boundary": {"rows": [{"n": n, "us": 10 + 1.1 * n} for n in roofline.BOUNDARY_N],
+                         "graph": {"us_per_kernel": 1.1, "intercept_us": 10.0, "fit_from": 256},
+                         "eager": {"us_per_kernel": 9.0}},
+            "rows": [kernel, dict(kernel, impl="triton", name="w2, the kit's Triton GEMV", us=6.9, gb_s=1369.3)]}
+
+
+def test_the_figures_label_their_axes_and_name_the_roofs_they_measured():
+    from lfm2vl_lab.report import boundary_figure, roofline_figure
+
+    fig = roofline_figure(_result(), title="t")
+    left, right = fig.axes
+    assert "FLOPs per byte" in left.get_xlabel() and "TFLOP/s" in left.get_ylabel()
+    assert "GB/s" in right.get_ylabel() and "bytes" in right.get_xlabel()
+    labels = [t.get_text() for t in left.get_legend().get_texts()]
+    assert "roofs: 4.30 TB/s, 700 TFLOP/s (measured)" in labels and "GEMV (the kit's Triton GEMV)" in labels
+    fig = boundary_figure(_result())
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "fit over N ≥ 256: 1.10 µs per kernel" in labels and "launched eagerly: 9.00 µs per kernel" in labels
+
+
+def test_a_file_without_rows_draws_no_figure():
+    from lfm2vl_lab.report import NoData, boundary_figure, roofline_figure
+
+    with pytest.raises(NoData, match="no kernel rows"):
+        roofline_figure({"peaks": [], "rows": []})
+    with pytest.raises(NoData, match="no boundary rows"):
+        boundary_figure({"boundary": {}})

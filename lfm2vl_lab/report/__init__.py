@@ -15,6 +15,7 @@ API = {
               "latency_figure", "padding_waste_figure", "speedup_figure", "timeline_figure"),
     "plots_ttft": ("TTFT_MODES", "decode_figure", "decode_vs_floor", "e2e_figure", "ttft_breakdown_figure",
                    "ttft_case", "ttft_grid_figure"),
+    "plots_roofline": ("boundary_figure", "roofline_figure"),
     "vllm_report": ("vllm_breakdown_figure", "vllm_cuts_figure"),
 }
 API_NAMES = {name: module for module, names in API.items() for name in names}
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         speedup_figure,
         timeline_figure,
     )
+    from .plots_roofline import boundary_figure, roofline_figure
     from .plots_ttft import (
         TTFT_MODES,
         decode_figure,
@@ -47,10 +49,10 @@ if TYPE_CHECKING:
     from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure
 
 __all__ = [
-    "attention_figure", "decode_figure", "decode_vs_floor", "e2e_figure", "floor_share_figure",
+    "attention_figure", "boundary_figure", "decode_figure", "decode_vs_floor", "e2e_figure", "floor_share_figure",
     "graph_memory_figure", "is_default_config", "latency_figure", "live_or_recorded", "load_first_version",
-    "load_recorded", "MODE_ORDER", "NoData", "padding_waste_figure", "setup", "show", "speedup_figure",
-    "timeline_figure",
+    "load_recorded", "MODE_ORDER", "NoData", "padding_waste_figure", "roofline_figure", "setup", "show",
+    "speedup_figure", "timeline_figure",
     "ttft_breakdown_figure", "ttft_case", "ttft_grid_figure", "TTFT_MODES", "vllm_breakdown_figure",
     "vllm_cuts_figure",
 ]
