@@ -10,7 +10,7 @@ from ..measure.request import NEW_TOKENS, composed_e2e, composition_check, like_
 from ..measure.ttft import mode_name
 from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times, verdict
 from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_cases, ttft_frame
-from .ttft_summary import disturbed, drift_beyond, drift_fails, text_graph_cuts
+from .ttft_summary import decode_ratios, drift_beyond, drift_fails, text_graph_cuts
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 ONE_REQUEST = "image == '1x512' and requests == 1"  # the grid's case the pages show first
@@ -100,11 +100,8 @@ def ttft_grid_block(refs: Refs) -> str:
 def decode_ratio_block(refs: Refs) -> str:
     """Decode per token all eager / both graphed over the grid's cases whose decode control holds, with
     the cases at either end; the cases it fails in are left out and shown the same way."""
-    df = ttft_frame(refs("ttft")["rows"])
-    dec = per_case(df, "decode_ms_per_token")[[BOTH_EAGER, BOTH_GRAPHED]].dropna().assign(
-        ratio=lambda d: d[BOTH_EAGER] / d[BOTH_GRAPHED])
-    failing = disturbed(df)
-    kept, off = dec[~failing.reindex(dec.index)], dec[failing.reindex(dec.index)]
+    dec = decode_ratios(refs("ttft")["rows"], BOTH_EAGER, BOTH_GRAPHED)
+    kept, off = dec[~dec.disturbed], dec[dec.disturbed]
 
     def where(c):
         return f"{preset_label(c[0])} {c[1]} ×{c[2]}"
@@ -113,7 +110,7 @@ def decode_ratio_block(refs: Refs) -> str:
     lo, hi = kept.ratio.idxmin(), kept.ratio.idxmax()
     out = (f"Decode per token is {times(kept.ratio[lo])} ({where(lo)}) to {times(kept.ratio[hi])} ({where(hi)}) "
            f"faster with both graphed than all eager, over the {len(kept)} cases whose decode control holds: "
-           f"{span(kept[BOTH_GRAPHED])} ms per token graphed against {span(kept[BOTH_EAGER])} ms eager.")
+           f"{span(kept.graphed_ms)} ms per token graphed against {span(kept.eager_ms)} ms eager.")
     if len(off):  # what the decode control leaves out, shown as the kept cases are
         out += (f" Left out, their decode control failing: {len(off)} case{'s' * (len(off) > 1)} of "
                 f"{span(off.ratio, times)} (" + ", ".join(map(where, off.index)) + ").")

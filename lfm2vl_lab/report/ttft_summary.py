@@ -177,3 +177,12 @@ def disturbed(df: pd.DataFrame) -> pd.Series:
     """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any of its modes fails the
     decode control, so a cut between its modes may not be the graphs' alone."""
     return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
+
+
+def decode_ratios(rows: list[dict], eager: str, graphed: str) -> pd.DataFrame:
+    """Per case of a TTFT grid with decode per token in both modes (:func:`per_case`'s index): its
+    ``eager_ms`` and ``graphed_ms``, their ``ratio``, and whether the case is :func:`disturbed`."""
+    df = ttft_frame(rows)
+    dec = per_case(df, "decode_ms_per_token")
+    out = pd.DataFrame({"eager_ms": dec[eager], "graphed_ms": dec[graphed]}).dropna()
+    return out.assign(ratio=out.eager_ms / out.graphed_ms, disturbed=disturbed(df).reindex(out.index))

@@ -112,23 +112,17 @@ def summary_lines(result: dict) -> list[str]:
         else:
             out.append(f"{preset} parity: " + ", ".join(f"{k} {'ok' if c['logits_ok'] else 'FAILED'}"
                                                         for k, c in sec.get("parity", {}).items()))
-        for image, n in CASES:
-            case = case_name(image, n)
+        for case in (case_name(*c) for c in CASES):
             for tokens in TOKENS:
-                cells = {"vLLM": [], "the kit's pipeline": []}
-                for arm in ARMS:
-                    for engine, label in (("vllm", "vLLM"), ("kit", "the kit's pipeline")):
-                        r = find(result, engine, preset, case, tokens, arm)
-                        if r is None:
-                            continue
-                        cut = "" if arm == "off" else \
-                            f" (TTFT {cut_text(r.get('ttft_cut'))}, e2e {cut_text(r.get('e2e_cut'))})"
-                        cells[label].append(f"{arm} {r['ttft_ms']:.1f}/{r['e2e_ms']:.1f}{cut}")
-                shown = " | ".join(f"{k}: " + ", ".join(v) for k, v in cells.items() if v)
-                out.append(f"  {case:>6} {tokens:>3} tokens, TTFT/e2e ms: {shown}")
-    if result.get("errors"):
-        out += [f"error: {e['error']}" for e in result["errors"]]
-    return out
+                shown = []
+                for engine, label in (("vllm", "vLLM"), ("kit", "the kit's pipeline")):
+                    cells = [f"{arm} {r['ttft_ms']:.1f}/{r['e2e_ms']:.1f}" + ("" if arm == "off" else
+                             f" (TTFT {cut_text(r.get('ttft_cut'))}, e2e {cut_text(r.get('e2e_cut'))})")
+                             for arm in ARMS if (r := find(result, engine, preset, case, tokens, arm))]
+                    if cells:
+                        shown.append(f"{label}: " + ", ".join(cells))
+                out.append(f"  {case:>6} {tokens:>3} tokens, TTFT/e2e ms: {' | '.join(shown)}")
+    return out + [f"error: {e['error']}" for e in result.get("errors") or []]
 
 
 ARM_LABELS = {"off": "encoder eager", "pr": "encoder graphs, PR config", "kit": "encoder graphs, kit config"}
