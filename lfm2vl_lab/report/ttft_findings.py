@@ -1,7 +1,5 @@
-"""What the recorded TTFT and end-to-end files show, in the sentences notebook 07 prints: coverage, the
-encoder graphs' cut as ranges beside the PR's claim (cases failing the decode control left out and
-named), decode speedups, image path and first tokens. A file without what a sentence needs gives a
-``not recorded`` line, never an error."""
+"""What the recorded TTFT and end-to-end files show, in the sentences notebook 07 prints; cases failing
+the decode control are left out and named, and a file lacking what a sentence needs says so."""
 
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from .ttft_summary import PR_CLAIM, _not_recorded, decode_ratios, drift_beyond, 
 
 
 def coverage(rows: list[dict]) -> dict:
-    """What TTFT or e2e ``rows`` cover: presets, images, requests, modes, cases, generate's new tokens,
-    decode tokens and repeats."""
+    """What TTFT or e2e ``rows`` cover: presets, images, requests, modes, cases, tokens and repeats."""
     rows = [r for r in rows if r.get("mode")]
 
     def seen(key):  # in first-seen order

@@ -1,7 +1,5 @@
-"""How a ``vllm`` result reads: the kit's ``pipeline`` file set beside it (:func:`with_pipeline`), the
-terminal's summary, the A/B as a DataFrame (:func:`ab_frame`), the row lookup the pages' tables share, and
-the two figures (the encoder graphs' cuts with their 95% intervals against the PR's band; where one
-request's first token goes in vLLM and in the kit's pipeline)."""
+"""How a ``vllm`` result reads, with the kit's ``pipeline`` file beside it (:func:`with_pipeline`): the
+terminal's summary, the A/B as a DataFrame, the row lookup the pages' tables share, and two figures."""
 
 from __future__ import annotations
 
@@ -40,11 +38,9 @@ def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: st
 
 
 def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
-    """vLLM's A/B (role ``vllm``) with the kit's pipeline on the same cases (role ``pipeline``) beside it:
-    one result whose rows are both files' (``engine`` ``vllm`` or ``kit``) for the presets vLLM's file
-    holds (the others named in ``kit_left_out``), each preset's section with the kit's repeats, and
-    ``files`` naming both. The two files are separate recordings; each row's cuts
-    are paired within its own file, never across them. None without a ``vllm`` file."""
+    """vLLM's A/B (role ``vllm``) with the kit's pipeline on the same cases (role ``pipeline``): both files'
+    rows for the presets vLLM's file holds (the others named in ``kit_left_out``), ``files`` naming both.
+    Each row's cuts are paired within its own file, never across them. None without a ``vllm`` file."""
     if vllm_res is None:
         return None
     out = {**vllm_res, "rows": list(vllm_res["rows"]), "files": [vllm_res]}
@@ -62,9 +58,8 @@ def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
 
 
 def ab_frame(res: dict) -> pd.DataFrame:
-    """The A/B as a table: per preset, case, output length and engine (vLLM itself, the kit's pipeline on
-    the same weights), each arm's median TTFT and whole-request ms, and the graphed arms' paired cuts in %
-    (a saving) with their 95% interval; a row repeated in the file counts as its first, as :func:`find`."""
+    """The A/B as a table: per preset, case, output length and engine, each arm's median TTFT and e2e ms and
+    the graphed arms' paired cuts in % with their 95% interval; a repeated row counts as its first."""
     rows = {}
     for r in res["rows"]:
         key = (r["preset"], r["case"], r["tokens"], ENGINES.get(r.get("engine"), r.get("engine")))
@@ -101,9 +96,8 @@ def parity_line(preset: str, sec: dict) -> str:
 
 
 def summary_lines(result: dict) -> list[str]:
-    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, vLLM's engine start-up
-    and parity (or the kit's parity), and per case the medians of each arm with the graphed arms' paired
-    cuts (95% interval)."""
+    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, start-up and parity, and
+    per case each arm's medians with the graphed arms' paired cuts."""
     out = []
     for preset, sec in result["presets"].items():
         if "engines" in sec:
