@@ -19,7 +19,6 @@ from lfm2vl_lab.report.ttft_findings import (
     coverage_text,
     cut_range,
     decode_speedup_text,
-    decode_speedups,
     e2e_cuts,
     encoder_cuts,
     first_tokens_text,
@@ -28,7 +27,7 @@ from lfm2vl_lab.report.ttft_findings import (
     range_verdict,
     ttft_sentence,
 )
-from lfm2vl_lab.report.ttft_summary import disturbed, drift_fails, text_graph_cuts, ttft_frame
+from lfm2vl_lab.report.ttft_summary import decode_ratios, disturbed, drift_fails, text_graph_cuts, ttft_frame
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +173,8 @@ def test_decode_speedups_per_case_and_their_range():
     rows = grid(cases=(("p", "1x512", 1), ("p", "1x512", 2)))
     rows[4 + 3]["decode_drift"] = 0.2  # x2, both graphed: disturbed
     rows[4]["decode_ms_per_token"] = 30.0  # x2, all eager: a ratio of 10 that must not be quoted
-    ups = decode_speedups(rows)
-    assert [(u["ratio"], u["disturbed"]) for u in ups] == [(4.0, False), (10.0, True)]
+    ups = decode_ratios(rows, mode_name("eager", "eager"), mode_name("graphed", "eager"))
+    assert list(zip(ups.ratio, ups.disturbed)) == [(4.0, False), (10.0, True)]
     assert decode_speedup_text(rows) == ("p: decode per token is 4.0x to 4.0x faster with the text model graphed, "
                                          "over 1 of 2 cases (left out, decode control fails: p 1x512 x2)")
     assert decode_speedup_text([]).startswith("not recorded")

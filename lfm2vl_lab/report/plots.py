@@ -229,16 +229,16 @@ def padding_waste_figure(rows: list[dict], title: str | None = None) -> Figure:
     if len(sets) > 1 and any(r["workload"] == "stream" for r in rows):
         rows = [r for r in rows if r["workload"] == "stream"]
     per_set = len(sets) > 1
+    group, other = ("budget_set", "workload") if per_set else ("workload", "budget_set")
     groups = sets if per_set else workloads_of(rows)
-    series = list(dict.fromkeys((r["mode"], r["workload"] if per_set else r["budget_set"]) for r in rows))
+    series = list(dict.fromkeys((r["mode"], r[other]) for r in rows))
     fig = Figure(figsize=(page_width(1.1 * len(groups) + 2.5, least=7), 4.2), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / len(series)
-    for i, (mode, other) in enumerate(series):
-        mine = [r for r in rows if (r["mode"], r["workload"] if per_set else r["budget_set"]) == (mode, other)]
-        xs = [groups.index(r["budget_set"] if per_set else r["workload"]) + (i - (len(series) - 1) / 2) * width
-              for r in mine]
-        label = f"{mode} · {other}" if per_set else f"{mode}, budget set {other}"
+    for i, (mode, value) in enumerate(series):
+        mine = [r for r in rows if (r["mode"], r[other]) == (mode, value)]
+        xs = [groups.index(r[group]) + (i - (len(series) - 1) / 2) * width for r in mine]
+        label = f"{mode} · {value}" if per_set else f"{mode}, budget set {value}"
         bars = ax.bar(xs, [100 * r["padding_waste"] for r in mine], width, label=label)
         if len(series) <= 3:  # more labels than that overlap
             notes = [f"{100 * r['padding_waste']:.1f}%" + (f", hit {100 * r['hit_rate']:.0f}%"

@@ -1,7 +1,5 @@
-"""Figures of the request past the encoder: the TTFT grid (``ttft``), TTFT inside ``generate``
-(``e2e``) and the text model's peers (``engine``); like :mod:`.plots`, one run's rows in, a
-``Figure`` out, :class:`~.plots.NoData` naming what is missing. The grid's rows as a frame
-(:func:`ttft_frame`, :func:`per_case`) serve the TTFT pages' tables and sentences too."""
+"""Figures of the request past the encoder, as :mod:`.plots` draws them: the TTFT grid (``ttft``), TTFT
+inside ``generate`` (``e2e``), the text model's peers (``engine``); and the grid's rows as a frame."""
 
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ def ttft_rows(rows: list[dict]) -> list[dict]:
 
 
 def ttft_frame(rows: list[dict]) -> pd.DataFrame:
-    """The TTFT grid's rows (:func:`ttft_rows`) as a frame, nested phases as dotted columns, with every
-    column the tables and sentences read (empty where no row has it)."""
+    """The TTFT grid's rows (:func:`ttft_rows`) as a frame, phases as dotted columns, every column the pages read."""
     return need(pd.json_normalize(ttft_rows(rows)), *CASE, "mode", "ttft_ms", "decode_ms_per_token",
                 "encoder_graph_cut", "decode_drift")
 
@@ -118,8 +115,7 @@ def _breakdown_panel(ax, by: dict, label: str, seen: set) -> None:
 def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: str = "1x512", requests: int = 1,
                           title: str | None = None) -> Figure:
     """Where the first token's time goes in each mode at one image and request count: stacked phase
-    medians, the processor (outside TTFT) hatched last, each bar labelled with the measured TTFT, the
-    encoder graphs' cut and decode per token. ``preset=None``: one panel per preset."""
+    medians, the processor (outside TTFT) hatched last. ``preset=None``: one panel per preset."""
     rows = ttft_rows(rows)
     if not rows:
         raise NoData(f"ttft_breakdown_figure: {NO_ROWS}")

@@ -10,7 +10,7 @@ from ..measure.request import NEW_TOKENS, composed_e2e, composition_check, like_
 from ..measure.ttft import mode_name
 from .frames import Refs, md, ms, need, needs, pct, preset_label, span, table, times, verdict
 from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_cases, ttft_frame
-from .ttft_summary import disturbed, drift_beyond, drift_fails, text_graph_cuts
+from .ttft_summary import decode_ratios, drift_beyond, drift_fails, text_graph_cuts
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 ONE_REQUEST = "image == '1x512' and requests == 1"  # the grid's case the pages show first
@@ -100,11 +100,8 @@ def ttft_grid_block(refs: Refs) -> str:
 def decode_ratio_block(refs: Refs) -> str:
     """Decode per token all eager / both graphed over the grid's cases whose decode control holds, with
     the cases at either end; the cases it fails in are left out and shown the same way."""
-    df = ttft_frame(refs("ttft")["rows"])
-    dec = per_case(df, "decode_ms_per_token")[[BOTH_EAGER, BOTH_GRAPHED]].dropna().assign(
-        ratio=lambda d: d[BOTH_EAGER] / d[BOTH_GRAPHED])
-    failing = disturbed(df)
-    kept, off = dec[~failing.reindex(dec.index)], dec[failing.reindex(dec.index)]
+    dec = decode_ratios(refs("ttft")["rows"], BOTH_EAGER, BOTH_GRAPHED)
+    kept, off = dec[~dec.disturbed], dec[dec.disturbed]
 
     def where(c):
         return f"{preset_label(c[0])} {c[1]} ×{c[2]}"
@@ -113,7 +110,7 @@ def decode_ratio_block(refs: Refs) -> str:
     lo, hi = kept.ratio.idxmin(), kept.ratio.idxmax()
     out = (f"Decode per token is {times(kept.ratio[lo])} ({where(lo)}) to {times(kept.ratio[hi])} ({where(hi)}) "
            f"faster with both graphed than all eager, over the {len(kept)} cases whose decode control holds: "
-           f"{span(kept[BOTH_GRAPHED])} ms per token graphed against {span(kept[BOTH_EAGER])} ms eager.")
+           f"{span(kept.graphed_ms)} ms per token graphed against {span(kept.eager_ms)} ms eager.")
     if len(off):  # what the decode control leaves out, shown as the kept cases are
         out += (f" Left out, their decode control failing: {len(off)} case{'s' * (len(off) > 1)} of "
                 f"{span(off.ratio, times)} (" + ", ".join(map(where, off.index)) + ").")
@@ -261,17 +258,17 @@ def _tokens(refs: Refs) -> int:
 
 def e2e_cells(refs: Refs) -> dict[tuple, dict]:
     """Per (preset, image, requests), its rows by mode: e2e ms, its source, and the encoder graphs' cuts."""
-    tokens = _tokens(refs)
-    grid = [dict(r, e2e_ms=composed_e2e(r, tokens), e2e_source="composed") for r in refs("ttft")["rows"]
-            if r["requests"] in REQUESTS]
-    for r in grid:
-        if r["encoder_mode"] == "graphed":
-            eager = next(e for e in grid if (e["preset"], e["image"], e["requests"], e["mode"])
-                         == (r["preset"], r["image"], r["requests"], mode_name(r["text_mode"], "eager")))
-            r["e2e_cut"] = 1 - r["e2e_ms"] / eager["e2e_ms"]
-    cells: dict[tuple, dict] = {}
-    for r in grid + [r for r in refs(REQUEST_ROLE)["rows"] if "e2e_ms" in r and r["requests"] in REQUESTS]:
-        cells.setdefault((r["preset"], r["image"], r["requests"]), {})[r["mode"]] = r
+    tokens, cells = _tokens(refs), {}
+    for r in refs("ttft")["rows"]:
+        if r["requests"] in REQUESTS:
+            cells.setdefault((r["preset"], r["image"], r["requests"]), {})[r["mode"]] = dict(
+                r, e2e_ms=composed_e2e(r, tokens), e2e_source="composed")
+    for r in (r for m in cells.values() for r in m.values() if r["encoder_mode"] == "graphed"):
+        eager = cells[r["preset"], r["image"], r["requests"]][mode_name(r["text_mode"], "eager")]
+        r["e2e_cut"] = 1 - r["e2e_ms"] / eager["e2e_ms"]
+    for r in refs(REQUEST_ROLE)["rows"]:  # the measured whole requests replace the composed ones
+        if "e2e_ms" in r and r["requests"] in REQUESTS:
+            cells.setdefault((r["preset"], r["image"], r["requests"]), {})[r["mode"]] = r
     return cells
 
 

@@ -12,10 +12,11 @@ import pandas as pd
 from ..measure.request import e2e_cuts as request_cuts
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
 from .frames import Refs, frame, md, missing, ms, need, needs, pct, preset_label, span, table
+from .tables_engine import REQUEST_ROLE
 from .ttft_findings import cut_range, e2e_cuts, encoder_cuts
 from .ttft_summary import PR_CLAIM, claim_verdict, range_verdict
+from .vllm_report import ENGINES, SIZES, one_request, rank, with_pipeline
 from .vllm_report import find as _row
-from .vllm_report import with_pipeline
 
 ROLE = "vllm"
 KIT_ROLE = "pipeline"  # the kit's pipeline on the same cases, recorded apart
@@ -57,8 +58,7 @@ def cut(c: dict | None) -> str | None:
 
 def presets(res: dict) -> list[str]:
     """The file's presets, smallest model first."""
-    order = ("lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2-vl-3b")
-    return sorted(res["presets"], key=lambda p: order.index(p) if p in order else len(order))
+    return sorted(res["presets"], key=lambda p: rank(SIZES, p))
 
 
 def _table(res: dict, key: str, ms_key: str, tokens_list) -> str:
@@ -153,19 +153,13 @@ def breakdown_block(refs: Refs, res: dict) -> str:
             "encoder (GPU stream)", "frontend and pipe (composed)"]
     rows = []
     for preset in presets(res):
-        for arm in ARMS:
-            b = res["presets"][preset].get("breakdown", {}).get(f"{arm}/1x512")
-            if b:
-                rows.append([preset_label(preset), f"vLLM, {arm}", ms(b["ttft_ms"], 1), ms(b["processor_ms"], 1),
-                             ms(b["queue_ms"], 2), ms(b["scheduled_to_first_ms"], 1), ms(b["encoder_gpu_ms"], 2),
-                             ms(b["rest_ms_composed"], 1)])
-        for arm in ARMS:
-            r = _row(res, "kit", preset, "1x512", TOKENS[0], arm)
-            if r and r.get("phases_ms"):
-                ph = r["phases_ms"]
-                step = sum(v for k, v in ph.items() if k not in ("processor", "decode"))
-                rows.append([preset_label(preset), f"kit's pipeline, {arm}", ms(r["ttft_ms"], 1),
-                             ms(ph.get("processor"), 1), None, ms(step, 1), ms(ph.get("encoder"), 2), None])
+        for engine, arm, m in one_request(res, preset):
+            ph = m.get("phases_ms", {})
+            step = sum(v for k, v in ph.items() if k not in ("processor", "decode"))  # the kit's step
+            rows.append([preset_label(preset), f"{ENGINES[engine]}, {arm}", ms(m["ttft_ms"], 1)] + (
+                [ms(m["processor_ms"], 1), ms(m["queue_ms"], 2), ms(m["scheduled_to_first_ms"], 1),
+                 ms(m["encoder_gpu_ms"], 2), ms(m["rest_ms_composed"], 1)] if engine == "vllm" else
+                [ms(ph.get("processor"), 1), None, ms(step, 1), ms(ph.get("encoder"), 2), None]))
     return "\n\n".join([table(head, rows), f"Medians, ms, of one 512 px image and {TOKENS[0]} tokens.",
                         sources(refs)])
 
@@ -240,16 +234,11 @@ def pr_claim_block(refs: Refs) -> str:
         _claim_line("Inside `generate` (paired)", e2e_cuts(refs("e2e")["rows"]))]) + "\n\n" + refs.source("ttft", "e2e")
 
 
-REQUEST_ROLE = "request-3b"
-ENGINES = (("vllm", "inside vLLM"), ("kit", "the kit's pipeline"))
-VERDICT_ORDER = ("holds", "does not hold", "mixed", "not settled")
-
-
-def measures() -> list[tuple[str, str, int]]:
-    """``(label, key, tokens)`` per measure of the ``vllm`` file: whole requests per output length, then
-    the first token (timed in the shortest requests)."""
-    return ([(f"whole requests of {t} tokens", "e2e_cut", t) for t in TOKENS]
-            + [("first token", "ttft_cut", TOKENS[0])])
+# (label, key, tokens) per measure of the vllm file: whole requests per output length, then the first
+# token (timed in the shortest requests)
+MEASURES = [(f"whole requests of {t} tokens", "e2e_cut", t) for t in TOKENS] + [("first token", "ttft_cut", TOKENS[0])]
+VERDICT_WORDS = {"holds": "It holds", "does not hold": "It does not hold", "mixed": "Mixed",
+                 "not settled": "Not settled by this run"}  # in the order the summary shows them
 
 
 def group_verdict(cuts: list[dict]) -> str:
@@ -273,7 +262,7 @@ def group_cell(cuts: list[dict]) -> str | None:
 def vllm_groups(res: dict) -> dict[tuple, list[dict]]:
     """``{(measure label, preset, engine): [cut, ...]}``: the PR config's paired cuts with their intervals."""
     return {(label, preset, engine): [c for *_, c in pr_cuts(res, engine, key, [tokens], preset)]
-            for label, key, tokens in measures() for preset in presets(res) for engine, _ in ENGINES}
+            for label, key, tokens in MEASURES for preset in presets(res) for engine in ENGINES}
 
 
 def other_runs(refs: Refs) -> dict[tuple, str]:
@@ -303,16 +292,14 @@ def other_runs(refs: Refs) -> dict[tuple, str]:
 
 def summary(groups: dict[tuple, list[dict]], names: dict[str, str]) -> list[str]:
     """One line per verdict: the measures it covers, and under each the engines and their presets."""
-    by: dict[str, dict[str, dict[str, list[str]]]] = {v: {} for v in VERDICT_ORDER}
+    by: dict[str, dict[str, dict[str, list[str]]]] = {v: {} for v in VERDICT_WORDS}
     for (label, preset, engine), cuts in groups.items():
         if cuts:
             by[group_verdict(cuts)].setdefault(label, {}).setdefault(names[engine], []).append(preset_label(preset))
-    words = {"holds": "It holds", "does not hold": "It does not hold", "mixed": "Mixed",
-             "not settled": "Not settled by this run"}
     order = list(names.values())
-    return [f"- **{words[v]}** for " + "; ".join(
+    return [f"- **{VERDICT_WORDS[v]}** for " + "; ".join(
         f"{label} ({'; '.join(f'{e}: ' + ', '.join(where[e]) for e in sorted(where, key=order.index))})"
-        for label, where in by[v].items()) + "." for v in VERDICT_ORDER if by[v]]
+        for label, where in by[v].items()) + "." for v in VERDICT_WORDS if by[v]]
 
 
 @needs(ROLE, f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` records role `{ROLE}`, which "
@@ -323,8 +310,8 @@ def verdict_block(refs: Refs, vllm_res: dict) -> str:
     version = res["provenance"].get("vllm")
     names = {"vllm": f"inside vLLM {version}", "kit": "the kit's pipeline"}
     groups, others = vllm_groups(res), other_runs(refs)
-    rows = [[label, preset_label(preset)] + [group_cell(groups[(label, preset, e)]) for e, _ in ENGINES]
-            + [others.get((label, preset))] for label, _, _ in measures() for preset in presets(res)]
+    rows = [[label, preset_label(preset)] + [group_cell(groups[(label, preset, e)]) for e in ENGINES]
+            + [others.get((label, preset))] for label, _, _ in MEASURES for preset in presets(res)]
     head = ["measure", "preset", f"inside vLLM {version}, PR config", "the kit's pipeline, PR config, same weights",
             "the kit's other runs (medians, no interval)"]
     rule = f"The PR claimed {pct(PR_CLAIM[0], 0)}–{pct(PR_CLAIM[1], 0)} lower end-to-end latency at low batch size."

@@ -1,21 +1,16 @@
-"""What the recorded TTFT and end-to-end files show, in the sentences notebook 07 prints: coverage, the
-encoder graphs' cut as ranges beside the PR's claim (cases failing the decode control left out and
-named), decode speedups, image path and first tokens. A file without what a sentence needs gives a
-``not recorded`` line, never an error."""
+"""What the recorded TTFT and end-to-end files show, in the sentences notebook 07 prints; cases failing
+the decode control are left out and named, and a file lacking what a sentence needs says so."""
 
 from __future__ import annotations
-
-import pandas as pd
 
 from ..measure.ttft import mode_name
 from .frames import missing
 from .plots_ttft import case_name, per_case, ttft_case, ttft_cases, ttft_frame
-from .ttft_summary import PR_CLAIM, _not_recorded, disturbed, drift_beyond, range_verdict
+from .ttft_summary import PR_CLAIM, _not_recorded, decode_ratios, drift_beyond, range_verdict
 
 
 def coverage(rows: list[dict]) -> dict:
-    """What TTFT or e2e ``rows`` cover: presets, images, requests, modes, cases, generate's new tokens,
-    decode tokens and repeats."""
+    """What TTFT or e2e ``rows`` cover: presets, images, requests, modes, cases, tokens and repeats."""
     rows = [r for r in rows if r.get("mode")]
 
     def seen(key):  # in first-seen order
@@ -110,28 +105,19 @@ def claim_ranges_text(ttft_rows: list[dict], e2e_rows: list[dict] | None = None)
     return "\n".join(lines)
 
 
-def decode_speedups(rows: list[dict]) -> list[dict]:
-    """Decode ms per token with the text model eager over graphed, per TTFT case, at the eager encoder
-    (decode never runs the encoder): ``{"case", "eager_ms", "graphed_ms", "ratio", "disturbed"}``."""
-    df = ttft_frame(rows)
-    dec = per_case(df, "decode_ms_per_token").fillna(0)  # 0: not recorded, no ratio
-    eager, graphed = dec[mode_name("eager", "eager")], dec[mode_name("graphed", "eager")]
-    return [{"case": case, "eager_ms": e, "graphed_ms": g, "ratio": e / g, "disturbed": d}
-            for case, e, g, d in zip(dec.index, eager, graphed, disturbed(df)) if e and g]
-
-
 def decode_speedup_text(rows: list[dict]) -> str:
-    """:func:`decode_speedups` as a range over the cases whose decode control holds, per preset."""
-    ups = pd.DataFrame(decode_speedups(rows))
+    """Decode per token with the text model eager over graphed (at the eager encoder: decode never runs
+    it) as a range over the cases whose decode control holds, per preset."""
+    ups = decode_ratios(rows, mode_name("eager", "eager"), mode_name("graphed", "eager"))
     if ups.empty:
         return _not_recorded("TTFT rows with decode per token in both text modes")
     lines = []
-    for preset, mine in ups.groupby(ups.case.map(lambda c: c[0]), sort=False):
-        kept, left = mine[~mine.disturbed], mine.case[mine.disturbed].map(case_name)
+    for preset, mine in ups.groupby(level="preset", sort=False):
+        kept, left = mine[~mine.disturbed], [case_name(c) for c in mine.index[mine.disturbed]]
         line = (f"{preset}: decode per token is {kept.ratio.min():.1f}x to {kept.ratio.max():.1f}x faster with "
                 f"the text model graphed, over {len(kept)} of {len(mine)} cases" if len(kept) else
                 f"{preset}: no case passes the decode control")
-        lines.append(line + (f" (left out, decode control fails: {', '.join(left)})" if len(left) else ""))
+        lines.append(line + (f" (left out, decode control fails: {', '.join(left)})" if left else ""))
     return "\n".join(lines)
 
 

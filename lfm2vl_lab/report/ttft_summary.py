@@ -1,8 +1,6 @@
-"""A recorded TTFT result (``ttft``, ``e2e``) as the tables and sentences notebook 07 shows beside its
-figures (DataFrames: :func:`decode_frame`, :func:`parity_frame`, :func:`profile_frame`,
-:func:`claim_frame`), and the decode control (:func:`drift_fails`; per case, :func:`disturbed`). A
-section the file lacks gives a ``not recorded`` line, never an error, so the same cells read a small
-first run and the full grid."""
+"""A recorded TTFT result (``ttft``, ``e2e``) as the tables notebook 07 shows beside its figures, and the
+decode control (:func:`drift_fails`; per case, :func:`disturbed`). A section the file lacks gives a
+``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
 
 from __future__ import annotations
 
@@ -46,9 +44,8 @@ def decode_frame(rows: list[dict]) -> pd.DataFrame | str:
 
 
 def parity_frame(result: dict) -> pd.DataFrame | str:
-    """Per parity case (preset, image, requests) and mode: relative error of the first-token logits
-    against a float32 copy, whether the first token equals ``generate``'s, how many leading tokens do,
-    and the verdict."""
+    """Per parity case and mode: the first-token logits against float32, the first and leading tokens
+    against ``generate``'s, and the verdict."""
     parity = result.get("parity") or []
     if not parity:
         return _not_recorded("parity section")
@@ -90,10 +87,8 @@ def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
 
 
 def claim_frame(rows: list[dict], preset: str | None = None, image: str | None = None) -> pd.DataFrame | str:
-    """The encoder graphs' paired TTFT cut per case, text model graphed and eager: the cut in %, where
-    it stands against the PR's range, TTFT with the encoder eager and graphed, and whether the case's
-    decode control holds (where it fails, the cut is not the encoder's alone); ``preset``/``image``
-    restrict the cases."""
+    """The encoder graphs' paired TTFT cut per case at each text mode, against the PR's range, with TTFT
+    per encoder mode and the decode control (where it fails, the cut is not the encoder's alone)."""
     df = ttft_frame(rows)
     df = df[(df.preset.eq(preset) | (preset is None)) & (df.image.eq(image) | (image is None))]
     if df.empty:
@@ -177,3 +172,12 @@ def disturbed(df: pd.DataFrame) -> pd.Series:
     """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any of its modes fails the
     decode control, so a cut between its modes may not be the graphs' alone."""
     return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
+
+
+def decode_ratios(rows: list[dict], eager: str, graphed: str) -> pd.DataFrame:
+    """Per case of a TTFT grid with decode per token in both modes (:func:`per_case`'s index): its
+    ``eager_ms`` and ``graphed_ms``, their ``ratio``, and whether the case is :func:`disturbed`."""
+    df = ttft_frame(rows)
+    dec = per_case(df, "decode_ms_per_token")
+    out = pd.DataFrame({"eager_ms": dec[eager], "graphed_ms": dec[graphed]}).dropna()
+    return out.assign(ratio=out.eager_ms / out.graphed_ms, disturbed=disturbed(df).reindex(out.index))

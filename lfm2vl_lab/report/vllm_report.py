@@ -1,16 +1,23 @@
-"""How a ``vllm`` result reads: the kit's ``pipeline`` file set beside it (:func:`with_pipeline`), the
-terminal's summary, the A/B as a DataFrame (:func:`ab_frame`), the row lookup the pages' tables share, and
-the two figures (the encoder graphs' cuts with their 95% intervals against the PR's band; where one
-request's first token goes in vLLM and in the kit's pipeline)."""
+"""How a ``vllm`` result reads, with the kit's ``pipeline`` file beside it (:func:`with_pipeline`): the
+terminal's summary, the A/B as a DataFrame, the row lookup the pages' tables share, and two figures."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
 from .plots import NoData, page_width, set_title
 from .ttft_summary import PR_CLAIM
+
+ENGINES = {"vllm": "vLLM", "kit": "kit's pipeline"}
+SIZES = ("lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2-vl-3b")  # smallest model first
+
+
+def rank(order, x) -> int:
+    """Where ``x`` stands in ``order``, unknown values last."""
+    return order.index(x) if x in order else len(order)
 
 
 def pct(x: float | None) -> str:
@@ -31,11 +38,9 @@ def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: st
 
 
 def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
-    """vLLM's A/B (role ``vllm``) with the kit's pipeline on the same cases (role ``pipeline``) beside it:
-    one result whose rows are both files' (``engine`` ``vllm`` or ``kit``) for the presets vLLM's file
-    holds (the others named in ``kit_left_out``), each preset's section with the kit's repeats, and
-    ``files`` naming both. The two files are separate recordings; each row's cuts
-    are paired within its own file, never across them. None without a ``vllm`` file."""
+    """vLLM's A/B (role ``vllm``) with the kit's pipeline on the same cases (role ``pipeline``): both files'
+    rows for the presets vLLM's file holds (the others named in ``kit_left_out``), ``files`` naming both.
+    Each row's cuts are paired within its own file, never across them. None without a ``vllm`` file."""
     if vllm_res is None:
         return None
     out = {**vllm_res, "rows": list(vllm_res["rows"]), "files": [vllm_res]}
@@ -53,13 +58,11 @@ def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
 
 
 def ab_frame(res: dict) -> pd.DataFrame:
-    """The A/B as a table: per preset, case, output length and engine (vLLM itself, the kit's pipeline on
-    the same weights), each arm's median TTFT and whole-request ms, and the graphed arms' paired cuts in %
-    (a saving) with their 95% interval; a row repeated in the file counts as its first, as :func:`find`."""
-    engines = {"vllm": "vLLM", "kit": "kit's pipeline"}
+    """The A/B as a table: per preset, case, output length and engine, each arm's median TTFT and e2e ms and
+    the graphed arms' paired cuts in % with their 95% interval; a repeated row counts as its first."""
     rows = {}
     for r in res["rows"]:
-        key = (r["preset"], r["case"], r["tokens"], engines.get(r.get("engine"), r.get("engine")))
+        key = (r["preset"], r["case"], r["tokens"], ENGINES.get(r.get("engine"), r.get("engine")))
         cells = rows.setdefault(key, {})
         if f"TTFT ms, {r['arm']}" in cells:
             continue
@@ -69,10 +72,9 @@ def ab_frame(res: dict) -> pd.DataFrame:
             if c:
                 cells[f"{what} cut %, {r['arm']}"] = 100 * c["cut"]
                 cells[f"{what} cut 95%, {r['arm']}"] = f"{100 * c['ci'][0]:.1f} to {100 * c['ci'][1]:.1f}"
-    sizes, cases = ("lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2-vl-3b"), [case_name(*c) for c in CASES]
-    ranks = (lambda p: sizes.index(p) if p in sizes else len(sizes), lambda c: cases.index(c) if c in cases else
-             len(cases), lambda t: t, lambda e: list(engines.values()).index(e) if e in engines.values() else 2)
-    rows = {k: rows[k] for k in sorted(rows, key=lambda k: tuple(f(x) for f, x in zip(ranks, k)))}  # smallest first
+    cases, engines = [case_name(*c) for c in CASES], list(ENGINES.values())
+    rows = dict(sorted(rows.items(), key=lambda kv: (rank(SIZES, kv[0][0]), rank(cases, kv[0][1]), kv[0][2],
+                                                       rank(engines, kv[0][3]))))  # smallest first
     df = pd.DataFrame.from_dict(rows, orient="index").round(1)
     df.index.names = ["preset", "case", "tokens", "engine"]
     order = [f"{m}, {a}" for m in ("TTFT ms", "e2e ms") for a in ARMS] + \
@@ -94,9 +96,8 @@ def parity_line(preset: str, sec: dict) -> str:
 
 
 def summary_lines(result: dict) -> list[str]:
-    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, vLLM's engine start-up
-    and parity (or the kit's parity), and per case the medians of each arm with the graphed arms' paired
-    cuts (95% interval)."""
+    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, start-up and parity, and
+    per case each arm's medians with the graphed arms' paired cuts."""
     out = []
     for preset, sec in result["presets"].items():
         if "engines" in sec:
@@ -105,23 +106,17 @@ def summary_lines(result: dict) -> list[str]:
         else:
             out.append(f"{preset} parity: " + ", ".join(f"{k} {'ok' if c['logits_ok'] else 'FAILED'}"
                                                         for k, c in sec.get("parity", {}).items()))
-        for image, n in CASES:
-            case = case_name(image, n)
+        for case in (case_name(*c) for c in CASES):
             for tokens in TOKENS:
-                cells = {"vLLM": [], "the kit's pipeline": []}
-                for arm in ARMS:
-                    for engine, label in (("vllm", "vLLM"), ("kit", "the kit's pipeline")):
-                        r = find(result, engine, preset, case, tokens, arm)
-                        if r is None:
-                            continue
-                        cut = "" if arm == "off" else \
-                            f" (TTFT {cut_text(r.get('ttft_cut'))}, e2e {cut_text(r.get('e2e_cut'))})"
-                        cells[label].append(f"{arm} {r['ttft_ms']:.1f}/{r['e2e_ms']:.1f}{cut}")
-                shown = " | ".join(f"{k}: " + ", ".join(v) for k, v in cells.items() if v)
-                out.append(f"  {case:>6} {tokens:>3} tokens, TTFT/e2e ms: {shown}")
-    if result.get("errors"):
-        out += [f"error: {e['error']}" for e in result["errors"]]
-    return out
+                shown = []
+                for engine, label in (("vllm", "vLLM"), ("kit", "the kit's pipeline")):
+                    cells = [f"{arm} {r['ttft_ms']:.1f}/{r['e2e_ms']:.1f}" + ("" if arm == "off" else
+                             f" (TTFT {cut_text(r.get('ttft_cut'))}, e2e {cut_text(r.get('e2e_cut'))})")
+                             for arm in ARMS if (r := find(result, engine, preset, case, tokens, arm))]
+                    if cells:
+                        shown.append(f"{label}: " + ", ".join(cells))
+                out.append(f"  {case:>6} {tokens:>3} tokens, TTFT/e2e ms: {' | '.join(shown)}")
+    return out + [f"error: {e['error']}" for e in result.get("errors") or []]
 
 
 ARM_LABELS = {"off": "encoder eager", "pr": "encoder graphs, PR config", "kit": "encoder graphs, kit config"}
@@ -165,27 +160,21 @@ def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
                 ax.axhspan(100 * PR_CLAIM[0], 100 * PR_CLAIM[1], color="#ffdd99", alpha=0.5,
                            label="the PR's claim: 10-20% (e2e, low batch)")
             for k, (engine, arm, label, color) in enumerate(SERIES):
-                xs, ys, err = [], [], [[], []]
-                for g, (case, tokens) in enumerate(groups):
-                    r = find(res, engine, preset, case, tokens, arm)
-                    if r is None or r.get(key) is None:
-                        continue
-                    c = r[key]
-                    xs.append(g - 0.4 + width * (k + 0.5))
-                    ys.append(100 * c["cut"])
-                    err[0].append(100 * (c["cut"] - c["ci"][0]))
-                    err[1].append(100 * (c["ci"][1] - c["cut"]))
-                if xs:
-                    clipped = [x for x, y, e in zip(xs, ys, err[0]) if y - e < Y_FLOOR]
-                    # a median below the floor is drawn to the floor (its whisker from there up): the
-                    # marker says the bar goes on, as it does for an interval that reaches below
-                    err[1] = [max(0.0, e + y - max(y, Y_FLOOR)) for y, e in zip(ys, err[1])]
-                    ys = [max(y, Y_FLOOR) for y in ys]
-                    err[0] = [min(e, y - Y_FLOOR) for y, e in zip(ys, err[0])]
-                    ax.bar(xs, ys, width, color=color, label=label, yerr=err, capsize=2, ecolor="#444444")
-                    ax.plot(clipped, [Y_FLOOR + 2] * len(clipped), "v", color="#444444", ms=4,
-                            label=None if clipped_seen else f"interval (or median) reaches below {Y_FLOOR:.0f}%")
-                    clipped_seen = clipped_seen or bool(clipped)
+                got = [(g - 0.4 + width * (k + 0.5), r[key]) for g, (case, tokens) in enumerate(groups)
+                       if (r := find(res, engine, preset, case, tokens, arm)) and r.get(key) is not None]
+                if not got:
+                    continue
+                xs = [x for x, _ in got]
+                cut, lo, hi = (100 * np.array([[c["cut"], *c["ci"]] for _, c in got])).T
+                # a median below the floor is drawn to the floor (its whisker from there up): the marker
+                # says the bar goes on, as it does for an interval that reaches below
+                ys = np.maximum(cut, Y_FLOOR)
+                ax.bar(xs, ys, width, color=color, label=label, capsize=2, ecolor="#444444",
+                       yerr=[ys - np.maximum(lo, Y_FLOOR), np.maximum(hi, Y_FLOOR) - ys])
+                clipped = [x for x, low in zip(xs, lo) if low < Y_FLOOR]
+                ax.plot(clipped, [Y_FLOOR + 2] * len(clipped), "v", color="#444444", ms=4,
+                        label=None if clipped_seen else f"interval (or median) reaches below {Y_FLOOR:.0f}%")
+                clipped_seen = clipped_seen or bool(clipped)
             ax.axhline(0, color="black", lw=0.8)
             ax.set_ylim(bottom=Y_FLOOR)
             ax.tick_params(labelleft=True)  # every panel keeps its own scale readable
@@ -201,6 +190,15 @@ def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
     fig.legend(legend.values(), legend.keys(), loc="outside lower center", ncols=3, fontsize=8)
     set_title(fig, title)
     return fig
+
+
+def one_request(res: dict, preset: str) -> list[tuple[str, str, dict]]:
+    """``(engine, arm, measures)`` of one 512 px request of ``preset``: vLLM's breakdown per arm (its
+    own timestamps), then the kit's row per arm where it has phases."""
+    vllm = res["presets"][preset].get("breakdown", {})
+    kit = [(arm, find(res, "kit", preset, "1x512", TOKENS[0], arm)) for arm in ARMS]
+    return ([("vllm", arm, vllm[f"{arm}/1x512"]) for arm in ARMS if vllm.get(f"{arm}/1x512")]
+            + [("kit", arm, r) for arm, r in kit if r and r.get("phases_ms")])
 
 
 def _stack(ax, y: float, parts: list[tuple[str, float, str]], seen: set) -> float:
@@ -229,23 +227,12 @@ def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
     axes = fig.subplots(len(presets), 1, squeeze=False)[:, 0]
     seen: set = set()
     for ax, preset in zip(axes, presets):
-        labels, y = [], 0
-        for arm in ARMS:
-            b = res["presets"][preset].get("breakdown", {}).get(f"{arm}/1x512")
-            if b:
-                end = _stack(ax, y, _vllm_parts(b), seen)
-                ax.text(end, y, f"  TTFT {b['ttft_ms']:.1f} ms", va="center", fontsize=8)
-                labels.append(f"vLLM, {ARM_LABELS[arm]}")
-                y += 1
-        for arm in ARMS:
-            r = find(res, "kit", preset, "1x512", TOKENS[0], arm)
-            if r and r.get("phases_ms"):
-                parts = [(label, r["phases_ms"].get(key), color) for key, label, color in KIT_PARTS]
-                end = _stack(ax, y, parts, seen)
-                ax.text(end, y, f"  TTFT {r['ttft_ms']:.1f} ms", va="center", fontsize=8)
-                labels.append(f"kit's pipeline, {ARM_LABELS[arm]}")
-                y += 1
-        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        bars = one_request(res, preset)
+        for y, (engine, _, m) in enumerate(bars):
+            parts = _vllm_parts(m) if engine == "vllm" else [(label, m["phases_ms"].get(key), color)
+                                                              for key, label, color in KIT_PARTS]
+            ax.text(_stack(ax, y, parts, seen), y, f"  TTFT {m['ttft_ms']:.1f} ms", va="center", fontsize=8)
+        ax.set_yticks(range(len(bars)), [f"{ENGINES[e]}, {ARM_LABELS[arm]}" for e, arm, _ in bars], fontsize=8)
         ax.invert_yaxis()
         ax.set_title(f"{preset}: one request, one 512 px image", fontsize=10)
         ax.set_xlabel("ms to the first token")
@@ -253,4 +240,3 @@ def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
     fig.legend(loc="outside lower center", ncols=4, fontsize=8)
     set_title(fig, title)
     return fig
-
