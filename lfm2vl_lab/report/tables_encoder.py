@@ -9,8 +9,7 @@ import pandas as pd
 
 from ..measure.floor import kernel_breakdown
 from ..measure.workloads import NXS, TILED_SIZE
-from . import frames
-from .frames import Refs, frame, md, missing, ms, need, pct, preset_label, span, table, times, verdict
+from .frames import KERNEL_OPTIONS, Refs, frame, md, missing, ms, need, pct, preset_label, span, table, times, verdict
 
 ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-eager", "packed, eager"),
                  ("lab-graph", "lab-graph"))
@@ -19,7 +18,6 @@ EARLIER_BENCH = "floor-20261201-015028.json"
 # What a result file records of the machine and libraries it ran on, compared field by field.
 MACHINE_FIELDS = (("gpu", "GPU"), ("platform", "platform"), ("host_cpu", "CPU"), ("cpu_count", "CPU count"),
                   ("torch", "torch"), ("cuda", "CUDA"), ("transformers", "transformers"), ("python", "Python"))
-KERNEL_OPTIONS = tuple(frames.KERNEL_OPTIONS)  # the kernel options' row names
 DEFAULT_GRAPH = ("budget_set", "cu_rule", "max_seqlen_mode", "attention", *KERNEL_OPTIONS)
 
 
@@ -122,10 +120,9 @@ def kernel_classes_block(refs: Refs) -> str:
               "transformers": ("bench-450m", bench[bench["mode"] == "hf-eager"])}
     parts = {label: kernel_breakdown(refs(role)["rows"][rows.index[rows.workload == "1x512"][0]])
              for label, (role, rows) in picked.items() if (rows.workload == "1x512").any()}
-    count = pd.DataFrame({label: {c: v["count"] for c, v in p.items()} for label, p in parts.items()})
-    us = pd.DataFrame({label: {c: v["us"] for c, v in p.items()} for label, p in parts.items()})
     classes = list(dict.fromkeys(c for p in parts.values() for c in p))
-    count, us = count.reindex(classes), us.reindex(classes)
+    count, us = (pd.DataFrame({label: {c: v[k] for c, v in p.items()} for label, p in parts.items()}).reindex(classes)
+                 for k in ("count", "us"))
     out = count.map(lambda n: f"{n:.0f} · ", na_action="ignore") + us.map(lambda u: f"{u:.0f} µs")
     out.loc["**total**"] = "**" + count.sum().map("{:.0f} · ".format) + us.sum().map("{:.0f} µs**".format)
     memsets = ", ".join(f"{n:.0f} ({label})" for label, n in count.reindex(["memset"]).fillna(0).iloc[0].items())
