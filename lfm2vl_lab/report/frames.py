@@ -59,11 +59,6 @@ def load(role: str, table: str = "rows", gpu: str = REFERENCE_GPU, root=RESULTS_
     return frame(reference.load(role, gpu, root), table)
 
 
-def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
-    """The roles of the reference set, in the order they were recorded."""
-    return reference.roles(gpu, root)
-
-
 def md(df: pd.DataFrame) -> str:
     """``df`` as one of the pages' Markdown tables: no padding, a missing cell as a dash, no index."""
     cells = df.astype(object).where(df.notna(), DASH)

@@ -62,8 +62,7 @@ def cells(df, bold: str | None = None) -> pd.Series:
 
 
 def encoder_table(res: dict) -> str:
-    """Median ms per mode and workload (GPU-busy ms of one profiled call in brackets), and lab-graph's
-    speedup over transformers."""
+    """Median ms per mode and workload (:func:`cells`), and lab-graph's speedup over transformers."""
     df, modes = medians(frame(res)), [m for m, _ in ENCODER_MODES]
     med = grid(df, modes=modes)
     out = pd.DataFrame({"workload": [workload_label(w, res["provenance"].get("stream_n")) for w in med.index],
@@ -112,8 +111,7 @@ def with_options(df, on: dict) -> pd.DataFrame:
 
 
 def kernel_classes_block(refs: Refs) -> str:
-    """The kernel classes of one profiled 1x512 call: lab-graph with every kernel option off and on
-    (``kernels``), and transformers (``bench-450m``)."""
+    """The kernel classes of one profiled 1x512 call: lab-graph, kernel options off and on, and transformers."""
     k, bench = refs.frame("kernels"), medians(refs.frame("bench-450m"))
     picked = {"lab-graph, options off": ("kernels", with_options(k, dict.fromkeys(KERNEL_OPTIONS, False))),
               "lab-graph, options on": ("kernels", with_options(k, dict.fromkeys(KERNEL_OPTIONS, True))),
@@ -169,8 +167,7 @@ def attention_block(refs: Refs) -> str:
 
 
 def sweep_table(res: dict, keys: tuple) -> str:
-    """One row per configuration (``keys``), lab-graph's median per workload, then the stream's padding
-    waste where there is a stream, the graphs' MiB and capture s."""
+    """One row per configuration (``keys``): lab-graph's median per workload, the graphs' cost."""
     df = need(frame(res), "padding_waste").assign(config=configs(res, keys))
     mine = df.drop_duplicates(["config", "workload"], keep="last")
     ws, names = list(dict.fromkeys(df.workload)), list(dict.fromkeys(df.config))
@@ -266,8 +263,7 @@ def busy_over_wall_block(refs: Refs) -> str:
 
 
 def check_block(refs: Refs) -> str:
-    """Per preset: parity against transformers, the host-sync check, graph replay against eager for every
-    budget and rule, aliasing and the oversize fallback."""
+    """Per preset: the ``check`` file's verdicts, one column per check."""
     res = refs("check")
     rows = []
     for p in res["presets"]:
@@ -291,8 +287,7 @@ def check_block(refs: Refs) -> str:
 
 
 def model_changes_block(refs: Refs) -> str:
-    """Per preset: graphs after the model changed under them (recaptured, judged against float32),
-    the stamp check's cost per call, and the memory fused QKV costs with and without the old copy."""
+    """Per preset: graphs after the model changed under them, and what the stamp check and fused QKV cost."""
     res = refs("check")
     rows, notes = [], []
     for p in res["presets"]:

@@ -27,8 +27,7 @@ def shared_settings(rows: list[dict]) -> tuple[dict, list[str]]:
 
 
 def pr_config_table(res: dict) -> str:
-    """One row per named config of a ``--graph-config`` bench file (budgets, graphs, capture, memory,
-    padding waste, median per workload), then each "pr" median over the kit's."""
+    """One row per named config of a ``--graph-config`` bench file, then each "pr" median over the kit's."""
     df = need(frame(res), "mode", "graph_config", "median_ms", "padding_waste")
     df = df[(df["mode"] == "lab-graph") & df.graph_config.astype(bool) & df.graph_config.notna()]
     names, ws = list(dict.fromkeys(df.graph_config)), list(dict.fromkeys(df.workload))
@@ -68,8 +67,7 @@ def other_capture(refs: Refs, preset: str | None) -> str:
 @needs(ROLE, f"This reference set has no `{ROLE}` file: `python -m lfm2vl_lab record` on the GPU records it, and "
        "`python -m lfm2vl_lab report --tables-only` then draws the table here.")
 def pr_config_block(refs: Refs, res: dict) -> str:
-    """The PR's graph config beside the kit's; while the reference set has no ``pr-config`` file, a
-    sentence saying so (the page still builds and stays equal to what the generator writes)."""
+    """The PR's graph config beside the kit's, with the settings both ran with."""
     prov = res["provenance"]
     same, differ = shared_settings([r for r in res["rows"] if r.get("graph_config")] or [{}])
     note = (f"lab-graph on {preset_label(prov.get('preset', '?'))}, {prov.get('dtype')}: median ms of "
