@@ -50,8 +50,7 @@ def by_mode(rows: list[dict]) -> dict:
 def grid(df, values: str = "median_ms", modes=None) -> pd.DataFrame:
     """``values`` of :func:`medians` rows, workloads (in recorded order) by mode."""
     ws = list(dict.fromkeys(df.workload))
-    out = df.pivot(index="workload", columns="mode", values=values).reindex(ws)
-    return out.reindex(columns=modes) if modes is not None else out
+    return df.pivot(index="workload", columns="mode", values=values).reindex(index=ws, columns=modes)
 
 
 def cells(df, bold: str | None = None) -> pd.Series:

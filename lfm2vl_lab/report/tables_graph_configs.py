@@ -74,12 +74,11 @@ def pr_config_block(refs: Refs, res: dict) -> str:
             f"{prov.get('repeats')} timed calls per row, a stream of {prov.get('stream_n')} requests; both ran with "
             + ", ".join(f"{k}={v}" for k, v in same.items())
             + (f" (they differ in {', '.join(differ)})" if differ else "") + ".")
-    errors = [f"- {e.get('graph_config', e.get('mode'))} {e.get('workload', '')} ({e.get('stage')}): "
-              f"{short_error(e.get('error'))}" for e in res.get("errors") or []]
+    errors = "\n".join(f"- {e.get('graph_config', e.get('mode'))} {e.get('workload', '')} ({e.get('stage')}): "
+                       f"{short_error(e.get('error'))}" for e in res.get("errors") or [])
     other = other_capture(refs, prov.get("preset"))
-    parts = [note, pr_config_table(res)] + ([other] if other else []) \
-        + (["Errors in the file:\n\n" + "\n".join(errors)] if errors else [])
-    return "\n\n".join(parts + [refs.source(ROLE, *(["request-3b"] if other else []))])
+    return "\n\n".join(filter(None, [note, pr_config_table(res), other, errors and "Errors in the file:\n\n" + errors,
+                                     refs.source(ROLE, *(["request-3b"] if other else []))]))
 
 
 BLOCKS = {"pr-config": pr_config_block}
