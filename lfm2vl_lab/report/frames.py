@@ -114,12 +114,10 @@ class Refs:
         manifest's path."""
         if not roles:
             return f"Manifest: `{self.shown(manifest_path(self.gpu, self.root))}`."
-        parts = []
-        for role in roles:
-            res = self._cache.get(role) or self(role)
-            parts.append(f"`{self.shown(res)}` (role `{role}`{', partial' if res.get('_partial') else ''})")
+        parts = ", ".join(f"`{self.shown(self(r))}` (role `{r}`{', partial' if self(r).get('_partial') else ''})"
+                          for r in roles)  # a role read as a partial file is in the cache: self(r) finds it
         prov = self(roles[0])["provenance"]
-        return (("Files: " if len(roles) > 1 else "File: ") + ", ".join(parts)
+        return (("Files: " if len(roles) > 1 else "File: ") + parts
                 + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "
                 f"recorded {str(prov.get('date'))[:10]}.")
 
