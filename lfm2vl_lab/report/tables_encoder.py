@@ -42,9 +42,8 @@ def medians(df) -> pd.DataFrame:
 
 
 def by_mode(rows: list[dict]) -> dict:
-    """``{(mode, workload): row}`` of the file's rows that :func:`medians` keeps, as recorded."""
-    df = medians(pd.json_normalize(rows))
-    return {(m, w): rows[i] for i, m, w in zip(df.index, df["mode"], df.workload)}
+    """``{(mode, workload): row}`` of the rows :func:`medians` keeps (those with a median, the last of a key)."""
+    return {(r.get("mode"), r.get("workload")): r for r in rows if not missing(r.get("median_ms"))}
 
 
 def grid(df, values: str = "median_ms", modes=None) -> pd.DataFrame:
