@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..measure.floor import TARGETS as FLOOR_TARGETS
 from ..measure.floor import judge_targets, kernel_breakdown
+from ..measure.results import target_row
 from ..measure.trace_analysis import Gap, idle_gaps
 from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
@@ -56,9 +57,8 @@ def guard_goals(refs: Refs) -> list[dict]:
     from ..measure.check import STAMP_TARGET, preset_short
 
     judged = [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
-    return judged or [{"target": f"{preset_short(name)} pointer check per encode µs", "limit": limit, "value": None,
-                       "ok": False, "detail": "the set's check file predates this goal"}
-                      for name, limit in STAMP_TARGET.items()]
+    return judged or [target_row(f"{preset_short(name)} pointer check per encode µs", None, limit, False,
+                                 "the set's check file predates this goal") for name, limit in STAMP_TARGET.items()]
 
 
 # The kernels once graphed
@@ -86,12 +86,12 @@ def kernel_goals(refs: Refs) -> list[dict]:
     out = []
     for name, role, workload, field, limit in KERNEL_GOALS:
         v = (by_mode(refs(role)["rows"]).get(("lab-graph", workload)) or {}).get(field)
-        out.append({"target": name, "limit": limit, "value": v, "ok": v is not None and v <= limit, "detail": ""})
+        out.append(target_row(name, v, limit, v is not None and v <= limit))
     grid, eng = _grid_and_engine_decode(refs)
     ratio = grid / eng if grid and eng else None
-    out.append({"target": f"{KERNELS}450M decode per token in the TTFT grid / the engine's", "limit": DECODE_MATCH,
-                "value": ratio, "ok": ratio is not None and ratio <= DECODE_MATCH,
-                "detail": f"{ms(grid)} against {ms(eng)} ms" if ratio else "not in the set's files"})
+    out.append(target_row(f"{KERNELS}450M decode per token in the TTFT grid / the engine's", ratio, DECODE_MATCH,
+                          ratio is not None and ratio <= DECODE_MATCH,
+                          f"{ms(grid)} against {ms(eng)} ms" if ratio else "not in the set's files"))
     return out
 
 
@@ -135,10 +135,9 @@ def code_goals(refs: Refs | None = None) -> list[dict]:
 
     mods = _modules()
     lines, members = sum(t.count("\n") for t in mods.values()), len(protocol_members())
-    return [{"target": REPORT_GOAL, "limit": REPORT_LIMIT_LINES, "value": lines, "ok": lines <= REPORT_LIMIT_LINES,
-             "detail": f"{len(mods)} modules"},
-            {"target": "core's protocol (`EncoderGraphModel`), members", "limit": PROTOCOL_LIMIT, "value": members,
-             "ok": members <= PROTOCOL_LIMIT, "detail": "vLLM's `SupportsEncoderCudaGraph`: 11 methods"}]
+    return [target_row(REPORT_GOAL, lines, REPORT_LIMIT_LINES, lines <= REPORT_LIMIT_LINES, f"{len(mods)} modules"),
+            target_row("core's protocol (`EncoderGraphModel`), members", members, PROTOCOL_LIMIT,
+                       members <= PROTOCOL_LIMIT, "vLLM's `SupportsEncoderCudaGraph`: 11 methods")]
 
 
 def _is_phrase(node) -> bool:
