@@ -13,7 +13,7 @@ from lfm2vl_lab.report import frames, reference
 from lfm2vl_lab.report.reference import ReferenceError
 
 
-@pytest.mark.parametrize("role", frames.roles())
+@pytest.mark.parametrize("role", reference.roles())
 def test_every_role_of_the_reference_set_loads_with_its_provenance(role):
     df = frames.load(role)
     res = reference.load(role)

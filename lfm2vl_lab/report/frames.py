@@ -1,7 +1,6 @@
-"""The reference set as pandas DataFrames, and what the generated pages share: :func:`md` (the pages'
-Markdown), :class:`Refs` (each role's file read once, and the line naming a part's sources), the cell
-formats, and which row of one run a figure shows (:func:`pick_rows`: two rows of equal standing for
-one bar are rows of two runs, refused as :class:`MixedRuns`, never silently picked).
+"""The reference set as pandas DataFrames, and what the generated pages share: :func:`md` (their
+Markdown), :class:`Refs` (each role's file read once), the cell formats, and :func:`pick_rows` (rows of
+two runs for one bar are refused as :class:`MixedRuns`, never silently picked).
 
     >>> df = load("bench-450m")
     >>> df.pivot_table(index="workload", columns="mode", values="median_ms", sort=False)
@@ -38,28 +37,16 @@ def shown_path(path, base=None) -> str:
         return path.relative_to(base).as_posix() if base is not None else str(path)
 
 
-def _table_of(res: dict, table: str):
-    """``res[table]``, a dotted ``table`` reaching into sections (``reduce_overhead.rows``)."""
-    part = res
-    for key in table.split("."):
-        if not isinstance(part, dict) or key not in part:
-            lists = ", ".join(k for k, v in res.items() if isinstance(v, list) and not k.startswith("_")) or "none"
-            raise ReferenceError(f"{Path(res.get('_path', '?')).name} has no table {table!r} (lists at its top: "
-                                 f"{lists})")
-        part = part[key]
-    return part
-
-
 def frame(res: dict, table: str = "rows") -> pd.DataFrame:
     """A loaded file's ``table`` (default its ``rows``) as a DataFrame, nested dicts as dotted columns,
     provenance in ``attrs``; a file without rows (``check``) gives one row of its sections."""
     if table == "rows" and "rows" not in res:
         data = [{k: v for k, v in res.items() if k != "provenance" and not k.startswith("_")}]
+    elif isinstance(res.get(table), list):
+        data = res[table]
     else:
-        data = _table_of(res, table)
-        if not isinstance(data, list):
-            raise ReferenceError(f"{Path(res.get('_path', '?')).name}: {table!r} is a {type(data).__name__}, "
-                                 "not a list of rows")
+        lists = ", ".join(k for k, v in res.items() if isinstance(v, list) and not k.startswith("_")) or "none"
+        raise ReferenceError(f"{Path(res.get('_path', '?')).name} has no table {table!r} (lists at its top: {lists})")
     df = pd.json_normalize(data) if data else pd.DataFrame()
     df.attrs.update(provenance=res.get("provenance", {}), file=shown_path(res["_path"]) if "_path" in res else None,
                     role=res.get("_role"), code_hash=res.get("_code_hash"), partial=bool(res.get("_partial")))
@@ -67,19 +54,13 @@ def frame(res: dict, table: str = "rows") -> pd.DataFrame:
 
 
 def load(role: str, table: str = "rows", gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> pd.DataFrame:
-    """``role``'s file of the reference set as a DataFrame (:func:`frame`). A role the set lacks raises
-    :class:`~lfm2vl_lab.report.reference.ReferenceError`, naming the roles there are."""
+    """``role``'s file of the reference set as a DataFrame (:func:`frame`); a role the set lacks raises
+    :class:`~lfm2vl_lab.report.reference.ReferenceError`."""
     return frame(reference.load(role, gpu, root), table)
 
 
-def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
-    """The roles of the reference set, in the order they were recorded."""
-    return reference.roles(gpu, root)
-
-
 def md(df: pd.DataFrame) -> str:
-    """``df`` as one of the pages' Markdown tables (``to_markdown``): cells as they are, no padding,
-    a missing cell (None, NaN) as a dash, the index left out."""
+    """``df`` as one of the pages' Markdown tables: no padding, a missing cell as a dash, no index."""
     cells = df.astype(object).where(df.notna(), DASH)
     return cells.to_markdown(index=False, tablefmt=PAGE_TABLE, stralign=None, numalign=None, disable_numparse=True)
 
@@ -125,21 +106,18 @@ class Refs:
         return self._cache[key]
 
     def shown(self, res) -> str:
-        """A result file's path (or the file itself) as a reader finds it: from the repo root where it
-        lies in the repo, else from the results root's parent."""
+        """A result file's path (or the file itself) as :func:`shown_path`, else from the results root's parent."""
         return shown_path(res["_path"] if isinstance(res, dict) else res, self.root.resolve().parent)
 
     def source(self, *roles: str) -> str:
         """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions; no roles: the
-        manifest's path (a part drawn from the manifest alone)."""
+        manifest's path."""
         if not roles:
             return f"Manifest: `{self.shown(manifest_path(self.gpu, self.root))}`."
-        parts = []
-        for role in roles:
-            res = self._cache.get(role) or self(role)
-            parts.append(f"`{self.shown(res)}` (role `{role}`{', partial' if res.get('_partial') else ''})")
+        parts = ", ".join(f"`{self.shown(self(r))}` (role `{r}`{', partial' if self(r).get('_partial') else ''})"
+                          for r in roles)  # a role read as a partial file is in the cache: self(r) finds it
         prov = self(roles[0])["provenance"]
-        return (("Files: " if len(roles) > 1 else "File: ") + ", ".join(parts)
+        return (("Files: " if len(roles) > 1 else "File: ") + parts
                 + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "
                 f"recorded {str(prov.get('date'))[:10]}.")
 
@@ -259,8 +237,7 @@ def _pick_rank(r: dict) -> tuple:
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:
-    """One row per (mode, workload) of one run's timed rows: the default configuration's, else the
-    default graph settings', preferring a profiled row; a tie is two runs' rows (:class:`MixedRuns`)."""
+    """One row per (mode, workload) of one run's timed rows, ranked by :func:`_pick_rank`."""
     return one_per((r for r in rows if r.get("median_ms") is not None), lambda r: (r.get("mode"), r.get("workload")),
                    "pick_rows", rank=_pick_rank)
 

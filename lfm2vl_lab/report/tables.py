@@ -21,9 +21,7 @@ from . import (
 from .frames import Refs, TableError
 from .reference import REFERENCE_GPU, load_manifest
 
-OPEN = re.compile(r"<!-- table:([A-Za-z0-9._-]+) -->")
-CLOSE = "<!-- /table:{} -->"
-CLOSE_ANY = re.compile(r"<!-- /table:([A-Za-z0-9._-]+) -->")
+MARKER = re.compile(r"<!-- (/?)table:([A-Za-z0-9._-]+) -->")
 
 
 def blocks() -> dict[str, Callable[[Refs], str]]:
@@ -34,23 +32,20 @@ def blocks() -> dict[str, Callable[[Refs], str]]:
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
     """The marked parts of ``text``: ``(name, start, end)`` of what lies between each pair of markers."""
-    out, pos = [], 0
-    while True:
-        m = OPEN.search(text, pos)
-        stray = CLOSE_ANY.search(text, pos, m.start() if m else len(text))
-        if stray:
-            raise TableError(f"{where}: {stray.group(0)} closes a table that was never opened")
-        if m is None:
-            return out
-        name, close = m.group(1), CLOSE.format(m.group(1))
-        end = text.find(close, m.end())
-        if end < 0:
-            raise TableError(f"{where}: <!-- table:{name} --> is never closed (expected {close})")
-        inner = OPEN.search(text, m.end(), end)
-        if inner is not None:
-            raise TableError(f"{where}: <!-- table:{inner.group(1)} --> opens inside table {name!r}")
-        out.append((name, m.end(), end))
-        pos = end + len(close)
+    out, opened = [], None
+    for m in MARKER.finditer(text):
+        closes, name = m.group(1), m.group(2)
+        if closes and (opened is None or opened.group(2) != name):
+            raise TableError(f"{where}: {m.group(0)} closes a table that was never opened")
+        if not closes and opened is not None:
+            raise TableError(f"{where}: <!-- table:{name} --> opens inside table {opened.group(2)!r}")
+        if closes:
+            out.append((name, opened.end(), m.start()))
+        opened = None if closes else m
+    if opened is not None:
+        name = opened.group(2)
+        raise TableError(f"{where}: <!-- table:{name} --> is never closed (expected <!-- /table:{name} -->)")
+    return out
 
 
 def render_text(text: str, refs: Refs, where: str = "page", known: dict | None = None) -> str:

@@ -9,8 +9,7 @@ import pandas as pd
 
 from ..measure.floor import kernel_breakdown
 from ..measure.workloads import NXS, TILED_SIZE
-from . import frames
-from .frames import Refs, frame, md, missing, ms, need, pct, preset_label, span, table, times, verdict
+from .frames import KERNEL_OPTIONS, Refs, frame, md, missing, ms, need, pct, preset_label, span, table, times, verdict
 
 ENCODER_MODES = (("hf-eager", "transformers"), ("compile", "`compile`"), ("lab-eager", "packed, eager"),
                  ("lab-graph", "lab-graph"))
@@ -19,7 +18,6 @@ EARLIER_BENCH = "floor-20261201-015028.json"
 # What a result file records of the machine and libraries it ran on, compared field by field.
 MACHINE_FIELDS = (("gpu", "GPU"), ("platform", "platform"), ("host_cpu", "CPU"), ("cpu_count", "CPU count"),
                   ("torch", "torch"), ("cuda", "CUDA"), ("transformers", "transformers"), ("python", "Python"))
-KERNEL_OPTIONS = tuple(frames.KERNEL_OPTIONS)  # the kernel options' row names
 DEFAULT_GRAPH = ("budget_set", "cu_rule", "max_seqlen_mode", "attention", *KERNEL_OPTIONS)
 
 
@@ -44,16 +42,14 @@ def medians(df) -> pd.DataFrame:
 
 
 def by_mode(rows: list[dict]) -> dict:
-    """``{(mode, workload): row}`` of the file's rows that :func:`medians` keeps, as recorded."""
-    df = medians(pd.json_normalize(rows))
-    return {(m, w): rows[i] for i, m, w in zip(df.index, df["mode"], df.workload)}
+    """``{(mode, workload): row}`` of the rows :func:`medians` keeps (those with a median, the last of a key)."""
+    return {(r.get("mode"), r.get("workload")): r for r in rows if not missing(r.get("median_ms"))}
 
 
 def grid(df, values: str = "median_ms", modes=None) -> pd.DataFrame:
     """``values`` of :func:`medians` rows, workloads (in recorded order) by mode."""
     ws = list(dict.fromkeys(df.workload))
-    out = df.pivot(index="workload", columns="mode", values=values).reindex(ws)
-    return out.reindex(columns=modes) if modes is not None else out
+    return df.pivot(index="workload", columns="mode", values=values).reindex(index=ws, columns=modes)
 
 
 def cells(df, bold: str | None = None) -> pd.Series:
@@ -64,8 +60,7 @@ def cells(df, bold: str | None = None) -> pd.Series:
 
 
 def encoder_table(res: dict) -> str:
-    """Median ms per mode and workload (GPU-busy ms of one profiled call in brackets), and lab-graph's
-    speedup over transformers."""
+    """Median ms per mode and workload (:func:`cells`), and lab-graph's speedup over transformers."""
     df, modes = medians(frame(res)), [m for m, _ in ENCODER_MODES]
     med = grid(df, modes=modes)
     out = pd.DataFrame({"workload": [workload_label(w, res["provenance"].get("stream_n")) for w in med.index],
@@ -114,18 +109,16 @@ def with_options(df, on: dict) -> pd.DataFrame:
 
 
 def kernel_classes_block(refs: Refs) -> str:
-    """The kernel classes of one profiled 1x512 call: lab-graph with every kernel option off and on
-    (``kernels``), and transformers (``bench-450m``)."""
+    """The kernel classes of one profiled 1x512 call: lab-graph, kernel options off and on, and transformers."""
     k, bench = refs.frame("kernels"), medians(refs.frame("bench-450m"))
     picked = {"lab-graph, options off": ("kernels", with_options(k, dict.fromkeys(KERNEL_OPTIONS, False))),
               "lab-graph, options on": ("kernels", with_options(k, dict.fromkeys(KERNEL_OPTIONS, True))),
               "transformers": ("bench-450m", bench[bench["mode"] == "hf-eager"])}
     parts = {label: kernel_breakdown(refs(role)["rows"][rows.index[rows.workload == "1x512"][0]])
              for label, (role, rows) in picked.items() if (rows.workload == "1x512").any()}
-    count = pd.DataFrame({label: {c: v["count"] for c, v in p.items()} for label, p in parts.items()})
-    us = pd.DataFrame({label: {c: v["us"] for c, v in p.items()} for label, p in parts.items()})
     classes = list(dict.fromkeys(c for p in parts.values() for c in p))
-    count, us = count.reindex(classes), us.reindex(classes)
+    count, us = (pd.DataFrame({label: {c: v[k] for c, v in p.items()} for label, p in parts.items()}).reindex(classes)
+                 for k in ("count", "us"))
     out = count.map(lambda n: f"{n:.0f} · ", na_action="ignore") + us.map(lambda u: f"{u:.0f} µs")
     out.loc["**total**"] = "**" + count.sum().map("{:.0f} · ".format) + us.sum().map("{:.0f} µs**".format)
     memsets = ", ".join(f"{n:.0f} ({label})" for label, n in count.reindex(["memset"]).fillna(0).iloc[0].items())
@@ -172,8 +165,7 @@ def attention_block(refs: Refs) -> str:
 
 
 def sweep_table(res: dict, keys: tuple) -> str:
-    """One row per configuration (``keys``), lab-graph's median per workload, then the stream's padding
-    waste where there is a stream, the graphs' MiB and capture s."""
+    """One row per configuration (``keys``): lab-graph's median per workload, the graphs' cost."""
     df = need(frame(res), "padding_waste").assign(config=configs(res, keys))
     mine = df.drop_duplicates(["config", "workload"], keep="last")
     ws, names = list(dict.fromkeys(df.workload)), list(dict.fromkeys(df.config))
@@ -269,8 +261,7 @@ def busy_over_wall_block(refs: Refs) -> str:
 
 
 def check_block(refs: Refs) -> str:
-    """Per preset: parity against transformers, the host-sync check, graph replay against eager for every
-    budget and rule, aliasing and the oversize fallback."""
+    """Per preset: the ``check`` file's verdicts, one column per check."""
     res = refs("check")
     rows = []
     for p in res["presets"]:
@@ -294,8 +285,7 @@ def check_block(refs: Refs) -> str:
 
 
 def model_changes_block(refs: Refs) -> str:
-    """Per preset: graphs after the model changed under them (recaptured, judged against float32),
-    the stamp check's cost per call, and the memory fused QKV costs with and without the old copy."""
+    """Per preset: graphs after the model changed under them, and what the stamp check and fused QKV cost."""
     res = refs("check")
     rows, notes = [], []
     for p in res["presets"]:

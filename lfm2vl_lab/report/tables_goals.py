@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from ..measure.floor import TARGETS as FLOOR_TARGETS
 from ..measure.floor import judge_targets, kernel_breakdown
+from ..measure.results import target_row
 from ..measure.trace_analysis import Gap, idle_gaps
 from ..measure.ttft import CPU_INPUT_WORKLOADS, mode_name
 from ..measure.ttft import TARGETS as TTFT_TARGETS
@@ -44,7 +46,7 @@ def request_goals(refs: Refs) -> list[dict]:
     """The whole-request run's goals, a goal judged again under today's limit saying what it was recorded under."""
     from ..measure.request import goals_of
 
-    if "request-3b" not in refs.manifest.get("files", {}):
+    if not refs.has("request-3b"):
         return []
     return [dict(t, detail="; ".join(filter(None, [t.get("detail"), f"recorded under ≤ {t['recorded_limit']:g} s"])))
             if "recorded_limit" in t else t for t in goals_of(refs("request-3b"))]
@@ -55,9 +57,8 @@ def guard_goals(refs: Refs) -> list[dict]:
     from ..measure.check import STAMP_TARGET, preset_short
 
     judged = [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
-    return judged or [{"target": f"{preset_short(name)} pointer check per encode µs", "limit": limit, "value": None,
-                       "ok": False, "detail": "the set's check file predates this goal"}
-                      for name, limit in STAMP_TARGET.items()]
+    return judged or [target_row(f"{preset_short(name)} pointer check per encode µs", None, limit, False,
+                                 "the set's check file predates this goal") for name, limit in STAMP_TARGET.items()]
 
 
 # The kernels once graphed
@@ -85,12 +86,12 @@ def kernel_goals(refs: Refs) -> list[dict]:
     out = []
     for name, role, workload, field, limit in KERNEL_GOALS:
         v = (by_mode(refs(role)["rows"]).get(("lab-graph", workload)) or {}).get(field)
-        out.append({"target": name, "limit": limit, "value": v, "ok": v is not None and v <= limit, "detail": ""})
+        out.append(target_row(name, v, limit, v is not None and v <= limit))
     grid, eng = _grid_and_engine_decode(refs)
     ratio = grid / eng if grid and eng else None
-    out.append({"target": f"{KERNELS}450M decode per token in the TTFT grid / the engine's", "limit": DECODE_MATCH,
-                "value": ratio, "ok": ratio is not None and ratio <= DECODE_MATCH,
-                "detail": f"{ms(grid)} against {ms(eng)} ms" if ratio else "not in the set's files"})
+    out.append(target_row(f"{KERNELS}450M decode per token in the TTFT grid / the engine's", ratio, DECODE_MATCH,
+                          ratio is not None and ratio <= DECODE_MATCH,
+                          f"{ms(grid)} against {ms(eng)} ms" if ratio else "not in the set's files"))
     return out
 
 
@@ -134,10 +135,9 @@ def code_goals(refs: Refs | None = None) -> list[dict]:
 
     mods = _modules()
     lines, members = sum(t.count("\n") for t in mods.values()), len(protocol_members())
-    return [{"target": REPORT_GOAL, "limit": REPORT_LIMIT_LINES, "value": lines, "ok": lines <= REPORT_LIMIT_LINES,
-             "detail": f"{len(mods)} modules"},
-            {"target": "core's protocol (`EncoderGraphModel`), members", "limit": PROTOCOL_LIMIT, "value": members,
-             "ok": members <= PROTOCOL_LIMIT, "detail": "vLLM's `SupportsEncoderCudaGraph`: 11 methods"}]
+    return [target_row(REPORT_GOAL, lines, REPORT_LIMIT_LINES, lines <= REPORT_LIMIT_LINES, f"{len(mods)} modules"),
+            target_row("core's protocol (`EncoderGraphModel`), members", members, PROTOCOL_LIMIT,
+                       members <= PROTOCOL_LIMIT, "vLLM's `SupportsEncoderCudaGraph`: 11 methods")]
 
 
 def _is_phrase(node) -> bool:
@@ -149,15 +149,13 @@ def _is_phrase(node) -> bool:
 def line_kinds(text: str) -> dict[str, int]:
     """A module's lines by what they hold: ``docs`` (docstrings, comment lines, blank lines), ``wording``
     (a line with a phrase in a string literal: what the pages print) and ``code`` (the rest)."""
-    tree = ast.parse(text)
-    doc, words = set(), set()
-    for node in ast.walk(tree):
+    doc, words = set(), set()  # a docstring is a phrase too: its lines count as docs, below
+    for node in ast.walk(ast.parse(text)):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
                 isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
             doc.update(range(body[0].lineno, body[0].end_lineno + 1))
-    for node in ast.walk(tree):
-        if _is_phrase(node) and node.lineno not in doc:
+        if _is_phrase(node):
             words.update(range(node.lineno, node.end_lineno + 1))
     kinds = {"docs": 0, "wording": 0, "code": 0}
     for i, line in enumerate(text.splitlines(), 1):
@@ -171,10 +169,7 @@ def explain_report_layer(refs: Refs | None = None) -> str:
     """Where the report layer's lines are: its largest modules, and its lines by kind."""
     mods = _modules()
     sizes = sorted(((t.count("\n"), name) for name, t in mods.items()), reverse=True)
-    kinds = {"docs": 0, "wording": 0, "code": 0}
-    for text in mods.values():
-        for k, v in line_kinds(text).items():
-            kinds[k] += v
+    kinds = sum((Counter(line_kinds(text)) for text in mods.values()), Counter())
     return facts([["the five largest modules", ", ".join(f"`{name}` {n}" for n, name in sizes[:5])],
                   ["docstrings, comment and blank lines", f"{kinds['docs']:,}"],
                   ["lines with the pages' wording (a phrase in a string literal)", f"{kinds['wording']:,}"],
@@ -373,7 +368,7 @@ def explain_pr_capture(refs: Refs) -> str:
     rows = [[str(c["budget"]), len(c["variants"]), ms(c["capture_s"]), f"{c['total_mb']:.0f}"] for c in cap]
     rows.append([f"all, {preset_label(setup['preset'])} (`request-3b`)", sum(len(c["variants"]) for c in cap),
                  ms(sum(c["capture_s"] for c in cap)), f"{sum(c['total_mb'] for c in cap):.0f}"])
-    if "pr-config" in refs.manifest.get("files", {}):
+    if refs.has("pr-config"):
         rows += [[f"`{r['graph_config']}` set in the encoder bench (`pr-config`)", None, ms(r["capture_s"]),
                   f"{r['graph_total_mb']:.0f}"] for r in {r.get("graph_config"): r for r in refs("pr-config")["rows"]
                                                           if r.get("capture_s") is not None}.values()

@@ -27,8 +27,7 @@ def shared_settings(rows: list[dict]) -> tuple[dict, list[str]]:
 
 
 def pr_config_table(res: dict) -> str:
-    """One row per named config of a ``--graph-config`` bench file (budgets, graphs, capture, memory,
-    padding waste, median per workload), then each "pr" median over the kit's."""
+    """One row per named config of a ``--graph-config`` bench file, then each "pr" median over the kit's."""
     df = need(frame(res), "mode", "graph_config", "median_ms", "padding_waste")
     df = df[(df["mode"] == "lab-graph") & df.graph_config.astype(bool) & df.graph_config.notna()]
     names, ws = list(dict.fromkeys(df.graph_config)), list(dict.fromkeys(df.workload))
@@ -68,20 +67,18 @@ def other_capture(refs: Refs, preset: str | None) -> str:
 @needs(ROLE, f"This reference set has no `{ROLE}` file: `python -m lfm2vl_lab record` on the GPU records it, and "
        "`python -m lfm2vl_lab report --tables-only` then draws the table here.")
 def pr_config_block(refs: Refs, res: dict) -> str:
-    """The PR's graph config beside the kit's; while the reference set has no ``pr-config`` file, a
-    sentence saying so (the page still builds and stays equal to what the generator writes)."""
+    """The PR's graph config beside the kit's, with the settings both ran with."""
     prov = res["provenance"]
     same, differ = shared_settings([r for r in res["rows"] if r.get("graph_config")] or [{}])
     note = (f"lab-graph on {preset_label(prov.get('preset', '?'))}, {prov.get('dtype')}: median ms of "
             f"{prov.get('repeats')} timed calls per row, a stream of {prov.get('stream_n')} requests; both ran with "
             + ", ".join(f"{k}={v}" for k, v in same.items())
             + (f" (they differ in {', '.join(differ)})" if differ else "") + ".")
-    errors = [f"- {e.get('graph_config', e.get('mode'))} {e.get('workload', '')} ({e.get('stage')}): "
-              f"{short_error(e.get('error'))}" for e in res.get("errors") or []]
+    errors = "\n".join(f"- {e.get('graph_config', e.get('mode'))} {e.get('workload', '')} ({e.get('stage')}): "
+                       f"{short_error(e.get('error'))}" for e in res.get("errors") or [])
     other = other_capture(refs, prov.get("preset"))
-    parts = [note, pr_config_table(res)] + ([other] if other else []) \
-        + (["Errors in the file:\n\n" + "\n".join(errors)] if errors else [])
-    return "\n\n".join(parts + [refs.source(ROLE, *(["request-3b"] if other else []))])
+    return "\n\n".join(filter(None, [note, pr_config_table(res), other, errors and "Errors in the file:\n\n" + errors,
+                                     refs.source(ROLE, *(["request-3b"] if other else []))]))
 
 
 BLOCKS = {"pr-config": pr_config_block}

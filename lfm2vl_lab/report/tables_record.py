@@ -125,8 +125,7 @@ def setup_seconds(res: dict) -> dict[str, float]:
 
 
 def explain_record(refs: Refs) -> str:
-    """Per step its seconds and the compiles and captures its file records; how the steps were launched; the
-    repeats' spread."""
+    """Per step its seconds, compiles and captures; how the steps were launched; the repeats' spread."""
     secs = _record_seconds(refs)
     setup = {r: setup_seconds(refs(r)) for _, r in secs}
     rows = [[f"`{r}`", f"{v:.0f}", ms(setup[r]["compile"], 1) if setup[r]["compile"] else None,
