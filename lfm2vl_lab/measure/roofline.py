@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..core.capture import capture_graph
+
 BF16 = 2  # bytes per element of every tensor measured here
 # N of the boundary graphs; the slope is fitted over those whose replay the GPU bounds (at N >= 256 a
 # replay outlasts its own launch by far), the smaller ones show the graph launch itself
@@ -89,18 +91,10 @@ def _spread(samples: list[float]) -> dict:
 
 
 def graph_us(calls: list[Callable[[], object]], replays: int, trials: int) -> list[float]:
-    """µs per call of ``calls``: each captured once, in order, in one graph, which is replayed ``replays``
-    times back to back per trial, timed with CUDA events; one value per trial."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture: cuBLAS workspaces, Triton's compile
-        for fn in calls[:3]:
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
+    """µs per call of ``calls``: each captured once, in order, in one graph (the kit's capture recipe,
+    :func:`~lfm2vl_lab.core.capture.capture_graph`), which is replayed ``replays`` times back to back per
+    trial, timed with CUDA events; one value per trial."""
+    graph = capture_graph(lambda: [fn() for fn in calls], warmup=2)
     for _ in range(3):
         graph.replay()
     out = []
