@@ -24,6 +24,7 @@ from .plots import (
     speedup_figure,
     timeline_figure,
 )
+from .plots_roofline import boundary_figure, roofline_figure
 from .plots_ttft import decode_figure, e2e_figure, ttft_breakdown_figure, ttft_grid_figure
 from .tables import run_tables
 from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure, with_pipeline
@@ -41,7 +42,10 @@ SPECIAL_ROLES = {  # roles with figures of their own: role -> {file suffix: (fig
 WHOLE_FILE_ROLES = {
     "vllm": {"cuts": (vllm_cuts_figure, "Encoder graphs inside vLLM and in the kit's pipeline: the cuts, paired"),
              "breakdown": (vllm_breakdown_figure, "Where the first token's time goes, vLLM and the kit's pipeline")},
+    "roofline": {"": (roofline_figure, "A decode step's kernels under the GPU's roofs"),
+                 "boundary": (boundary_figure, "A kernel boundary inside a graph, against an eager launch")},
 }
+VLLM_ROLE = "vllm"  # its whole-file figures draw the kit's pipeline file beside vLLM's
 NO_TIMELINE = "no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)"
 
 
@@ -113,9 +117,10 @@ def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
             jobs += _bench_jobs(slug, res, budgets)
         whole, prov = role in WHOLE_FILE_ROLES, res.get("provenance", {})
         held = f" (partial: {', '.join(res.get('presets', {}))} so far)" if res.get("_partial") else ""
-        what = f"vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}" if whole else prov.get("dtype")
+        vllm = role == VLLM_ROLE
+        what = f"vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}" if vllm else prov.get("dtype")
         # a whole-file figure of vLLM's A/B draws the kit's pipeline file beside it, and names both
-        drawn = with_pipeline(res, files.get("pipeline")) if whole else res
+        drawn = with_pipeline(res, files.get("pipeline")) if vllm else res
         sources = drawn.get("files", [res])
         for suffix, (make_fig, short) in {**SPECIAL_ROLES, **WHOLE_FILE_ROLES}.get(role, {}).items():
             title = f"{short} — {what}\n" + "\n".join(recorded_tag(f) for f in sources)
