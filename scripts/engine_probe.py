@@ -7,8 +7,8 @@ request and of eight, timed in alternating turns, and one profiled call of each 
 are compared between the engines. Prints as it goes; ``--json`` writes the numbers.
 
 Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or
-not), and ``fused-gemv``: the fused engine compiled with the decode step's linears through the Triton
-GEMV (:mod:`lfm2vl_lab.kernels.gemv`), which no role's engine runs yet.
+not) with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine as the kit builds it,
+its linears of at most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`).
 
     python scripts/engine_probe.py --preset lfm2-vl-450m --json probe.json
     python scripts/engine_probe.py --modes plain,fused,fused-gemv --json probe.json
@@ -17,7 +17,6 @@ GEMV (:mod:`lfm2vl_lab.kernels.gemv`), which no role's engine runs yet.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -55,24 +54,6 @@ def profile_step(fn, top: int = 12) -> dict:
             "all": [{"name": k[:90], "calls": c, "us": round(t, 1)} for k, (c, t) in per.items()]}
 
 
-@contextlib.contextmanager
-def linears_through_gemv(on: bool):
-    """``fused-gemv``: while the engine compiles and captures, every ``F.linear`` (nn.Linear's too) is
-    :func:`~lfm2vl_lab.kernels.gemv.decode_linear`, so the decode step's linears of at most four rows
-    run the Triton GEMV and a prefill's stay torch's. Dynamo guards on the function it traced, so the
-    same layer functions compile apart for this engine (the profile's ``gemv`` kernels show it)."""
-    if not on:
-        yield
-        return
-    from lfm2vl_lab.kernels.gemv import decode_linear
-
-    torch_linear, torch.nn.functional.linear = torch.nn.functional.linear, decode_linear()
-    try:
-        yield
-    finally:
-        torch.nn.functional.linear = torch_linear
-
-
 def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> dict:
     model = build_model(name, dtype=torch.bfloat16, device="cuda", text_layers="full")
     lm = model.model.language_model
@@ -86,9 +67,9 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> d
     for mode in fuse_modes:
         FUSE_COMPILE["dynamic"] = {"fused": None, "fused-static": False}.get(mode)
         t0 = time.perf_counter()
-        eng = TextEngine(model, max_batch=8, max_len=512, fuse=mode != "plain")
-        with linears_through_gemv(mode == "fused-gemv"):  # compiled (and captured) with the kernel in
-            info = eng.capture([(1, length), (8, length)])
+        eng = TextEngine(model, max_batch=8, max_len=512, fuse=mode != "plain",
+                         gemv=(mode == "fused-gemv") if mode != "plain" else None)
+        info = eng.capture([(1, length), (8, length)])
         wall = time.perf_counter() - t0
         print(f"{mode}: compile {info['compile_s']:.1f} s, capture {info['capture_s']:.2f} s, wall {wall:.1f} s",
               flush=True)

@@ -110,6 +110,45 @@ def test_fused_engine_follows_a_model_that_moves(traced):
     assert torch.equal(got[0], ref[0]) and rel(got[1], ref[1]) < 1e-10
 
 
+@torch.no_grad()
+def test_every_linear_of_the_fused_engine_runs_through_its_router(model, monkeypatch):
+    """The fused engine hands each layer its own ``decode_linear`` router (on a GPU: the Triton GEMV
+    for rows of at most four): a decode step calls it for every linear of every layer and the LM head,
+    one row each, and a prefill for its hundreds of rows (where the router picks torch's own). The
+    layer functions run uncompiled here, so every call is counted, not only the one dynamo traces."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+
+    class CountingRouter:
+        def __call__(self, x, weight, bias=None):
+            calls.append((x.numel() // x.shape[-1], tuple(weight.shape)))
+            return F.linear(x, weight, bias)
+
+    monkeypatch.setattr(engine_mod, "decode_linear", CountingRouter)
+    fused = TextEngine(model, max_batch=1, max_len=128, fuse=True)
+    fused.capture([(1, 40)], record=eager_stand_in)
+    emb = prompts(model, [40])
+    fused.prompt(1, 40).copy_(emb)
+    fused.prefill([40])
+    fused.sample()
+    calls.clear()
+    fused.decode(1)
+    lm = fused.lm
+    per_layer = [4 for _ in lm.layers]  # q/k/v or in_proj, out_proj, w1/w3 as one, w2
+    assert len(calls) == sum(per_layer) + 1 and {rows for rows, _ in calls} == {1}
+    assert calls[-1][1] == tuple(fused.lm_head.weight.shape)
+    calls.clear()
+    fused.prefill([40])
+    assert len(calls) == sum(per_layer) and {rows for rows, _ in calls} == {64}  # the 64-position bucket
+
+
+def test_gemv_without_fuse_is_refused_in_one_line(model):
+    with pytest.raises(ValueError, match=r"^gemv=True needs fuse=True"):
+        TextEngine(model, max_batch=1, max_len=128, gemv=True)
+    assert TextEngine(model, max_batch=1, max_len=128, fuse=True, gemv=False).linear is None
+    assert TextEngine(model, max_batch=1, max_len=128).linear is None
+
+
 @pytest.mark.parametrize("length", [1, 7])
 def test_short_conv_as_a_sum_equals_conv1d(length):
     """The fused depthwise convolution (a weighted sum of shifted slices) equals ``F.conv1d``, with
@@ -216,3 +255,30 @@ def test_fused_and_unfused_graphs_give_the_same_tokens_in_fp32():
         out.append(tokens_and_logits(eng, emb, [280, 211], 16))
         assert not eng.stats.eager
     assert torch.equal(out[0][0], out[1][0]) and rel(out[1][1], out[0][1]) < 1e-4
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_fused_decode_runs_every_linear_as_the_triton_gemv():
+    """bf16, 450M, one request: a replay of the fused engine's decode graph launches the Triton GEMV
+    once per linear (four per layer and the LM head), and with ``gemv=False`` not at all; both give
+    finite logits (their accuracy against float32: the bucket test above, which runs the GEMV)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _gpu_model(torch.bfloat16)
+    H = model.config.text_config.hidden_size
+    emb = torch.randn(1, 280, H, device="cuda", dtype=torch.bfloat16)
+    linears = 4 * len(model.model.language_model.layers) + 1
+    counts = {}
+    for gemv in (True, False):
+        eng = TextEngine(model, max_batch=1, max_len=512, fuse=True, gemv=gemv)
+        eng.capture([(1, 280)])
+        logits = tokens_and_logits(eng, emb, [280], 2)[1]
+        assert torch.isfinite(logits.float()).all() and not eng.stats.eager
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            eng.decode(1)
+            torch.cuda.synchronize()
+        counts[gemv] = sum(e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("gemv_kernel")
+                           for e in prof.events())
+    assert counts == {True: linears, False: 0}

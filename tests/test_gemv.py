@@ -68,6 +68,14 @@ INTERPRETED = textwrap.dedent("""
     out["shared"] = {"sizes": list(sizes), "rel": [rel(p, F.linear(x.float(), w.float(), b.float()))
                                                     for p, w, b in zip(parts, ws, bs)],
                      "equal_to_separate": [torch.equal(p, G.gemv(x, w, b, cfg)) for p, w, b in zip(parts, ws, bs)]}
+    from torch._dynamo.testing import CompileCounter
+    counter = CompileCounter()
+    fn = torch.compile(lambda a, w, s: torch.ops.lfm2vl.gemv(a, w, None, s), backend=counter, fullgraph=True)
+    G.gemv_op()
+    x, w = torch.randn(1, 70, generator=g).bfloat16(), torch.randn(40, 70, generator=g).bfloat16()
+    ys = [fn(x, w, torch.tensor(space)) for space in (201, 202)]
+    out["spaces"] = {"frames": counter.frame_count, "rel": [rel(y, F.linear(x.float(), w.float())) for y in ys],
+                     "used": sorted({key[0] for key in G._WORKSPACES if key[0] in (201, 202)})}
     print("RESULT " + json.dumps(out))
 """)
 
@@ -181,8 +189,8 @@ def test_the_table_keeps_small_shapes_legal():
 
 
 def test_decode_linear_is_torchs_own_where_the_kernel_does_not_run_and_compiles_whole():
-    """On the CPU every call stays torch's F.linear, bit for bit; routed through F.linear (as nn.Linear
-    calls it), torch.compile traces it with no graph break, and compiles again once the routing is undone."""
+    """On the CPU every call stays torch's F.linear, bit for bit, and torch.compile traces a function
+    that calls it (as the engine's layer functions do) with no graph break."""
     from torch._dynamo.testing import CompileCounter
 
     from lfm2vl_lab.kernels.gemv import decode_linear
@@ -192,22 +200,41 @@ def test_decode_linear_is_torchs_own_where_the_kernel_does_not_run_and_compiles_
     linear = decode_linear()
     assert torch.equal(linear(x, m.weight, m.bias), F.linear(x, m.weight, m.bias))
     counter = CompileCounter()
-    torch_linear, torch.nn.functional.linear = torch.nn.functional.linear, linear
-    try:
-        routed = torch.compile(lambda a: m(a) * 2, backend=counter, fullgraph=True)(x)
-    finally:
-        torch.nn.functional.linear = torch_linear
+    routed = torch.compile(lambda a: linear(a, m.weight, m.bias) * 2, backend=counter, fullgraph=True)(x)
     assert torch.equal(routed, m(x) * 2) and counter.frame_count == 1
-    torch.compile(lambda a: m(a) * 2, backend=counter, fullgraph=True)(x)
-    assert counter.frame_count == 2  # dynamo guarded on the routed function: torch's own compiles apart
 
 
 def test_the_custom_op_is_the_kernels_product():
     from lfm2vl_lab.kernels.gemv import gemv_op
 
     x, w, b = torch.randn(2, 64).bfloat16(), torch.randn(48, 64).bfloat16(), torch.randn(48).bfloat16()
-    assert torch.equal(torch.ops.lfm2vl.gemv(x, w, b, 0), torch_gemv(x, w, b))
-    torch.library.opcheck(gemv_op(), (x, w, b, 0))  # its fake (shape-only) version agrees with it
+    space = torch.tensor(0)
+    assert torch.equal(torch.ops.lfm2vl.gemv(x, w, b, space), torch_gemv(x, w, b))
+    torch.library.opcheck(gemv_op(), (x, w, b, space))  # its fake (shape-only) version agrees with it
+
+
+def test_one_compiled_function_uses_each_routers_own_workspaces(interpreted):
+    """The kernel in Triton's interpreter, behind torch.compile: one compiled function, called with two
+    routers' spaces, splits K into each space's own workspace (a graph captured for one engine holds
+    that engine's buffers), and both products are right."""
+    spaces = interpreted["spaces"]
+    assert spaces["frames"] == 1 and spaces["used"] == [201, 202] and max(spaces["rel"]) <= TOL
+
+
+def test_routers_of_several_engines_share_one_compiled_function():
+    """Each router names its own workspaces, yet a function compiled with one router serves the next
+    without compiling again: a second engine on the same model does not pay the first one's compile."""
+    from torch._dynamo.testing import CompileCounter
+
+    from lfm2vl_lab.kernels.gemv import decode_linear
+
+    counter = CompileCounter()
+    fn = torch.compile(lambda a, w, linear: linear(a, w) * 2, backend=counter, fullgraph=True)
+    x, w = torch.randn(1, 64), torch.randn(32, 64)
+    routers = [decode_linear() for _ in range(3)]
+    for linear in routers:
+        assert torch.equal(fn(x, w, linear), F.linear(x, w) * 2)
+    assert counter.frame_count == 1 and len({int(r.space) for r in routers}) == 3
 
 
 def test_each_space_has_workspaces_of_its_own():
@@ -287,6 +314,14 @@ NORM_INTERPRETED = textwrap.dedent("""
     out["shared"] = {"rel": [rel(p, ref(x, nw, w, None)) for p, w in zip(parts, ws)],
                      "equal_to_separate": [torch.equal(p, G.gemv_rmsnorm(x, nw, EPS, w, None, cfg))
                                            for p, w in zip(parts, ws)]}
+    from torch._dynamo.testing import CompileCounter
+    counter = CompileCounter()
+    fn = torch.compile(lambda a, w, s: torch.ops.lfm2vl.gemv(a, w, None, s), backend=counter, fullgraph=True)
+    G.gemv_op()
+    x, w = torch.randn(1, 70, generator=g).bfloat16(), torch.randn(40, 70, generator=g).bfloat16()
+    ys = [fn(x, w, torch.tensor(space)) for space in (201, 202)]
+    out["spaces"] = {"frames": counter.frame_count, "rel": [rel(y, F.linear(x.float(), w.float())) for y in ys],
+                     "used": sorted({key[0] for key in G._WORKSPACES if key[0] in (201, 202)})}
     print("RESULT " + json.dumps(out))
 """)
 

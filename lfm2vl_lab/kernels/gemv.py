@@ -295,37 +295,46 @@ _F_LINEAR = torch.nn.functional.linear  # torch's own, whatever a caller later r
 _SPACES = itertools.count(1)  # workspace names for decode_linear's routers (0: direct calls of gemv)
 
 
-def _gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, space: int) -> torch.Tensor:
-    return gemv(x, weight, bias, space=space)
+def _gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, space: torch.Tensor) -> torch.Tensor:
+    return gemv(x, weight, bias, space=int(space))
 
 
 @functools.cache
 def gemv_op():
-    """:func:`gemv` as a torch custom op, ``torch.ops.lfm2vl.gemv``: torch.compile keeps it as one opaque
-    call (traced as itself, it would be lowered to inductor's own GEMM), and a captured graph holds the
-    Triton kernel it launches. Registered on first use."""
+    """:func:`gemv` as a torch custom op, ``torch.ops.lfm2vl.gemv(x, weight, bias, space)``: torch.compile
+    keeps it as one opaque call (traced as itself, it would be lowered to inductor's own GEMM), and a
+    captured graph holds the Triton kernel it launches. ``space`` is the workspace's name as a CPU
+    scalar tensor: a graph input, so one compiled graph serves every router (an ``int`` would be
+    a constant, compiled again for each). Registered on first use."""
     op = torch.library.custom_op("lfm2vl::gemv", _gemv_op, mutates_args=())
     op.register_fake(lambda x, weight, bias, space: x.new_empty((*x.shape[:-1], weight.shape[0])))
     return op
 
 
-def decode_linear():
-    """A drop-in ``F.linear`` that sends a decode step's linears (at most :data:`MAX_M` rows, 16-bit,
-    on CUDA, a contiguous weight) to the kernel and everything else (a prefill's hundreds of rows) to
-    torch's own. It reads only tensor properties, so torch.compile traces it whole (``fullgraph``).
+class DecodeLinear:
+    """A drop-in ``F.linear`` (``linear(x, weight, bias)``) that sends a decode step's linears (at most
+    :data:`MAX_M` rows, 16-bit, on CUDA, a contiguous weight) to the kernel and everything else (a
+    prefill's hundreds of rows) to torch's own. It reads only tensor properties, so torch.compile
+    traces it whole (``fullgraph``).
 
-    Each call of this function makes a router with split-K workspaces of its own: an engine that makes
-    one never shares a buffer with another engine's graphs, which another thread may replay at the same
-    time on another stream."""
-    op = gemv_op()
-    on = triton_available()  # decided here, once: a call inside a traced function must not ask
-    space = next(_SPACES)
+    Each router has split-K workspaces of its own (``space``): an engine that makes one never shares
+    a buffer with another engine's graphs, which another thread may replay at the same time on another
+    stream. The space is a tensor, not part of the traced code, so routers of several engines share
+    one compiled function instead of each compiling its own."""
 
-    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if (on and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+    def __init__(self):
+        self.op = gemv_op()
+        self.on = triton_available()  # decided here, once: a call inside a traced function must not ask
+        self.space = torch.tensor(next(_SPACES))
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if (self.on and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
                 and weight.dim() == 2 and weight.is_contiguous() and x.shape[-1] == weight.shape[1]
                 and x.numel() <= MAX_M * weight.shape[1] and (bias is None or bias.dtype == x.dtype)):
-            return op(x, weight, bias, space)
+            return self.op(x, weight, bias, self.space)
         return _F_LINEAR(x, weight, bias)
 
-    return linear
+
+def decode_linear() -> DecodeLinear:
+    """A new router (:class:`DecodeLinear`) with workspaces of its own."""
+    return DecodeLinear()

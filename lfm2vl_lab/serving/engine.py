@@ -3,10 +3,10 @@ cache, eager or under CUDA graphs.
 
 Why: inside transformers' ``generate`` the text model runs eagerly, one kernel launch at a time,
 and on the H200 that is mostly launch gaps (the reference set's ``ttft`` file times the text model
-eager and graphed). An engine (vLLM) captures
-the text model too, so the encoder's saving is measured against a text model that costs its GPU
-time only. This module is that text model, built on transformers' own LFM2 modules (their weights,
-norms, projections, rotary embedding and MLPs); what it adds is the part graphs need:
+eager and graphed). An engine (vLLM) captures the text model too, so the encoder's saving is
+measured against a text model that costs its GPU time only. This module is that text model, built
+on transformers' own LFM2 modules (their weights, norms, projections, rotary embedding and MLPs);
+what it adds is the part graphs need:
 
 * **static buffers**: the prompt's embeddings ``[max_batch, max_len, hidden]``, each request's last
   prompt index, the decode input ids and positions, the logits and the sampled tokens;
@@ -41,6 +41,7 @@ from ..core.capture import capture_graph, prepare_capture
 from ..core.guard import WeightStamp
 from ..core.lifecycle import GraphLifecycle
 from ..core.serial import Serial, serialised
+from ..kernels.gemv import decode_linear
 from .cache import (
     BATCH_BUCKETS,
     LEN_BUCKET,
@@ -90,11 +91,14 @@ class TextEngine:
     ``fuse=True``: the same math in far fewer kernels (:mod:`.layers`): shared q/k/v and w1/w3
     weights, and each layer kind's function and the LM head compiled by inductor
     (``FUSE_COMPILE``), once per shape class, at the first :meth:`capture` that needs it; its
-    seconds are reported apart from the capture's (``capture()["compile_s"]``).
+    seconds are reported apart from the capture's (``capture()["compile_s"]``). Its linears of at most
+    four rows run the Triton GEMV (:mod:`.layers`' "The linears"); ``gemv=False`` keeps torch's (an A/B).
     """
 
     def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET,
-                 fuse: bool = False):
+                 fuse: bool = False, gemv: bool | None = None):
+        if gemv and not fuse:
+            raise ValueError(f"gemv={gemv!r} needs fuse=True: the GEMV runs inside the fused engine's compiled layers")
         self.model = model
         self.lm, self.lm_head = lfm2_text_parts(model)
         w = self.lm_head.weight
@@ -113,6 +117,7 @@ class TextEngine:
         k = self.cache.kernel
         self.conv_offsets = torch.arange(1, k, device=dev)  # a request's last k-1 positions, in the padded input
         self.fuse = bool(fuse)
+        self.linear = decode_linear() if fuse and gemv is not False else None
         self.fns = self._layer_functions()
         self.shared = self._shared_weights()
         self.stats = EngineStats()
@@ -134,7 +139,9 @@ class TextEngine:
         return tuple(torch.compile(fn, **FUSE_COMPILE) for fn in fns)
 
     def _shared_weights(self) -> list[dict]:
-        return [shared_weights(layer) if self.fuse else {} for layer in self.lm.layers]
+        """What each layer's function takes besides the cache: its shared weights, and the linear (a
+        router of this engine's own, whose split-K workspaces no other engine's graphs share)."""
+        return [{**(shared_weights(layer) if self.fuse else {}), "linear": self.linear} for layer in self.lm.layers]
 
     # -- the model under the graphs -------------------------------------------------------------------
     FLOAT_BUFFERS, INDEX_BUFFERS = ("embeds", "hidden", "logits"), ("last", "ids", "pos", "positions", "conv_offsets")
@@ -215,14 +222,14 @@ class TextEngine:
         self.hidden[:B].copy_(x[torch.arange(B, device=x.device), self.last[:B]])
 
     def _sample_body(self, B: int) -> None:
-        logits, ids = self.fns[2](self.lm.embedding_norm, self.lm_head, self.hidden[:B])
+        logits, ids = self.fns[2](self.lm.embedding_norm, self.lm_head, self.hidden[:B], self.linear)
         self.logits[:B].copy_(logits)
         self.ids[:B].copy_(ids)
         self.pos[:B].copy_(self.last[:B] + 1)
 
     def _decode_body(self, B: int) -> None:
         x = self._layers(self.lm.embed_tokens(self.ids[:B])[:, None], self.pos[:B, None], B, prefill=False)
-        logits, ids = self.fns[2](self.lm.embedding_norm, self.lm_head, x[:, 0])
+        logits, ids = self.fns[2](self.lm.embedding_norm, self.lm_head, x[:, 0], self.linear)
         self.logits[:B].copy_(logits)
         self.ids[:B].copy_(ids)
         self.pos[:B].add_(1)

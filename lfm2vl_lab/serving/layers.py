@@ -18,6 +18,13 @@ things it cannot do alone are given to it:
   inputs, which inductor fuses with the gates around it, instead of a cuDNN call of its own.
 
 Both change only rounding: the fused and unfused engines give the same greedy tokens in float32.
+
+**The linears.** Every function takes ``linear``, the function each of its linear layers runs
+through (``linear(x, weight, bias)``, ``F.linear`` by default, which is what ``nn.Linear`` calls).
+Once a decode step is graphed and fused, most of its time is these linears, and at one row each is
+a GEMV that cuBLAS runs well below the memory bandwidth: the fused engine passes
+:func:`~lfm2vl_lab.kernels.gemv.decode_linear`, which sends rows of at most four to the kit's Triton
+GEMV and a prefill's hundreds of rows to torch's own (the ``roofline`` file times both).
 """
 
 from __future__ import annotations
@@ -48,15 +55,21 @@ def shared_weights(layer: nn.Module) -> dict:
     return {"w13": w13, "fused": True}
 
 
-def feed_forward(mlp: nn.Module, h: torch.Tensor, w13: torch.Tensor | None) -> torch.Tensor:
+def project(proj: nn.Linear, x: torch.Tensor, linear=None) -> torch.Tensor:
+    """``proj(x)`` through ``linear`` (``F.linear``, as ``nn.Linear`` itself runs, when None)."""
+    return (linear or F.linear)(x, proj.weight, proj.bias)
+
+
+def feed_forward(mlp: nn.Module, h: torch.Tensor, w13: torch.Tensor | None, linear=None) -> torch.Tensor:
     """LFM2's SwiGLU MLP, ``w2(silu(w1 h) * w3 h)``; with ``w13`` the two input GEMMs are one."""
     if w13 is None:
-        return mlp(h)
-    g, u = F.linear(h, w13).chunk(2, dim=-1)
-    return mlp.w2(F.silu(g) * u)
+        g, u = project(mlp.w1, h, linear), project(mlp.w3, h, linear)
+    else:
+        g, u = (linear or F.linear)(h, w13).chunk(2, dim=-1)
+    return project(mlp.w2, F.silu(g) * u, linear)
 
 
-def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None) -> torch.Tensor:
+def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None, linear=None) -> torch.Tensor:
     """An attention layer. Prefill (``mask is None``): ``x`` holds positions 0..L-1, written into
     ``kc``/``vc[:, :, :L]``, causal attention among them. Decode: one token per request, written at
     its own position ``pos`` and attending to the cache positions ``mask`` allows."""
@@ -67,10 +80,10 @@ def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None) -
     B, L, _ = h.shape
     d = attn.head_dim
     if qkv is None:
-        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        q, k, v = (project(p, h, linear) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     else:
         sizes = (attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0])
-        q, k, v = F.linear(h, qkv).split(sizes, dim=-1)
+        q, k, v = (linear or F.linear)(h, qkv).split(sizes, dim=-1)
     q = attn.q_layernorm(q.reshape(B, L, -1, d)).transpose(1, 2)
     k = attn.k_layernorm(k.reshape(B, L, -1, d)).transpose(1, 2)
     v = v.reshape(B, L, -1, d).transpose(1, 2)
@@ -84,8 +97,8 @@ def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None) -
         kc.scatter_(2, idx, k)
         vc.scatter_(2, idx, v)
         o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
-    x = x + attn.out_proj(o.transpose(1, 2).reshape(B, L, -1))
-    return x + feed_forward(layer.feed_forward, layer.ffn_norm(x), w13)
+    x = x + project(attn.out_proj, o.transpose(1, 2).reshape(B, L, -1), linear)
+    return x + feed_forward(layer.feed_forward, layer.ffn_norm(x), w13, linear)
 
 
 def short_conv(window: torch.Tensor, weight: torch.Tensor, bias, length: int, fused: bool) -> torch.Tensor:
@@ -100,13 +113,13 @@ def short_conv(window: torch.Tensor, weight: torch.Tensor, bias, length: int, fu
     return y if bias is None else y + bias[:, None]
 
 
-def conv_layer(layer, x, state, conv_idx, w13=None, fused: bool = False) -> torch.Tensor:
+def conv_layer(layer, x, state, conv_idx, w13=None, fused: bool = False, linear=None) -> torch.Tensor:
     """A gated short-convolution layer; ``state`` keeps each request's last ``k - 1`` inputs.
     Prefill (``conv_idx``: each request's last ``k - 1`` real positions, offset by the padding):
     the state is gathered there. Decode: the state and the new input make the window."""
     conv = layer.conv
     h = layer.operator_norm(x)
-    b, c, xx = conv.in_proj(h).transpose(-1, -2).chunk(3, dim=-2)
+    b, c, xx = project(conv.in_proj, h, linear).transpose(-1, -2).chunk(3, dim=-2)
     bx = b * xx  # [B, hidden, L]
     weight, bias = conv.conv.weight, conv.conv.bias  # [hidden, 1, k]: depthwise, as causal_conv1d_fn
     k, L = weight.shape[-1], bx.shape[-1]
@@ -121,11 +134,11 @@ def conv_layer(layer, x, state, conv_idx, w13=None, fused: bool = False) -> torc
         window = torch.cat([state, bx], dim=-1)  # [B, hidden, k]
         y = short_conv(window, weight, bias, 1, fused)
         state.copy_(window[..., 1:])
-    x = x + conv.out_proj((c * y).transpose(-1, -2).contiguous())
-    return x + feed_forward(layer.feed_forward, layer.ffn_norm(x), w13)
+    x = x + project(conv.out_proj, (c * y).transpose(-1, -2).contiguous(), linear)
+    return x + feed_forward(layer.feed_forward, layer.ffn_norm(x), w13, linear)
 
 
-def lm_head(norm: nn.Module, head: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def lm_head(norm: nn.Module, head: nn.Module, h: torch.Tensor, linear=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The final norm, the LM head and the greedy choice: ``(logits, ids)``."""
-    logits = head(norm(h))
+    logits = project(head, norm(h), linear)
     return logits, logits.argmax(-1)
