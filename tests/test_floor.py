@@ -18,6 +18,8 @@ from lfm2vl_lab.report import reference
 
 @pytest.mark.parametrize("name,cls", [
     ("nvjet_sm90_tst_96x64_64x10_1x2_h_bz_bias_TNN", "GEMM"),
+    ("gemv_kernel", "GEMV"),  # the kit's Triton GEMV; inductor's kernels that read its output are not it
+    ("triton_per_fused__to_copy_add_gemv_mean_mul_pow_rsqrt_2", "other"),
     ("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_gelubias_TNT", "GEMM"),  # GELU in the epilogue
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", "attention"),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),

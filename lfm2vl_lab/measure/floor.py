@@ -33,6 +33,7 @@ KERNEL_CLASSES = (
     ("add+LayerNorm (Triton)", ("add_ln",)),
     ("LayerNorm", ("layer_norm",)),
     ("GELU", ("gelu", "Gelu")),
+    ("GEMV", ("gemv_kernel",)),  # the kit's Triton GEMV (kernels/gemv.py), which the fused engine decodes with
     ("GEMM", ("nvjet", "gemm", "Gemm", "cutlass", "xmma", "sm90_")),
     ("residual add", ("CUDAFunctor_add",)),
     ("memset", ("Memset",)),
