@@ -14,7 +14,6 @@ from . import (
     tables_encoder,
     tables_engine,
     tables_goals,
-    tables_graph_configs,
     tables_record,
     tables_vllm,
 )
@@ -27,7 +26,7 @@ MARKER = re.compile(r"<!-- (/?)table:([A-Za-z0-9._-]+) -->")
 def blocks() -> dict[str, Callable[[Refs], str]]:
     """Every part a page may mark, by name."""
     return {**tables_record.BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS,
-            **tables_graph_configs.BLOCKS, **tables_vllm.BLOCKS}
+            **tables_vllm.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
