@@ -13,7 +13,6 @@ from .frames import KERNEL_OPTIONS, Part, frame, missing, ms, need, pct, preset_
 
 ENCODER_MODES = {"hf-eager": "transformers", "compile": "`compile`", "lab-eager": "packed, eager",
                  "lab-graph": "lab-graph"}
-DEFAULT_GRAPH = ("budget_set", "cu_rule", "max_seqlen_mode", "attention", *KERNEL_OPTIONS)
 
 
 def workload_label(workload: str, stream_n=None) -> str:
@@ -62,7 +61,7 @@ def encoder_table(res: dict) -> pd.DataFrame:
     return out
 
 
-def bench_head(role: str, what: str = "median ms of {repeats} timed calls after {warmup} warm-up calls per row"):
+def bench_head(role: str, what: str):
     """The line before a bench's table: preset, dtype and how each cell was timed, from the file's provenance."""
     def head(refs) -> str:
         prov = refs(role)["provenance"]
@@ -74,12 +73,6 @@ def encoder_part(role: str) -> Part:
     return Part((role,), lambda refs: encoder_table(refs(role)), head=bench_head(
         role, "median ms of {repeats} timed calls after {warmup} warm-up calls per row (GPU-busy ms of one "
         "profiled call)."))
-
-
-def configs(res: dict, keys: tuple) -> list[str]:
-    """Each row's settings ``keys`` in words (``fuse_qkv=True, …``; a row without a key says None)."""
-    return [", ".join(f"{k}={r.get(k)}" if isinstance(r.get(k), bool) else str(r.get(k)) for k in keys)
-            for r in res["rows"]]
 
 
 def with_options(df, on: dict) -> pd.DataFrame:
@@ -105,39 +98,6 @@ def kernel_classes(refs) -> list:
             "their µs."]
 
 
-def attention(refs) -> list:
-    """µs per layer of every capturable attention candidate inside a CUDA graph, failures kept."""
-    df = refs.frame("attention", "error", "graph_ms_per_layer").assign(layout=lambda d: d.layout.map(tuple))
-    df["cell"] = (1000 * df.graph_ms_per_layer).map("{:.1f}".format).where(df.error.isna(), "capture fails")
-    case = ["preset", "heads", "head_dim", "layout"]
-    t = df.drop_duplicates([*case, "backend"], keep="last").pivot(index=case, columns="backend", values="cell")
-    t = t.reindex(index=pd.MultiIndex.from_frame(df[case].drop_duplicates()), columns=df.backend.unique())
-    out = pd.DataFrame({"preset (heads × dim)": [f"{preset_label(p)} ({h} × {d})" for p, h, d, _ in t.index],
-                        "layout": [f"{len(lay)} × {lay[0]} rows" if len(set(lay)) == 1 else
-                                   " + ".join(map(str, lay)) + " rows" for *_, lay in t.index]})
-    out[[f"`{b}`" for b in t.columns]] = t.values
-    errors = sorted({e.split(":")[0] for e in df.error.dropna()})
-    return [out, "µs per layer inside a CUDA graph, bf16." + (
-        f" The failed captures raise {', '.join(errors)}; the file keeps each traceback." if errors else "")]
-
-
-def config_table(df: pd.DataFrame, config: pd.Series) -> pd.DataFrame:
-    """One row per configuration (``config``, a name per row of ``df``): its median per workload, the stream's
-    padding waste, its graphs' memory and capture time; the ``config`` column first."""
-    df = need(df, "padding_waste").assign(config=config.values)
-    mine = df.dropna(subset=["median_ms"]).drop_duplicates(["config", "workload"], keep="last")
-    ws, names = list(dict.fromkeys(mine.workload)), list(dict.fromkeys(df.config))
-    first = df.drop_duplicates("config").set_index("config").reindex(names)
-    out = pd.DataFrame({config.name: names, "graphs MiB": first.graph_total_mb.map("{:.0f}".format).values,
-                        "capture s": first.capture_s.map(ms).values})
-    if "stream" in ws:
-        out["stream padding waste"] = mine[mine.workload == "stream"].set_index("config").padding_waste.reindex(
-            names).map(pct).values
-    out[[f"{w} ms" for w in ws]] = mine.pivot(index="config", columns="workload", values="median_ms").reindex(
-        index=names, columns=ws).map(ms).values
-    return out
-
-
 def _budgets(row: dict) -> str:
     """A config's budgets, then any budget it captured beyond them (the run budget of :mod:`~..core.dense`)."""
     own = list(row.get("budgets") or [])
@@ -146,18 +106,21 @@ def _budgets(row: dict) -> str:
 
 
 def pr_config(refs) -> list:
-    """One row per named config of a ``--graph-config`` bench file, then each "pr" median over the kit's;
-    the settings both ran with are said once, below, so that the rows differ only in what the configs do."""
+    """One row per named config of a ``--graph-config`` bench file (what it captures, then its median per
+    workload), then each "pr" median over the kit's; the settings both ran with are said once, below, so
+    that the rows differ only in what the configs do."""
     res = refs("pr-config")
-    df = need(frame(res), "graph_config")
+    df = need(frame(res), "graph_config", "padding_waste")
     df = df[(df["mode"] == "lab-graph") & df.graph_config.notna()]
     first = [res["rows"][i] for i in df.drop_duplicates("graph_config").index]
-    out = config_table(df, df.graph_config.map("`{}`".format).rename("graph config"))
-    out.insert(1, "budgets", [_budgets(r) for r in first])
-    out.insert(2, "graphs", [str(sum(len(c.get("variants") or ()) for c in r.get("capture_info") or []))
-                             for r in first])  # one graph per variant of every budget
-    med = df.dropna(subset=["median_ms"]).pivot_table(index="graph_config", columns="workload", values="median_ms",
-                                                       aggfunc="last")
+    med = df.pivot_table(index="graph_config", columns="workload", values="median_ms", aggfunc="last", sort=False)
+    waste = df[df.workload == "stream"].groupby("graph_config").padding_waste.last()
+    out = records(first, {
+        "graph config": lambda r: f"`{r['graph_config']}`", "budgets": _budgets,
+        "graphs": lambda r: sum(len(c.get("variants") or ()) for c in r.get("capture_info") or []),  # every variant
+        "graphs MiB": lambda r: ms(r.get("graph_total_mb"), 0), "capture s": lambda r: ms(r.get("capture_s")),
+        "stream padding waste": lambda r: pct(waste.get(r["graph_config"]))})
+    out[[f"{w} ms" for w in med.columns]] = med.map(ms).reindex([r["graph_config"] for r in first]).values
     if {"kit", "pr"} <= set(med.index):
         out.loc[len(out)] = {"graph config": "`pr` ÷ `kit`",
                              **{f"{w} ms": times(v, 2) for w, v in (med.loc["pr"] / med.loc["kit"]).items()}}
@@ -210,27 +173,10 @@ def model_changes(refs) -> list:
     return [changes, costs]
 
 
-SAME_CONFIG_ROLES = ("bench-450m", "kernels", "sweep-rules", "sweep-budgets", "sweep-attention")
-
-
-def same_config(refs) -> list:
-    """lab-graph at 1x512 in its default configuration, as each role that ran it measured it: the spread
-    between separate processes of one run."""
-    runs = {role: refs.frame(role).assign(config=configs(refs(role), DEFAULT_GRAPH)).query(
-        "mode == 'lab-graph' and workload == '1x512'") for role in SAME_CONFIG_ROLES}
-    key = runs["bench-450m"].dropna(subset=["median_ms"]).config.iloc[-1]
-    found = {role: df.median_ms[df.config == key].iloc[0] for role, df in runs.items() if (df.config == key).any()}
-    out = pd.DataFrame({"process (role)": [f"`{r}`" for r in found], "lab-graph, one 512 px image, ms":
-                        [ms(v, 3) for v in found.values()]})
-    return [out, f"They span {pct(max(found.values()) / min(found.values()) - 1)} of the smallest."]
-
-
 BLOCKS = {"encoder-450m": encoder_part("bench-450m"), "encoder-1.6b": encoder_part("bench-1.6b"),
           "kernel-classes": Part(("kernels", "bench-450m"), kernel_classes),
-          "attention": Part(("attention",), attention),
           "pr-config": Part(("pr-config",), pr_config, head=bench_head(
               "pr-config", "lab-graph median ms of {repeats} timed calls per row, a stream of {stream_n} requests."),
               missing="This reference set has no `pr-config` file: `python -m lfm2vl_lab record` on the GPU "
               "records it."),
-          "check": Part(("check",), check), "model-changes": Part(("check",), model_changes),
-          "same-config": Part((), same_config)}
+          "check": Part(("check",), check), "model-changes": Part(("check",), model_changes)}

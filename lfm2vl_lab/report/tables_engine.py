@@ -9,8 +9,8 @@ from ..measure.e2e import DECODE_DRIFT_WARN
 from ..measure.request import NEW_TOKENS, composed_e2e, composition_check, like_for_like
 from ..measure.ttft import mode_name
 from .frames import Part, ms, pct, preset_label, records, times, verdict
-from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_cases, ttft_frame
-from .ttft_summary import drift_beyond, drift_fails, text_graph_cuts
+from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_frame
+from .ttft_summary import drift_beyond, drift_fails
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 ONE_REQUEST = "image == '1x512' and requests == 1"  # the grid's case the pages show first
@@ -81,16 +81,6 @@ def ttft_grid(refs) -> list:
             for c, d in zip(cut[m], drift[m])]
     out["decode ms/token, all eager → both graphed"] = _arrow(dec[BOTH_EAGER], dec[BOTH_GRAPHED]).values
     return [out, f"drift: {DRIFT}."]
-
-
-def text_cuts(refs) -> pd.DataFrame:
-    """What graphing the text model cuts from TTFT (encoder graphed), by the batch's prompt tokens."""
-    rows = refs("ttft")["rows"]
-    return records([dict(c, preset=p) for p in dict.fromkeys(c[0] for c in ttft_cases(rows))
-                    for c in text_graph_cuts(rows, p)], {
-        "preset": lambda c: preset_label(c["preset"]), "image": "image", "requests": "requests",
-        "prompt tokens": "prompt_tokens", "TTFT, text eager": lambda c: ms(c["eager_ms"]),
-        "TTFT, text graphed": lambda c: ms(c["graphed_ms"]), "cut (paired)": lambda c: pct(c["cut"])})
 
 
 def ttft_parity(refs, keep=lambda case, mode, r: True) -> pd.DataFrame:
@@ -258,7 +248,7 @@ def _pairs(kind: str, side: str, cols: dict) -> Part:
 
 BLOCKS = {"ttft-modes": Part(("ttft",), ttft_modes), "ttft-phases": Part(("ttft",), ttft_phases),
           "ttft-profile": Part(("ttft",), ttft_profile), "ttft-grid": Part(("ttft",), ttft_grid),
-          "ttft-text-cuts": Part(("ttft",), text_cuts), "ttft-parity": Part(("ttft",), lambda refs: ttft_parity(refs)),
+          "ttft-parity": Part(("ttft",), lambda refs: ttft_parity(refs)),
           "image-path": _pairs("encode_sources", "staging_split", IMAGE_PATH),
           "engine-peers": Part(("engine",), engine_peers), "e2e": Part(("e2e",), e2e),
           "e2e-requests": Part((REQUEST_ROLE, "ttft"), e2e_requests, missing=NOT_RECORDED),
