@@ -358,8 +358,10 @@ def test_model_changes_say_which_pointer_check_they_timed():
 
 def test_every_goal_a_judge_can_miss_has_an_explanation_or_is_named():
     assert tables_goals.explainer("encode() CPU input / GPU input, 4x512") is tables_goals.explain_cpu_input
-    assert tables_goals.explainer("1x512 wall / GPU-busy") is tables_goals.GAPS_1X512
-    assert tables_goals.explainer("450M 1x512 median ms") is tables_goals.GAPS_1X512  # one section for both
+    one_image = tables_goals.graphed_call("bench-450m", "1x512")  # one section for the goals of one call
+    assert tables_goals.explainer("1x512 wall / GPU-busy") is one_image
+    assert tables_goals.explainer("450M 1x512 median ms") is one_image
+    assert tables_goals.explainer(f"{tables_goals.KERNELS}450M 1x512 GPU-busy ms") is one_image
     for engine_goal in ("decode ms per token, lfm2-vl-450m engine-fused", "prefill+sample ms, lfm2-vl-450m engine",
                         "TTFT ms, both graphed"):
         assert tables_goals.explainer(engine_goal) is tables_goals.explain_text_engine
@@ -449,10 +451,12 @@ def test_the_kernel_goals_are_judged_from_the_set_s_rows_and_explained(monkeypat
     grid, eng = tables_goals._grid_and_engine_decode(refs)
     decode = judged[f"{tables_goals.KERNELS}450M decode per token in the TTFT grid / the engine's"]
     assert decode["value"] == grid / eng and decode["ok"] == (grid / eng <= tables_goals.DECODE_MATCH)
-    why = tables_goals.explain_kernels(refs)
+    why = tables_goals.graphed_call("bench-450m", "1x512")(refs)
     one = by_mode(refs("bench-450m")["rows"])[("lab-graph", "1x512")]
-    assert f"| 450M 1x512 | {one['kernels']:.0f} | {1000 * one['gpu_busy_ms']:.0f} | GEMM " in why
+    assert (f"| its {one['kernels']:.0f} kernels in {one['graph_launches']:.0f} graph launches (GPU-busy of one "
+            f"profiled call) | {1000 * one['gpu_busy_ms']:.0f} µs |") in why
     loose = tuple((n, r, w, f, 1e9) for n, r, w, f, _ in tables_goals.KERNEL_GOALS)
     monkeypatch.setattr(tables_goals, "KERNEL_GOALS", loose)
     assert all(t["ok"] for t in tables_goals.kernel_goals(refs)[:-1])  # the same rows under a loose limit: reached
-    assert tables_goals.explainer(f"{tables_goals.KERNELS}450M 16x512 median ms") is tables_goals.explain_kernels
+    assert tables_goals.explainer(f"{tables_goals.KERNELS}450M 16x512 median ms") is tables_goals.graphed_call(
+        "bench-450m", "16x512")

@@ -7,6 +7,7 @@ this tree rather than the set (the report layer's lines; core's protocol's membe
 from __future__ import annotations
 
 import statistics
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
@@ -70,7 +71,7 @@ def guard_goals(refs) -> list[dict]:
 
 # The kernels once graphed
 
-KERNELS = "kernels: "  # every goal of this section starts so; explain_kernels explains them all
+KERNELS = "kernels: "  # every goal of this section starts so
 # (goal, role, workload, field of its graphed row, limit)
 KERNEL_GOALS = (
     (f"{KERNELS}450M 1x512 median ms", "bench-450m", "1x512", "median_ms", 0.60),
@@ -177,41 +178,34 @@ def goals_part(goals, *roles: str, missing: str = "") -> Part:
 
 # What explains each miss: a small table of the numbers, from the goal's own files
 
-def gaps(workload: str):
-    """Where the graphed 450M call's time that is not kernel time goes, gap by gap of its profiled call."""
+@cache  # one explanation per call, so that the goals it explains share one section
+def graphed_call(role: str, workload: str):
+    """The graphed encoder's call at ``workload`` in ``role``'s file: its median against its kernels' time, where
+    the rest goes, gap by gap of its profiled call, and its largest kernel classes."""
     def explain(refs) -> str:
-        r = by_mode(refs("bench-450m")["rows"])[("lab-graph", workload)]
+        by = by_mode(refs(role)["rows"])
+        r, hf = by[("lab-graph", workload)], by.get(("hf-eager", workload)) or {}
         gaps = idle_gaps(r.get("timeline") or {}, kernels_only=False)  # cuDNN's memsets count as entries
         first = gaps[0] if gaps else Gap(0.0, 0.0, "", "")
         memset = [g.dur_us for g in gaps if "Memset" in g.before]
         inner = [g.dur_us for g in gaps[1:] if "Memset" not in g.before]
         idle, off = sum(g.dur_us for g in gaps), 1000 * (r["median_ms"] - r["gpu_busy_ms"])
-        return facts([[f"median call, lab-graph {workload}", f"{1000 * r['median_ms']:.0f} µs"],
-                       ["its kernels (GPU-busy of one profiled call)", f"{1000 * r['gpu_busy_ms']:.0f} µs"],
-                       ["not kernel time: idle between the profiled call's GPU entries", f"{idle:.0f} µs"],
-                       ["not kernel time: outside them, on the host side of the call", f"{off - idle:.0f} µs"],
-                       [f"of the idle: first entry (`{first.before[:40]}`) to the graph's first kernel",
-                        f"{first.dur_us:.0f} µs"],
-                       [f"of the idle: {len(memset)} gaps after cuDNN's `Memset` entries", f"{sum(memset):.0f} µs"],
-                       [f"of the idle: {len(inner)} other gaps, one per kernel boundary (median "
-                        f"{statistics.median(inner) if inner else 0:.2f} µs)", f"{sum(inner):.0f} µs"]],
-                      "Fewer kernels, not fewer launches, would close the rest; the kernels' classes are under the "
-                      "kernel goals' miss.")
+        return facts([[f"median call, lab-graph {workload} (transformers')",
+                       f"{1000 * r['median_ms']:.0f} µs ({1000 * hf.get('median_ms', float('nan')):.0f} µs)"],
+                      [f"its {r['kernels']:.0f} kernels in {r['graph_launches']:.0f} graph launches (GPU-busy of one "
+                       "profiled call)", f"{1000 * r['gpu_busy_ms']:.0f} µs"],
+                      ["their largest classes", ", ".join(f"{c} {v['us']:.0f} µs in {v['count']}"
+                                                          for c, v in list(kernel_breakdown(r).items())[:3])],
+                      ["not kernel time: idle between the profiled call's GPU entries", f"{idle:.0f} µs"],
+                      ["not kernel time: outside them, on the host side of the call", f"{off - idle:.0f} µs"],
+                      [f"of the idle: first entry (`{first.before[:40]}`) to the graph's first kernel",
+                       f"{first.dur_us:.0f} µs"],
+                      [f"of the idle: {len(memset)} gaps after cuDNN's `Memset` entries", f"{sum(memset):.0f} µs"],
+                      [f"of the idle: {len(inner)} other gaps, one per kernel boundary (median "
+                       f"{statistics.median(inner) if inner else 0:.2f} µs)", f"{sum(inner):.0f} µs"]],
+                     "Fewer kernels, not fewer launches, would close the rest. Not built: attention without cuDNN's "
+                     "memsets, norms, biases and GELU folded into the GEMMs, fewer kernel boundaries per layer.")
     return explain
-
-
-GAPS_1X512 = gaps("1x512")
-
-
-def explain_16b_tiled(refs) -> str:
-    by = by_mode(refs("bench-1.6b")["rows"])
-    r, hf = by[("lab-graph", "tiled")], by.get(("hf-eager", "tiled")) or {}
-    return facts([["items (tokens), the processor's thumbnail included", f"{r['n_items']} ({r['tokens']})"],
-                  ["graph replays (one 512 px image: "
-                   f"{by[('lab-graph', '1x512')]['graph_launches']:.0f})", f"{r['graph_launches']:.0f}"],
-                  ["kernels, their GPU-busy ms", f"{r['kernels']:.0f}, {ms(r['gpu_busy_ms'])}"],
-                  ["median ms (transformers')", f"{ms(r['median_ms'])} ({ms(hf.get('median_ms'))})"]],
-                 "Not built: the rest folded into the full tiles' replay (one launch and its gaps fewer).")
 
 
 def explain_cpu_input(refs) -> str:
@@ -266,24 +260,12 @@ def explain_pr_capture(refs) -> str:
                  head=["the PR's budgets", "graphs", "capture s", "MiB"])
 
 
-def explain_kernels(refs) -> str:
-    """The graphed calls' kernels by class, the largest first."""
-    by, by16 = by_mode(refs("bench-450m")["rows"]), by_mode(refs("bench-1.6b")["rows"])
-    calls = {"450M 1x512": by[("lab-graph", "1x512")], "450M 16x512": by[("lab-graph", "16x512")],
-             "1.6B tiled": by16[("lab-graph", "tiled")]}
-    return facts([[name, f"{r['kernels']:.0f}", f"{1000 * r['gpu_busy_ms']:.0f}", ", ".join(
-        f"{c} {v['us']:.0f} µs in {v['count']}" for c, v in list(kernel_breakdown(r).items())[:3])]
-        for name, r in calls.items()], "Not built: attention without cuDNN's memsets, norms, biases and GELU folded "
-        "into the GEMMs, fewer kernel boundaries per layer, a decode attention that reads only the positions in use.",
-        head=["graphed call", "kernels", "GPU-busy µs", "largest classes"])
-
-
 EXPLAIN = {  # a goal's name, or how it starts → what explains its miss
     "the PR's budget set captures in s": explain_pr_capture,
-    "1x512 wall / GPU-busy": GAPS_1X512,
-    "450M 1x512 median ms": GAPS_1X512,  # what is left of one image's call is the same: its gaps
-    "450M 1x256 median ms": gaps("1x256"),
-    "1.6B tiled median ms": explain_16b_tiled,
+    "1x512 wall / GPU-busy": graphed_call("bench-450m", "1x512"),
+    "450M 1x512 median ms": graphed_call("bench-450m", "1x512"),
+    "450M 1x256 median ms": graphed_call("bench-450m", "1x256"),
+    "1.6B tiled median ms": graphed_call("bench-1.6b", "tiled"),
     "encode() CPU input / GPU input": explain_cpu_input,
     "every mode's first tokens equal eager's": explain_first_tokens,
     "every mode passes parity (tokens vs generate, logits vs fp32)": explain_first_tokens,
@@ -292,7 +274,8 @@ EXPLAIN = {  # a goal's name, or how it starts → what explains its miss
     "prefill+sample": explain_text_engine,
     "a full record of the kit's own roles": explain_record,
     REPORT_GOAL: explain_report_layer,
-    KERNELS: explain_kernels,
+    f"{KERNELS}450M decode": explain_text_engine,
+    **{name: graphed_call(role, workload) for name, role, workload, *_ in KERNEL_GOALS},
 }
 
 
