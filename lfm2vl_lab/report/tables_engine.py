@@ -43,28 +43,26 @@ def ttft_modes(refs) -> list:
             f"{sum(m['ok'] for m in parity)} of {len(parity)} mode × case checks pass."]
 
 
-def ttft_phases(refs) -> pd.DataFrame:
-    """The phases of one 512 px request, every mode of every preset (presets as recorded)."""
-    df = ttft_frame(refs("ttft")["rows"])
+def ttft_phases(refs) -> list:
+    """One 512 px request, every mode of every preset (presets as recorded): its phases, then what one
+    profiled call of it launched and how much of its wall time the GPU was busy."""
+    res = refs("ttft")
+    df = ttft_frame(res["rows"])
     order = {"preset": list(dict.fromkeys(df.preset)), "mode": list(TTFT_MODES)}
     one = df.query(ONE_REQUEST).sort_values(["preset", "mode"], key=lambda col: col.map(order[col.name].index))
-    return records(one.to_dict("records"), {
+    prof = {(p["preset"], m): r for p in res.get("profile") or [] for m in TTFT_MODES if (r := p.get(m))}
+
+    def profiled(key: str, fmt=lambda v: f"{v:.0f}"):
+        return lambda r: (lambda v: None if v is None else fmt(v))(prof.get((r["preset"], r["mode"]), {}).get(key))
+    return [records(one.to_dict("records"), {
         "preset": lambda r: preset_label(r["preset"]), "mode": lambda r: mode_label(r["mode"]),
         "TTFT": lambda r: f"**{ms(r['ttft_ms'])}**",
         **{p: (lambda r, p=p: ms(r.get(f"phases_ms.{p}"))) for p in TTFT_PHASES},
-        "decode ms/token": lambda r: ms(r["decode_ms_per_token"])})
-
-
-def ttft_profile(refs) -> list:
-    """One profiled request per preset and mode: kernels, launch calls, graph launches, busy share."""
-    res = refs("ttft")
-    rows = [dict(r, preset=p["preset"], mode=m) for p in res.get("profile") or [] for m in TTFT_MODES
-            if (r := p.get(m))]
-    return [f"The mean of {(res.get('profile') or [{}])[0].get('iters')} profiled calls.", records(rows, {
-        "preset": lambda r: preset_label(r["preset"]), "mode": lambda r: mode_label(r["mode"]),
-        "kernels": lambda r: f"{r['kernels']:.0f}", "launch calls": lambda r: f"{r['launch_calls']:.0f}",
-        "graph launches": lambda r: f"{r['graph_launches']:.0f}", "GPU-busy ms": lambda r: ms(r["gpu_busy_ms"]),
-        "wall ms": lambda r: ms(r["wall_ms"]), "busy": lambda r: pct(r.get("busy_share"), 0)})]
+        "decode ms/token": lambda r: ms(r["decode_ms_per_token"]), "kernels": profiled("kernels"),
+        "launch calls": profiled("launch_calls"), "graph launches": profiled("graph_launches"),
+        "GPU busy": profiled("busy_share", lambda v: pct(v, 0))}),
+        f"Median ms; the last four columns: the mean of {(res.get('profile') or [{}])[0].get('iters')} profiled "
+        "calls."]
 
 
 def ttft_grid(refs) -> list:
@@ -247,7 +245,7 @@ def _pairs(kind: str, side: str, cols: dict) -> Part:
 
 
 BLOCKS = {"ttft-modes": Part(("ttft",), ttft_modes), "ttft-phases": Part(("ttft",), ttft_phases),
-          "ttft-profile": Part(("ttft",), ttft_profile), "ttft-grid": Part(("ttft",), ttft_grid),
+          "ttft-grid": Part(("ttft",), ttft_grid),
           "ttft-parity": Part(("ttft",), lambda refs: ttft_parity(refs)),
           "image-path": _pairs("encode_sources", "staging_split", IMAGE_PATH),
           "engine-peers": Part(("engine",), engine_peers), "e2e": Part(("e2e",), e2e),
