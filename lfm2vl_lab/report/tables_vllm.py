@@ -145,6 +145,37 @@ def judged(c: dict) -> str:
     return "open" if verdict == "overlapping" else verdict
 
 
+VERDICTS = {"within": "within it", "above": "above it", "below": "below it",
+            "open": "not settled by this run (the interval reaches across an edge of the range)"}
+
+
+def pr_cuts(res: dict, engine: str, key: str, tokens_list, preset: str | None = None) -> list[tuple]:
+    """The PR config's ``key`` cuts of ``engine`` as ``(preset, case, tokens, cut)``, by preset (smallest
+    first, or only ``preset``), case and output length, where the file holds one."""
+    return [(p, c, t, r[key]) for p in ([preset] if preset else presets(res)) for c in (case_name(*x) for x in CASES)
+            for t in tokens_list if (r := _row(res, engine, p, c, t, "pr")) and r.get(key)]
+
+
+def _verdict(res: dict, engine: str, key: str, tokens_list) -> str:
+    """``engine``'s PR-config ``key`` cuts, named, grouped by where each stands against the PR's range."""
+    cases, groups = pr_cuts(res, engine, key, tokens_list), {k: [] for k in VERDICTS}
+    for p, c, t, x in cases:
+        groups[judged(x)].append(f"{preset_label(p)} {c}" + (f" {t} tokens" if key == "e2e_cut" else "") + f" {cut(x)}")
+    return "; ".join(f"{VERDICTS[k]} in {len(v)} of {len(cases)}: {', '.join(v)}" for k, v in groups.items() if v)
+
+
+def claim_lines(res: dict) -> list[str]:
+    """The PR's claim judged case by case from a ``vllm`` file, one line per engine and measure (notebook 07
+    shows them beside the file's cuts)."""
+    v = res["provenance"].get("vllm")
+    return [f"- **Inside vLLM {v}, whole requests** (PR config, cut against encoder eager): "
+            + _verdict(res, "vllm", "e2e_cut", TOKENS) + ".",
+            f"- **Inside vLLM {v}, first token**: " + _verdict(res, "vllm", "ttft_cut", TOKENS[:1]) + ".",
+            "- **The kit's pipeline, whole requests** (same weights and images): "
+            + _verdict(res, "kit", "e2e_cut", TOKENS) + ".",
+            "- **The kit's pipeline, first token**: " + _verdict(res, "kit", "ttft_cut", TOKENS[:1]) + "."]
+
+
 def claim_row(what: str, cuts: list[dict]) -> list:
     """The kit's cuts of one kind against the PR's range, by median: the cases whose decode control holds,
     and those it leaves out, shown the same way and named (:func:`~.ttft_findings.cut_range`)."""
@@ -203,9 +234,9 @@ def group_cell(cuts: list[dict]) -> str | None:
 def verdict(refs, res) -> list:
     """The verdict, by measure and preset, for vLLM with the PR's config and the kit's pipeline beside it."""
     version = res["provenance"].get("vllm")
-    rows = [[label, preset_label(preset)] + [group_cell([
-        r[key] for c in (case_name(*x) for x in CASES) if (r := _row(res, e, preset, c, tokens, "pr")) and r.get(key)])
-        for e in ENGINES] for label, key, tokens in MEASURES for preset in presets(res)]
+    rows = [[label, preset_label(preset)] + [group_cell([c for *_, c in pr_cuts(res, e, key, [tokens], preset)])
+                                             for e in ENGINES]
+            for label, key, tokens in MEASURES for preset in presets(res)]
     return [pd.DataFrame(rows, dtype=object, columns=[
         "measure", "preset", f"inside vLLM {version}, PR config", "the kit's pipeline, PR config, same weights"]),
         f"The PR claimed {CLAIM} lower end-to-end latency at low batch size." + partial_note(res)]
