@@ -141,9 +141,18 @@ class Part:
 
 
 def records(rows: Iterable[dict], cols: dict) -> pd.DataFrame:
-    """``rows`` as a table: ``cols`` maps each header to a key of the row or a function of it."""
-    return pd.DataFrame([[c(r) if callable(c) else r.get(c) for c in cols.values()] for r in rows],
-                        columns=list(cols), dtype=object)
+    """``rows`` as a table, declared per column: ``cols`` maps each header to a key of the row (a dotted key
+    reaches into nested dicts), to ``(key, format)``, or to a function of the row. A missing value stays
+    missing (a dash on the page), whatever the format."""
+    def cell(r: dict, col):
+        if callable(col):
+            return col(r)
+        key, fmt = (col, None) if isinstance(col, str) else col
+        v = r.get(key, r)  # a DataFrame's records hold the dotted key itself
+        for k in key.split(".") if v is r else ():
+            v = v.get(k) if isinstance(v, dict) else None
+        return v if fmt is None or missing(v) else fmt(v)
+    return pd.DataFrame([[cell(r, c) for c in cols.values()] for r in rows], columns=list(cols), dtype=object)
 
 
 # The formats of the pages' cells

@@ -155,21 +155,24 @@ def model_changes(refs) -> list:
     moved = [(p["preset"], p["model_changes"]) for p in refs("check")["presets"] if p.get("model_changes")]
     if not moved:
         return "The reference set's check file has no model-change rows."
+
+    def mib(v) -> str:
+        return ms(v, 1)
     changes = records([dict(c, preset=p) for p, m in moved for c in m["changes"]], {
-        "preset": lambda c: preset_label(c["preset"]), "change after capture": lambda c: f"`{c['change']}`",
+        "preset": ("preset", preset_label), "change after capture": ("change", "`{}`".format),
         "recaptures": "recaptures", "rel. error vs float32 (transformers' own)":
         lambda c: f"{c['rel_err']:.2e} ({c['hf_rel_err']:.2e})",
-        "verdict": lambda c: verdict(c["pass"], "pass", "fail")})
+        "verdict": ("pass", lambda ok: verdict(ok, "pass", "fail"))})
     costs = records([dict(m, preset=p) for p, m in moved], {
-        "preset": lambda m: preset_label(m["preset"]),
+        "preset": ("preset", preset_label),
         "stamp check": lambda m: "every pointer, the kit's C++ check" if m.get("pointer_check") == "extension" else
         "every pointer, torch's function" if m.get("stamp_check") == "every pointer" else "a flag and one pointer",
-        "tensors": "stamped_tensors", "µs per `encode`": lambda m: ms(m["encode_stamp_us"]),
-        "(torch's function)": lambda m: ms(((m.get("pointer_checks") or {}).get("torch") or {}).get("encode_us")),
-        "µs per text-engine call": lambda m: ms(m["engine_stamp_us"]), "lock µs": lambda m: ms(m.get("serial_us")),
-        "fusing q/k/v adds MiB": lambda m: ms(m["fused_qkv"]["freed_mib"], 1),
-        "separate q/k/v kept alive MiB": lambda m: ms(m["fused_qkv"]["kept_mib"], 1),
-        "q/k/v weights MiB": lambda m: ms(m["fused_qkv"]["qkv_mib"], 1)})
+        "tensors": "stamped_tensors", "µs per `encode`": ("encode_stamp_us", ms),
+        "(torch's function)": ("pointer_checks.torch.encode_us", ms),
+        "µs per text-engine call": ("engine_stamp_us", ms), "lock µs": ("serial_us", ms),
+        "fusing q/k/v adds MiB": ("fused_qkv.freed_mib", mib),
+        "separate q/k/v kept alive MiB": ("fused_qkv.kept_mib", mib),
+        "q/k/v weights MiB": ("fused_qkv.qkv_mib", mib)})
     return [changes, costs]
 
 

@@ -14,6 +14,14 @@ from .ttft_summary import drift_beyond, drift_fails
 
 BOTH_EAGER, BOTH_GRAPHED = mode_name("eager", "eager"), mode_name("graphed", "graphed")
 ONE_REQUEST = "image == '1x512' and requests == 1"  # the grid's case the pages show first
+def times2(v) -> str:
+    return times(v, 2)
+
+
+def ms3(v) -> str:
+    return ms(v, 3)
+
+
 DRIFT = f"decode moved by more than {pct(DECODE_DRIFT_WARN, 0)} between the two encoder modes"
 
 
@@ -55,10 +63,9 @@ def ttft_phases(refs) -> list:
     def profiled(key: str, fmt=lambda v: f"{v:.0f}"):
         return lambda r: (lambda v: None if v is None else fmt(v))(prof.get((r["preset"], r["mode"]), {}).get(key))
     return [records(one.to_dict("records"), {
-        "preset": lambda r: preset_label(r["preset"]), "mode": lambda r: mode_label(r["mode"]),
-        "TTFT": lambda r: f"**{ms(r['ttft_ms'])}**",
-        **{p: (lambda r, p=p: ms(r.get(f"phases_ms.{p}"))) for p in TTFT_PHASES},
-        "decode ms/token": lambda r: ms(r["decode_ms_per_token"]), "kernels": profiled("kernels"),
+        "preset": ("preset", preset_label), "mode": ("mode", mode_label), "TTFT": ("ttft_ms", "**{:.2f}**".format),
+        **{p: (f"phases_ms.{p}", ms) for p in TTFT_PHASES},
+        "decode ms/token": ("decode_ms_per_token", ms), "kernels": profiled("kernels"),
         "launch calls": profiled("launch_calls"), "graph launches": profiled("graph_launches"),
         "GPU busy": profiled("busy_share", lambda v: pct(v, 0))}),
         f"Median ms; the last four columns: the mean of {(res.get('profile') or [{}])[0].get('iters')} profiled "
@@ -105,16 +112,12 @@ def image_path_pairs(refs, kind: str, side: str) -> list[dict]:
     return [dict(r, side=by_case.get((r.get("preset"), r["workload"]), {})) for r in ip if r["kind"] == kind]
 
 
-IMAGE_PATH = {"preset": lambda r: preset_label(r.get("preset", "?")), "workload": "workload",
-              "from GPU input ms": lambda r: ms(r["gpu_ms_median"]),
-              "from CPU output ms": lambda r: ms(r["cpu_ms_median"]), "ratio": lambda r: times(r["ratio"], 2),
-              "ratio, padded float32": lambda r: times(r.get("ratio_padded"), 2),
-              "ratio, chunked upload": lambda r: times(r.get("ratio_chunked"), 2),
-              "host gather ms": lambda r: ms(r["side"].get("gather_ms_median"), 3),
-              "upload ms": lambda r: ms(r["side"].get("upload_ms_median"), 3),
-              "upload GB/s": lambda r: ms(r["side"].get("upload_gb_s"), 1),
-              "outputs equal": lambda r: verdict(r.get("outputs_equal")),
-              "host waits": lambda r: (r.get("staging") or {}).get("host_waits")}
+IMAGE_PATH = {"preset": ("preset", preset_label), "workload": "workload", "from GPU input ms": ("gpu_ms_median", ms),
+              "from CPU output ms": ("cpu_ms_median", ms), "ratio": ("ratio", times2),
+              "ratio, padded float32": ("ratio_padded", times2), "ratio, chunked upload": ("ratio_chunked", times2),
+              "host gather ms": ("side.gather_ms_median", ms3), "upload ms": ("side.upload_ms_median", ms3),
+              "upload GB/s": ("side.upload_gb_s", lambda v: ms(v, 1)), "outputs equal": ("outputs_equal", verdict),
+              "host waits": "staging.host_waits"}
 
 PEER_LABELS = {"generate": "transformers' `generate`", "hf-static-compile": "`generate`, static cache + compile",
                "compile-ro": "`torch.compile(mode=\"reduce-overhead\")`", "engine": "`TextEngine`",
@@ -164,12 +167,11 @@ def e2e(refs) -> list:
     def change(cut):
         return pct(-cut, sign=True)  # a cut, as the change it is
     return [records(d.to_dict("records"), {
-        "preset": lambda r: preset_label(r["preset"]), "image": "image", "requests": "requests",
-        "TTFT transformers": lambda r: ms(r["ttft_ms_hf"]), "TTFT graphed encoder": lambda r: ms(r["ttft_ms"]),
-        "change (medians)": lambda r: change(r["ttft_reduction"]),
-        "change (paired)": lambda r: change(r["ttft_reduction_paired"]),
+        "preset": ("preset", preset_label), "image": "image", "requests": "requests",
+        "TTFT transformers": ("ttft_ms_hf", ms), "TTFT graphed encoder": ("ttft_ms", ms),
+        "change (medians)": ("ttft_reduction", change), "change (paired)": ("ttft_reduction_paired", change),
         "encoder ms": lambda r: f"{ms(r['encoder_ms_hf'])} → {ms(r['encoder_ms'])}",
-        "decode drift": lambda r: pct(r["decode_drift"], 0, True) + " (disturbed)" * drift_beyond(r["decode_drift"])}),
+        "decode drift": ("decode_drift", lambda v: pct(v, 0, True) + " (disturbed)" * drift_beyond(v))}),
         f"Median ms of {df.repeats.iloc[0]} rounds. disturbed: {DRIFT}."]
 
 
@@ -232,10 +234,9 @@ def throughput(refs) -> list:
     tp = res["throughput"][0]
     rows = [dict(r, preset=t["preset"], encoder=m.split("+")[1].replace("encoder-", "encoder "))
             for t in res["throughput"] for m, r in t["modes"].items()]
-    return [records(rows, {"preset": lambda r: preset_label(r["preset"]), "encoder": "encoder",
-                           "requests/s": lambda r: f"{r['requests_per_s']:.2f}",
-                           "output tokens/s": lambda r: f"{r['tokens_per_s']:.0f}",
-                           "s per pass": lambda r: ms(r["pass_s"])}),
+    return [records(rows, {"preset": ("preset", preset_label), "encoder": "encoder",
+                           "requests/s": ("requests_per_s", "{:.2f}".format),
+                           "output tokens/s": ("tokens_per_s", "{:.0f}".format), "s per pass": ("pass_s", ms)}),
             f"{tp['requests']} requests, batches of up to {tp['batch']}, {tp['new_tokens']} output tokens each; median "
             f"of {tp['passes']} passes in turns. Encoder graphs: {times(tp['speedup'], 3)} the throughput."]
 
