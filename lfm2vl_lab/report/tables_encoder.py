@@ -44,10 +44,12 @@ def grid(df, values: str = "median_ms", modes=None) -> pd.DataFrame:
 
 
 def cells(df, bold: str | None = None) -> pd.Series:
-    """Each row's median ms, its GPU-busy ms of one profiled call in brackets; ``bold``: that mode's median."""
+    """Each row's median ms, in brackets its GPU-busy ms of one profiled call or, for a row timed request by
+    request and not profiled (the stream), its p99; ``bold``: that mode's median."""
     med = df.median_ms.map(ms)
     med = med.where(df["mode"] != bold, "**" + med + "**")
-    return med + df.gpu_busy_ms.map(lambda b: "" if missing(b) else f" ({ms(b)})")
+    return med + [f" ({ms(b)})" if not missing(b) else f" (p99 {ms(p)})" if not missing(p) else ""
+                  for b, p in zip(df.gpu_busy_ms, need(df, "p99_ms").p99_ms)]
 
 
 def encoder_table(res: dict) -> pd.DataFrame:
@@ -71,8 +73,8 @@ def bench_head(role: str, what: str):
 
 def encoder_part(role: str) -> Part:
     return Part((role,), lambda refs: encoder_table(refs(role)), head=bench_head(
-        role, "median ms of {repeats} timed calls after {warmup} warm-up calls per row (GPU-busy ms of one "
-        "profiled call)."))
+        role, "median ms of {repeats} timed calls after {warmup} warm-up calls per row (in brackets: GPU-busy "
+        "ms of one profiled call; the stream's p99)."))
 
 
 def with_options(df, on: dict) -> pd.DataFrame:
