@@ -1,6 +1,7 @@
 """The reference set as pandas DataFrames, and what the generated pages share: :func:`md` (their
-Markdown), :class:`Refs` (each role's file read once), the cell formats, and :func:`pick_rows` (rows of
-two runs for one bar are refused as :class:`MixedRuns`, never silently picked).
+Markdown), :class:`Refs` (each role's file read once), :class:`Part` and :func:`records` (a page's part
+and a row table, declared as data and drawn by one renderer), the cell formats, and :func:`pick_rows`
+(rows of two runs for one bar are refused as :class:`MixedRuns`, never silently picked).
 
     >>> df = load("bench-450m")
     >>> df.pivot_table(index="workload", columns="mode", values="median_ms", sort=False)

@@ -1,7 +1,8 @@
 """The generated parts of README.md and docs/*.md. A page marks each part with
 ``<!-- table:NAME -->`` … ``<!-- /table:NAME -->``; ``report`` redraws what lies between from the
 reference set and ``report --check`` says which pages are stale, so prose outside the markers holds
-no measured number. The parts live by topic in the ``tables_*`` modules."""
+no measured number. The parts are declared by topic in the ``tables_*`` modules, most as a
+:class:`~.frames.Part` (what it shows, the roles it reads) that one renderer draws."""
 
 from __future__ import annotations
 
