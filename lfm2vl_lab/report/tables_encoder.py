@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..measure.floor import kernel_breakdown
 from ..measure.modes import ROW_NAMES, ROW_SETTINGS
 from ..measure.workloads import NXS, TILED_SIZE
-from .frames import KERNEL_OPTIONS, Part, frame, missing, ms, need, pct, preset_label, records, span, times, verdict
+from .frames import Part, frame, missing, ms, need, pct, preset_label, records, span, times, verdict
 
 ENCODER_MODES = {"hf-eager": "transformers", "compile": "`compile`", "lab-eager": "packed, eager",
                  "lab-graph": "lab-graph"}
@@ -75,29 +74,6 @@ def encoder_part(role: str) -> Part:
     return Part((role,), lambda refs: encoder_table(refs(role)), head=bench_head(
         role, "median ms of {repeats} timed calls after {warmup} warm-up calls per row (in brackets: GPU-busy "
         "ms of one profiled call; the stream's p99)."))
-
-
-def with_options(df, on: dict) -> pd.DataFrame:
-    """The rows of ``df`` whose kernel options are ``on``, the first per workload (index: the file's row)."""
-    df = need(df, *on)
-    return df[(df[list(on)] == pd.Series(on)).all(axis=1)].drop_duplicates("workload")
-
-
-def kernel_classes(refs) -> list:
-    """The kernel classes of one profiled 1x512 call: lab-graph, kernel options off and on, and transformers."""
-    k, bench = refs.frame("kernels"), medians(refs.frame("bench-450m"))
-    picked = {"lab-graph, options off": ("kernels", with_options(k, dict.fromkeys(KERNEL_OPTIONS, False))),
-              "lab-graph, options on": ("kernels", with_options(k, dict.fromkeys(KERNEL_OPTIONS, True))),
-              "transformers": ("bench-450m", bench[bench["mode"] == "hf-eager"])}
-    parts = {label: kernel_breakdown(refs(role)["rows"][rows.index[rows.workload == "1x512"][0]])
-             for label, (role, rows) in picked.items() if (rows.workload == "1x512").any()}
-    classes = list(dict.fromkeys(c for p in parts.values() for c in p))
-    count, us = (pd.DataFrame({label: {c: v[k] for c, v in p.items()} for label, p in parts.items()}).reindex(classes)
-                 for k in ("count", "us"))
-    out = count.map(lambda n: f"{n:.0f} · ", na_action="ignore") + us.map(lambda u: f"{u:.0f} µs")
-    out.loc["**total**"] = "**" + count.sum().map("{:.0f} · ".format) + us.sum().map("{:.0f} µs**".format)
-    return [out.rename_axis("class").reset_index(), "Entries of one profiled call (kernels, copies and memsets) · "
-            "their µs."]
 
 
 def _budgets(row: dict) -> str:
@@ -179,7 +155,6 @@ def model_changes(refs) -> list:
 
 
 BLOCKS = {"encoder-450m": encoder_part("bench-450m"), "encoder-1.6b": encoder_part("bench-1.6b"),
-          "kernel-classes": Part(("kernels", "bench-450m"), kernel_classes),
           "pr-config": Part(("pr-config",), pr_config, head=bench_head(
               "pr-config", "lab-graph median ms of {repeats} timed calls per row, a stream of {stream_n} requests."),
               missing="This reference set has no `pr-config` file: `python -m lfm2vl_lab record` on the GPU "
