@@ -30,9 +30,9 @@ def ab(refs) -> dict:
     return with_pipeline(refs(ROLE, partial=True), refs(KIT_ROLE) if refs.has(KIT_ROLE) else None)
 
 
-def vllm_part(body, *more: str) -> Part:
-    """A part drawn from :func:`ab` (``body(refs, res)``), naming the vllm and pipeline files and ``more``."""
-    return Part((ROLE, KIT_ROLE, *more), lambda refs: body(refs, ab(refs)), missing=NOT_RECORDED, partial=True)
+def vllm_part(body) -> Part:
+    """A part drawn from :func:`ab` (``body(refs, res)``), naming the vllm file and the pipeline file."""
+    return Part((ROLE, KIT_ROLE), lambda refs: body(refs, ab(refs)), missing=NOT_RECORDED, partial=True)
 
 
 def partial_note(res: dict) -> str:
