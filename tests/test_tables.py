@@ -91,6 +91,16 @@ def test_broken_markers_name_the_offending_table(text, says):
         render_text(text, None, where="page.md", known=KNOWN)
 
 
+def test_a_row_table_is_declared_by_its_columns():
+    """A column is a key (dotted into nested dicts, or a DataFrame record's dotted key itself), (key, format),
+    or a function of the row; a missing value stays a dash whatever the format."""
+    from lfm2vl_lab.report.frames import md, ms, records
+
+    rows = [{"a": 1.234, "side": {"b": 2.0}, "c.d": 3.0}, {"a": None, "side": {}}]
+    out = md(records(rows, {"a": ("a", ms), "b": "side.b", "d": ("c.d", ms), "sum": lambda r: (r["a"] or 0) + 1}))
+    assert out.splitlines()[2:] == ["| 1.23 | 2.0 | 3.00 | 2.234 |", "| – | – | – | 1 |"]
+
+
 # --------------------------------------------------------------------------------------------
 # Tables from a small made-up reference set
 # --------------------------------------------------------------------------------------------
