@@ -413,19 +413,6 @@ def test_a_partial_entry_that_names_no_files_resumes_only_under_the_same_code(tm
     assert json.loads((tmp_path / "cpu" / "slow-20260101-000000.json").read_text())["parts"] == 1
 
 
-def test_the_cost_table_says_what_a_resumed_roles_seconds_cover():
-    """The record-cost table sums a resumed role's calls, and says when its entry holds only the last."""
-    from lfm2vl_lab.report.tables_record import _beside_seconds
-
-    slow = rec.Step("slow", "b", "slow", ("slow",), 600, beside=True, resumable=True)
-    once = rec.Step("once", "b", "once", ("once",), 600, beside=True)
-    man = {"files": {"slow": {"seconds": 30.0, "calls": [10.0, 20.0]}, "once": {"seconds": 7.0}}}
-    assert _beside_seconds(man, slow) == "30 (2 calls: 10 + 20)"
-    assert _beside_seconds(man, once) == "7"
-    man["files"]["slow"] = {"seconds": 20.0}
-    assert _beside_seconds(man, slow).startswith("20 (its last call only")
-
-
 def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeypatch, stand_in):
     """A call that records a role into the repo's results folder ends with the report step: the figures
     (into the figures folder beside it) and the docs' tables, from that set. A call that changes

@@ -49,17 +49,17 @@ def make_refs(tmp_path, with_vllm=True) -> Refs:
 
 
 def test_the_verdict_says_where_the_claim_holds_and_where_it_does_not(tmp_path):
-    out = tables_vllm.verdict_block(make_refs(tmp_path))
+    out = tables_vllm.BLOCKS["pr-verdict"](make_refs(tmp_path))
     lines = out.splitlines()
-    assert lines[0] == ("- **It holds** for whole requests of 16 tokens (inside vLLM 0.25.1: LFM2-VL-3B; the kit's "
-                        "pipeline: LFM2-VL-3B); first token (inside vLLM 0.25.1: LFM2-VL-3B; the kit's pipeline: "
-                        "LFM2-VL-3B).")
-    assert lines[1].startswith("- **It does not hold** for whole requests of 128 tokens (inside vLLM 0.25.1")
+    assert lines[0] == ("| measure | preset | inside vLLM 0.25.1, PR config | the kit's pipeline, PR config, "
+                        "same weights |")
+    assert ("| whole requests of 16 tokens | LFM2-VL-3B | **holds**: 25.0% over 1 case (1 above) | "
+            "**holds**: 25.0% over 1 case (1 above) |") in lines
     assert ("| whole requests of 128 tokens | LFM2-VL-3B | **does not hold**: 3.0% over 1 case (1 below) | "
-            "**does not hold**: 3.0% over 1 case (1 below) | – |") in lines
+            "**does not hold**: 3.0% over 1 case (1 below) |") in lines
     assert "(role `vllm`)" in out
 
 
 def test_without_a_vllm_file_the_verdict_says_what_to_record(tmp_path):
-    out = tables_vllm.verdict_block(make_refs(tmp_path, with_vllm=False))
+    out = tables_vllm.BLOCKS["pr-verdict"](make_refs(tmp_path, with_vllm=False))
     assert "record --part vllm" in out and "role `vllm`" in out

@@ -1,6 +1,7 @@
 """The reference set as pandas DataFrames, and what the generated pages share: :func:`md` (their
-Markdown), :class:`Refs` (each role's file read once), the cell formats, and :func:`pick_rows` (rows of
-two runs for one bar are refused as :class:`MixedRuns`, never silently picked).
+Markdown), :class:`Refs` (each role's file read once), :class:`Part` and :func:`records` (a page's part
+and a row table, declared as data and drawn by one renderer), the cell formats, and :func:`pick_rows`
+(rows of two runs for one bar are refused as :class:`MixedRuns`, never silently picked).
 
     >>> df = load("bench-450m")
     >>> df.pivot_table(index="workload", columns="mode", values="median_ms", sort=False)
@@ -10,7 +11,6 @@ Named ``frames``, not ``results``: :mod:`lfm2vl_lab.measure.results` writes the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from functools import wraps
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +19,7 @@ from tabulate import DataRow, TableFormat
 from ..measure.modes import row_labels
 from ..measure.results import REPO_ROOT, RESULTS_ROOT
 from . import reference
-from .reference import REFERENCE_GPU, ReferenceError, load_archived, load_manifest, manifest_path
+from .reference import REFERENCE_GPU, ReferenceError, load_manifest, manifest_path
 
 DASH = "–"  # a missing cell in the pages' tables
 # The pages' Markdown: no padding, a bare "|---|" rule; tabulate pads columns in every built-in format.
@@ -99,12 +99,6 @@ class Refs:
         man = self.manifest
         return role in man.get("files", {}) or (partial and role in man.get("partial", {}))
 
-    def archived(self, name: str) -> dict:
-        key = "archive/" + name
-        if key not in self._cache:
-            self._cache[key] = load_archived(name, self.gpu, self.root)
-        return self._cache[key]
-
     def shown(self, res) -> str:
         """A result file's path (or the file itself) as :func:`shown_path`, else from the results root's parent."""
         return shown_path(res["_path"] if isinstance(res, dict) else res, self.root.resolve().parent)
@@ -122,15 +116,44 @@ class Refs:
                 f"recorded {str(prov.get('date'))[:10]}.")
 
 
-def needs(role: str, missing: str, partial: bool = False):
-    """A part drawn from ``role``'s file (``draw(refs, res)``; ``partial``: or a resumable role's partial
-    file); where the set holds neither, the part is the line ``missing`` (which says what records it)."""
-    def wrap(draw):
-        @wraps(draw)
-        def block(refs: Refs) -> str:
-            return draw(refs, refs(role, partial=partial)) if refs.has(role, partial) else missing
-        return block
-    return wrap
+class Part:
+    """A generated part as data: what it shows (``body(refs)``: a DataFrame, a line, or a list of them),
+    a line before and after it (text, or a function of ``refs``), and the roles whose files it reads, named
+    in its last line. Where the set lacks the first role (``partial``: or a partial file of it) the part is
+    the line ``missing``, which says what records it. One renderer for every part, so that a page's
+    tables all read and cite alike."""
+
+    def __init__(self, roles: tuple[str, ...], body: Callable, head="", note="", missing: str = "",
+                 partial: bool = False):
+        self.roles, self.body, self.head, self.note, self.missing, self.partial = (
+            roles, body, head, note, missing, partial)
+
+    def __call__(self, refs: Refs) -> str:
+        if self.missing and not refs.has(self.roles[0], self.partial):
+            return self.missing
+        if self.roles:
+            refs(self.roles[0], partial=self.partial)  # cached: the source line finds a partial file too
+        body = self.body(refs)
+        pieces = [self.head, *(body if isinstance(body, list) else [body]), self.note]
+        pieces = [p(refs) if callable(p) else p for p in pieces]
+        source = refs.source(self.roles[0], *[r for r in self.roles[1:] if refs.has(r)]) if self.roles else ""
+        return "\n\n".join(md(p) if isinstance(p, pd.DataFrame) else p for p in [*pieces, source] if p is not None
+                           and (isinstance(p, pd.DataFrame) or p))
+
+
+def records(rows: Iterable[dict], cols: dict) -> pd.DataFrame:
+    """``rows`` as a table, declared per column: ``cols`` maps each header to a key of the row (a dotted key
+    reaches into nested dicts), to ``(key, format)``, or to a function of the row. A missing value stays
+    missing (a dash on the page), whatever the format."""
+    def cell(r: dict, col):
+        if callable(col):
+            return col(r)
+        key, fmt = (col, None) if isinstance(col, str) else col
+        v = r.get(key, r)  # a DataFrame's records hold the dotted key itself
+        for k in key.split(".") if v is r else ():
+            v = v.get(k) if isinstance(v, dict) else None
+        return v if fmt is None or missing(v) else fmt(v)
+    return pd.DataFrame([[cell(r, c) for c in cols.values()] for r in rows], columns=list(cols), dtype=object)
 
 
 # The formats of the pages' cells

@@ -1,7 +1,8 @@
 """The generated parts of README.md and docs/*.md. A page marks each part with
 ``<!-- table:NAME -->`` … ``<!-- /table:NAME -->``; ``report`` redraws what lies between from the
 reference set and ``report --check`` says which pages are stale, so prose outside the markers holds
-no measured number. The parts live by topic in the ``tables_*`` modules."""
+no measured number. The parts are declared by topic in the ``tables_*`` modules, most as a
+:class:`~.frames.Part` (what it shows, the roles it reads) that one renderer draws."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from . import (
     tables_encoder,
     tables_engine,
     tables_goals,
-    tables_graph_configs,
     tables_record,
     tables_vllm,
 )
@@ -27,7 +27,7 @@ MARKER = re.compile(r"<!-- (/?)table:([A-Za-z0-9._-]+) -->")
 def blocks() -> dict[str, Callable[[Refs], str]]:
     """Every part a page may mark, by name."""
     return {**tables_record.BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS,
-            **tables_graph_configs.BLOCKS, **tables_vllm.BLOCKS}
+            **tables_vllm.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
