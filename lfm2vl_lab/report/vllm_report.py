@@ -19,18 +19,6 @@ def rank(order, x) -> int:
     return order.index(x) if x in order else len(order)
 
 
-def pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:+.1f}%".replace("+-", "−").replace("-", "−")
-
-
-def cut_text(cut: dict | None) -> str:
-    """A paired cut as a saving with its interval: ``−37.2% [−40.1, −33.0]`` reads "37% faster"."""
-    if not cut:
-        return "–"
-    lo, hi = cut["ci"]
-    return f"{pct(-cut['cut'])} [{100 * -hi:+.1f}, {100 * -lo:+.1f}]".replace("-", "−")
-
-
 def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: str) -> dict | None:
     return next((r for r in result["rows"] if (r.get("engine"), r["preset"], r["case"], r["tokens"], r["arm"])
                  == (engine, preset, case, tokens, arm)), None)
@@ -82,39 +70,32 @@ def ab_frame(res: dict) -> pd.DataFrame:
 
 
 def parity_line(preset: str, sec: dict) -> str:
-    """One line per preset: does each engine pass the kit's parity rule on the shared weights."""
+    """One line per preset: does each arm pass the kit's parity rule on the shared weights (vLLM's file:
+    how far from float32, how many tokens on float32's path, whether the prompt ids are the kit's)."""
     bits = []
     for arm, cases in sec.get("parity", {}).items():
-        ok = all(c["logits_ok"] for c in cases.values())
-        same = all(c["same_prompt_ids"] for c in cases.values())
-        worst = max(c["rel_err_vs_fp32"] for c in cases.values())
-        follow = min(c["as_fp32"] for c in cases.values())
-        bits.append(f"{arm} {'ok' if ok else 'FAILED'} (logits {worst:.1e} from float32, {follow}+ tokens on "
-                    f"float32's path{'' if same else ', prompt ids differ from the kit'})")
+        if "logits_ok" in cases:  # the pipeline file: one case per key
+            bits.append(f"{arm} {'ok' if cases['logits_ok'] else 'FAILED'}")
+            continue
+        ok, same = all(c["logits_ok"] for c in cases.values()), all(c["same_prompt_ids"] for c in cases.values())
+        bits.append(f"{arm} {'ok' if ok else 'FAILED'} (logits {max(c['rel_err_vs_fp32'] for c in cases.values()):.1e} "
+                    f"from float32, {min(c['as_fp32'] for c in cases.values())}+ tokens on float32's path"
+                    f"{'' if same else ', prompt ids differ from the kit'})")
     return f"{preset} parity: " + "; ".join(bits)
 
 
 def summary_lines(result: dict) -> list[str]:
-    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, start-up and parity, and
-    per case each arm's medians with the graphed arms' paired cuts."""
+    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, start-up and parity;
+    then the A/B as :func:`ab_frame` shows it (each arm's medians, the graphed arms' paired cuts), and
+    the errors."""
     out = []
     for preset, sec in result["presets"].items():
         if "engines" in sec:
-            starts = ", ".join(f"{a} {e['start_s']:.0f} s" for a, e in sec["engines"].items())
-            out += [f"{preset}: engines started in {starts}", parity_line(preset, sec)]
-        else:
-            out.append(f"{preset} parity: " + ", ".join(f"{k} {'ok' if c['logits_ok'] else 'FAILED'}"
-                                                        for k, c in sec.get("parity", {}).items()))
-        for case in (case_name(*c) for c in CASES):
-            for tokens in TOKENS:
-                shown = []
-                for engine, label in (("vllm", "vLLM"), ("kit", "the kit's pipeline")):
-                    cells = [f"{arm} {r['ttft_ms']:.1f}/{r['e2e_ms']:.1f}" + ("" if arm == "off" else
-                             f" (TTFT {cut_text(r.get('ttft_cut'))}, e2e {cut_text(r.get('e2e_cut'))})")
-                             for arm in ARMS if (r := find(result, engine, preset, case, tokens, arm))]
-                    if cells:
-                        shown.append(f"{label}: " + ", ".join(cells))
-                out.append(f"  {case:>6} {tokens:>3} tokens, TTFT/e2e ms: {' | '.join(shown)}")
+            out.append(f"{preset}: engines started in "
+                       + ", ".join(f"{a} {e['start_s']:.0f} s" for a, e in sec["engines"].items()))
+        out.append(parity_line(preset, sec))
+    if result.get("rows"):
+        out += ab_frame(result).to_string().splitlines()
     return out + [f"error: {e['error']}" for e in result.get("errors") or []]
 
 
