@@ -197,7 +197,8 @@ def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
             ax.text(end, y, f"  TTFT {m['ttft_ms']:.1f} ms", va="center", fontsize=8)
         ax.set_yticks(range(len(shown)), [f"{ENGINES[e]}, {ARM_LABELS[arm]}" for e, arm, _ in shown], fontsize=8)
         ax.invert_yaxis()
-        ax.set(title=f"{preset}: one request, one 512 px image", xlabel="ms to the first token")
+        ax.set_title(f"{preset}: one request, one 512 px image", fontsize=10)
+        ax.set_xlabel("ms to the first token")
         ax.margins(x=0.15)
     fig.legend(loc="outside lower center", ncols=4, fontsize=8)
     return fig
