@@ -21,7 +21,6 @@ from lfm2vl_lab.measure.results import save_result
 from lfm2vl_lab.measure.workloads import device_defaults
 from lfm2vl_lab.report.frames import KERNEL_OPTIONS, is_default_config
 from lfm2vl_lab.report.notebook import RECORDED_GPU, load_recorded, setup
-from lfm2vl_lab.report.plots import count_nxs_workloads
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -152,7 +151,7 @@ def test_the_recorded_gpu_is_the_one_the_repo_has_results_for():
 
 
 # ------------------------------------------------------------------------------------------------
-# plots: is_default_config, count_nxs_workloads, e2e_figure(share=True)
+# plots: is_default_config
 
 GRAPH_ROW = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
              "max_seqlen_mode": "tight", "attention": "varlen", **KERNEL_OPTIONS}
@@ -185,12 +184,6 @@ def test_is_default_config_can_ignore_an_option():
     assert is_default_config(other, ignore=("dense_graphs",))
     assert not is_default_config(other, ignore=("fuse_qkv",))
     assert not is_default_config(dict(other, fuse_qkv=not KERNEL_OPTIONS["fuse_qkv"]), ignore=("dense_graphs",))
-
-
-def test_count_nxs_workloads():
-    rows = [{"workload": w} for w in ("1x512", "4x512", "1x512", "tiled", "stream", "2x256")] + [{}]
-    assert count_nxs_workloads(rows) == 3
-    assert count_nxs_workloads([]) == 0
 
 
 # ------------------------------------------------------------------------------------------------

@@ -34,11 +34,6 @@ def mode_key(mode: str) -> tuple:
     return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
 
 
-def count_nxs_workloads(rows: list[dict]) -> int:
-    """How many distinct ``NxS`` workloads (N images of S px) the rows have (a speedup line needs two)."""
-    return len({r["workload"] for r in rows if NXS.fullmatch(str(r.get("workload")))})
-
-
 def page_width(wanted: float, least: float = 6.0) -> float:
     """A figure width (inches) between ``least`` and :data:`MAX_WIDTH_IN`."""
     return min(MAX_WIDTH_IN, max(least, wanted))
@@ -132,15 +127,15 @@ def latency_figure(rows: list[dict], title: str | None = None, log: bool = False
 
 def speedup_figure(rows: list[dict], side: int | None = None, title: str | None = None) -> Figure:
     """Speedup over hf-eager against the number of images, for the ``NxS`` workloads of one side ``S``
-    (default: the side with the most image counts). ``rows``: one run's."""
+    (default: the side with the most image counts); a line needs two image counts. ``rows``: one run's."""
     df = pd.DataFrame([r for r in pick_rows(rows) if r.get("speedup_vs_hf") and NXS.fullmatch(str(r["workload"]))])
     if df.empty:
         raise NoData("speedup_figure: no NxS rows with speedup_vs_hf")
     df[["n", "side"]] = df["workload"].str.extract(NXS.pattern).astype(int).to_numpy()
     side = side or df.drop_duplicates("workload")["side"].value_counts().idxmax()
     df = df[(df.side == side) & (df["mode"] != "hf-eager")]
-    if df.empty:
-        raise NoData(f"speedup_figure: no rows for {side} px images")
+    if df["n"].nunique() < 2:
+        raise NoData(f"speedup_figure: needs at least two image counts of {side} px (e.g. --workload 1..16x512)")
     fig, (ax,) = figure(6.5, 4.2, title or "Speedup over transformers' eager path vs batch size")
     table = df.pivot(index="n", columns="mode", values="speedup_vs_hf")
     lines(ax, table[sorted(table.columns, key=mode_key)])

@@ -15,7 +15,6 @@ from .frames import pick_rows
 from .plots import (
     NoData,
     attention_figure,
-    count_nxs_workloads,
     floor_share_figure,
     graph_memory_figure,
     latency_figure,
@@ -57,17 +56,11 @@ def capture_groups(rows: list[dict]) -> dict:
     return out
 
 
-def _speedup(rows: list[dict], title: str):
-    if count_nxs_workloads(rows) < 2:
-        raise NoData("needs at least two NxS workloads (e.g. --workload 1..16x512)")
-    return speedup_figure(rows, title=title)
-
-
 # A bench file's figures: kind -> (figure of its rows, short title); the padding waste reads the
 # preset's budget sweep where the set has one.
 BENCH_FIGURES = {
     "latency": (latency_figure, "Encoder latency per mode (whisker: p90)"),
-    "speedup": (_speedup, "Speedup over hf-eager vs images per call"),
+    "speedup": (speedup_figure, "Speedup over hf-eager vs images per call"),
     "floor-share": (floor_share_figure, "Share of each call at the GPU-busy floor"),
     "timeline": (lambda rows, title: timeline_figure(_timelines(rows), title),
                  "One call: CPU launch calls vs GPU kernels"),
