@@ -119,27 +119,9 @@ def on_files(files, config):
         sources = figure_sources(gpu)
         for path in linked_files(sources):
             _add(files, path.resolve().relative_to(ROOT).as_posix(), config)
-        page = _one_heading_per_figure(figures_page(sources, gpu))
+        page = figures_page(sources, gpu)
         files.append(File.generated(config, "figures.md", content=page))
     return files
-
-
-def _one_heading_per_figure(markdown: str) -> str:
-    """The figures page without a figure's ``###`` heading where its section's ``##`` heading is
-    already that figure's name (a section of one figure): each name is one heading."""
-    out, section, skip_blank = [], None, False
-    for line in markdown.split("\n"):
-        if skip_blank and not line.strip():
-            skip_blank = False
-            continue
-        skip_blank = False
-        if line.startswith("## "):
-            section = line[3:].strip()
-        elif line.startswith("### ") and line[4:].strip() == section:
-            skip_blank = True  # the heading and the blank line under it
-            continue
-        out.append(line)
-    return "\n".join(out)
 
 
 def _notebook_refs(html: str, page, files) -> str:

@@ -144,23 +144,23 @@ def test_bad_folders_give_one_line_errors(tiny_checkpoint, tmp_path, photo):
 
 
 def test_checkpoint_from_env_reaches_model_for_and_the_environment_check(monkeypatch, tiny_checkpoint, tmp_path):
-    from lfm2vl_lab.report.notebook import environment, environment_lines
+    from lfm2vl_lab.report.notebook import environment_lines
 
     monkeypatch.delenv(CHECKPOINT_ENV, raising=False)
     assert lab.checkpoint_from_env() is None and not hasattr(lab.model_for("tiny"), "lab_checkpoint")
-    assert not any("checkpoint" in line for line in environment_lines(environment("cpu"), {}))
+    assert not any("checkpoint" in line for line in environment_lines("cpu", {}))
     monkeypatch.setenv(CHECKPOINT_ENV, str(tiny_checkpoint))
     assert lab.checkpoint_from_env() == tiny_checkpoint
     loaded = lab.model_for("lfm2-vl-450m", dtype=torch.float32)  # the checkpoint wins over the preset
     sha = hashlib.sha256((tiny_checkpoint / "config.json").read_bytes()).hexdigest()
     assert loaded.lab_checkpoint == {"name": "LFM2-VL-tiny", "config_sha256": sha}
-    lines = environment_lines(environment("cpu"), {})
+    lines = environment_lines("cpu", {})
     assert lines[1] == "  model: the checkpoint LFM2-VL-tiny (from LFM2VL_CHECKPOINT) in float32; " \
                        "encoder attention (auto): sdpa_blockmask"
     monkeypatch.setenv(CHECKPOINT_ENV, str(tmp_path / "missing"))
     with pytest.raises(ValueError, match=r"LFM2VL_CHECKPOINT='.*missing' is not a folder"):
         lab.checkpoint_from_env()
-    assert "is not a folder" in environment_lines(environment("cpu"), {})[2]  # said, not raised, in the first cell
+    assert "is not a folder" in environment_lines("cpu", {})[2]  # said, not raised, in the first cell
 
 
 def test_bench_on_a_checkpoint_names_it_in_the_provenance(monkeypatch, tiny_checkpoint):

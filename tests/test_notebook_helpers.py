@@ -21,8 +21,6 @@ from lfm2vl_lab.measure.results import save_result
 from lfm2vl_lab.measure.workloads import device_defaults
 from lfm2vl_lab.report.frames import KERNEL_OPTIONS, is_default_config
 from lfm2vl_lab.report.notebook import RECORDED_GPU, load_recorded, setup
-from lfm2vl_lab.report.plots import count_nxs_workloads
-from lfm2vl_lab.report.plots_ttft import e2e_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -153,7 +151,7 @@ def test_the_recorded_gpu_is_the_one_the_repo_has_results_for():
 
 
 # ------------------------------------------------------------------------------------------------
-# plots: is_default_config, count_nxs_workloads, e2e_figure(share=True)
+# plots: is_default_config
 
 GRAPH_ROW = {"mode": "lab-graph", "workload": "1x512", "budget_set": "auto", "cu_rule": "safe",
              "max_seqlen_mode": "tight", "attention": "varlen", **KERNEL_OPTIONS}
@@ -186,26 +184,6 @@ def test_is_default_config_can_ignore_an_option():
     assert is_default_config(other, ignore=("dense_graphs",))
     assert not is_default_config(other, ignore=("fuse_qkv",))
     assert not is_default_config(dict(other, fuse_qkv=not KERNEL_OPTIONS["fuse_qkv"]), ignore=("dense_graphs",))
-
-
-def test_count_nxs_workloads():
-    rows = [{"workload": w} for w in ("1x512", "4x512", "1x512", "tiled", "stream", "2x256")] + [{}]
-    assert count_nxs_workloads(rows) == 3
-    assert count_nxs_workloads([]) == 0
-
-
-def test_e2e_figure_share_panel():
-    rows = [
-        {"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 30.0, "encoder_ms": 6.0},
-        {"preset": "p", "image": "1x512", "requests": 1, "mode": "lab-graph", "ttft_ms": 25.0, "encoder_ms": 1.0,
-         "encoder_share_of_ttft": 0.04},
-    ]
-    assert len(e2e_figure(rows).axes) == 1
-    fig = e2e_figure(rows, share=True)
-    ttft_ax, share_ax = fig.axes
-    assert "25.0\n(-17%)" in [t.get_text() for t in ttft_ax.texts]
-    # the share: recorded where the row has it, encoder / TTFT where it does not
-    assert sorted(round(b.get_height(), 3) for b in share_ax.patches) == [4.0, 20.0]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from lfm2vl_lab.report.plots_ttft import (
 )
 from lfm2vl_lab.report.ttft_summary import (
     claim_frame,
-    claim_sentence,
     claim_verdict,
     decode_frame,
     parity_frame,
@@ -207,18 +206,6 @@ def test_claim_verdict_and_the_decode_control():
     assert (control["text eager"], control["text graphed"]) == ("fails", "holds")
     dec = decode_frame(rows)
     assert dec["decode control"].tolist() == ["fails"] and dec["drift %, text eager"].tolist() == [-20.0]
-
-
-def test_claim_sentence(recorded):
-    rows = recorded["rows"]
-    cuts = {t: ttft_case(rows, "lfm2-vl-450m", "1x512", 1)[mode_name(t, "graphed")]["encoder_graph_cut"]
-            for t in ("graphed", "eager")}
-    line = claim_sentence(rows)
-    assert line.startswith("lfm2-vl-450m, 1x512 x1\n")
-    assert all(f"cut TTFT by {c:.1%}, {claim_verdict(c)} the PR's 10%-20%" in line for c in cuts.values())
-    assert claim_sentence(rows, requests=3).endswith("not recorded: this file has no TTFT rows for this case.")
-    no_eager = [r for r in rows if r["mode"] != mode_name("eager", "eager")]
-    assert claim_sentence(no_eager).endswith("text model eager (as in generate): not recorded")
 
 
 # ------------------------------------------------------------------------------------------------

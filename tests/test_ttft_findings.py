@@ -4,30 +4,24 @@ set's files check that the sentences say what the rows hold."""
 
 from __future__ import annotations
 
-import copy
-import re
-
 import pytest
 
 from lfm2vl_lab.measure.e2e import DECODE_DRIFT_WARN
 from lfm2vl_lab.measure.ttft import mode_name
 from lfm2vl_lab.report import reference
 from lfm2vl_lab.report.plots_ttft import TTFT_MODES
-from lfm2vl_lab.report.ttft_findings import (
-    claim_ranges_text,
-    coverage,
-    coverage_text,
-    cut_range,
-    decode_speedup_text,
-    e2e_cuts,
-    encoder_cuts,
-    first_tokens_text,
-    image_path_text,
-    range_text,
+from lfm2vl_lab.report.ttft_findings import claim_ranges, cut_range, e2e_cuts, encoder_cuts, ranges_frame
+from lfm2vl_lab.report.ttft_summary import (
+    decode_frame,
+    decode_ratios,
+    disturbed,
+    drift_fails,
+    image_path_frame,
+    parity_frame,
     range_verdict,
-    ttft_sentence,
+    text_graph_cuts,
+    ttft_frame,
 )
-from lfm2vl_lab.report.ttft_summary import decode_ratios, disturbed, drift_fails, text_graph_cuts, ttft_frame
 
 
 @pytest.fixture(scope="module")
@@ -81,31 +75,6 @@ def test_drift_fails_beyond_the_warn_threshold_only():
 # coverage
 
 
-def test_coverage_of_synthetic_rows():
-    c = coverage(grid(cases=(("b", "tiled", 4), ("a", "1x512", 1), ("a", "tiled", 1))))
-    assert (c["presets"], c["images"], c["requests"], c["cases"]) == (["b", "a"], ["tiled", "1x512"], [1, 4], 3)
-    assert c["modes"] == list(TTFT_MODES) and c["decode_tokens"] == [16] and c["new_tokens"] == []
-    assert coverage_text([]) == "not recorded: this file has no rows"
-
-
-def _arg(command: str, flag: str) -> list[str]:
-    """Every value of ``flag`` in a command line, comma lists split."""
-    return [v for m in re.findall(rf"{flag} (\S+)", command) for v in m.split(",")]
-
-
-@pytest.mark.parametrize("role", ["e2e", "ttft"])
-def test_coverage_is_what_the_reference_command_asked_for(role, e2e_res, ttft_res):
-    res = {"e2e": e2e_res, "ttft": ttft_res}[role]
-    command = reference.load_manifest()["files"][role]["command"]
-    c = coverage(res["rows"])
-    assert c["presets"] == _arg(command, "--preset") and c["images"] == _arg(command, "--image")
-    assert c["requests"] == [int(n) for n in _arg(command, "--requests")]
-    assert c["repeats"] == [int(n) for n in _arg(command, "--repeats")]
-    assert c["cases"] == len(c["presets"]) * len(c["images"]) * len(c["requests"])
-    text = coverage_text(res["rows"])
-    assert text.startswith(f"covers {c['cases']} cases: presets {', '.join(c['presets'])};")
-
-
 # ------------------------------------------------------------------------------------------------
 # ranges
 
@@ -117,14 +86,15 @@ def test_cut_range_leaves_out_the_cases_whose_decode_control_fails():
     r = cut_range(cuts)
     assert (r["lo"], r["hi"], len(r["kept"]), r["unchecked"]) == (0.10, 0.30, 2, 1)
     assert [c["case"] for c in r["left_out"]] == [("p", "1x512", 4)]
-    assert range_text(cuts) == ("every case: 10.0% to 30.0% over 2 of 3 cases; left out, decode control fails: "
-                                "p 1x512 x4 (drift +50%); 1 without a decode control")
-    assert range_text(cuts, requests=1) == "one request: 10.0% to 30.0% over 2 of 2 cases; 1 without a decode control"
-    assert range_text(cuts[1:2]) == "every case: none of 1 cases passes the decode control; left out, decode " \
-                                    "control fails: p 1x512 x4 (drift +50%)"
-    assert range_text(cuts, requests=8).startswith("not recorded")
-    assert range_text(cuts, claim=(0.1, 0.2)).startswith("every case: 10.0% to 30.0% over 2 of 3 cases, "
-                                                         "overlapping the PR's 10%-20%; left out")
+    df = ranges_frame({"s": cuts}, claim=(0.1, 0.2))
+    every, one = df.loc[("s", "every case")], df.loc[("s", "one request")]
+    assert (every["cut % from"], every["to"], every["cases"], every["against 10%-20%"]) == \
+        (10.0, 30.0, "2 of 3", "overlapping")
+    assert (every["left out (drift %)"], every["no decode control"]) == ("p 1x512 x4 (+50)", 1)
+    assert (one["cases"], one["left out (drift %)"]) == ("2 of 2", "")
+    none = ranges_frame({"s": cuts[1:2]}).loc[("s", "every case")]  # none passes: no range, no verdict
+    assert (none["cases"], none["cut % from"], none["against 10%-20%"]) == ("0 of 1", None, None)
+    assert ("s", "one request") not in ranges_frame({"s": cuts[1:2]}).index  # no such case: no row
 
 
 def test_encoder_and_e2e_cuts_read_the_graphed_rows():
@@ -139,25 +109,22 @@ def test_encoder_and_e2e_cuts_read_the_graphed_rows():
 
 
 def test_claim_ranges_on_the_reference_set_quote_the_rows(ttft_res, e2e_res):
-    text = claim_ranges_text(ttft_res["rows"], e2e_res["rows"])
-    assert text.startswith("vLLM PR #44930: about 10%-20% lower end-to-end latency")
+    df = claim_ranges(ttft_res["rows"], e2e_res["rows"])
     kept = [r for r in e2e_res["rows"] if r["mode"] == "lab-graph" and abs(r["decode_drift"]) <= DECODE_DRIFT_WARN]
-    lo, hi = min(r["ttft_reduction_paired"] for r in kept), max(r["ttft_reduction_paired"] for r in kept)
-    inside = text.split("inside generate")[1]
-    assert f"every case: {lo:.1%} to {hi:.1%} over {len(kept)} of 8 cases" in inside
+    inside = df.loc[("inside generate (text model eager)", "every case")]
+    assert (inside["cut % from"], inside["to"], inside["cases"]) == \
+        (round(100 * min(r["ttft_reduction_paired"] for r in kept), 1),
+         round(100 * max(r["ttft_reduction_paired"] for r in kept), 1), f"{len(kept)} of 8")
     for r in e2e_res["rows"]:  # every disturbed e2e row is named, none quoted
         if r["mode"] == "lab-graph" and abs(r["decode_drift"]) > DECODE_DRIFT_WARN:
-            assert f"{r['preset']} {r['image']} x{r['requests']} (drift {r['decode_drift']:+.0%})" in inside
+            assert f"{r['preset']} {r['image']} x{r['requests']} ({100 * r['decode_drift']:+.0f})" in \
+                inside["left out (drift %)"]
     graphed = [r["encoder_graph_cut"] for r in ttft_res["rows"] if r["mode"] == mode_name("graphed", "graphed")
                and r["requests"] == 1 and not drift_fails(r)]
-    assert f"one request: {min(graphed):.1%} to {max(graphed):.1%}" in text.split("text model graphed (as in vLLM)")[1]
-    assert "inside generate" not in claim_ranges_text(ttft_res["rows"])
-    ranges = [line for line in text.splitlines() if line.startswith("  ")]
-    # each range says where it stands against the PR's, or that no case of it passed the decode control
-    assert len(ranges) == 6 and all(re.search(r"cases, (above|below|within|overlapping) the PR's 10%-20%", line)
-                                    or re.search(r": none of \d+ cases passes the decode control; left out", line)
-                                    for line in ranges)
-    assert any("the PR's 10%-20%" in line for line in ranges)
+    one = df.loc[("engine grid, text model graphed (as in vLLM)", "one request")]
+    assert (one["cut % from"], one["to"]) == (round(100 * min(graphed), 1), round(100 * max(graphed), 1))
+    assert "inside generate (text model eager)" not in claim_ranges(ttft_res["rows"]).index.get_level_values(0)
+    assert len(df) == 6 and set(df["against 10%-20%"].dropna()) <= {"above", "below", "within", "overlapping"}
 
 
 def test_range_verdict():
@@ -175,47 +142,23 @@ def test_decode_speedups_per_case_and_their_range():
     rows[4]["decode_ms_per_token"] = 30.0  # x2, all eager: a ratio of 10 that must not be quoted
     ups = decode_ratios(rows, mode_name("eager", "eager"), mode_name("graphed", "eager"))
     assert list(zip(ups.ratio, ups.disturbed)) == [(4.0, False), (10.0, True)]
-    assert decode_speedup_text(rows) == ("p: decode per token is 4.0x to 4.0x faster with the text model graphed, "
-                                         "over 1 of 2 cases (left out, decode control fails: p 1x512 x2)")
-    assert decode_speedup_text([]).startswith("not recorded")
+    dec = decode_frame(rows)
+    assert list(zip(dec["text graphs' decode speedup ×"], dec["decode control"])) == [(4.0, "holds"), (10.0, "fails")]
 
 
-def test_ttft_sentence():
-    rows = grid(cases=(("lfm2-vl-450m", "1x512", 1),))
-    assert ttft_sentence(rows) == ("lfm2-vl-450m 1x512 x1: TTFT 20.00 ms with everything eager, 8.00 ms with the "
-                                   "text model and the encoder graphed (2.5x)")
-    assert "not recorded" in ttft_sentence(rows[1:])
-
-
-def test_image_path_text(ttft_res):
-    assert image_path_text({}).startswith("not recorded")
-    lines = image_path_text(ttft_res).splitlines()
+def test_image_path_frame(ttft_res):
+    assert image_path_frame({}).startswith("not recorded")
+    df = image_path_frame(ttft_res)
     sources = [r for r in ttft_res["image_path"] if r["kind"] == "encode_sources"]
-    assert len(lines) == len(sources)
-    assert all(f"{r['ratio']:.2f}x as long" in line for r, line in zip(sources, lines, strict=True))
+    assert df["×"].tolist() == [round(r["ratio"], 2) for r in sources]
 
 
-def test_first_tokens_text_names_the_differing_modes_and_what_float32_chose():
-    rows = grid(cases=(("p", "tiled", 1), ("p", "tiled", 2), ("p", "1x512", 1)))
-    for r in rows[:8]:
-        r["same_first_tokens"] = r["encoder_mode"] == "eager"
-    parity = [{"preset": "p", "image": "tiled", "requests": 1, "fp32_top2_margin": [0.005, 0.01],
-               "modes": {m: {"first_token_as_fp32": m.endswith("graphed")} for m in TTFT_MODES}}]
-    text = first_tokens_text({"rows": rows, "parity": parity}).splitlines()
-    both = f"{mode_name('eager', 'graphed')}, {mode_name('graphed', 'graphed')}"
-    assert text[0] == "every mode's first tokens equal the all-eager mode's in 1 of 3 cases"
-    assert text[1] == f"  p tiled x1: {both} differ; float32's top-2 logit margin 0.005, float32's first token " \
-                      f"chosen by {both}"
-    assert text[2] == f"  p tiled x2: {both} differ"
-    same = copy.deepcopy(rows)
-    for r in same:
-        r["same_first_tokens"] = True
-    assert first_tokens_text({"rows": same}) == "every mode's first tokens equal the all-eager mode's in 3 of 3 cases"
-    assert first_tokens_text({}).startswith("not recorded")
-
-
-def test_first_tokens_text_on_the_reference_set(ttft_res):
-    text = first_tokens_text(ttft_res)
-    differing = {(r["preset"], r["image"], r["requests"]) for r in ttft_res["rows"] if not r["same_first_tokens"]}
-    assert text.count("differ") == len(differing)
-    assert f"in {16 - len(differing)} of 16 cases" in text.splitlines()[0]
+def test_parity_frame_says_which_first_tokens_differ_and_what_float32_chose():
+    modes = {m: {"rel_err_vs_fp32": 0.01, "same_first_token": m.endswith("eager"), "matching_tokens": 4, "ok": True,
+                 "first_token_as_fp32": m.endswith("graphed")} for m in TTFT_MODES}
+    df = parity_frame({"parity": [{"preset": "p", "image": "tiled", "requests": 1, "new_tokens": 8,
+                                   "fp32_top2_margin": [0.005, 0.01], "modes": modes}]})
+    graphed = df[df["mode"].str.endswith("graphed")]
+    assert set(graphed["first token"]) == {"DIFFERS"} and set(graphed["float32's first token"]) == {"yes"}
+    assert set(df["fp32 top-2 margin"]) == {"0.005"}
+    assert parity_frame({}).startswith("not recorded")

@@ -35,14 +35,11 @@ LIVE_NOTE = ("A picture of the budget explorer: it is live in JupyterLab (make l
 
 
 @lru_cache(maxsize=8)
-def _stream_tokens(n: int, seed: int, preset: str) -> tuple[tuple[int, ...], ...]:
+def _stream_tokens(n: int, seed: int, preset: str) -> tuple:
     from ..model.inputs import process_images
 
-    out = []
-    for r in synthetic_workload(n, seed):
-        shapes = process_images([r.image()], preset)["spatial_shapes"].tolist()
-        out.append(tuple(tokens_for(tuple(s)) for s in shapes))
-    return tuple(out)
+    return tuple(tuple(tokens_for(tuple(s)) for s in process_images([r.image()], preset)["spatial_shapes"].tolist())
+                 for r in synthetic_workload(n, seed))
 
 
 def stream_tokens(n: int = STREAM_N, seed: int = 0, preset: str = STREAM_PRESET) -> list[list[int]]:
@@ -115,16 +112,17 @@ def explore(budgets=None, max_items: int | None = None, stream: list[list[int]] 
 
 
 def _memory_note(res: dict) -> str:
+    """Where the graph memory comes from, and whether it was captured in the configuration explored."""
     src = res["memory_source"]
     if not src.get("label"):
         return "graph memory: not recorded (the reference set has no bench-450m lab-graph capture)"
     run = f" + run budget {src['run_budget']}" if src.get("run_budget") else ""
-    note = (f"graph memory: {src['label']}\n  captured as budgets {src['budgets']}{run} with max items "
-            f"{src.get('max_items')}, largest first into one shared pool: {src['total_mb']:.0f} MiB in all")
-    same = (src["budgets"] == res["budgets"] and src.get("run_budget") == res["run_budget"]
-            and src.get("max_items") == res["max_items"])
-    return note if same else note + ("\n  (a different configuration: its item slots, and each budget's share "
-                                     "of the pool, would differ)")
+    same = (src["budgets"], src.get("run_budget"), src.get("max_items")) == \
+        (res["budgets"], res["run_budget"], res["max_items"])
+    return (f"graph memory: {src['label']}\n  captured as budgets {src['budgets']}{run} with max items "
+            f"{src.get('max_items')}, largest first into one shared pool: {src['total_mb']:.0f} MiB in all"
+            + ("" if same else "\n  (a different configuration: its item slots, and each budget's share of the "
+               "pool, would differ)"))
 
 
 def explore_text(res: dict) -> str:
@@ -193,23 +191,15 @@ class BudgetExplorer:
             self._busy = False
         self.output.value = f"<pre>{html.escape(self.text)}</pre>"
 
-    def static_text(self) -> str:
-        """What the explorer shows now, as plain text, under a line saying where it is live
-        (:data:`LIVE_NOTE`)."""
-        return f"{LIVE_NOTE}\n{self.text}"
-
-    def static_html(self) -> str:
-        """:meth:`static_text` as HTML: the picture a page that cannot run widgets shows."""
-        return (f'<div class="lab-static-widget"><p><em>{html.escape(LIVE_NOTE)}</em></p>'
-                f"<pre>{html.escape(self.text)}</pre></div>")
-
     def _repr_mimebundle_(self, **kwargs):
-        # The widget for JupyterLab (it ranks the widget view first), and beside it the state the
-        # explorer is displayed in as HTML and text: what nbconvert, the docs site and a kernel-less
-        # viewer show instead of ipywidgets' "VBox(children=...)".
+        # The widget for JupyterLab (it ranks the widget view first), and beside it the state the explorer
+        # is displayed in, under LIVE_NOTE, as HTML and text: what nbconvert, the docs site and a
+        # kernel-less viewer show instead of ipywidgets' "VBox(children=...)".
         bundle = self.ui._repr_mimebundle_(**kwargs)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
-        data.update({"text/html": self.static_html(), "text/plain": self.static_text()})
+        data.update({"text/html": f'<div class="lab-static-widget"><p><em>{html.escape(LIVE_NOTE)}</em></p>'
+                                  f"<pre>{html.escape(self.text)}</pre></div>",
+                     "text/plain": f"{LIVE_NOTE}\n{self.text}"})
         return bundle
 
 

@@ -30,52 +30,37 @@ CPU_FALLBACK_NOTE = ("note: no CUDA device, so GraphedEncoder.encode() runs the 
 SHOW_KINDS = ("any", "gpu", "recorded")
 
 
-def environment(device) -> dict:
-    """What a notebook runs on: device and memory, library versions, the attention ``"auto"`` picks
-    there, and the checkpoint ``LFM2VL_CHECKPOINT`` names."""
+def environment_lines(device, shows: dict[str, str]) -> list[str]:
+    """The environment check as printed lines: the device (a GPU: its name, capability and free memory),
+    library versions, the model and the attention ``"auto"`` picks there, then what the notebook shows
+    live here and what from recorded results (``shows`` maps a part to one of :data:`SHOW_KINDS`)."""
     import transformers
 
-    preset, dtype = device_defaults(device)
-    env = {"device": str(device), "gpu": None, "capability": None, "free_gib": None, "total_gib": None,
-           "torch": torch.__version__, "transformers": transformers.__version__,
-           "python": platform.python_version(), "preset": preset, "dtype": str(dtype).removeprefix("torch."),
-           "attention": resolve_attention("auto", device, dtype)[0]}
-    try:
-        folder = checkpoint_from_env()
-        env["checkpoint"] = folder.name if folder is not None else None
-    except ValueError as exc:  # a value that names no folder: said in the check, not raised from the first cell
-        env["checkpoint"], env["checkpoint_problem"] = None, str(exc)
-    cap = cuda_capability(device)
-    if cap is not None:
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        env.update(gpu=torch.cuda.get_device_name(torch.device(device)), capability=f"sm{sm(cap)}",
-                   free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1))
-    return env
-
-
-def environment_lines(env: dict, shows: dict[str, str]) -> list[str]:
-    """The environment check as printed lines: the machine, then what the notebook shows live here
-    and what it shows from recorded results (``shows`` maps a part to one of :data:`SHOW_KINDS`)."""
     bad = {part: kind for part, kind in shows.items() if kind not in SHOW_KINDS}
     if bad:
         raise ValueError(f"setup(shows=...): kinds must be one of {SHOW_KINDS}; got {bad}")
-    if env["gpu"]:
-        where = f"{env['gpu']} ({env['capability']}), {env['free_gib']} of {env['total_gib']} GiB free"
+    preset, dtype = device_defaults(device)
+    try:
+        folder, problem = checkpoint_from_env(), None
+    except ValueError as exc:  # a value that names no folder: said in the check, not raised from the first cell
+        folder, problem = None, str(exc)
+    cap = cuda_capability(device)
+    if cap is not None:
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        where = (f"{torch.cuda.get_device_name(torch.device(device))} (sm{sm(cap)}), {free / 2**30:.1f} of "
+                 f"{total / 2**30:.1f} GiB free")
     else:
-        where = "no CUDA GPU: " + ("the checkpoint runs on the CPU (slowly)" if env.get("checkpoint")
-                                   else "the tiny preset runs on the CPU")
-    model = env["preset"]
-    if env.get("checkpoint"):
-        model = f"the checkpoint {env['checkpoint']} (from {CHECKPOINT_ENV})"
-    lines = [f"environment: {where}; torch {env['torch']}, transformers {env['transformers']}, "
-             f"Python {env['python']}",
-             f"  model: {model} in {env['dtype']}; encoder attention (auto): {env['attention']}"]
-    if env.get("checkpoint_problem"):
-        lines.append(f"  checkpoint: none: {env['checkpoint_problem']}")
-    on_gpu = env["gpu"] is not None
-    live = [p for p, k in shows.items() if k == "any" or (k == "gpu" and on_gpu)]
-    recorded = [p + (" (needs a GPU)" if k == "gpu" else "") for p, k in shows.items()
-                if k == "recorded" or (k == "gpu" and not on_gpu)]
+        where = "no CUDA GPU: " + ("the checkpoint runs on the CPU (slowly)" if folder else "the tiny preset runs on "
+                                                                                        "the CPU")
+    model = f"the checkpoint {folder.name} (from {CHECKPOINT_ENV})" if folder else preset
+    lines = [f"environment: {where}; torch {torch.__version__}, transformers {transformers.__version__}, "
+             f"Python {platform.python_version()}",
+             f"  model: {model} in {str(dtype).removeprefix('torch.')}; encoder attention (auto): "
+             f"{resolve_attention('auto', device, dtype)[0]}"]
+    if problem:
+        lines.append(f"  checkpoint: none: {problem}")
+    live = [p for p, k in shows.items() if k == "any" or (k == "gpu" and cap is not None)]
+    recorded = [p + (" (needs a GPU)" if k == "gpu" else "") for p, k in shows.items() if p not in live]
     if live:
         lines.append("  live here: " + "; ".join(live))
     if recorded:
@@ -98,7 +83,7 @@ def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, t
     preset, dtype = device_defaults(device)
     print(f"DEVICE={device}  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}")
     if shows is not None:
-        print("\n".join(environment_lines(environment(device), shows)))
+        print("\n".join(environment_lines(device, shows)))
     if torch.device(device).type != "cuda":
         # said once here instead of as a warning box in whichever cell first encodes
         warnings.filterwarnings("ignore", message=CPU_FALLBACK_WARNING)

@@ -1,13 +1,16 @@
 """Figures of the encoder's files (``bench``, the sweeps, the attention probe), and what every figure
-module shares: colours per mode, page widths, titles, :class:`NoData`. A figure takes one run's
-rows and returns a ``Figure`` built without ``pyplot`` (no GUI backend, no global state)."""
+module shares: colours per mode, :func:`figure` (page width, title), :func:`bars` and :func:`lines`,
+which draw a wide DataFrame (a group or an x value per row, a series per column), and :class:`NoData`.
+A figure takes one run's rows and returns a ``Figure`` built without ``pyplot`` (no GUI backend, no
+global state)."""
 
 from __future__ import annotations
 
 import textwrap
-from collections import Counter
 from itertools import groupby
 
+import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
@@ -19,6 +22,7 @@ MODE_ORDER = ("hf-eager", "compile", "compile-max", "lab-eager", "lab-graph", "l
 MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "compile-max": "#e377c2", "lab-eager": "#1f77b4",
                "lab-graph": "#2ca02c", "lab-graph-fused": "#d62728"}
 MAX_WIDTH_IN = 12.0  # figures fit a page: at most this wide (inches; 1440 px at the report's 120 dpi)
+BUSY_OVER_WALL = "busy > wall: the profiled call ran slower than the timed median"
 
 
 class NoData(ValueError):
@@ -30,17 +34,6 @@ def mode_key(mode: str) -> tuple:
     return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
 
 
-def count_nxs_workloads(rows: list[dict]) -> int:
-    """How many distinct ``NxS`` workloads (N images of S px) the rows have: the speedup figure
-    draws a line over them, so it needs at least two."""
-    return len({r["workload"] for r in rows if NXS.fullmatch(str(r.get("workload")))})
-
-
-def modes_of(rows) -> list[str]:
-    """The rows' modes in :data:`MODE_ORDER`."""
-    return sorted({r["mode"] for r in rows}, key=mode_key)
-
-
 def page_width(wanted: float, least: float = 6.0) -> float:
     """A figure width (inches) between ``least`` and :data:`MAX_WIDTH_IN`."""
     return min(MAX_WIDTH_IN, max(least, wanted))
@@ -48,95 +41,109 @@ def page_width(wanted: float, least: float = 6.0) -> float:
 
 def set_title(fig: Figure, title: str | None) -> None:
     """The figure's title (it names the run: file and date, where the caller knows them), each line
-    wrapped to the figure's width so that none is cut off."""
+    wrapped to the figure's width so that none is cut off (a file name is never split)."""
     if title:
         chars = int(12 * fig.get_figwidth())  # what fits at 10 pt
-        fig.suptitle("\n".join(textwrap.fill(line, chars) for line in title.splitlines()), fontsize=10)
+        fig.suptitle("\n".join(textwrap.fill(line, chars, break_on_hyphens=False) for line in title.splitlines()),
+                     fontsize=10)
 
 
-BUSY_OVER_WALL = "busy > wall: the profiled call ran slower than the timed median"
+def figure(width: float, height: float, title: str | None, rows: int = 1, cols: int = 1, **kw):
+    """A titled figure of ``rows`` × ``cols`` panels, at most a page wide: ``(fig, flat array of axes)``."""
+    fig = Figure(figsize=(page_width(width), height), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, **kw).ravel()
+    set_title(fig, title)
+    return fig, axes
+
+
+def color_of(series, i: int):
+    """A series' colour: its mode's (:data:`MODE_COLORS`), else the ``i``-th of matplotlib's cycle."""
+    return MODE_COLORS.get(series, f"C{i % 10}")
+
+
+def bars(ax, table: pd.DataFrame, fmt: str | None = "%.2f", err=None, labels: pd.DataFrame | None = None,
+         colors: dict | None = None) -> None:
+    """Grouped bars: a group per row of ``table`` (its index labels the x axis), a bar per column, each
+    labelled ``fmt`` (or its cell of ``labels``); ``err``: ``(below, above)`` tables of whisker lengths;
+    ``colors``: per column (default :func:`color_of`)."""
+    width = 0.8 / len(table.columns)
+    for i, col in enumerate(table.columns):
+        vals, keep = table[col].to_numpy(float), table[col].notna().to_numpy()
+        xs = np.arange(len(table)) + (i - (len(table.columns) - 1) / 2) * width
+        yerr = None if err is None else [e[col].to_numpy(float)[keep] for e in err]
+        drawn = ax.bar(xs[keep], vals[keep], width, yerr=yerr, capsize=2, label=str(col),
+                       color=(colors or {}).get(col, color_of(col, i)))
+        crowded = table.size > 16  # upright labels would overlap: turn them
+        if fmt or labels is not None:
+            ax.bar_label(drawn, fmt=fmt or "", labels=None if labels is None else labels[col][keep].tolist(),
+                         fontsize=6 if crowded else 7, padding=1, rotation=90 if crowded else 0)
+    ax.set_xticks(range(len(table)), [" ".join(map(str, i)) if isinstance(i, tuple) else str(i) for i in table.index],
+                  fontsize=8)
+    ax.margins(y=0.12)  # room for the labels
+
+
+def lines(ax, table: pd.DataFrame, styles: dict | None = None, colors: dict | None = None) -> None:
+    """A line per column of ``table`` over its index (numbers: a log-2 axis ticked at each), points marked."""
+    for i, col in enumerate(table.columns):
+        s = table[col].dropna()
+        ax.plot(s.index.tolist(), s.tolist(), "o", ls=(styles or {}).get(col, "-"),
+                color=(colors or {}).get(col, color_of(col, i)), label=str(col))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(table.index.tolist(), [str(x) for x in table.index])
+    ax.minorticks_off()
+
+
+def stack(ax, y: int, parts: list[tuple[str, float, str]], seen: set, hatched: str | None = None) -> float:
+    """One horizontal bar of ``(label, ms, colour)`` parts, left to right (a label's first part enters the
+    legend); the part labelled ``hatched`` is hatched. Returns where the bar ends."""
+    left = 0.0
+    for label, ms, color in parts:
+        if ms is None or ms <= 0:
+            continue
+        ax.barh(y, ms, 0.7, left=left, color=color, hatch="///" if label == hatched else None,
+                edgecolor="#999999" if label == hatched else "white", lw=0.5, label=None if label in seen else label)
+        seen.add(label)
+        left += ms
+    return left
 
 
 def latency_figure(rows: list[dict], title: str | None = None, log: bool = False) -> Figure:
     """Median latency (ms) per mode, bars grouped by workload; the whisker reaches p90. ``rows``:
     one run's (:func:`~lfm2vl_lab.report.frames.pick_rows` chooses one per mode and workload)."""
-    rows = pick_rows(rows)
-    if not rows:
+    df = pd.DataFrame(pick_rows(rows))
+    if df.empty:
         raise NoData("latency_figure: no rows with median_ms")
-    workloads, modes = workloads_of(rows), modes_of(rows)
-    by = {(r["mode"], r["workload"]): r for r in rows}
-    fig = Figure(figsize=(page_width(1.5 * len(workloads) + 2), 4.2), layout="constrained")
-    ax = fig.add_subplot()
-    width = 0.8 / len(modes)
-    crowded = len(modes) * len(workloads) > 16  # upright labels would overlap: turn them
-    for i, mode in enumerate(modes):
-        mine = [(j + (i - (len(modes) - 1) / 2) * width, r) for j, w in enumerate(workloads)
-                if (r := by.get((mode, w)))]
-        errs = [max(0.0, (r.get("p90_ms") or r["median_ms"]) - r["median_ms"]) for _, r in mine]
-        bars = ax.bar([x for x, _ in mine], [r["median_ms"] for _, r in mine], width, yerr=[[0] * len(errs), errs],
-                      label=mode, color=MODE_COLORS.get(mode), capsize=2)
-        ax.bar_label(bars, fmt="%.2f", fontsize=6 if crowded else 7, padding=2, rotation=90 if crowded else 0)
-    ax.set_xticks(range(len(workloads)), workloads)
-    ax.set_ylabel("median latency per call (ms)")
-    ax.set_xlabel("workload (images per call × side in px; tiled: one tiled image; stream: mixed requests)")
-    if log:
-        ax.set_yscale("log")
-    ax.margins(y=0.12)  # room for the labels
-    ax.legend(fontsize=8, ncols=min(len(modes), 5), title="mode (whisker: p90)", title_fontsize=8)
-    set_title(fig, title or "Encoder latency per mode (whisker: p90)")
+    order = dict(index=workloads_of(df.to_dict("records")), columns=sorted(set(df["mode"]), key=mode_key))
+    med = df.pivot(index="workload", columns="mode", values="median_ms").reindex(**order)
+    p90 = df.assign(p90_ms=df.get("p90_ms", df["median_ms"]).fillna(df["median_ms"])).pivot(
+        index="workload", columns="mode", values="p90_ms").reindex(**order)
+    fig, (ax,) = figure(1.5 * len(med) + 2, 4.2, title or "Encoder latency per mode (whisker: p90)")
+    bars(ax, med, err=(0 * med, (p90 - med).clip(lower=0)))
+    ax.set(ylabel="median latency per call (ms)", yscale="log" if log else "linear",
+           xlabel="workload (images per call × side in px; tiled: one tiled image; stream: mixed requests)")
+    ax.legend(fontsize=8, ncols=min(len(med.columns), 5), title="mode (whisker: p90)", title_fontsize=8)
     return fig
-
-
-def _nxs(workload: str) -> tuple[int, int]:
-    n, s = NXS.fullmatch(workload).groups()
-    return int(n), int(s)
 
 
 def speedup_figure(rows: list[dict], side: int | None = None, title: str | None = None) -> Figure:
-    """Speedup over hf-eager against the number of images, for the ``NxS`` workloads of one side
-    ``S`` (default: the side with the most image counts). ``rows``: one run's."""
-    rows = [r for r in pick_rows(rows) if r.get("speedup_vs_hf") and NXS.fullmatch(str(r.get("workload")))]
-    if side is None:
-        sides = Counter(s for _, s in dict.fromkeys(_nxs(r["workload"]) for r in rows))  # image counts per side
-        if not sides:
-            raise NoData("speedup_figure: no NxS rows with speedup_vs_hf")
-        side = max(sides, key=sides.get)
-    rows = [r for r in rows if _nxs(r["workload"])[1] == side and r["mode"] != "hf-eager"]
-    if not rows:
-        raise NoData(f"speedup_figure: no rows for {side} px images")
-    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
-    ax = fig.add_subplot()
-    for mode in modes_of(rows):
-        pts = sorted((_nxs(r["workload"])[0], r["speedup_vs_hf"]) for r in rows if r["mode"] == mode)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=mode, color=MODE_COLORS.get(mode))
+    """Speedup over hf-eager against the number of images, for the ``NxS`` workloads of one side ``S``
+    (default: the side with the most image counts); a line needs two image counts. ``rows``: one run's."""
+    df = pd.DataFrame([r for r in pick_rows(rows) if r.get("speedup_vs_hf") and NXS.fullmatch(str(r["workload"]))])
+    if df.empty:
+        raise NoData("speedup_figure: no NxS rows with speedup_vs_hf")
+    df[["n", "side"]] = df["workload"].str.extract(NXS.pattern).astype(int).to_numpy()
+    side = side or df.drop_duplicates("workload")["side"].value_counts().idxmax()
+    df = df[(df.side == side) & (df["mode"] != "hf-eager")]
+    if df["n"].nunique() < 2:
+        raise NoData(f"speedup_figure: needs at least two image counts of {side} px (e.g. --workload 1..16x512)")
+    fig, (ax,) = figure(6.5, 4.2, title or "Speedup over transformers' eager path vs batch size")
+    table = df.pivot(index="n", columns="mode", values="speedup_vs_hf")
+    lines(ax, table[sorted(table.columns, key=mode_key)])
     ax.axhline(1.0, color=MODE_COLORS["hf-eager"], ls="--", lw=1, label="hf-eager (1×)")
-    ax.set_xscale("log", base=2)
-    ns = sorted({_nxs(r["workload"])[0] for r in rows})
-    ax.set_xticks(ns, [str(n) for n in ns])
-    ax.minorticks_off()
-    ax.set_xlabel(f"images per call ({side}×{side} px)")
-    ax.set_ylabel("speedup over hf-eager (×, median over median)")
+    ax.set(xlabel=f"images per call ({side}×{side} px)", ylabel="speedup over hf-eager (×, median over median)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    set_title(fig, title or "Speedup over transformers' eager path vs batch size")
     return fig
-
-
-def _floor_bars(ax, rows: list[dict]) -> bool:
-    """The floor-share bars; returns whether any row was drawn as busy > wall."""
-    over = {id(r) for r in busy_exceeds_wall(rows)}
-    for i, r in enumerate(rows):
-        color, med = MODE_COLORS.get(r["mode"], "C0"), r["median_ms"]
-        if id(r) in over:  # the whole median is "busy", and the note says why that is not 100%
-            ax.barh(i, med, color=color, hatch="////", edgecolor="black", lw=0.5)
-            ax.text(med, i, f" busy {r['gpu_busy_ms']:.2f} ms > median {med:.2f} ms (profiled call slower)",
-                    va="center", fontsize=7, color="#b00000")
-            continue
-        busy = r["gpu_busy_ms"]
-        ax.barh(i, busy, color=color)
-        ax.barh(i, med - busy, left=busy, color="#dddddd")
-        ax.text(med, i, f" {100 * busy / med:.0f}% busy", va="center", fontsize=7)
-    return bool(over)
 
 
 def floor_share_figure(rows: list[dict], title: str | None = None) -> Figure:
@@ -148,22 +155,30 @@ def floor_share_figure(rows: list[dict], title: str | None = None) -> Figure:
         raise NoData("floor_share_figure: no rows with gpu_busy_ms (run bench with --profile on a GPU)")
     order = workloads_of(rows)
     rows.sort(key=lambda r: (order.index(r["workload"]), mode_key(r["mode"])))
-    fig = Figure(figsize=(8, 0.27 * len(rows) + 2.3), layout="constrained")
-    ax = fig.add_subplot()
-    flagged = _floor_bars(ax, rows)
+    over = [id(r) for r in busy_exceeds_wall(rows)]
+    fig, (ax,) = figure(8, 0.27 * len(rows) + 2.3, title or "Share of each call spent at the GPU-busy floor")
+    for i, r in enumerate(rows):
+        busy, med, color = r["gpu_busy_ms"], r["median_ms"], MODE_COLORS.get(r["mode"], "C0")
+        if id(r) in over:  # the whole median is "busy", and the note says why that is not 100%
+            ax.barh(i, med, color=color, hatch="////", edgecolor="black", lw=0.5)
+            note = f" busy {busy:.2f} ms > median {med:.2f} ms (profiled call slower)"
+        else:
+            ax.barh(i, busy, color=color)
+            ax.barh(i, med - busy, left=busy, color="#dddddd")
+            note = f" {100 * busy / med:.0f}% busy"
+        ax.text(med, i, note, va="center", fontsize=7, color="#b00000" if id(r) in over else "black")
+        if i and r["workload"] != rows[i - 1]["workload"]:  # a thin line between workloads
+            ax.axhline(i - 0.5, color="#bbbbbb", lw=0.6)
     ax.set_yticks(range(len(rows)), [f"{r['workload']}  {r['mode']}" for r in rows], fontsize=8)
     ax.set_ylim(len(rows) - 0.5, -0.5)  # first workload on top
-    ax.set_xlim(0, (1.6 if flagged else 1.18) * max(r["median_ms"] for r in rows))  # room for the labels
+    ax.set_xlim(0, (1.6 if over else 1.18) * max(r["median_ms"] for r in rows))  # room for the labels
     ax.set_xlabel("ms per call (median of the timed calls)")
-    handles = [Patch(color=MODE_COLORS.get(m, "C0"), label=f"{m}: GPU busy (the floor)") for m in modes_of(rows)]
+    handles = [Patch(color=MODE_COLORS.get(m, "C0"), label=f"{m}: GPU busy (the floor)")
+               for m in sorted({r["mode"] for r in rows}, key=mode_key)]
     handles.append(Patch(color="#dddddd", label="rest: host overhead, launch gaps, syncs"))
-    if flagged:
+    if over:
         handles.append(Patch(facecolor="white", hatch="////", edgecolor="black", label=BUSY_OVER_WALL))
-    for i in range(1, len(rows)):  # a thin line between workloads
-        if rows[i]["workload"] != rows[i - 1]["workload"]:
-            ax.axhline(i - 0.5, color="#bbbbbb", lw=0.6)
     fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=3)
-    set_title(fig, title or "Share of each call spent at the GPU-busy floor")
     return fig
 
 
@@ -173,94 +188,62 @@ TIMELINE_LABELS = {"launch": "CPU: kernel / graph launch calls",
                    "gpu": "GPU: kernels and copies"}
 
 
-def _timeline_lanes(ax, tl: dict, seen: set) -> float:
-    """Draw one timeline's two lanes; returns where its last event ends (µs)."""
-    from ..measure.profiling import LAUNCH_PREFIXES
-
-    end = 0.0
-    for lane, y in (("cpu", 1), ("gpu", 0)):
-        events = tl.get(lane, [])
-        spans = [(float(s), max(float(d), 0.05)) for s, d, *_ in events]
-        kinds = ["gpu"] * len(events) if lane == "gpu" else [
-            "launch" if str(e[2] if len(e) > 2 else "").startswith(LAUNCH_PREFIXES) else "other" for e in events]
-        ax.broken_barh(spans, (y - 0.35, 0.7), facecolors=[TIMELINE_COLORS[k] for k in kinds], lw=0)
-        seen.update(kinds)
-        end = max([end] + [s + d for s, d in spans])
-    return end
-
-
 def timeline_figure(timelines: dict, title: str | None = None, max_us: float | None = None) -> Figure:
     """One panel per timeline (``{"cpu": [(start_us, dur_us, name)], "gpu": [...]}``): CPU launch calls
     above GPU kernels on a shared µs axis, so the panels compare directly."""
+    from ..measure.profiling import LAUNCH_PREFIXES
+
     if not timelines:
         raise NoData("timeline_figure: no timelines")
-    fig = Figure(figsize=(10, 1.5 * len(timelines) + 1.2), layout="constrained")
-    axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
+    fig, axes = figure(10, 1.5 * len(timelines) + 1.2, title or "One call: CPU launch calls vs GPU kernels",
+                       rows=len(timelines), sharex=True)
     end, seen = 0.0, set()
     for ax, (label, tl) in zip(axes, timelines.items(), strict=True):
-        end = max(end, _timeline_lanes(ax, tl, seen))
-        n_cpu, n_gpu = len(tl.get("cpu", [])), len(tl.get("gpu", []))
-        ax.set_yticks([0, 1], [f"GPU ({n_gpu})", f"CPU ({n_cpu})"], fontsize=8)
+        for lane, y in (("cpu", 1), ("gpu", 0)):
+            events = tl.get(lane, [])
+            spans = [(float(e[0]), max(float(e[1]), 0.05)) for e in events]
+            kinds = ["gpu" if lane == "gpu" else "launch" if str(e[2] if len(e) > 2 else "").startswith(
+                LAUNCH_PREFIXES) else "other" for e in events]
+            ax.broken_barh(spans, (y - 0.35, 0.7), facecolors=[TIMELINE_COLORS[k] for k in kinds], lw=0)
+            seen.update(kinds)
+            end = max([end] + [s + d for s, d in spans])
+        ax.set_yticks([0, 1], [f"GPU ({len(tl.get('gpu', []))})", f"CPU ({len(tl.get('cpu', []))})"], fontsize=8)
         ax.set_ylim(-0.6, 1.6)
         ax.set_title(label, fontsize=9, loc="left")
     axes[-1].set_xlim(0, max_us or end * 1.02 or 1)
     axes[-1].set_xlabel("µs from the first event of the call (in brackets: events per lane)")
     handles = [Patch(color=TIMELINE_COLORS[k], label=TIMELINE_LABELS[k]) for k in TIMELINE_COLORS if k in seen]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
-    set_title(fig, title or "One call: CPU launch calls vs GPU kernels")
     return fig
-
-
-def _padding_rows(rows: list[dict]) -> list[dict]:
-    """Graph rows with padding waste, one per (mode, workload, budget set): the default configuration's
-    apart from the budget set, where one run holds several."""
-    rows = [r for r in rows if r.get("padding_waste") is not None and r.get("budget_set") is not None]
-    return one_per(rows, lambda r: (r["mode"], r["workload"], r["budget_set"]), "padding_waste_figure",
-                   rank=lambda r: is_default_config(r, ignore=("budget_set",)))
 
 
 def padding_waste_figure(rows: list[dict], title: str | None = None) -> Figure:
-    """Padding waste of graph replays with each bar's hit rate: one group per budget set (the ``stream``
-    only, what budgets are chosen for) where the rows hold several, else one per workload."""
-    rows = _padding_rows(rows)
+    """Padding waste of graph replays (%, each bar's hit rate in its label): one group per budget set
+    (the ``stream`` only, what budgets are chosen for) where the rows hold several, else one per workload."""
+    rows = one_per([r for r in rows if r.get("padding_waste") is not None and r.get("budget_set") is not None],
+                   lambda r: (r["mode"], r["workload"], r["budget_set"]), "padding_waste_figure",
+                   rank=lambda r: is_default_config(r, ignore=("budget_set",)))  # the default apart from its budgets
     if not rows:
         raise NoData("padding_waste_figure: no graph rows with padding_waste")
-    sets = list(dict.fromkeys(r["budget_set"] for r in rows))
-    if len(sets) > 1 and any(r["workload"] == "stream" for r in rows):
-        rows = [r for r in rows if r["workload"] == "stream"]
-    per_set = len(sets) > 1
+    df = pd.DataFrame(rows)
+    per_set = df["budget_set"].nunique() > 1
+    if per_set and (df["workload"] == "stream").any():
+        df = df[df["workload"] == "stream"]
     group, other = ("budget_set", "workload") if per_set else ("workload", "budget_set")
-    groups = sets if per_set else workloads_of(rows)
-    series = list(dict.fromkeys((r["mode"], r[other]) for r in rows))
-    fig = Figure(figsize=(page_width(1.1 * len(groups) + 2.5, least=7), 4.2), layout="constrained")
-    ax = fig.add_subplot()
-    width = 0.8 / len(series)
-    for i, (mode, value) in enumerate(series):
-        mine = [r for r in rows if (r["mode"], r[other]) == (mode, value)]
-        xs = [groups.index(r[group]) + (i - (len(series) - 1) / 2) * width for r in mine]
-        label = f"{mode} · {value}" if per_set else f"{mode}, budget set {value}"
-        bars = ax.bar(xs, [100 * r["padding_waste"] for r in mine], width, label=label)
-        if len(series) <= 3:  # more labels than that overlap
-            notes = [f"{100 * r['padding_waste']:.1f}%" + (f", hit {100 * r['hit_rate']:.0f}%"
-                                                           if r.get("hit_rate") is not None else "") for r in mine]
-            ax.bar_label(bars, labels=notes, fontsize=7, padding=1)
-    ax.set_xticks(range(len(groups)), groups, fontsize=8)
-    ax.set_xlabel("budget set (output tokens per graph)" if per_set else "workload")
-    ax.set_ylabel("padding waste (% of real tokens)")
-    ax.margins(y=0.12)
+    hits = df["hit_rate"] if "hit_rate" in df else [None] * len(df)
+    df = df.assign(series=df["mode"] + (" · " if per_set else ", budget set ") + df[other].astype(str),
+                   waste=100 * df["padding_waste"],
+                   note=[f"{100 * w:.1f}%" + ("" if pd.isna(h) else f", hit {100 * h:.0f}%")
+                         for w, h in zip(df["padding_waste"], hits)])
+    order = dict(index=list(dict.fromkeys(df[group])), columns=list(dict.fromkeys(df["series"])))
+    table = df.pivot(index=group, columns="series", values="waste").reindex(**order)
+    fig, (ax,) = figure(1.1 * len(table) + 2.5, 4.2, title or "Padding waste per budget set")
+    bars(ax, table, fmt=None, labels=df.pivot(index=group, columns="series", values="note").reindex(**order)
+         if len(table.columns) <= 3 else None)  # more labels than that overlap
+    ax.set(xlabel="budget set (output tokens per graph)" if per_set else "workload",
+           ylabel="padding waste (% of real tokens)")
     ax.legend(fontsize=8, title="hit: share of calls served by a graph", title_fontsize=7)
-    set_title(fig, title or "Padding waste per budget set")
     return fig
-
-
-def _memory_totals(groups: dict) -> str:
-    """One line per group: what all its budgets hold together (what ``graph_memory(rows)`` reports)."""
-    lines = []
-    for label, rows in groups.items():
-        pool, buffers = sum(r["pool_mb"] for r in rows), sum(r["buffers_mb"] for r in rows)
-        lines.append(f"{label}: all budgets together {pool + buffers:.0f} MiB "
-                     f"(graph pool {pool:.0f} + buffers {buffers:.0f})")
-    return "\n".join(lines)
 
 
 def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
@@ -268,35 +251,27 @@ def graph_memory_figure(capture_info, title: str | None = None) -> Figure:
     capture time; ``capture_info``: a list, or ``{label: rows}``. Rows of the old format (no pool and
     buffer split) are refused, not drawn."""
     groups = capture_info if isinstance(capture_info, dict) else {"graphs": capture_info}
-    groups = {k: v for k, v in groups.items() if v and all("pool_mb" in r for r in v)}
+    groups = {k: pd.DataFrame(v).set_index("budget") for k, v in groups.items() if v and all("pool_mb" in r for r in v)}
     if not groups:
         raise NoData("graph_memory_figure: no capture_info rows with pool_mb/buffers_mb")
-    budgets = sorted({int(r["budget"]) for rows in groups.values() for r in rows})
-    fig = Figure(figsize=(page_width(0.9 * len(budgets) * len(groups) + 3), 4.6), layout="constrained")
-    ax = fig.add_subplot()
-    ax2 = ax.twinx()
-    width = 0.8 / len(groups)
-    for i, (label, rows) in enumerate(groups.items()):
-        by = {int(r["budget"]): r for r in rows}
-        xs = [budgets.index(b) + (i - (len(groups) - 1) / 2) * width for b in by]
-        pool = [r["pool_mb"] for r in by.values()]
-        ax.bar(xs, pool, width, label=f"{label}: graph pool (growth)", alpha=0.85)
-        top = ax.bar(xs, [r["buffers_mb"] for r in by.values()], width, bottom=pool, label=f"{label}: buffers",
-                     alpha=0.6)
-        ax.bar_label(top, labels=[f"{r['pool_mb'] + r['buffers_mb']:.0f}" for r in by.values()], fontsize=7, padding=1)
-        ax2.plot(xs, [r.get("capture_s", 0) for r in by.values()], "kx", ms=6,
-                 label="capture time (right axis)" if i == 0 else None)
-    ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
-    ax.set_xlabel("budget (output tokens), captured largest first: smaller ones reuse the pool's blocks")
-    ax.set_ylabel("memory held (MiB; on each bar: pool + buffers)")
-    ax.margins(y=0.1)
-    ax2.set_ylabel("capture time (s, × markers)")
-    ax2.set_ylim(bottom=0)
-    ax.set_title(_memory_totals(groups), fontsize=8, loc="left")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=9, loc="upper left")
-    set_title(fig, title or "Graph memory and capture time per budget")
+    budgets = sorted({b for g in groups.values() for b in g.index})
+    fig, (ax,) = figure(0.9 * len(budgets) * len(groups) + 3, 4.6, title or "Graph memory and capture time per budget")
+    right, width = ax.twinx(), 0.8 / len(groups)
+    for i, (label, g) in enumerate(groups.items()):
+        xs = [budgets.index(b) + (i - (len(groups) - 1) / 2) * width for b in g.index]
+        ax.bar(xs, g.pool_mb, width, label=f"{label}: graph pool (growth)", alpha=0.85)
+        top = ax.bar(xs, g.buffers_mb, width, bottom=g.pool_mb, label=f"{label}: buffers", alpha=0.6)
+        ax.bar_label(top, labels=[f"{t:.0f}" for t in g.pool_mb + g.buffers_mb], fontsize=7, padding=1)
+        right.plot(xs, g.get("capture_s", 0 * g.pool_mb), "kx", ms=6, label=None if i else "capture time (right axis)")
+    ax.set_xticks(range(len(budgets)), budgets)
+    right.set(ylabel="capture time (s, × markers)", ylim=(0, None))
+    ax.set(xlabel="budget (output tokens), captured largest first: smaller ones reuse the pool's blocks",
+           ylabel="memory held (MiB; on each bar: pool + buffers)")
+    ax.set_title("\n".join(f"{k}: all budgets together {g.pool_mb.sum() + g.buffers_mb.sum():.0f} MiB (graph pool "
+                           f"{g.pool_mb.sum():.0f} + buffers {g.buffers_mb.sum():.0f})" for k, g in groups.items()),
+                 fontsize=8, loc="left")
+    ax.legend(*[a + b for a, b in zip(ax.get_legend_handles_labels(), right.get_legend_handles_labels())],
+              fontsize=9, loc="upper left")
     return fig
 
 
@@ -306,22 +281,6 @@ def layout_label(layout) -> str:
                     for n, run in ((n, list(g)) for n, g in groupby(layout)))
 
 
-def _attention_panel(ax, rows: list[dict], backends: list[str]) -> None:
-    """One preset's bars: one group per layout, one bar per backend (µs per layer, log axis)."""
-    layouts = list(dict.fromkeys(tuple(r["layout"]) for r in rows))
-    by = {(tuple(r["layout"]), r["backend"]): r for r in rows}
-    width = 0.8 / len(backends)
-    for i, b in enumerate(backends):
-        pts = [(j + (i - (len(backends) - 1) / 2) * width, 1000 * by[lay, b]["graph_ms_per_layer"])
-               for j, lay in enumerate(layouts) if (lay, b) in by]
-        bars = ax.bar([x for x, _ in pts], [y for _, y in pts], width, label=b, color=f"C{i}")
-        ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
-    ax.set_yscale("log")
-    ax.margins(y=0.15)
-    ax.set_xticks(range(len(layouts)), [layout_label(lay) for lay in layouts], fontsize=8)
-    ax.set_ylabel("µs per layer (log)")
-
-
 def attention_figure(rows: list[dict], title: str | None = None, log: bool = True) -> Figure:
     """Attention µs per layer inside a CUDA graph per backend and layout, one panel per preset, on a
     log axis (one slow backend is tens of times the others); backends that never timed are named."""
@@ -329,20 +288,20 @@ def attention_figure(rows: list[dict], title: str | None = None, log: bool = Tru
     if not timed:
         raise NoData("attention_figure: no attention-probe rows (python -m lfm2vl_lab attention on a GPU)")
     timed = one_per(timed, lambda r: (r["preset"], tuple(r["layout"]), r["backend"]), "attention_figure")
-    presets = list(dict.fromkeys(r["preset"] for r in timed))
-    backends = list(dict.fromkeys(r["backend"] for r in timed))
-    most = max(len({tuple(r["layout"]) for r in timed if r["preset"] == p}) for p in presets)
-    fig = Figure(figsize=(page_width(1.5 * most + 2.5), 2.9 * len(presets) + 1.1), layout="constrained")
-    axes = fig.subplots(len(presets), 1, squeeze=False)[:, 0]
-    for ax, p in zip(axes, presets, strict=True):
-        _attention_panel(ax, [r for r in timed if r["preset"] == p], backends)
-        ax.set_title(p, fontsize=9, loc="left")
-        if not log:
-            ax.set_yscale("linear")
+    df = pd.DataFrame(timed).assign(layout=lambda d: d["layout"].map(layout_label),
+                                    us=lambda d: 1000 * d["graph_ms_per_layer"])
+    backends = list(dict.fromkeys(df["backend"]))
+    panels = df.groupby("preset", sort=False)
+    fig, axes = figure(1.5 * df.groupby("preset")["layout"].nunique().max() + 2.5, 2.9 * panels.ngroups + 1.1,
+                       title or "Capturable attention kernels, timed inside CUDA graphs", rows=panels.ngroups)
+    for ax, (preset, mine) in zip(axes, panels):
+        bars(ax, mine.pivot(index="layout", columns="backend", values="us").reindex(
+            index=list(dict.fromkeys(mine["layout"])), columns=backends), fmt="%.0f")
+        ax.set(yscale="log" if log else "linear", ylabel="µs per layer" + (" (log)" if log else ""))
+        ax.set_title(preset, fontsize=9, loc="left")
     axes[-1].set_xlabel("packed layout (rows per item; N×S: N items of S rows)")
-    untimed = sorted({r.get("backend") for r in rows if r.get("graph_ms_per_layer") is None} - set(backends) - {None})
+    untimed = sorted({r.get("backend") for r in rows} - set(backends) - {None})
     note = f" · no time (failed on every layout): {', '.join(untimed)}" if untimed else ""
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(backends), fontsize=8,
                title=f"backend (timed inside a CUDA graph){note}", title_fontsize=8)
-    set_title(fig, title or "Capturable attention kernels, timed inside CUDA graphs")
     return fig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from .plots import NoData, set_title
+from .plots import NoData, figure
 
 CLASS_STYLE = {"GEMV": ("#2ca02c", "o"), "GEMM": ("#1f77b4", "s"), "attention": ("#d62728", "^"),
                "elementwise": ("#7f7f7f", "D")}
@@ -21,8 +21,7 @@ def roofline_figure(res: dict, title: str | None = None) -> Figure:
     if not rows or len(res.get("peaks") or []) < 2:
         raise NoData("no kernel rows and roofs in this roofline file")
     bw, peak = res["peaks"][0]["gb_s"], res["peaks"][1]["tflop_s"]
-    fig = Figure(figsize=(12, 5))
-    left, right = fig.subplots(1, 2)
+    fig, (left, right) = figure(12, 5, title, cols=2)
     knee = peak * 1e3 / bw  # FLOPs per byte where the two roofs meet
     xs = [0.05, knee, 4 * max(knee, max(r["flops"] / r["bytes"] for r in rows))]
     left.plot(xs, [min(peak, x * bw / 1e3) for x in xs], color="black", lw=1.5,
@@ -51,8 +50,6 @@ def roofline_figure(res: dict, title: str | None = None) -> Figure:
     for ax in (left, right):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    set_title(fig, title)
-    fig.tight_layout()
     return fig
 
 
@@ -64,8 +61,7 @@ def boundary_figure(res: dict, title: str | None = None) -> Figure:
     if not rows:
         raise NoData("no boundary rows in this roofline file")
     fit, eager = b["graph"], b["eager"]["us_per_kernel"]
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
+    fig, (ax,) = figure(8, 4.5, title)
     ns = [r["n"] for r in rows]
     ax.plot(ns, [r["us"] for r in rows], "o", color="#2ca02c", label="graph replay (median of trials)")
     ax.plot(ns, [fit["intercept_us"] + fit["us_per_kernel"] * n for n in ns], color="#2ca02c", lw=1,
@@ -75,6 +71,4 @@ def boundary_figure(res: dict, title: str | None = None) -> Figure:
            ylabel="µs per replay (per N launches, eager)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    set_title(fig, title)
-    fig.tight_layout()
     return fig

@@ -5,7 +5,6 @@ error: the page would show a figure without its source."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,20 +79,11 @@ def provenance_list(files: list[dict], link: Callable[[Path], str]) -> str:
     return "\n".join(items)
 
 
-def _group_heading(pngs: list[Path]) -> str:
-    """``nvidia-h200-ttft: breakdown, decode, grid`` for figures sharing a prefix; one figure: its stem."""
-    stems = [p.stem for p in pngs]
-    if len(stems) == 1:
-        return stems[0]
-    prefix = os.path.commonprefix(stems)
-    prefix = prefix[:prefix.rfind("-") + 1] if not prefix.endswith("-") else prefix
-    return f"{prefix.rstrip('-')}: " + ", ".join(s[len(prefix):] for s in stems)
-
-
 def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200",
                  link: Callable[[Path], str] | None = None) -> str:
-    """The figures page as Markdown: figures drawn from the same files share a section listing their
-    provenance; ``link(path)``: a figure's or file's link (default: its path from the repo root)."""
+    """The figures page as Markdown: a section per set of source files, headed by their names, listing
+    their provenance, then each figure drawn from them; ``link(path)``: a figure's or file's link
+    (default: its path from the repo root)."""
     link = link or (lambda path: Path(path).resolve().relative_to(REPO_ROOT).as_posix())
     groups: dict[tuple, tuple[list[dict], list[Path]]] = {}
     for png, files in sources:
@@ -104,10 +94,9 @@ def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200
            "chunk, with the file's role and code hash). The lists are generated from those files when the site is "
            "built.", ""]
     for files, pngs in groups.values():
-        out += [f"## {_group_heading(pngs)}", "", "Drawn from:", "", provenance_list(files, link), ""]
-        for png in pngs:  # a section of one figure is headed by its name already
-            out += ([f"### {png.stem}", ""] if len(pngs) > 1 else []) + \
-                [f"[![{png.stem}]({link(png)})]({link(png)})", ""]
+        out += ["## " + ", ".join(Path(r["_path"]).name for r in files), "", provenance_list(files, link), ""]
+        for png in pngs:
+            out += [f"### {png.stem}", "", f"[![{png.stem}]({link(png)})]({link(png)})", ""]
     return "\n".join(out)
 
 

@@ -1,6 +1,6 @@
 """A recorded TTFT result (``ttft``, ``e2e``) as the tables notebook 07 shows beside its figures, and the
-decode control (:func:`drift_fails`; per case, :func:`disturbed`). A section the file lacks gives a
-``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
+decode control (:func:`drift_beyond`). A table says what a sentence would; a section the file lacks gives
+a ``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
 
 from __future__ import annotations
 
@@ -28,14 +28,59 @@ def _short(mode: str) -> str:
     return f"T:{text} E:{enc}"
 
 
+# The decode control: decode never runs the encoder, so its time per token must not move with the
+# encoder mode; a case where it does was disturbed while one mode was timed, and its cuts are not the graphs' alone.
+
+
+def drift_beyond(drift: float | None) -> bool:
+    """Whether a decode drift is beyond ``DECODE_DRIFT_WARN`` (None or NaN, no drift recorded, is not)."""
+    return not missing(drift) and bool(abs(drift) > DECODE_DRIFT_WARN)
+
+
+def drift_fails(row: dict | None) -> bool:
+    """Whether a row's ``decode_drift`` is beyond ``DECODE_DRIFT_WARN`` (:func:`drift_beyond`)."""
+    return drift_beyond((row or {}).get("decode_drift"))
+
+
+def disturbed(df: pd.DataFrame) -> pd.Series:
+    """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any mode fails the decode control."""
+    return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
+
+
+def decode_ratios(rows: list[dict], eager: str, graphed: str) -> pd.DataFrame:
+    """Per case with decode per token in both modes: ``eager_ms``, ``graphed_ms``, their ``ratio``, and
+    whether the case is :func:`disturbed`."""
+    df = ttft_frame(rows)
+    dec = per_case(df, "decode_ms_per_token")
+    out = pd.DataFrame({"eager_ms": dec[eager], "graphed_ms": dec[graphed]}).dropna()
+    return out.assign(ratio=out.eager_ms / out.graphed_ms, disturbed=disturbed(df).reindex(out.index))
+
+
+def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
+    """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
+    if lo > claim[1]:
+        return "above"
+    if hi < claim[0]:
+        return "below"
+    return "within" if claim[0] <= lo and hi <= claim[1] else "overlapping"
+
+
+def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
+    """Where one TTFT cut stands against the PR's range: below, within or above."""
+    return range_verdict(cut, cut, claim)
+
+
 def decode_frame(rows: list[dict]) -> pd.DataFrame | str:
-    """Decode ms per token per case and mode (T: text model, E: encoder), and at each text mode the
-    drift between the two encoder modes in %: decode never runs the encoder, so a case whose drift is
-    beyond the control's limit was disturbed while one mode was timed (``decode control``: fails)."""
+    """Decode ms per token per case and mode (T: text model, E: encoder), what graphing the text model
+    speeds decode up by (at the eager encoder), and at each text mode the drift between the two encoder
+    modes in %, with the decode control it decides."""
     df = ttft_frame(rows)
     if df.decode_ms_per_token.isna().all():
         return _not_recorded("TTFT rows with decode_ms_per_token")
-    out = per_case(df, "decode_ms_per_token").round(2).rename(columns=_short)
+    dec = per_case(df, "decode_ms_per_token")
+    out = dec.round(2).rename(columns=_short)
+    out["text graphs' decode speedup ×"] = (dec[mode_name("eager", "eager")] / dec[mode_name("graphed", "eager")]
+                                            ).astype(float).round(1)
     drift = per_case(df, "decode_drift")[[mode_name(t, "graphed") for t in TEXT_MODES]]
     for t, m in zip(TEXT_MODES, drift.columns):
         out[f"drift %, text {t}"] = (100 * drift[m].astype(float)).round(1) + 0.0  # no "-0.0"
@@ -45,7 +90,8 @@ def decode_frame(rows: list[dict]) -> pd.DataFrame | str:
 
 def parity_frame(result: dict) -> pd.DataFrame | str:
     """Per parity case and mode: the first-token logits against float32, the first and leading tokens
-    against ``generate``'s, and the verdict."""
+    against ``generate``'s, whether the first token is float32's, float32's top-2 logit margin (a near tie
+    bf16 can tip: where a first token differs, it says why) and the verdict."""
     parity = result.get("parity") or []
     if not parity:
         return _not_recorded("parity section")
@@ -53,6 +99,8 @@ def parity_frame(result: dict) -> pd.DataFrame | str:
                           "mode": mode, "logits vs fp32": f"{r['rel_err_vs_fp32']:.2e}",
                           "first token": "same" if r["same_first_token"] else "DIFFERS",
                           "equal leading tokens": f"{r['matching_tokens']} of {p.get('new_tokens', '?')}",
+                          "float32's first token": "yes" if r.get("first_token_as_fp32", True) else "no",
+                          "fp32 top-2 margin": f"{min(p.get('fp32_top2_margin') or [float('nan')]):.3g}",
                           "ok": "yes" if r["ok"] else "NO"}
                          for p in parity for mode, r in (p.get("modes") or {}).items()])
 
@@ -72,18 +120,15 @@ def profile_frame(result: dict) -> pd.DataFrame | str:
     return df.astype({c: int for c in counts}).round({"GPU-busy ms": 2, "wall ms": 2, "busy %": 0})
 
 
-def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
-    """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
-    if lo > claim[1]:
-        return "above"
-    if hi < claim[0]:
-        return "below"
-    return "within" if claim[0] <= lo and hi <= claim[1] else "overlapping"
-
-
-def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
-    """Where a TTFT cut stands against the PR's range: below, within or above."""
-    return range_verdict(cut, cut, claim)
+def image_path_frame(result: dict) -> pd.DataFrame | str:
+    """Per preset and workload of the ``image_path`` section: ``encode()`` from pixels in host memory
+    against pixels already on the GPU (ms, medians), and how many times as long the first takes."""
+    rows = [r for r in result.get("image_path") or [] if r.get("kind") == "encode_sources"]
+    if not rows:
+        return _not_recorded("image_path section (ttft --image-path records one)")
+    return pd.DataFrame([{"preset": r.get("preset", "?"), "workload": r["workload"], "host pixels ms":
+                          r["cpu_ms_median"], "GPU pixels ms": r["gpu_ms_median"], "×": r["ratio"]}
+                         for r in rows]).set_index(["preset", "workload"]).round(2)
 
 
 def claim_frame(rows: list[dict], preset: str | None = None, image: str | None = None) -> pd.DataFrame | str:
@@ -104,21 +149,6 @@ def claim_frame(rows: list[dict], preset: str | None = None, image: str | None =
         out[(f"text {t}", "TTFT ms, E:graphed")] = ttft[g].astype(float).round(2)
         out[(f"text {t}", "decode control")] = drift[g].map(lambda d: "fails" if drift_beyond(d) else "holds")
     return pd.DataFrame(out).rename_axis(CASE)
-
-
-def claim_sentence(rows: list[dict], preset: str = "lfm2-vl-450m", image: str = "1x512", requests: int = 1) -> str:
-    """One case in words: the encoder graphs' TTFT cut with the text model graphed and eager, each
-    against the PR's range (or that it is not recorded)."""
-    by = ttft_case(rows, preset, image, requests)
-    if not by:
-        return f"{preset}, {image} x{requests}: {_not_recorded('TTFT rows for this case')}."
-    parts = []
-    for t, how in (("graphed", "text model graphed (as in an engine)"), ("eager", "text model eager (as in generate)")):
-        cut = by.get(mode_name(t, "graphed"), {}).get("encoder_graph_cut")
-        parts.append(f"with the {how}: not recorded" if cut is None or mode_name(t, "eager") not in by else
-                     f"with the {how}: encoder graphs cut TTFT by {cut:.1%}, {claim_verdict(cut)} the PR's "
-                     f"{PR_CLAIM[0]:.0%}-{PR_CLAIM[1]:.0%}")
-    return f"{preset}, {image} x{requests}\n  " + "\n  ".join(parts)
 
 
 def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mode: str) -> dict | None:
@@ -152,32 +182,3 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
                     "eager_ms": eager["ttft_ms"], "graphed_ms": graphed["ttft_ms"], "cut": cut,
                     "disturbed": bool(failing[case])})
     return sorted(out, key=lambda c: c["prompt_tokens"])
-
-
-# The decode control (ttft_findings quotes ranges over the cases that pass it)
-
-
-def drift_fails(row: dict | None) -> bool:
-    """Whether a row's ``decode_drift`` is beyond ``DECODE_DRIFT_WARN``: decode never runs the encoder,
-    so such a row was disturbed while one mode was timed (no drift passes)."""
-    return drift_beyond((row or {}).get("decode_drift"))
-
-
-def drift_beyond(drift: float | None) -> bool:
-    """Whether a decode drift is beyond ``DECODE_DRIFT_WARN`` (None or NaN, no drift recorded, is not)."""
-    return not missing(drift) and bool(abs(drift) > DECODE_DRIFT_WARN)
-
-
-def disturbed(df: pd.DataFrame) -> pd.Series:
-    """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any of its modes fails the
-    decode control, so a cut between its modes may not be the graphs' alone."""
-    return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
-
-
-def decode_ratios(rows: list[dict], eager: str, graphed: str) -> pd.DataFrame:
-    """Per case of a TTFT grid with decode per token in both modes (:func:`per_case`'s index): its
-    ``eager_ms`` and ``graphed_ms``, their ``ratio``, and whether the case is :func:`disturbed`."""
-    df = ttft_frame(rows)
-    dec = per_case(df, "decode_ms_per_token")
-    out = pd.DataFrame({"eager_ms": dec[eager], "graphed_ms": dec[graphed]}).dropna()
-    return out.assign(ratio=out.eager_ms / out.graphed_ms, disturbed=disturbed(df).reindex(out.index))

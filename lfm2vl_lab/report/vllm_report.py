@@ -3,12 +3,11 @@ terminal's summary, the A/B as a DataFrame, the row lookup the pages' tables sha
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .plots import NoData, page_width, set_title
+from .plots import NoData, bars, figure, stack
 from .ttft_summary import PR_CLAIM
 
 ENGINES = {"vllm": "vLLM", "kit": "kit's pipeline"}
@@ -18,18 +17,6 @@ SIZES = ("lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2-vl-3b")  # smallest model first
 def rank(order, x) -> int:
     """Where ``x`` stands in ``order``, unknown values last."""
     return order.index(x) if x in order else len(order)
-
-
-def pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:+.1f}%".replace("+-", "−").replace("-", "−")
-
-
-def cut_text(cut: dict | None) -> str:
-    """A paired cut as a saving with its interval: ``−37.2% [−40.1, −33.0]`` reads "37% faster"."""
-    if not cut:
-        return "–"
-    lo, hi = cut["ci"]
-    return f"{pct(-cut['cut'])} [{100 * -hi:+.1f}, {100 * -lo:+.1f}]".replace("-", "−")
 
 
 def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: str) -> dict | None:
@@ -83,46 +70,39 @@ def ab_frame(res: dict) -> pd.DataFrame:
 
 
 def parity_line(preset: str, sec: dict) -> str:
-    """One line per preset: does each engine pass the kit's parity rule on the shared weights."""
+    """One line per preset: does each arm pass the kit's parity rule on the shared weights (vLLM's file:
+    how far from float32, how many tokens on float32's path, whether the prompt ids are the kit's)."""
     bits = []
     for arm, cases in sec.get("parity", {}).items():
-        ok = all(c["logits_ok"] for c in cases.values())
-        same = all(c["same_prompt_ids"] for c in cases.values())
-        worst = max(c["rel_err_vs_fp32"] for c in cases.values())
-        follow = min(c["as_fp32"] for c in cases.values())
-        bits.append(f"{arm} {'ok' if ok else 'FAILED'} (logits {worst:.1e} from float32, {follow}+ tokens on "
-                    f"float32's path{'' if same else ', prompt ids differ from the kit'})")
+        if "logits_ok" in cases:  # the pipeline file: one case per key
+            bits.append(f"{arm} {'ok' if cases['logits_ok'] else 'FAILED'}")
+            continue
+        ok, same = all(c["logits_ok"] for c in cases.values()), all(c["same_prompt_ids"] for c in cases.values())
+        bits.append(f"{arm} {'ok' if ok else 'FAILED'} (logits {max(c['rel_err_vs_fp32'] for c in cases.values()):.1e} "
+                    f"from float32, {min(c['as_fp32'] for c in cases.values())}+ tokens on float32's path"
+                    f"{'' if same else ', prompt ids differ from the kit'})")
     return f"{preset} parity: " + "; ".join(bits)
 
 
 def summary_lines(result: dict) -> list[str]:
-    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, start-up and parity, and
-    per case each arm's medians with the graphed arms' paired cuts."""
+    """The terminal's summary of a ``vllm`` or a ``pipeline`` result: per preset, start-up and parity;
+    then the A/B as :func:`ab_frame` shows it (each arm's medians, the graphed arms' paired cuts), and
+    the errors."""
     out = []
     for preset, sec in result["presets"].items():
         if "engines" in sec:
-            starts = ", ".join(f"{a} {e['start_s']:.0f} s" for a, e in sec["engines"].items())
-            out += [f"{preset}: engines started in {starts}", parity_line(preset, sec)]
-        else:
-            out.append(f"{preset} parity: " + ", ".join(f"{k} {'ok' if c['logits_ok'] else 'FAILED'}"
-                                                        for k, c in sec.get("parity", {}).items()))
-        for case in (case_name(*c) for c in CASES):
-            for tokens in TOKENS:
-                shown = []
-                for engine, label in (("vllm", "vLLM"), ("kit", "the kit's pipeline")):
-                    cells = [f"{arm} {r['ttft_ms']:.1f}/{r['e2e_ms']:.1f}" + ("" if arm == "off" else
-                             f" (TTFT {cut_text(r.get('ttft_cut'))}, e2e {cut_text(r.get('e2e_cut'))})")
-                             for arm in ARMS if (r := find(result, engine, preset, case, tokens, arm))]
-                    if cells:
-                        shown.append(f"{label}: " + ", ".join(cells))
-                out.append(f"  {case:>6} {tokens:>3} tokens, TTFT/e2e ms: {' | '.join(shown)}")
+            out.append(f"{preset}: engines started in "
+                       + ", ".join(f"{a} {e['start_s']:.0f} s" for a, e in sec["engines"].items()))
+        out.append(parity_line(preset, sec))
+    if result.get("rows"):
+        out += ab_frame(result).to_string().splitlines()
     return out + [f"error: {e['error']}" for e in result.get("errors") or []]
 
 
 ARM_LABELS = {"off": "encoder eager", "pr": "encoder graphs, PR config", "kit": "encoder graphs, kit config"}
-SERIES = (("vllm", "pr", "vLLM, PR config", "#1f77b4"), ("vllm", "kit", "vLLM, kit config", "#aec7e8"),
-          ("kit", "pr", "kit's pipeline, PR config", "#2ca02c"),
-          ("kit", "kit", "kit's pipeline, kit config", "#98df8a"))
+SERIES = {("vllm", "pr"): ("vLLM, PR config", "#1f77b4"), ("vllm", "kit"): ("vLLM, kit config", "#aec7e8"),
+          ("kit", "pr"): ("kit's pipeline, PR config", "#2ca02c"),
+          ("kit", "kit"): ("kit's pipeline, kit config", "#98df8a")}
 VLLM_PARTS = (("processor_ms", "processor (host)", "#e8e8e8"), ("queue_ms", "wait for a step", "#c5b0d5"),
               ("encoder_gpu_ms", "encoder (GPU stream)", "#2ca02c"),
               ("step_rest", "rest of vLLM's step: prefill, sampling", "#3b5b92"),
@@ -130,6 +110,9 @@ VLLM_PARTS = (("processor_ms", "processor (host)", "#e8e8e8"), ("queue_ms", "wai
 KIT_PARTS = (("processor", "processor (host)", "#e8e8e8"), ("h2d", "upload", "#8c564b"),
              ("encoder", "encoder (GPU stream)", "#2ca02c"), ("merge", "merge", "#bcbd22"),
              ("prefill", "prefill", "#1f77b4"), ("sample", "sampling", "#17becf"))
+# A few paired intervals of six kit repeats reach far below zero (one disturbed round); the axis stops
+# here so the medians stay readable, and a marker on the floor shows each interval that goes on.
+Y_FLOOR = -50.0
 
 
 def _presets(res: dict) -> list[str]:
@@ -139,56 +122,52 @@ def _presets(res: dict) -> list[str]:
     return presets
 
 
-# A few paired intervals of six kit repeats reach far below zero (one disturbed round); the axis stops
-# here so the medians stay readable, and a marker on the floor shows each interval that goes on.
-Y_FLOOR = -50.0
+def _cut_bars(ax, df: pd.DataFrame, groups: list[str]) -> None:
+    """One panel's cuts (``group``, ``series``, ``cut``, ``lo``, ``hi`` in %): bars with their interval,
+    clipped at :data:`Y_FLOOR` (a median below it drawn to it, its whisker from there up), and a marker
+    on the floor under each bar whose interval or median goes on below."""
+    order = dict(index=groups, columns=[label for label, _ in SERIES.values() if label in set(df["series"])])
+    cut, lo, hi = (df.pivot(index="group", columns="series", values=v).reindex(**order) for v in ("cut", "lo", "hi"))
+    ys = cut.clip(lower=Y_FLOOR)
+    bars(ax, ys, fmt=None, err=(ys - lo.clip(lower=Y_FLOOR), hi.clip(lower=Y_FLOOR) - ys),
+         colors=dict(SERIES.values()))
+    width = 0.8 / len(ys.columns)  # where bars() puts each bar
+    below = [g + (i - (len(ys.columns) - 1) / 2) * width for i, col in enumerate(ys) for g, low in enumerate(lo[col])
+             if low < Y_FLOOR]
+    ax.plot(below, [Y_FLOOR + 2] * len(below), "v", color="#444444", ms=4,
+            label=f"interval (or median) reaches below {Y_FLOOR:.0f}%")
 
 
 def vllm_cuts_figure(res: dict, title: str | None = None) -> Figure:
-    """The encoder graphs' TTFT and whole-request cuts per preset, case and token count, a bar per
-    :data:`SERIES` with its 95% interval (clipped at :data:`Y_FLOOR` with a marker)."""
+    """The encoder graphs' TTFT and whole-request cuts (%) per preset, case and token count, a bar per
+    :data:`SERIES` with its 95% interval; a bar or interval below :data:`Y_FLOOR` stops there, marked."""
     presets = _presets(res)
     groups = [(case_name(im, n), t) for im, n in CASES for t in TOKENS]
-    fig = Figure(figsize=(page_width(4.2 * len(presets), least=9.0), 7.2), layout="constrained")
-    axes = fig.subplots(2, len(presets), squeeze=False, sharey="row")
-    width = 0.8 / len(SERIES)
-    clipped_seen = False
-    for col, preset in enumerate(presets):
-        for row, (key, what) in enumerate((("ttft_cut", "TTFT"), ("e2e_cut", "whole request"))):
-            ax = axes[row][col]
-            if key == "e2e_cut":
-                ax.axhspan(100 * PR_CLAIM[0], 100 * PR_CLAIM[1], color="#ffdd99", alpha=0.5,
-                           label="the PR's claim: 10-20% (e2e, low batch)")
-            for k, (engine, arm, label, color) in enumerate(SERIES):
-                got = [(g - 0.4 + width * (k + 0.5), r[key]) for g, (case, tokens) in enumerate(groups)
-                       if (r := find(res, engine, preset, case, tokens, arm)) and r.get(key) is not None]
-                if not got:
-                    continue
-                xs = [x for x, _ in got]
-                cut, lo, hi = (100 * np.array([[c["cut"], *c["ci"]] for _, c in got])).T
-                # a median below the floor is drawn to the floor (its whisker from there up): the marker
-                # says the bar goes on, as it does for an interval that reaches below
-                ys = np.maximum(cut, Y_FLOOR)
-                ax.bar(xs, ys, width, color=color, label=label, capsize=2, ecolor="#444444",
-                       yerr=[ys - np.maximum(lo, Y_FLOOR), np.maximum(hi, Y_FLOOR) - ys])
-                clipped = [x for x, low in zip(xs, lo) if low < Y_FLOOR]
-                ax.plot(clipped, [Y_FLOOR + 2] * len(clipped), "v", color="#444444", ms=4,
-                        label=None if clipped_seen else f"interval (or median) reaches below {Y_FLOOR:.0f}%")
-                clipped_seen = clipped_seen or bool(clipped)
-            ax.axhline(0, color="black", lw=0.8)
-            ax.set_ylim(bottom=Y_FLOOR)
-            ax.tick_params(labelleft=True)  # every panel keeps its own scale readable
-            ax.set_xticks(range(len(groups)), [f"{c}\n{t} tok" for c, t in groups], fontsize=8)
-            ax.set_title(f"{preset}: {what}", fontsize=10)
-            if col == 0:
-                ax.set_ylabel(f"{what} cut by encoder graphs (%)\n(whisker: 95% interval)")
-            ax.grid(axis="y", alpha=0.3)
-    legend = {}  # label -> handle, over every panel (the floor's marker may show in one only)
-    for ax in (axes[1][0], *axes.flat):
+    fig, axes = figure(4.2 * len(presets), 7.2, title, rows=2, cols=len(presets), sharey="row")
+    names = [f"{c}\n{t} tok" for c, t in groups]
+    for k, ax in enumerate(axes):
+        preset, row = presets[k % len(presets)], k // len(presets)
+        key, what = (("ttft_cut", "TTFT"), ("e2e_cut", "whole request"))[row]
+        if key == "e2e_cut":
+            ax.axhspan(100 * PR_CLAIM[0], 100 * PR_CLAIM[1], color="#ffdd99", alpha=0.5,
+                       label="the PR's claim: 10-20% (e2e, low batch)")
+        df = pd.DataFrame([{"group": name, "series": SERIES[s][0], "cut": 100 * c["cut"], "lo": 100 * c["ci"][0],
+                            "hi": 100 * c["ci"][1]} for s in SERIES for name, g in zip(names, groups)
+                           if (r := find(res, s[0], preset, *g, s[1])) and (c := r.get(key))])
+        if not df.empty:
+            _cut_bars(ax, df, names)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylim(bottom=Y_FLOOR)
+        ax.tick_params(labelleft=True)  # every panel keeps its own scale readable
+        ax.set_title(f"{preset}: {what}", fontsize=10)
+        ax.set_ylabel(f"{what} cut by encoder graphs (%)\n(whisker: 95% interval)" if k % len(presets) == 0 else "")
+        ax.grid(axis="y", alpha=0.3)
+    legend = {}  # label -> handle, over every panel (the floor's marker shows where something is below it)
+    for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(lab, h)
+            if len(getattr(h, "get_xdata", lambda: [1])()):
+                legend.setdefault(lab, h)
     fig.legend(legend.values(), legend.keys(), loc="outside lower center", ncols=3, fontsize=8)
-    set_title(fig, title)
     return fig
 
 
@@ -201,42 +180,25 @@ def one_request(res: dict, preset: str) -> list[tuple[str, str, dict]]:
             + [("kit", arm, r) for arm, r in kit if r and r.get("phases_ms")])
 
 
-def _stack(ax, y: float, parts: list[tuple[str, float, str]], seen: set) -> float:
-    left = 0.0
-    for label, v, color in parts:
-        if v is None or v <= 0:
-            continue
-        ax.barh(y, v, left=left, color=color, edgecolor="white", label=None if label in seen else label)
-        seen.add(label)
-        left += v
-    return left
-
-
-def _vllm_parts(b: dict) -> list[tuple[str, float, str]]:
-    step = b.get("scheduled_to_first_ms")
-    enc = b.get("encoder_gpu_ms")
-    vals = dict(b, step_rest=None if step is None else step - (enc or 0.0))
-    return [(label, vals.get(key), color) for key, label, color in VLLM_PARTS]
-
-
 def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
     """Per preset, one 512 px request as a stacked bar per engine and arm (vLLM's own timestamps, the
     kit's phases), each with its measured TTFT."""
     presets = _presets(res)
-    fig = Figure(figsize=(page_width(11), 1.9 + 2.3 * len(presets)), layout="constrained")
-    axes = fig.subplots(len(presets), 1, squeeze=False)[:, 0]
+    fig, axes = figure(11, 1.9 + 2.3 * len(presets), title, rows=len(presets))
     seen: set = set()
     for ax, preset in zip(axes, presets):
-        bars = one_request(res, preset)
-        for y, (engine, _, m) in enumerate(bars):
-            parts = _vllm_parts(m) if engine == "vllm" else [(label, m["phases_ms"].get(key), color)
-                                                              for key, label, color in KIT_PARTS]
-            ax.text(_stack(ax, y, parts, seen), y, f"  TTFT {m['ttft_ms']:.1f} ms", va="center", fontsize=8)
-        ax.set_yticks(range(len(bars)), [f"{ENGINES[e]}, {ARM_LABELS[arm]}" for e, arm, _ in bars], fontsize=8)
+        shown = one_request(res, preset)
+        for y, (engine, _, m) in enumerate(shown):
+            # vLLM's step from scheduling to the first token, less the encoder's part of it
+            vals = dict(m, step_rest=(m.get("scheduled_to_first_ms") or 0) - (m.get("encoder_gpu_ms") or 0)) \
+                if engine == "vllm" else m["phases_ms"]
+            end = stack(ax, y, [(label, vals.get(key), color)
+                                for key, label, color in (VLLM_PARTS if engine == "vllm" else KIT_PARTS)], seen)
+            ax.text(end, y, f"  TTFT {m['ttft_ms']:.1f} ms", va="center", fontsize=8)
+        ax.set_yticks(range(len(shown)), [f"{ENGINES[e]}, {ARM_LABELS[arm]}" for e, arm, _ in shown], fontsize=8)
         ax.invert_yaxis()
         ax.set_title(f"{preset}: one request, one 512 px image", fontsize=10)
         ax.set_xlabel("ms to the first token")
         ax.margins(x=0.15)
     fig.legend(loc="outside lower center", ncols=4, fontsize=8)
-    set_title(fig, title)
     return fig
