@@ -314,14 +314,6 @@ NORM_INTERPRETED = textwrap.dedent("""
     out["shared"] = {"rel": [rel(p, ref(x, nw, w, None)) for p, w in zip(parts, ws)],
                      "equal_to_separate": [torch.equal(p, G.gemv_rmsnorm(x, nw, EPS, w, None, cfg))
                                            for p, w in zip(parts, ws)]}
-    from torch._dynamo.testing import CompileCounter
-    counter = CompileCounter()
-    fn = torch.compile(lambda a, w, s: torch.ops.lfm2vl.gemv(a, w, None, s), backend=counter, fullgraph=True)
-    G.gemv_op()
-    x, w = torch.randn(1, 70, generator=g).bfloat16(), torch.randn(40, 70, generator=g).bfloat16()
-    ys = [fn(x, w, torch.tensor(space)) for space in (201, 202)]
-    out["spaces"] = {"frames": counter.frame_count, "rel": [rel(y, F.linear(x.float(), w.float())) for y in ys],
-                     "used": sorted({key[0] for key in G._WORKSPACES if key[0] in (201, 202)})}
     print("RESULT " + json.dumps(out))
 """)
 
