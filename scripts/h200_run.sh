@@ -30,9 +30,8 @@
 #                                        F.linear's and kernels/gemv.py's (Triton), and the RMSNorm before
 #                                        a linear group as a compiled kernel or inside the GEMV (gemv_rmsnorm)
 #   bash scripts/h200_run.sh engine-gemv scripts/engine_probe.py with ENGINE_MODES (default plain, fused and
-#                                        fused-gemv: the decode linears through kernels/gemv.py) and ENGINE_ARGS
-#                                        (e.g. "--max-len 448,1664 --full-span"), then the GPU tests GPU_TESTS
-#                                        (default tests/test_gemv_gpu.py)
+#                                        fused-gemv: the decode linears through kernels/gemv.py), then the GPU
+#                                        tests GPU_TESTS (default tests/test_gemv_gpu.py)
 #   bash scripts/h200_run.sh launch      scripts/launch_probe.py: a record step's command (LAUNCH_ROLE, default
 #                                        ttft, on LAUNCH_PRESETS) forked and exec'd in turn, LAUNCH_RUNS times
 #                                        (default 4), and whether the launch moves its spread and medians
@@ -221,7 +220,7 @@ boundary)
 engine-gemv)
   # the fused text engine with its decode linears through the Triton GEMV, beside the plain and fused ones
   LOG=engine-gemv TAILN=70 step 300 python3 scripts/engine_probe.py --modes "${ENGINE_MODES:-plain,fused,fused-gemv}" \
-    ${ENGINE_ARGS:-} --json "$R/engine-gemv.json"
+    --json "$R/engine-gemv.json"
   LOG=pytest TAILN=8 step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/test_gemv_gpu.py} ;;
 launch)
   # does record's forked launch move a step's numbers? LAUNCH_ROLE's command (default ttft) on

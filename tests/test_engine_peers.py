@@ -208,9 +208,9 @@ def test_compile_ro_decode_starts_from_the_prompts_state_every_call(model):
     peer.setup(torch.device("cpu"))  # prefills again, then times first calls (decodes)
     seen, step = [], peer.step
 
-    def watched(n, span):
+    def watched(n):
         seen.append({i: s.clone() for i, s in e.cache.conv.items()})
-        return step(n, span)
+        return step(n)
 
     peer.step = watched
     peer._decode(4)
