@@ -32,6 +32,9 @@
 #   bash scripts/h200_run.sh engine-gemv scripts/engine_probe.py with ENGINE_MODES (default plain, fused and
 #                                        fused-gemv: the decode linears through kernels/gemv.py), then the GPU
 #                                        tests GPU_TESTS (default tests/test_gemv_gpu.py)
+#   bash scripts/h200_run.sh decode-gap  scripts/decode_gap_probe.py: the TTFT grid's decode per token against the
+#                                        engine role's, the same fused engine timed both ways, and a trace of the
+#                                        grid's decode phase (its idle time and longest gaps)
 #   bash scripts/h200_run.sh launch      scripts/launch_probe.py: a record step's command (LAUNCH_ROLE, default
 #                                        ttft, on LAUNCH_PRESETS) forked and exec'd in turn, LAUNCH_RUNS times
 #                                        (default 4), and whether the launch moves its spread and medians
@@ -222,6 +225,9 @@ engine-gemv)
   LOG=engine-gemv TAILN=70 step 300 python3 scripts/engine_probe.py --modes "${ENGINE_MODES:-plain,fused,fused-gemv}" \
     --json "$R/engine-gemv.json"
   LOG=pytest TAILN=8 step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/test_gemv_gpu.py} ;;
+decode-gap)
+  # the TTFT grid's decode per token against the engine role's, one engine timed both ways
+  LOG=decode-gap TAILN=45 step 300 python3 scripts/decode_gap_probe.py --json "$R/decode-gap.json" ;;
 launch)
   # does record's forked launch move a step's numbers? LAUNCH_ROLE's command (default ttft) on
   # LAUNCH_PRESETS (default lfm2-vl-450m, so that four runs fit one call), forked and exec'd in turn
