@@ -90,25 +90,19 @@ class Refs:
             self._cache[role] = reference.load(role, self.gpu, self.root, partial=partial)
         return self._cache[role]
 
-    def frame(self, role: str, *cols: str, table: str = "rows") -> pd.DataFrame:
-        """``role``'s ``table`` as a DataFrame (:func:`frame`), with ``cols``."""
-        return need(frame(self(role), table), *cols)
-
     def has(self, role: str, partial: bool = False) -> bool:
         """Whether the set holds ``role`` (``partial``: or a partial file of it)."""
         man = self.manifest
         return role in man.get("files", {}) or (partial and role in man.get("partial", {}))
 
-    def shown(self, res) -> str:
-        """A result file's path (or the file itself) as :func:`shown_path`, else from the results root's parent."""
-        return shown_path(res["_path"] if isinstance(res, dict) else res, self.root.resolve().parent)
-
     def source(self, *roles: str) -> str:
         """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions; no roles: the
         manifest's path."""
+        def shown(path) -> str:
+            return shown_path(path, self.root.resolve().parent)
         if not roles:
-            return f"Manifest: `{self.shown(manifest_path(self.gpu, self.root))}`."
-        parts = ", ".join(f"`{self.shown(self(r))}` (role `{r}`{', partial' if self(r).get('_partial') else ''})"
+            return f"Manifest: `{shown(manifest_path(self.gpu, self.root))}`."
+        parts = ", ".join(f"`{shown(self(r)['_path'])}` (role `{r}`{', partial' if self(r).get('_partial') else ''})"
                           for r in roles)  # a role read as a partial file is in the cache: self(r) finds it
         prov = self(roles[0])["provenance"]
         return (("Files: " if len(roles) > 1 else "File: ") + parts
@@ -117,28 +111,26 @@ class Refs:
 
 
 class Part:
-    """A generated part as data: what it shows (``body(refs)``: a DataFrame, a line, or a list of them),
-    a line before and after it (text, or a function of ``refs``), and the roles whose files it reads, named
-    in its last line. Where the set lacks the first role (``partial``: or a partial file of it) the part is
-    the line ``missing``, which says what records it. One renderer for every part, so that a page's
-    tables all read and cite alike."""
+    """A generated part as data: what it shows (``body(refs)``: a DataFrame, a line, or a list of them) and
+    the roles whose files it reads, named in its last line; where the set lacks the first role
+    (``partial``: or a partial file of it), the line ``missing`` instead, which says what records it. One
+    renderer for every part, so that a page's tables all read and cite alike."""
 
-    def __init__(self, roles: tuple[str, ...], body: Callable, head="", note="", missing: str = "",
-                 partial: bool = False):
-        self.roles, self.body, self.head, self.note, self.missing, self.partial = (
-            roles, body, head, note, missing, partial)
+    def __init__(self, roles: tuple[str, ...], body: Callable, missing: str = "", partial: bool = False):
+        self.roles, self.body, self.partial = roles, body, partial
+        self.missing = missing or (roles and f"_Not in this reference set: `python -m lfm2vl_lab record` records "
+                                   f"role `{roles[0]}`._")
 
     def __call__(self, refs: Refs) -> str:
-        if self.missing and not refs.has(self.roles[0], self.partial):
+        if self.roles and not refs.has(self.roles[0], self.partial):
             return self.missing
         if self.roles:
             refs(self.roles[0], partial=self.partial)  # cached: the source line finds a partial file too
         body = self.body(refs)
-        pieces = [self.head, *(body if isinstance(body, list) else [body]), self.note]
-        pieces = [p(refs) if callable(p) else p for p in pieces]
         source = refs.source(self.roles[0], *[r for r in self.roles[1:] if refs.has(r)]) if self.roles else ""
-        return "\n\n".join(md(p) if isinstance(p, pd.DataFrame) else p for p in [*pieces, source] if p is not None
-                           and (isinstance(p, pd.DataFrame) or p))
+        return "\n\n".join(md(p) if isinstance(p, pd.DataFrame) else p
+                            for p in [*(body if isinstance(body, list) else [body]), source]
+                            if isinstance(p, pd.DataFrame) or p)
 
 
 def records(rows: Iterable[dict], cols: dict) -> pd.DataFrame:

@@ -11,13 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..measure.results import REPO_ROOT, RESULTS_ROOT
-from . import (
-    tables_encoder,
-    tables_engine,
-    tables_goals,
-    tables_record,
-    tables_vllm,
-)
+from . import tables_encoder, tables_goals, tables_record, tables_vllm
 from .frames import Refs, TableError
 from .reference import REFERENCE_GPU, load_manifest
 
@@ -26,8 +20,7 @@ MARKER = re.compile(r"<!-- (/?)table:([A-Za-z0-9._-]+) -->")
 
 def blocks() -> dict[str, Callable[[Refs], str]]:
     """Every part a page may mark, by name."""
-    return {**tables_record.BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS,
-            **tables_vllm.BLOCKS}
+    return {**tables_record.BLOCKS, **tables_encoder.BLOCKS, **tables_goals.BLOCKS, **tables_vllm.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
