@@ -1,7 +1,7 @@
 """Whole requests and the offline-throughput run (measure/request.py) on the tiny preset: the rows a
 user reads (measured where the text model is graphed, composed where it is eager), prompts of
 different lengths in one batch giving each request's own tokens, the throughput numbers, and the
-PR-claim sentence and tables computed from a file."""
+PR-claim sentence computed from a file."""
 
 import warnings
 

@@ -2,7 +2,7 @@
 ``<!-- table:NAME -->`` … ``<!-- /table:NAME -->``; ``report`` redraws what lies between from the
 reference set and ``report --check`` says which pages are stale, so prose outside the markers holds
 no measured number. The parts are declared by topic in the ``tables_*`` modules, most as a
-:class:`~.frames.Part` (what it shows, the roles it reads) that one renderer draws."""
+:func:`~.frames.part` (what it shows, the roles it reads) that one renderer draws."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 from ..measure.ttft import mode_name
 from ..measure.workloads import NXS, TILED_SIZE
-from .frames import Part, frame, missing, ms, need, preset_label, records, times, verdict
+from .frames import frame, missing, ms, need, part, preset_label, records, times, verdict
 from .plots_ttft import TTFT_MODES, per_case, ttft_frame
 
 ENCODER_MODES = {"hf-eager": "transformers", "compile": "`compile`", "lab-eager": "packed, eager",
@@ -98,5 +98,5 @@ def model_changes(refs) -> list:
     return [changes, costs]
 
 
-BLOCKS = {"encoder-450m": Part(("bench-450m",), encoder_table), "ttft-modes": Part(("ttft",), ttft_modes),
-          "model-changes": Part(("check",), model_changes)}
+BLOCKS = {"encoder-450m": part(("bench-450m",), encoder_table), "ttft-modes": part(("ttft",), ttft_modes),
+          "model-changes": part(("check",), model_changes)}

@@ -9,7 +9,7 @@ from collections import Counter
 import pandas as pd
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .frames import Part, frame, missing, ms, need, pct, preset_label, span
+from .frames import frame, missing, ms, need, part, pct, preset_label, span
 from .ttft_summary import range_verdict
 from .vllm_report import ENGINES, SIZES, one_request, rank, with_pipeline
 from .vllm_report import find as _row
@@ -17,9 +17,9 @@ from .vllm_report import find as _row
 ROLE, KIT_ROLE = "vllm", "pipeline"  # the kit's pipeline on the same cases, recorded apart
 
 
-def vllm_part(body) -> Part:
+def vllm_part(body):
     """A part drawn from the vllm file (partial or whole) with the pipeline file's rows beside it, naming both."""
-    return Part((ROLE, KIT_ROLE), lambda refs: body(with_pipeline(
+    return part((ROLE, KIT_ROLE), lambda refs: body(with_pipeline(
         refs(ROLE, partial=True), refs(KIT_ROLE) if refs.has(KIT_ROLE) else None)), partial=True, missing=(
         f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` on the H200 records role `{ROLE}`._"))
 
