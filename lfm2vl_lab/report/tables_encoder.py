@@ -53,14 +53,6 @@ def encoder_table(refs) -> list:
             "the stream's p99).", out]
 
 
-def mode_label(mode: str) -> str:
-    """``text-graphed+encoder-eager`` → ``text graphed, encoder eager`` (both graphed in bold)."""
-    if mode == BOTH_GRAPHED:
-        return "**both graphed**"
-    text, enc = mode.removeprefix("text-").split("+encoder-")
-    return f"text {text}, encoder {enc}"
-
-
 def ttft_modes(refs) -> list:
     """One 512 px request per preset: TTFT in the four modes, decode per token both eager → both graphed."""
     res = refs("ttft")
@@ -68,7 +60,8 @@ def ttft_modes(refs) -> list:
     ttft, dec = per_case(one, "ttft_ms").map(ms), per_case(one, "decode_ms_per_token").map(ms)
     ttft[BOTH_GRAPHED] = "**" + ttft[BOTH_GRAPHED] + "**"
     out = pd.DataFrame({"preset": [preset_label(p) for p, *_ in ttft.index]})
-    out[[mode_label(m) for m in TTFT_MODES]] = ttft[list(TTFT_MODES)].values
+    out[["**both graphed**" if m == BOTH_GRAPHED else m.replace("text-", "text ").replace("+encoder-", ", encoder ")
+         for m in TTFT_MODES]] = ttft[list(TTFT_MODES)].values
     out["decode ms/token, both eager → both graphed"] = (dec[BOTH_EAGER] + " → " + dec[BOTH_GRAPHED]).values
     parity = [m for p in res.get("parity") or [] for m in p["modes"].values()]
     return [out, f"TTFT ms, median of {res['rows'][0].get('repeats')} paired rounds. Parity: "

@@ -9,9 +9,9 @@ from collections import Counter
 import pandas as pd
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .frames import frame, missing, ms, need, part, pct, preset_label, span
+from .frames import ms, part, pct, preset_label, span
 from .ttft_summary import range_verdict
-from .vllm_report import ENGINES, SIZES, one_request, rank, with_pipeline
+from .vllm_report import ENGINES, SIZES, ab_frame, one_request, rank, with_pipeline
 from .vllm_report import find as _row
 
 ROLE, KIT_ROLE = "vllm", "pipeline"  # the kit's pipeline on the same cases, recorded apart
@@ -47,24 +47,15 @@ def cut(c: dict | None) -> str | None:
 
 
 def first_token(res: dict) -> list:
-    """Per preset and case: each engine's encoder-eager TTFT and its graphed arms' paired cuts; then the rounds
-    each engine ran and what vLLM left out (and why)."""
-    df = need(frame(res), "engine", "ttft_ms", "ttft_cut.cut", "ttft_cut.ci").query(f"tokens == {TOKENS[0]}")
-    df["cell"] = [ms(v, 1) if arm == "off" else None if missing(c) else cut({"cut": c, "ci": ci})
-                  for arm, v, c, ci in zip(df.arm, df.ttft_ms, df["ttft_cut.cut"], df["ttft_cut.ci"])]
-    index = pd.MultiIndex.from_product([presets(res), [case_name(i, n) for i, n in CASES]])
-    cells = df.drop_duplicates(["preset", "case", "engine", "arm"]).pivot(
-        index=["preset", "case"], columns=["engine", "arm"], values="cell").reindex(
-        index=index, columns=pd.MultiIndex.from_product([ENGINES, ARMS]))
-    out = index.to_frame(index=False, name=["preset", "case"]).assign(preset=lambda d: d.preset.map(preset_label))
-    out[[f"{name}, " + ("encoder eager (ms)" if arm == "off" else f"{ {'pr': 'PR'}.get(arm, arm)} config: cut")
-         for name in ENGINES.values() for arm in ARMS]] = cells.values
+    """Notebook 07's A/B table (:func:`~.vllm_report.ab_frame`) at its first token: per preset, case and engine,
+    each arm's median and the graphed arms' paired cuts; then the rounds each engine ran and what vLLM left out."""
     s = res["settings"]
     counts = sorted({(sec.get("rounds", s["rounds"]), sec.get("kit_repeats", s["kit_repeats"]))
                      for sec in res["presets"].values()})
     skipped = sorted({f"{preset_label(p)} {case}: {why}" for p, sec in res["presets"].items()
                       for case, why in sec.get("skipped", {}).items()})
-    return [out, f"Requests of {TOKENS[0]} tokens. vLLM {res['provenance'].get('vllm')}, bf16; median of "
+    return [ab_frame(res).xs(TOKENS[0], level="tokens").filter(like="TTFT").reset_index(),
+            f"Requests of {TOKENS[0]} tokens. vLLM {res['provenance'].get('vllm')}, bf16; median of "
             + " or ".join(f"{r} rounds (the kit's pipeline: {k})" for r, k in counts) + "."
             + "".join(f" Left out in vLLM: {s_}." for s_ in skipped) + partial_note(res)]
 
