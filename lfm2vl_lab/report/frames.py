@@ -67,13 +67,11 @@ class Refs:
     """The reference set of ``gpu`` under ``root``, each role's file read once."""
 
     def __init__(self, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT):
-        self.gpu, self.root = gpu, Path(root)
-        self._cache: dict[str, dict] = {}
+        self.gpu, self.root, self._cache = gpu, Path(root), {}
 
     @property
     def manifest(self) -> dict:
-        man = load_manifest(self.gpu, self.root)
-        if man is None:
+        if (man := load_manifest(self.gpu, self.root)) is None:
             raise TableError(f"no reference set: {manifest_path(self.gpu, self.root)} is missing "
                              "(`python -m lfm2vl_lab record` on the GPU writes it)")
         return man
@@ -152,8 +150,8 @@ def times(v, digits: int = 1) -> str | None:
     return None if missing(v) else f"{v:.{digits}f}×"
 
 
-def pct(v, digits: int = 1, sign: bool = False) -> str | None:
-    return None if missing(v) else f"{100 * v:{'+' if sign else ''}.{digits}f}%"
+def pct(v, digits: int = 1) -> str | None:
+    return None if missing(v) else f"{100 * v:.{digits}f}%"
 
 
 def verdict(ok, yes: str = "yes", no: str = "no") -> str:
@@ -161,10 +159,10 @@ def verdict(ok, yes: str = "yes", no: str = "no") -> str:
     return yes if ok else f"**{no}**"
 
 
-def span(values, fmt=ms, unit: str = "") -> str:
+def span(values, fmt=ms) -> str:
     """``a–b`` (or one value where all are equal) of the formatted min and max."""
     lo, hi = fmt(min(values)), fmt(max(values))
-    return (lo if lo == hi else f"{lo}–{hi}") + unit
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 def table(head: list[str], rows: list[list]) -> pd.DataFrame:
