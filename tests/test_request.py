@@ -1,12 +1,9 @@
 """Whole requests and the offline-throughput run (measure/request.py) on the tiny preset: the rows a
 user reads (measured where the text model is graphed, composed where it is eager), prompts of
 different lengths in one batch giving each request's own tokens, the throughput numbers, and the
-PR-claim sentence and tables computed from a file."""
+PR-claim sentence computed from a file."""
 
-import json
-import re
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -152,43 +149,3 @@ def test_goals_of_an_older_file_leave_out_what_only_said_it_was_recorded():
            {"target": "every mode passes parity (tokens vs generate, logits vs fp32)", "value": False, "limit": True,
             "ok": False}]
     assert [t["target"] for t in request.goals_of({"targets": old})] == [old[2]["target"]]
-
-
-def test_tables_read_the_request_file(tmp_path, rows):
-    """The e2e table and the sentence are drawn from a reference set holding a request file."""
-    from lfm2vl_lab.report.frames import Refs
-    from lfm2vl_lab.report.tables_engine import BLOCKS
-
-    folder = tmp_path / "nvidia-h200"
-    folder.mkdir()
-    req = [dict(r, preset="lfm2-vl-3b") for r in rows]
-    for r in req:  # one cell whose decode control fails: its cut is flagged, the others are not
-        if r["encoder_mode"] == "graphed":
-            r["decode_drift"] = 0.2 if (r["text_mode"], r["requests"]) == ("eager", 2) else 0.0
-    grid = [dict(r, preset="lfm2-vl-450m", decode_drift=0.0) for r in rows]  # a quiet machine's controls
-    prov = {"gpu": "NVIDIA H200", "torch": "2.11", "transformers": "5.17", "date": "2026-12-01"}
-    files = {"request-3b": {"rows": req, "setup": [{"preset": "lfm2-vl-3b", "graph_config": "pr"}],
-                            "throughput": [], "provenance": prov},
-             "ttft": {"rows": grid, "provenance": prov}}
-    for role, data in files.items():
-        (folder / f"{role}-x.json").write_text(json.dumps(data))
-    man = {"gpu": "NVIDIA H200", "files": {role: {"file": f"{role}-x.json"} for role in files}}
-    (folder / "reference.json").write_text(json.dumps(man))
-    refs = Refs(root=tmp_path)
-    table = BLOCKS["e2e-requests"](refs)
-    assert table.count("| LFM2-VL-3B |") == 2 and table.count("| LFM2-VL-450M |") == 2
-    assert "measured" in table and "composed" in table
-    page = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text(encoding="utf-8")
-    assert "stands in for vLLM's engine" in page.split("<!-- /table:e2e-requests -->")[1][:1500]
-    # each row says whether it was measured or composed; the note says how far the composition lands
-    assert "| measured |" in next(line for line in table.splitlines() if line.startswith("| LFM2-VL-3B | 1x512 | 1 |"))
-    assert "| composed |" in next(line for line in table.splitlines() if line.startswith("| LFM2-VL-450M |"))
-    assert re.search(r"On the 2 measured rows the same composition lands within [\d.]+% of each measured whole "
-                     r"request, its cut off by up to [\d.]+ points", table), table
-    flagged = [line for line in table.splitlines() if "% (drift)" in line]
-    assert len(flagged) == 1 and flagged[0].startswith("| LFM2-VL-3B | 1x512 | 2 |")
-    assert "on LFM2-VL-3B" in BLOCKS["like-for-like"](refs).replace("On LFM2-VL-3B", "on LFM2-VL-3B")
-    assert "no throughput run" in BLOCKS["throughput"](refs)
-    del man["files"]["request-3b"]
-    (folder / "reference.json").write_text(json.dumps(man))
-    assert "Not in this reference set" in BLOCKS["e2e-requests"](Refs(root=tmp_path))

@@ -4,10 +4,8 @@ pandas, matplotlib or torch); every module is reachable the same way."""
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING
 
-# The public names, by module (where each is defined). The same names under TYPE_CHECKING below are
-# what type checkers and editors read; tests/test_public_api.py keeps the two lists equal.
+# The public names, by the module that defines each: the one list of them (``__all__`` is read off it).
 API = {
     "notebook": ("live_or_recorded", "load_first_version", "load_recorded", "setup", "show"),
     "frames": ("is_default_config",),
@@ -19,43 +17,9 @@ API = {
     "vllm_report": ("vllm_breakdown_figure", "vllm_cuts_figure"),
 }
 API_NAMES = {name: module for module, names in API.items() for name in names}
+__all__ = sorted(API_NAMES)
 # this package's modules, read off its folder (importing none of them)
 MODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__))
-
-if TYPE_CHECKING:
-    from .frames import is_default_config
-    from .notebook import live_or_recorded, load_first_version, load_recorded, setup, show
-    from .plots import (
-        MODE_ORDER,
-        NoData,
-        attention_figure,
-        floor_share_figure,
-        graph_memory_figure,
-        latency_figure,
-        padding_waste_figure,
-        speedup_figure,
-        timeline_figure,
-    )
-    from .plots_roofline import boundary_figure, roofline_figure
-    from .plots_ttft import (
-        TTFT_MODES,
-        decode_figure,
-        decode_vs_floor,
-        e2e_figure,
-        ttft_breakdown_figure,
-        ttft_case,
-        ttft_grid_figure,
-    )
-    from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure
-
-__all__ = [
-    "attention_figure", "boundary_figure", "decode_figure", "decode_vs_floor", "e2e_figure", "floor_share_figure",
-    "graph_memory_figure", "is_default_config", "latency_figure", "live_or_recorded", "load_first_version",
-    "load_recorded", "MODE_ORDER", "NoData", "padding_waste_figure", "roofline_figure", "setup", "show",
-    "speedup_figure", "timeline_figure",
-    "ttft_breakdown_figure", "ttft_case", "ttft_grid_figure", "TTFT_MODES", "vllm_breakdown_figure",
-    "vllm_cuts_figure",
-]
 
 
 def __getattr__(name: str):

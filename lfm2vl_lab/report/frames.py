@@ -1,12 +1,7 @@
-"""The reference set as pandas DataFrames, and what the generated pages share: :func:`md` (their
-Markdown), :class:`Refs` (each role's file read once), :class:`Part` and :func:`records` (a page's part
-and a row table, declared as data and drawn by one renderer), the cell formats, and :func:`pick_rows`
-(rows of two runs for one bar are refused as :class:`MixedRuns`, never silently picked).
-
-    >>> df = load("bench-450m")
-    >>> df.pivot_table(index="workload", columns="mode", values="median_ms", sort=False)
-
-Named ``frames``, not ``results``: :mod:`lfm2vl_lab.measure.results` writes the files."""
+"""The reference set as pandas DataFrames (``load("bench-450m")``), and what the generated pages share:
+:func:`md` (their Markdown), :class:`Refs` (each role's file read once), :func:`part` (a part declared as
+data, drawn by one renderer), the cell formats, and :func:`pick_rows` (rows of two runs for one bar are
+refused as :class:`MixedRuns`, never silently picked). :mod:`lfm2vl_lab.measure.results` writes the files."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ from ..measure.results import REPO_ROOT, RESULTS_ROOT
 from . import reference
 from .reference import REFERENCE_GPU, ReferenceError, load_manifest, manifest_path
 
-DASH = "–"  # a missing cell in the pages' tables
 # The pages' Markdown: no padding, a bare "|---|" rule; tabulate pads columns in every built-in format.
 PAGE_TABLE = TableFormat(lineabove=None, linebelowheader=lambda widths, _aligns: "|" + "---|" * len(widths),
                          linebetweenrows=None, linebelow=None, headerrow=DataRow("|", "|", "|"),
@@ -31,10 +25,10 @@ PAGE_TABLE = TableFormat(lineabove=None, linebelowheader=lambda widths, _aligns:
 def shown_path(path, base=None) -> str:
     """A result file's path from the repo root where it lies in the repo, else from ``base`` (else as given)."""
     path = Path(path).resolve()
-    try:
-        return path.relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        return path.relative_to(base).as_posix() if base is not None else str(path)
+    for root in (REPO_ROOT, base):
+        if root is not None and path.is_relative_to(root):
+            return path.relative_to(root).as_posix()
+    return str(path)
 
 
 def frame(res: dict, table: str = "rows") -> pd.DataFrame:
@@ -61,7 +55,7 @@ def load(role: str, table: str = "rows", gpu: str = REFERENCE_GPU, root=RESULTS_
 
 def md(df: pd.DataFrame) -> str:
     """``df`` as one of the pages' Markdown tables: no padding, a missing cell as a dash, no index."""
-    cells = df.astype(object).where(df.notna(), DASH)
+    cells = df.astype(object).where(df.notna(), "–")
     return cells.to_markdown(index=False, tablefmt=PAGE_TABLE, stralign=None, numalign=None, disable_numparse=True)
 
 
@@ -73,13 +67,11 @@ class Refs:
     """The reference set of ``gpu`` under ``root``, each role's file read once."""
 
     def __init__(self, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT):
-        self.gpu, self.root = gpu, Path(root)
-        self._cache: dict[str, dict] = {}
+        self.gpu, self.root, self._cache = gpu, Path(root), {}
 
     @property
     def manifest(self) -> dict:
-        man = load_manifest(self.gpu, self.root)
-        if man is None:
+        if (man := load_manifest(self.gpu, self.root)) is None:
             raise TableError(f"no reference set: {manifest_path(self.gpu, self.root)} is missing "
                              "(`python -m lfm2vl_lab record` on the GPU writes it)")
         return man
@@ -90,55 +82,44 @@ class Refs:
             self._cache[role] = reference.load(role, self.gpu, self.root, partial=partial)
         return self._cache[role]
 
-    def frame(self, role: str, *cols: str, table: str = "rows") -> pd.DataFrame:
-        """``role``'s ``table`` as a DataFrame (:func:`frame`), with ``cols``."""
-        return need(frame(self(role), table), *cols)
-
     def has(self, role: str, partial: bool = False) -> bool:
         """Whether the set holds ``role`` (``partial``: or a partial file of it)."""
         man = self.manifest
         return role in man.get("files", {}) or (partial and role in man.get("partial", {}))
 
-    def shown(self, res) -> str:
-        """A result file's path (or the file itself) as :func:`shown_path`, else from the results root's parent."""
-        return shown_path(res["_path"] if isinstance(res, dict) else res, self.root.resolve().parent)
-
     def source(self, *roles: str) -> str:
         """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions; no roles: the
         manifest's path."""
+        base = self.root.resolve().parent
         if not roles:
-            return f"Manifest: `{self.shown(manifest_path(self.gpu, self.root))}`."
-        parts = ", ".join(f"`{self.shown(self(r))}` (role `{r}`{', partial' if self(r).get('_partial') else ''})"
-                          for r in roles)  # a role read as a partial file is in the cache: self(r) finds it
+            return f"Manifest: `{shown_path(manifest_path(self.gpu, self.root), base)}`."
+        parts = ", ".join(f"`{shown_path(self(r)['_path'], base)}` (role `{r}`"
+                          f"{', partial' if self(r).get('_partial') else ''})" for r in roles)
         prov = self(roles[0])["provenance"]
         return (("Files: " if len(roles) > 1 else "File: ") + parts
                 + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "
                 f"recorded {str(prov.get('date'))[:10]}.")
 
 
-class Part:
-    """A generated part as data: what it shows (``body(refs)``: a DataFrame, a line, or a list of them),
-    a line before and after it (text, or a function of ``refs``), and the roles whose files it reads, named
-    in its last line. Where the set lacks the first role (``partial``: or a partial file of it) the part is
-    the line ``missing``, which says what records it. One renderer for every part, so that a page's
-    tables all read and cite alike."""
+def part(roles: tuple[str, ...], body: Callable, missing: str = "", partial: bool = False) -> Callable[[Refs], str]:
+    """A generated part as data, drawn by one renderer so that a page's tables all read and cite alike: what
+    it shows (``body(refs)``: a DataFrame, a line, or a list of them), then the files of the ``roles`` it
+    reads; where the set lacks the first role (``partial``: or a partial file of it), the line ``missing``
+    instead, which says what records it."""
+    def draw(refs: Refs) -> str:
+        if roles and not refs.has(roles[0], partial):
+            return missing or f"_Not in this reference set: `python -m lfm2vl_lab record` records role `{roles[0]}`._"
+        if roles:
+            refs(roles[0], partial=partial)  # cached: the source line finds a partial file too
+        return render(body(refs), roles and refs.source(roles[0], *[r for r in roles[1:] if refs.has(r)]))
+    return draw
 
-    def __init__(self, roles: tuple[str, ...], body: Callable, head="", note="", missing: str = "",
-                 partial: bool = False):
-        self.roles, self.body, self.head, self.note, self.missing, self.partial = (
-            roles, body, head, note, missing, partial)
 
-    def __call__(self, refs: Refs) -> str:
-        if self.missing and not refs.has(self.roles[0], self.partial):
-            return self.missing
-        if self.roles:
-            refs(self.roles[0], partial=self.partial)  # cached: the source line finds a partial file too
-        body = self.body(refs)
-        pieces = [self.head, *(body if isinstance(body, list) else [body]), self.note]
-        pieces = [p(refs) if callable(p) else p for p in pieces]
-        source = refs.source(self.roles[0], *[r for r in self.roles[1:] if refs.has(r)]) if self.roles else ""
-        return "\n\n".join(md(p) if isinstance(p, pd.DataFrame) else p for p in [*pieces, source] if p is not None
-                           and (isinstance(p, pd.DataFrame) or p))
+def render(*pieces) -> str:
+    """Pieces of a page (or lists of them) one after another: a DataFrame as one of its tables, a line as it
+    is; an empty piece is left out."""
+    flat = [q for p in pieces for q in (p if isinstance(p, list) else [p])]
+    return "\n\n".join(md(p) if isinstance(p, pd.DataFrame) else p for p in flat if isinstance(p, pd.DataFrame) or p)
 
 
 def records(rows: Iterable[dict], cols: dict) -> pd.DataFrame:
@@ -156,14 +137,12 @@ def records(rows: Iterable[dict], cols: dict) -> pd.DataFrame:
     return pd.DataFrame([[cell(r, c) for c in cols.values()] for r in rows], columns=list(cols), dtype=object)
 
 
-# The formats of the pages' cells
-
 def missing(v) -> bool:
     """Whether a cell holds no value: None, or NaN (what a DataFrame puts where a row lacks a field)."""
     return v is None or (isinstance(v, float) and v != v)
 
 
-def ms(v, digits: int = 2) -> str | None:
+def ms(v, digits: int = 2) -> str | None:  # the formats of the pages' cells
     return None if missing(v) else f"{v:.{digits}f}"
 
 
@@ -171,8 +150,8 @@ def times(v, digits: int = 1) -> str | None:
     return None if missing(v) else f"{v:.{digits}f}×"
 
 
-def pct(v, digits: int = 1, sign: bool = False) -> str | None:
-    return None if missing(v) else f"{100 * v:{'+' if sign else ''}.{digits}f}%"
+def pct(v, digits: int = 1) -> str | None:
+    return None if missing(v) else f"{100 * v:.{digits}f}%"
 
 
 def verdict(ok, yes: str = "yes", no: str = "no") -> str:
@@ -180,20 +159,15 @@ def verdict(ok, yes: str = "yes", no: str = "no") -> str:
     return yes if ok else f"**{no}**"
 
 
-def span(values, fmt=ms, unit: str = "") -> str:
+def span(values, fmt=ms) -> str:
     """``a–b`` (or one value where all are equal) of the formatted min and max."""
     lo, hi = fmt(min(values)), fmt(max(values))
-    return (lo if lo == hi else f"{lo}–{hi}") + unit
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
-def table(head: list[str], rows: list[list]) -> str:
-    """Rows of cells under ``head`` as one of the pages' tables (:func:`md`)."""
-    return md(pd.DataFrame(rows, columns=head, dtype=object))
-
-
-def facts(rows: list[list], note: str = "", head=("what", "measured")) -> str:
-    """A miss's numbers as a small table, and a line after it."""
-    return "\n\n".join([table(list(head), rows)] + ([note] if note else []))
+def table(head: list[str], rows: list[list]) -> pd.DataFrame:
+    """Rows of cells under ``head``, one of the pages' tables once drawn (:func:`render`)."""
+    return pd.DataFrame(rows, columns=head, dtype=object)
 
 
 def need(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
@@ -206,12 +180,9 @@ def preset_label(preset: str) -> str:
     return preset.upper()
 
 
-# Which row of a run a figure or table shows
-
-_DEFAULT_ROW = row_labels("lab-graph")  # how a row of the default settings names them
-# preferred (budget_set, cu_rule, max_seqlen_mode) in figures: the defaults'
+# Which row of a run a figure or table shows: the defaults' (as a row of the default settings names them)
+_DEFAULT_ROW = row_labels("lab-graph")
 DEFAULT_GRAPH_CONFIG = tuple(_DEFAULT_ROW[k] for k in ("budget_set", "cu_rule", "max_seqlen_mode"))
-DEFAULT_LAB_OPTIONS = (None, "auto", "varlen")  # attention backends that count as the default
 # The kit's kernel options and their defaults; a row without the key ran before the option existed (off)
 KERNEL_OPTIONS = {k: _DEFAULT_ROW[k] for k in ("fuse_qkv", "fuse_elementwise", "dense_graphs")}
 
@@ -231,7 +202,7 @@ def is_default_config(row: dict, ignore=()) -> bool:
     lab = row.get("mode") in ("lab-eager", "lab-graph", "lab-graph-fused")
     opts_ok = not lab or all(bool(row.get(k, False)) == v for k, v in KERNEL_OPTIONS.items()
                              if k not in ignore and (k != "dense_graphs" or row.get("mode") == "lab-graph"))
-    return graph_ok and opts_ok and row.get("attention") in DEFAULT_LAB_OPTIONS
+    return graph_ok and opts_ok and row.get("attention") in (None, "auto", "varlen")  # the default backends
 
 
 def one_per(rows: Iterable[dict], key: Callable[[dict], tuple], what: str, rank=None) -> list[dict]:
@@ -253,16 +224,13 @@ def one_per(rows: Iterable[dict], key: Callable[[dict], tuple], what: str, rank=
     return [r for _, r in best.values()]
 
 
-def _pick_rank(r: dict) -> tuple:
-    # the default configuration; else the default graph settings (rows recorded before a kernel option
-    # existed carry none of them); then a profiled row
-    return (is_default_config(r), is_default_config(r, ignore=tuple(KERNEL_OPTIONS)), r.get("gpu_busy_ms") is not None)
-
-
 def pick_rows(rows: list[dict]) -> list[dict]:
-    """One row per (mode, workload) of one run's timed rows, ranked by :func:`_pick_rank`."""
+    """One row per (mode, workload) of one run's timed rows: the default configuration's, else the default
+    graph settings' (rows recorded before a kernel option existed carry none), then a profiled one."""
+    def rank(r: dict) -> tuple:
+        return is_default_config(r), is_default_config(r, tuple(KERNEL_OPTIONS)), r.get("gpu_busy_ms") is not None
     return one_per((r for r in rows if r.get("median_ms") is not None), lambda r: (r.get("mode"), r.get("workload")),
-                   "pick_rows", rank=_pick_rank)
+                   "pick_rows", rank=rank)
 
 
 def workloads_of(rows) -> list[str]:

@@ -35,8 +35,7 @@ def load_manifest(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict | None:
 
 def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
     """The roles the reference set holds, in the order they were recorded."""
-    man = load_manifest(gpu, root)
-    return list(man["files"]) if man else []
+    return list((load_manifest(gpu, root) or {}).get("files", {}))
 
 
 def role_code_hash(man: dict, role: str) -> str | None:
@@ -46,11 +45,9 @@ def role_code_hash(man: dict, role: str) -> str | None:
     return entry.get("code_hash", man.get("code_hash"))
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path, **marks) -> dict:
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()  # archive/: gzipped
-    data = json.loads(raw)
-    data["_path"] = str(path)
-    return data
+    return {**json.loads(raw), "_path": str(path), **marks}
 
 
 def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool = True,
@@ -58,21 +55,18 @@ def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool 
     """``role``'s result file in ``gpu``'s reference set, with ``_path``, ``_role`` and ``_code_hash``;
     a missing role raises :class:`ReferenceError` naming those there are (``required=False``: None).
     ``partial``: a resumable role's partial file where it is not recorded whole, marked ``_partial``."""
-    man = load_manifest(gpu, root)
-    entry = (man or {}).get("files", {}).get(role)
-    if entry is None and partial and role in (man or {}).get("partial", {}):
-        data = _read(manifest_path(gpu, root).parent / man["partial"][role]["file"])
-        data.update(_role=role, _partial=True, _code_hash=role_code_hash(man, role))
-        return data
+    man = load_manifest(gpu, root) or {}
+    entry, marks = man.get("files", {}).get(role), {}
+    if entry is None and partial and role in man.get("partial", {}):
+        entry, marks = man["partial"][role], {"_partial": True}
     if entry is None:
         if not required:
             return None
         there = ", ".join(man["files"]) if man else "none: no " + str(manifest_path(gpu, root))
         raise ReferenceError(f"the reference set of {gpu} has no {role!r} (roles recorded: {there}); "
                              "`python -m lfm2vl_lab record` on that GPU records it")
-    data = _read(manifest_path(gpu, root).parent / entry["file"])
-    data.update(_role=role, _code_hash=role_code_hash(man, role))
-    return data
+    return _read(manifest_path(gpu, root).parent / entry["file"], _role=role, _code_hash=role_code_hash(man, role),
+                 **marks)
 
 
 def load_archived(name: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
@@ -90,10 +84,6 @@ def code_hash_at(commit: str, repo: Path = REPO_ROOT) -> str:
     objects: what a result recorded from that commit's code carries."""
     out = subprocess.run(["git", "ls-tree", "-r", commit, "--", "lfm2vl_lab", "data/presets"], cwd=repo,
                          capture_output=True, text=True, check=True).stdout
-    entries = []
-    for line in out.splitlines():
-        meta, path = line.split("\t", 1)
-        _mode, kind, sha = meta.split()
-        if kind == "blob" and is_code_path(path):
-            entries.append((path, sha))
+    entries = [(path, meta.split()[2]) for meta, path in (line.split("\t", 1) for line in out.splitlines())
+               if meta.split()[1] == "blob" and is_code_path(path)]
     return hash_code_entries(entries)

@@ -44,8 +44,7 @@ def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_
     drawn = reference_sets(root, say=lambda *_: None).get(slug, {})  # what `report` draws, partial roles too
     stems = {stem for stem, _draw, _files in figure_jobs(drawn, slug)}
     pngs = sorted(Path(figures).glob(f"{slug}-*.png"))
-    unexplained = [p.name for p in pngs if p.stem not in stems]
-    if unexplained:
+    if unexplained := [p.name for p in pngs if p.stem not in stems]:
         raise UnexplainedFigure(f"the reference set under {root} draws none of {', '.join(unexplained)} "
                                 f"(`python -m lfm2vl_lab report` redraws the figures it explains)")
     out, stale = [], []
@@ -55,35 +54,18 @@ def figure_sources(gpu: str = "nvidia-h200", figures=FIGURES_ROOT, root=RESULTS_
         except NoSource as exc:
             stale.append(str(exc))
             continue
-        why = [w for w in (_stale(png, src, drawn) for src in named) if w]
-        stale += why
-        out.append((png, [drawn[src["role"]] for src in named] if not why else []))
+        stale += [w for w in (_stale(png, src, drawn) for src in named) if w]
+        out.append((png, [drawn.get(src["role"]) for src in named]))  # returned only where none is stale
     if stale:
         raise UnexplainedFigure("; ".join(stale) + " (`python -m lfm2vl_lab report` redraws them from the set)")
     return out
 
 
-def provenance_list(files: list[dict], link: Callable[[Path], str]) -> str:
-    """Markdown, one item per file: its name (linked), role, GPU, versions, preset, dtype, date, code
-    hash, and the command that made it."""
-    items = []
-    for res in files:
-        p, path = res["provenance"], Path(res["_path"])
-        facts = " · ".join(f"{label} {p[key]}" for label, key in PROVENANCE_FIELDS if p.get(key) not in (None, ""))
-        if res.get("_code_hash"):  # the code version the manifest names for the role (the figure names it too)
-            facts += f" · code `{res['_code_hash'].removeprefix('sha256:')[:12]}`"
-        command = shown_command(p.get("command"))
-        role = f" (reference set: `{res['_role']}`)" if res.get("_role") else ""
-        items.append(f"- [`{path.name}`]({link(path)}){role}: {facts}  \n"
-                     + (f"  `{command}`" if command else "  no command recorded"))
-    return "\n".join(items)
-
-
 def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200",
                  link: Callable[[Path], str] | None = None) -> str:
-    """The figures page as Markdown: a section per set of source files, headed by their names, listing
-    their provenance, then each figure drawn from them; ``link(path)``: a figure's or file's link
-    (default: its path from the repo root)."""
+    """The figures page as Markdown: a section per set of source files, headed by their names, listing each
+    file's role, GPU, versions, preset, dtype, date, code hash and command, then each figure drawn from
+    them; ``link(path)``: a figure's or file's link (default: its path from the repo root)."""
     link = link or (lambda path: Path(path).resolve().relative_to(REPO_ROOT).as_posix())
     groups: dict[tuple, tuple[list[dict], list[Path]]] = {}
     for png, files in sources:
@@ -94,7 +76,16 @@ def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200
            "chunk, with the file's role and code hash). The lists are generated from those files when the site is "
            "built.", ""]
     for files, pngs in groups.values():
-        out += ["## " + ", ".join(Path(r["_path"]).name for r in files), "", provenance_list(files, link), ""]
+        out += ["## " + ", ".join(Path(r["_path"]).name for r in files), ""]
+        for res in files:
+            p, command = res["provenance"], shown_command(res["provenance"].get("command"))
+            facts = " · ".join(f"{label} {p[key]}" for label, key in PROVENANCE_FIELDS if p.get(key) not in (None, ""))
+            if res.get("_code_hash"):  # the code version the manifest names for the role (the figure names it too)
+                facts += f" · code `{res['_code_hash'].removeprefix('sha256:')[:12]}`"
+            role = f" (reference set: `{res['_role']}`)" if res.get("_role") else ""
+            out.append(f"- [`{Path(res['_path']).name}`]({link(Path(res['_path']))}){role}: {facts}  \n"
+                       + (f"  `{command}`" if command else "  no command recorded"))
+        out.append("")
         for png in pngs:
             out += [f"### {png.stem}", "", f"[![{png.stem}]({link(png)})]({link(png)})", ""]
     return "\n".join(out)
@@ -102,8 +93,4 @@ def figures_page(sources: list[tuple[Path, list[dict]]], gpu: str = "nvidia-h200
 
 def linked_files(sources: list[tuple[Path, list[dict]]]) -> list[Path]:
     """The figures and result files :func:`figures_page` links to (the site must carry them)."""
-    out: dict[str, Path] = {}
-    for png, files in sources:
-        out[str(png)] = png
-        out.update({r["_path"]: Path(r["_path"]) for r in files})
-    return list(out.values())
+    return list({str(p): p for png, files in sources for p in (png, *(Path(r["_path"]) for r in files))}.values())

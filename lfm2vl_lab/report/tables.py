@@ -2,32 +2,21 @@
 ``<!-- table:NAME -->`` … ``<!-- /table:NAME -->``; ``report`` redraws what lies between from the
 reference set and ``report --check`` says which pages are stale, so prose outside the markers holds
 no measured number. The parts are declared by topic in the ``tables_*`` modules, most as a
-:class:`~.frames.Part` (what it shows, the roles it reads) that one renderer draws."""
+:func:`~.frames.part` (what it shows, the roles it reads) that one renderer draws."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from ..measure.results import REPO_ROOT, RESULTS_ROOT
-from . import (
-    tables_encoder,
-    tables_engine,
-    tables_goals,
-    tables_record,
-    tables_vllm,
-)
+from . import tables_encoder, tables_goals, tables_record, tables_vllm
 from .frames import Refs, TableError
-from .reference import REFERENCE_GPU, load_manifest
+from .reference import REFERENCE_GPU, ReferenceError, load_manifest
 
 MARKER = re.compile(r"<!-- (/?)table:([A-Za-z0-9._-]+) -->")
-
-
-def blocks() -> dict[str, Callable[[Refs], str]]:
-    """Every part a page may mark, by name."""
-    return {**tables_record.BLOCKS, **tables_encoder.BLOCKS, **tables_engine.BLOCKS, **tables_goals.BLOCKS,
-            **tables_vllm.BLOCKS}
+# every part a page may mark, by name
+BLOCKS = {**tables_record.BLOCKS, **tables_encoder.BLOCKS, **tables_goals.BLOCKS, **tables_vllm.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
@@ -43,14 +32,12 @@ def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:
             out.append((name, opened.end(), m.start()))
         opened = None if closes else m
     if opened is not None:
-        name = opened.group(2)
-        raise TableError(f"{where}: <!-- table:{name} --> is never closed (expected <!-- /table:{name} -->)")
+        raise TableError(f"{where}: {opened.group(0)} is never closed (expected <!-- /table:{opened.group(2)} -->)")
     return out
 
 
-def render_text(text: str, refs: Refs, where: str = "page", known: dict | None = None) -> str:
+def render_text(text: str, refs: Refs, where: str = "page", known: dict = BLOCKS) -> str:
     """``text`` with every marked part redrawn from ``refs``."""
-    known = blocks() if known is None else known
     parts, pos = [], 0
     for name, start, end in marked(text, where):
         if name not in known:
@@ -68,11 +55,10 @@ def pages(repo: Path = REPO_ROOT) -> list[Path]:
 def write_tables(paths=None, refs: Refs | None = None, check: bool = False, say=print) -> list[Path]:
     """Redraw the marked parts of ``paths`` (default :func:`pages`). Returns the pages that changed
     (with ``check``: that would change; nothing is written)."""
-    refs = refs or Refs()
-    known, stale = blocks(), []
+    refs, stale = refs or Refs(), []
     for path in [Path(p) for p in (paths or pages())]:
         text = path.read_text(encoding="utf-8")
-        new = render_text(text, refs, str(path), known)
+        new = render_text(text, refs, str(path))
         if new != text:
             stale.append(path)
             if not check:
@@ -84,15 +70,13 @@ def write_tables(paths=None, refs: Refs | None = None, check: bool = False, say=
 def run_tables(args) -> int:
     """Rewrite (``--check``: compare) the generated tables from the reference set under ``--root``."""
     from ..measure.values import UsageError
-    from .reference import ReferenceError
 
-    only = args.check or getattr(args, "tables_only", False)
-    if not only and Path(args.root).resolve() != RESULTS_ROOT.resolve():
-        # the pages describe the repo's own reference set: a report of other results draws figures only
-        print(f"tables: {args.root} is not the repo's data/results; the pages' tables are left as they are")
-        return 0
-    if not only and load_manifest(REFERENCE_GPU, args.root) is None:
-        print(f"tables: no reference set under {args.root}; the pages' tables are left as they are")
+    # the pages describe the repo's own reference set: a report of other results draws figures only
+    why = (not args.check and not getattr(args, "tables_only", False)) and (
+        f"{args.root} is not the repo's data/results" if Path(args.root).resolve() != RESULTS_ROOT.resolve() else
+        f"no reference set under {args.root}" if load_manifest(REFERENCE_GPU, args.root) is None else "")
+    if why:
+        print(f"tables: {why}; the pages' tables are left as they are")
         return 0
     try:
         stale = write_tables(refs=Refs(root=args.root), check=args.check)

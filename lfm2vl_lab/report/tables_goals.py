@@ -1,63 +1,39 @@
-"""docs/goals.md's generated parts: every run's goals in one table shape, and per miss a small table of
-the numbers from the same files that explain it (:data:`EXPLAIN`). Besides the runs' own targets: the
-goals the encoder's kernels are held to once its launches are graphed (:data:`KERNEL_GOALS`, each
-stricter than its first limit in ``measure.floor.TARGETS``), and the library's own shape, measured from
-this tree rather than the set (the report layer's lines; core's protocol's members against vLLM's eleven)."""
+"""docs/goals.md's generated parts: every family of goals in one table shape (:data:`GOALS`), and per miss
+a small table of the numbers from the same files that explain it (:func:`explainer`). Besides the runs' own
+targets: the goals the encoder's kernels are held to once its launches are graphed (:data:`KERNEL_GOALS`,
+each stricter than its first limit in ``measure.floor.TARGETS``), and the library's own shape, measured
+from this tree rather than the set."""
 
 from __future__ import annotations
 
-import statistics
+import re
 from functools import cache
 from pathlib import Path
 
-import pandas as pd
-
-from ..measure.floor import judge_targets, kernel_breakdown
+from ..measure.floor import idle_breakdown, judge_targets, kernel_breakdown
 from ..measure.results import target_row
-from ..measure.trace_analysis import Gap, idle_gaps
 from ..measure.ttft import CPU_INPUT_WORKLOADS
 from ..measure.ttft import TARGETS as TTFT_TARGETS
-from .frames import Part, facts, md, ms, pct, preset_label, records, table, verdict
+from .frames import ms, part, pct, preset_label, records, render, table, times, verdict
 from .plots_ttft import ttft_case
-from .tables_encoder import by_mode
-from .tables_engine import (
-    BOTH_EAGER,
-    BOTH_GRAPHED,
-    IMAGE_PATH,
-    PEER_LABELS,
-    REQUEST_ROLE,
-    image_path_pairs,
-    ttft_parity,
-)
+from .tables_encoder import BOTH_EAGER, BOTH_GRAPHED, by_mode
 from .tables_record import explain_record, record_goals
+from .ttft_summary import parity_frame
 
-
-def encoder_goals(refs) -> list[dict]:
-    return judge_targets(refs("bench-450m")["rows"], refs("bench-1.6b")["rows"])
-
-
-def ttft_goals(refs) -> list[dict]:
-    return refs("ttft").get("targets") or []
-
-
-def engine_goals(refs) -> list[dict]:
-    """The engine's targets, a capture's note naming the first compile before it (older files lack it)."""
-    from ..measure.engine_measure import compile_note
-
-    first = {f"capture s of every graph, {r['preset']} {r['mode']}": r["first_call"] for r in refs("engine")["rows"]
-             if r.get("requests") == 1 and r.get("first_call")}
-    return [dict(t, detail=compile_note(first[t["target"]])) if t["target"] in first and not t.get("detail") else t
-            for t in refs("engine").get("targets") or []]
-
-
-def request_goals(refs) -> list[dict]:
-    """The whole-request run's goals, a goal judged again under today's limit saying what it was recorded under."""
-    from ..measure.request import goals_of
-
-    if not refs.has(REQUEST_ROLE):
-        return []
-    return [dict(t, detail="; ".join(filter(None, [t.get("detail"), f"recorded under ≤ {t['recorded_limit']:g} s"])))
-            if "recorded_limit" in t else t for t in goals_of(refs(REQUEST_ROLE))]
+REQUEST_ROLE = "request-3b"
+KERNELS = "kernels: "  # every goal of the kernels' family starts so
+# (goal, role, workload, field of its graphed row, limit)
+KERNEL_GOALS = (
+    (f"{KERNELS}450M 1x512 median ms", "bench-450m", "1x512", "median_ms", 0.60),
+    (f"{KERNELS}450M 1x512 GPU-busy ms", "bench-450m", "1x512", "gpu_busy_ms", 0.50),
+    (f"{KERNELS}450M 16x512 median ms", "bench-450m", "16x512", "median_ms", 6.0),
+    (f"{KERNELS}1.6B tiled median ms", "bench-1.6b", "tiled", "median_ms", 13.0),
+)
+DECODE_MATCH = 1.05  # decode per token inside the TTFT grid within this factor of the engine's own
+REPORT_DIR = Path(__file__).resolve().parent
+REPORT_LIMIT_LINES = 1750  # half the ~3,500 lines that turned result files into pages when the goal was set
+PROTOCOL_LIMIT = 12  # vLLM's SupportsEncoderCudaGraph has 11 methods; the kit's protocol adds its config
+REPORT_GOAL = "the report layer (`lfm2vl_lab/report/`), lines"
 
 
 def guard_goals(refs) -> list[dict]:
@@ -67,19 +43,6 @@ def guard_goals(refs) -> list[dict]:
     judged = [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
     return judged or [target_row(f"{preset_short(name)} pointer check per encode µs", None, limit, False,
                                  "the set's check file predates this goal") for name, limit in STAMP_TARGET.items()]
-
-
-# The kernels once graphed
-
-KERNELS = "kernels: "  # every goal of this section starts so
-# (goal, role, workload, field of its graphed row, limit)
-KERNEL_GOALS = (
-    (f"{KERNELS}450M 1x512 median ms", "bench-450m", "1x512", "median_ms", 0.60),
-    (f"{KERNELS}450M 1x512 GPU-busy ms", "bench-450m", "1x512", "gpu_busy_ms", 0.50),
-    (f"{KERNELS}450M 16x512 median ms", "bench-450m", "16x512", "median_ms", 6.0),
-    (f"{KERNELS}1.6B tiled median ms", "bench-1.6b", "tiled", "median_ms", 13.0),
-)
-DECODE_MATCH = 1.05  # decode per token inside the TTFT grid within this factor of the engine's own
 
 
 def _grid_and_engine_decode(refs) -> tuple[float | None, float | None]:
@@ -103,14 +66,6 @@ def kernel_goals(refs) -> list[dict]:
     return out
 
 
-# The library's own shape
-
-REPORT_DIR = Path(__file__).resolve().parent
-REPORT_LIMIT_LINES = 1750  # half the ~3,500 lines that turned result files into pages when the goal was set
-PROTOCOL_LIMIT = 12  # vLLM's SupportsEncoderCudaGraph has 11 methods; the kit's protocol adds its config
-REPORT_GOAL = "the report layer (`lfm2vl_lab/report/`), lines"
-
-
 def _modules() -> dict[str, str]:
     return {p.name: p.read_text(encoding="utf-8") for p in sorted(REPORT_DIR.glob("*.py"))}
 
@@ -126,11 +81,20 @@ def code_goals(refs=None) -> list[dict]:
                        members <= PROTOCOL_LIMIT, "vLLM's `SupportsEncoderCudaGraph`: 11 methods")]
 
 
-def explain_report_layer(refs=None) -> str:
-    """Where the report layer's lines are: its modules by size, the largest first."""
-    sizes = sorted(((t.count("\n"), name) for name, t in _modules().items()), reverse=True)
-    return table(["module", "lines"], [[f"`{name}`", n] for n, name in sizes[:8]]
-                 + ([[f"the other {len(sizes) - 8}", sum(n for n, _ in sizes[8:])]] if len(sizes) > 8 else []))
+def _request_goals(refs) -> list[dict]:
+    from ..measure.request import goals_of  # judged under today's limits
+
+    return goals_of(refs(REQUEST_ROLE)) if refs.has(REQUEST_ROLE) else []
+
+
+# block -> (the family's goals, the roles they read; none: judged from the manifest, or from this tree)
+GOALS = {"goals-encoder": (lambda refs: judge_targets(refs("bench-450m")["rows"], refs("bench-1.6b")["rows"]),
+                           ("bench-450m", "bench-1.6b")),
+         "goals-ttft": (lambda refs: refs("ttft").get("targets") or [], ("ttft",)),
+         "goals-engine": (lambda refs: refs("engine").get("targets") or [], ("engine",)),
+         "goals-request": (_request_goals, (REQUEST_ROLE,)), "goals-guard": (guard_goals, ("check",)),
+         "goals-kernels": (kernel_goals, ("bench-450m", "bench-1.6b", "ttft", "engine")),
+         "goals-record": (record_goals, ()), "goals-code": (code_goals, ())}
 
 
 def _aim_and_value(t: dict) -> tuple[str, str]:
@@ -153,159 +117,134 @@ def _aim_and_value(t: dict) -> tuple[str, str]:
     if "cut" in name:
         return f"≥ {pct(lim, 0)}", pct(v)
     if "speedup" in name:
-        return f"≥ {lim:g}×", f"{v:.1f}×"
+        return f"≥ {lim:g}×", times(v)
     if "/" in name:
-        return f"≤ {lim:g}×", f"{v:.2f}×"
-    if " in s," in name or name.endswith(" in s"):
-        return f"≤ {lim:g} s", f"{ms(v)} s"
-    unit = "MiB" if "MiB" in name else "s" if name.endswith(" s") or name.startswith("capture s") else "ms"
+        return f"≤ {lim:g}×", times(v, 2)
+    unit = "MiB" if "MiB" in name else "s" if " in s" in name or name.endswith(" s") or "capture s" in name else "ms"
     return f"≤ {lim:g} {unit}", (f"{v:.0f} {unit}" if unit == "MiB" else f"{ms(v)} {unit}")
 
 
-def goals_part(goals, *roles: str, missing: str = "") -> Part:
-    """One run's goals as a table and how many were reached, then the files (no roles: the manifest, or
-    nothing for the goals judged on this tree)."""
+def goals_part(goals, roles):
+    """One family's goals as a table and how many were reached, then their files (no roles: the manifest, or
+    nothing for the goals judged on this tree). A long note is left to the misses' section that explains it."""
     def body(refs) -> list:
         judged = goals(refs)
-        rows = [[t["target"], *_aim_and_value(t), verdict(t["ok"]),
-                 None if t["target"].startswith("fastest mode") or len(t.get("detail") or "") > 60  # the misses'
-                 else t.get("detail") or None] for t in judged]  # section explains a long one
-        return [pd.DataFrame(rows, dtype=object, columns=["goal", "aimed for", "measured", "reached", "note"]),
-                f"{sum(t['ok'] for t in judged)} of {len(judged)} reached." + (
-                    "" if roles or goals is code_goals else f" {refs.source()}")]
-    return Part(roles, body, missing=missing)
+        return [table(["goal", "aimed for", "measured", "reached", "note"], [
+            [t["target"], *_aim_and_value(t), verdict(t["ok"]), None if t["target"].startswith("fastest mode")
+             or len(t.get("detail") or "") > 60 else t.get("detail") or None] for t in judged]),
+                f"{sum(t['ok'] for t in judged)} of {len(judged)} reached."
+                + ("" if roles or goals is code_goals else f" {refs.source()}")]
+    return part(roles, body)
 
 
 # What explains each miss: a small table of the numbers, from the goal's own files
 
 @cache  # one explanation per call, so that the goals it explains share one section
 def graphed_call(role: str, workload: str):
-    """The graphed encoder's call at ``workload`` in ``role``'s file: its median against its kernels' time, where
-    the rest goes, gap by gap of its profiled call, and its largest kernel classes."""
-    def explain(refs) -> str:
+    """The graphed encoder's call at ``workload`` in ``role``'s file: its median against its kernels' time,
+    their largest classes, and the rest, gap by gap of its profiled call (:func:`~..measure.floor.idle_breakdown`)."""
+    def explain(refs):
         by = by_mode(refs(role)["rows"])
-        r, hf = by[("lab-graph", workload)], by.get(("hf-eager", workload)) or {}
-        gaps = idle_gaps(r.get("timeline") or {}, kernels_only=False)  # cuDNN's memsets count as entries
-        first = gaps[0] if gaps else Gap(0.0, 0.0, "", "")
-        memset = [g.dur_us for g in gaps if "Memset" in g.before]
-        inner = [g.dur_us for g in gaps[1:] if "Memset" not in g.before]
-        idle, off = sum(g.dur_us for g in gaps), 1000 * (r["median_ms"] - r["gpu_busy_ms"])
-        return facts([[f"median call, lab-graph {workload} (transformers')",
-                       f"{1000 * r['median_ms']:.0f} µs ({1000 * hf.get('median_ms', float('nan')):.0f} µs)"],
-                      [f"its {r['kernels']:.0f} kernels in {r['graph_launches']:.0f} graph launches (GPU-busy of one "
-                       "profiled call)", f"{1000 * r['gpu_busy_ms']:.0f} µs"],
-                      ["their largest classes", ", ".join(f"{c} {v['us']:.0f} µs in {v['count']}"
-                                                          for c, v in list(kernel_breakdown(r).items())[:3])],
-                      ["not kernel time: idle between the profiled call's GPU entries", f"{idle:.0f} µs"],
-                      ["not kernel time: outside them, on the host side of the call", f"{off - idle:.0f} µs"],
-                      [f"of the idle: first entry (`{first.before[:40]}`) to the graph's first kernel",
-                       f"{first.dur_us:.0f} µs"],
-                      [f"of the idle: {len(memset)} gaps after cuDNN's `Memset` entries", f"{sum(memset):.0f} µs"],
-                      [f"of the idle: {len(inner)} other gaps, one per kernel boundary (median "
-                       f"{statistics.median(inner) if inner else 0:.2f} µs)", f"{sum(inner):.0f} µs"]],
-                     "Fewer kernels, not fewer launches, would close the rest. Not built: attention without cuDNN's "
-                     "memsets, norms, biases and GELU folded into the GEMMs, fewer kernel boundaries per layer.")
+        r = by[("lab-graph", workload)]
+        hf, b, classes = by.get(("hf-eager", workload)) or {}, idle_breakdown(r), list(kernel_breakdown(r).items())[:3]
+        return table(["what", "measured"], [
+            [f"median call, lab-graph {workload} (transformers')",
+             f"{b['median_us']:.0f} µs ({1000 * hf.get('median_ms', float('nan')):.0f} µs)"],
+            [f"its {r['kernels']:.0f} kernels in {r['graph_launches']:.0f} graph launches (GPU-busy of one profiled "
+             "call)", f"{1000 * r['gpu_busy_ms']:.0f} µs"],
+            ["their largest classes", ", ".join(f"{c} {v['us']:.0f} µs in {v['count']}" for c, v in classes)],
+            [f"idle between them: {b['n_gaps']} gaps (those not before an attention kernel: median "
+             f"{b['other_median_us']:.2f} µs)", f"{b['gaps_us']:.0f} µs"],
+            [f"of the idle: the {b['n_before']} gaps before an attention kernel", f"{b['before_us']:.0f} µs"],
+            ["outside the kernels' span: the host side of the call", f"{b['outside_us']:.0f} µs"]])
     return explain
 
 
-def explain_cpu_input(refs) -> str:
-    """The image-path table's 450M rows of the goal's workloads, with the µs the goal leaves the upload."""
-    lim = TTFT_TARGETS["cpu_input_encode_ratio"]
-    rows = [r for r in image_path_pairs(refs, "encode_sources", "staging_split")
-            if r.get("preset") == "lfm2-vl-450m" and r["workload"] in CPU_INPUT_WORKLOADS]
-    cols = {k: v for k, v in IMAGE_PATH.items() if "ratio" in k or " ms" in k or k == "workload"}
-    cols["the goal leaves µs"] = lambda r: f"{1000 * (lim - 1) * r['gpu_ms_median']:.0f}"
-    return (md(records(rows, cols)) + "\n\nLFM2-VL-450M. The real rows already go up in bf16 from pinned memory "
-            "without a sync. Not built: uint8 rows normalised inside the graph (half the bytes).")
+def explain_cpu_input(refs):
+    """The image path's 450M rows at the goal's workloads, the upload split apart, and the µs the goal leaves."""
+    lim, ip = TTFT_TARGETS["cpu_input_encode_ratio"], refs("ttft").get("image_path") or []
+    split = {r["workload"]: r for r in ip if r["kind"] == "staging_split" and r.get("preset") == "lfm2-vl-450m"}
+    return records([dict(r, side=split.get(r["workload"], {})) for r in ip if r["kind"] == "encode_sources"
+                    and r.get("preset") == "lfm2-vl-450m" and r["workload"] in CPU_INPUT_WORKLOADS], {
+        "LFM2-VL-450M": "workload", "from GPU input ms": ("gpu_ms_median", ms), "from CPU output ms":
+        ("cpu_ms_median", ms), "ratio": ("ratio", lambda v: times(v, 2)), "host gather ms":
+        ("side.gather_ms_median", lambda v: ms(v, 3)), "upload ms": ("side.upload_ms_median", lambda v: ms(v, 3)),
+        "the goal leaves µs": lambda r: f"{1000 * (lim - 1) * r['gpu_ms_median']:.0f}"})
 
 
-def explain_first_tokens(refs) -> str:
+def explain_first_tokens(refs):
     """The parity cases where a mode's first token differs from ``generate``'s, with all-eager beside them:
     whether the differing token is float32's tells a swap by rounding from a wrong token."""
-    return md(ttft_parity(refs, lambda case, m, r: (m == BOTH_EAGER or not r["same_first_token"]) and not all(
-        x["same_first_token"] for x in case["modes"].values())))
+    df = parity_frame(refs("ttft"))
+    if isinstance(df, str):  # the file has no parity section
+        return df
+    differs = df["first token"].eq("DIFFERS")
+    case_differs = differs.groupby([df.preset, df.image, df.requests]).transform("any")
+    return df[case_differs & (differs | df["mode"].eq(BOTH_EAGER))]
 
 
-def explain_text_engine(refs) -> str:
+def explain_text_engine(refs):
     """The engine's profiled steps against the weights' floor, and the first token's phases (``ttft``)."""
     res, rows = refs("engine"), []
     for s in res["setup"]:
-        prof = (res.get("profile") or {}).get(s["preset"]) or {}
+        prof, floor = (res.get("profile") or {}).get(s["preset"]) or {}, s["floor"]
         for step, timed in (("decode_step", "decode_ms_per_token"), ("prefill", "prefill_sample_ms")):
-            rows += [[f"{preset_label(s['preset'])} {PEER_LABELS[m]}, {step.replace('_', ' ')}",
+            rows += [[f"{preset_label(s['preset'])} `{m}`, {step.replace('_', ' ')}",
                       ms(next(r[timed] for r in res["rows"] if (r["preset"], r["mode"], r["requests"]) ==
                               (s["preset"], m, 1))), f"{p['kernels']:.0f} ({p['classes'].get('GEMM', 0)})",
                       f"{ms(p['gpu_busy_ms'])} / {ms(p['wall_ms'])}"]
                      for m in ("engine", "engine-fused") if (p := (prof.get(m) or {}).get(step))]
-        floor = s["floor"]
         rows.append([f"weights' floor per decode step ({floor['param_bytes'] / 1e9:.3f} GB at "
                      f"{floor['bandwidth_B_per_s'] / 1e12:.1f} TB/s)", f"{floor['floor_ms']:.3f}", None, None])
-    both = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(BOTH_GRAPHED)
-    phases = ", ".join(f"{k} {ms(v)}" for k, v in (both or {}).get("phases_ms", {}).items() if k != "processor")
-    return "\n\n".join([table(["`engine`, one request", "timed ms", "kernels (GEMMs)", "GPU-busy / wall ms"], rows),
-                         f"One 512 px request, both graphed (`ttft`), ms: {phases}." if both else "",
-                         "What is left is GEMV-shaped GEMMs and the kernel boundaries between them. Not built: GEMMs "
-                         "that stream the weights at full bandwidth with the norms and activations fused in, a decode "
-                         "attention that reads only the positions in use, a layer in fewer kernels."])
+    both = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(BOTH_GRAPHED) or {}
+    return [table(["one request", "timed ms", "kernels (GEMMs)", "GPU-busy / wall ms"], rows), both and (
+        "One 512 px request, both graphed (`ttft`), ms: "
+        + ", ".join(f"{k} {ms(v)}" for k, v in both["phases_ms"].items() if k != "processor") + ".")]
 
 
-def explain_pr_capture(refs) -> str:
+def explain_pr_capture(refs):
     """The PR's budget set's capture on the 3B budget by budget (``request-3b``)."""
     setup = next(s for s in refs(REQUEST_ROLE)["setup"] if s.get("graph_config") == "pr" and s.get("encoder_capture"))
     cap = sorted(setup["encoder_capture"], key=lambda c: c["budget"])
     cap.append({"budget": f"all, {preset_label(setup['preset'])}", "variants": [v for c in cap for v in c["variants"]],
                 "capture_s": sum(c["capture_s"] for c in cap), "total_mb": sum(c["total_mb"] for c in cap)})
-    return facts([[c["budget"], len(c["variants"]), ms(c["capture_s"]), f"{c['total_mb']:.0f}"] for c in cap],
-                 "Not built: the largest budget captured with fewer dense variants (one per run length).",
-                 head=["the PR's budgets", "graphs", "capture s", "MiB"])
+    return table(["the PR's budgets", "graphs", "capture s", "MiB"],
+                 [[c["budget"], len(c["variants"]), ms(c["capture_s"]), f"{c['total_mb']:.0f}"] for c in cap])
 
 
-EXPLAIN = {  # a goal's name, or how it starts → what explains its miss
-    "the PR's budget set captures in s": explain_pr_capture,
-    "1x512 wall / GPU-busy": graphed_call("bench-450m", "1x512"),
-    "450M 1x512 median ms": graphed_call("bench-450m", "1x512"),
-    "450M 1x256 median ms": graphed_call("bench-450m", "1x256"),
-    "1.6B tiled median ms": graphed_call("bench-1.6b", "tiled"),
-    "encode() CPU input / GPU input": explain_cpu_input,
-    "every mode's first tokens equal eager's": explain_first_tokens,
-    "every mode passes parity (tokens vs generate, logits vs fp32)": explain_first_tokens,
-    "TTFT ms, both graphed": explain_text_engine,
-    "decode ms per token": explain_text_engine,
-    "prefill+sample": explain_text_engine,
-    "a full record of the kit's own roles": explain_record,
-    REPORT_GOAL: explain_report_layer,
-    f"{KERNELS}450M decode": explain_text_engine,
-    **{name: graphed_call(role, workload) for name, role, workload, *_ in KERNEL_GOALS},
+def explain_report_layer(refs=None):
+    """Where the report layer's lines are: its modules by size, the largest first."""
+    sizes = sorted(((t.count("\n"), name) for name, t in _modules().items()), reverse=True)
+    return table(["module", "lines"], [[f"`{name}`", n] for n, name in sizes[:8]]
+                 + ([[f"the other {len(sizes) - 8}", sum(n for n, _ in sizes[8:])]] if len(sizes) > 8 else []))
+
+
+EXPLAIN = {  # how a goal's name starts (past "kernels: ") → what explains its miss
+    "the PR's budget set captures": explain_pr_capture, "1x512 wall / GPU-busy": graphed_call("bench-450m", "1x512"),
+    "encode() CPU input / GPU input": explain_cpu_input, "every mode's first tokens": explain_first_tokens,
+    "every mode passes parity": explain_first_tokens, "TTFT ms, both graphed": explain_text_engine,
+    "decode ms per token": explain_text_engine, "prefill+sample": explain_text_engine,
+    "450M decode per token": explain_text_engine, "a full record": explain_record, REPORT_GOAL: explain_report_layer,
 }
 
 
 def explainer(target: str):
-    return EXPLAIN.get(target) or next((f for k, f in EXPLAIN.items() if target.startswith(k)), None)
+    """What explains a miss of ``target``: a median or GPU-busy goal of one encoder call, that call's
+    :func:`graphed_call`; any other, by how its name starts (:data:`EXPLAIN`); None where nothing does."""
+    name = target.removeprefix(KERNELS)
+    if m := re.fullmatch(r"(450M|1\.6B) (\S+) (?:median|GPU-busy) ms", name):
+        return graphed_call(f"bench-{m[1].lower()}", m[2])
+    return next((f for k, f in EXPLAIN.items() if name.startswith(k)), None)
 
 
 def misses_block(refs) -> str:
-    """One short section per missed goal (goals sharing an explanation share the section)."""
-    judged = [t for goals in (encoder_goals, ttft_goals, engine_goals, request_goals, guard_goals, kernel_goals,
-                              record_goals, code_goals) for t in goals(refs)]
+    """One short section per missed goal, headed by the goals it explains (the tables above give their values)."""
     groups: dict = {}
-    for t in judged:
-        if not t["ok"]:
-            groups.setdefault(explainer(t["target"]), []).append(t)
-    if not groups:
-        return "Every goal is reached in this reference set."
-    out = []
-    for fn, ts in groups.items():
-        head = "; ".join(f"{t['target']}: {_aim_and_value(t)[1]}, aimed for {_aim_and_value(t)[0]}" for t in ts[:3])
-        head += f"; and {len(ts) - 3} more" if len(ts) > 3 else ""  # the tables above list every goal
-        body = fn(refs) if fn else "No explanation is generated for this goal yet; docs/results.md has its tables."
-        out.append(f"### {head}\n\n{body}")
-    return "\n\n".join(out)
+    for t in (t for goals, _ in GOALS.values() for t in goals(refs) if not t["ok"]):
+        groups.setdefault(explainer(t["target"]), []).append(t["target"])
+    return "\n\n".join(f"### {'; '.join(names[:3])}" + (f"; and {len(names) - 3} more" if len(names) > 3 else "")
+                       + "\n\n" + (render(fn(refs)) if fn else "No explanation is generated for this goal yet.")
+                       for fn, names in groups.items()) or "Every goal is reached in this reference set."
 
 
-BLOCKS = {"goals-encoder": goals_part(encoder_goals, "bench-450m", "bench-1.6b"),
-          "goals-ttft": goals_part(ttft_goals, "ttft"), "goals-engine": goals_part(engine_goals, "engine"),
-          "goals-request": goals_part(request_goals, REQUEST_ROLE, missing="_Not in this reference set: `python -m "
-                                      f"lfm2vl_lab record` records role `{REQUEST_ROLE}`._"),
-          "goals-guard": goals_part(guard_goals, "check"),
-          "goals-kernels": goals_part(kernel_goals, "bench-450m", "bench-1.6b", "ttft", "engine"),
-          "goals-record": goals_part(record_goals), "goals-code": goals_part(code_goals), "misses": misses_block}
+BLOCKS = {name: goals_part(goals, roles) for name, (goals, roles) in GOALS.items()} | {"misses": misses_block}

@@ -8,7 +8,7 @@ import statistics
 from datetime import datetime, timedelta
 
 from ..measure.results import target_row
-from .frames import Part, ms, pct, table
+from .frames import ms, part, pct, table
 
 RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of a session's device time
 # The roles whose rows keep every timed sample in round order, and their key; a median that moves by more
@@ -25,15 +25,15 @@ def reference_set(refs) -> list:
     """The manifest: when and from which code the run was recorded, and each role's file."""
     man = refs.manifest
     code = {role: e.get("code_hash", man["code_hash"]) for role, e in man["files"].items()}
-    rows = [[f"`{role}`", f"`{e['file']}`", e.get("part"), e.get("rc"), ms(e.get("seconds"), 0),
-             f"`{code[role][7:19]}`"] for role, e in man["files"].items()]
     prov = refs(next(iter(man["files"])))["provenance"]
     return [f"`{man['command']}` on one {man['gpu']}, {man['started'][:16].replace('T', ' ')} to "
             f"{str(man['finished'])[:16].replace('T', ' ')} UTC; {len(set(code.values()))} code version(s); "
             f"{'complete' if man['complete'] else 'incomplete'}, failed steps: "
             f"{', '.join(man.get('failed') or {}) or 'none'}. torch {prov.get('torch')}, CUDA {prov.get('cuda')}, "
             f"transformers {prov.get('transformers')}, Python {prov.get('python')}.",
-            table(["role", "file", "part", "exit status", "seconds", "code"], rows), refs.source()]
+            table(["role", "file", "part", "exit status", "seconds", "code"], [
+                [f"`{role}`", f"`{e['file']}`", e.get("part"), e.get("rc"), ms(e.get("seconds"), 0),
+                 f"`{code[role][7:19]}`"] for role, e in man["files"].items()]), refs.source()]
 
 
 def _record_seconds(refs) -> list[tuple[float, str]]:
@@ -99,7 +99,7 @@ def repeat_spread(refs) -> list[dict]:
     out = []
     for role, key in SAMPLED.items():
         samples = [r[key] for r in refs(role).get("rows") or [] if len(r.get(key) or []) >= 3] \
-            if role in refs.manifest["files"] else []
+            if refs.has(role) else []
         if samples:
             moves = [round_fewer_move(s) for s in samples]
             out.append({"role": role, "repeats": len(samples[0]), "rows": len(moves), "worst": max(moves),
@@ -107,7 +107,7 @@ def repeat_spread(refs) -> list[dict]:
     return out
 
 
-def explain_record(refs) -> str:
+def explain_record(refs) -> list:
     """Per step its seconds, the compiles and captures its file records, and the rest; then per sampled step
     whether one repeat fewer would do (no median moving past :data:`SPREAD_LIMIT`)."""
     secs = _record_seconds(refs)
@@ -120,10 +120,9 @@ def explain_record(refs) -> str:
                  f"{sum(rest.values()):.0f}"])
     spread = [[f"`{s['role']}`", s["repeats"], pct(s["worst"]), f"{s['over']} of {s['rows']}",
                "no" if s["over"] else "yes"] for s in repeat_spread(refs)]
-    return "\n\n".join([table(["step", "seconds", "compiles recorded (s)", "captures recorded (s)", "the rest (s)"],
-                              rows)] + ([table(["step", "repeats", "largest move of a median without the last round",
-                                                f"rows moving over {pct(SPREAD_LIMIT, 0)}", "one repeat fewer allowed"],
-                                               spread)] if spread else []))
+    return [table(["step", "seconds", "compiles recorded (s)", "captures recorded (s)", "the rest (s)"], rows),
+            spread and table(["step", "repeats", "largest move of a median without the last round",
+                              f"rows moving over {pct(SPREAD_LIMIT, 0)}", "one repeat fewer allowed"], spread)]
 
 
-BLOCKS = {"reference-set": Part((), reference_set)}
+BLOCKS = {"reference-set": part((), reference_set)}

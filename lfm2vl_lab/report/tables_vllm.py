@@ -1,6 +1,6 @@
-"""The parts about vLLM PR #44930's claim: vLLM's own A/B beside the kit's pipeline (the ``vllm`` and ``pipeline``
-files), the kit's own runs against the claimed range, and ``pr-verdict``, the one verdict on the claim, which
-places each cut against the range by its whole 95% interval."""
+"""The parts read off vLLM's own A/B with the kit's pipeline beside it (the ``vllm`` and ``pipeline`` files):
+the first token, where it goes, the engines, and ``pr-verdict``, the one verdict on vLLM PR #44930's claim,
+which places each cut against the claimed range by its whole 95% interval."""
 
 from __future__ import annotations
 
@@ -8,31 +8,25 @@ from collections import Counter
 
 import pandas as pd
 
-from ..measure.request import e2e_cuts as request_cuts
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .frames import Part, frame, missing, ms, need, pct, preset_label, span
-from .tables_engine import REQUEST_ROLE
-from .ttft_findings import cut_range, e2e_cuts, encoder_cuts
-from .ttft_summary import PR_CLAIM, claim_verdict, range_verdict
-from .vllm_report import ENGINES, SIZES, one_request, rank, with_pipeline
+from .frames import ms, part, pct, preset_label, span
+from .ttft_summary import range_verdict
+from .vllm_report import ENGINES, SIZES, ab_frame, one_request, rank, with_pipeline
 from .vllm_report import find as _row
 
-ROLE = "vllm"
-KIT_ROLE = "pipeline"  # the kit's pipeline on the same cases, recorded apart
-NOT_RECORDED = (f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` on the H200 records role "
-                f"`{ROLE}`._")
-ARM_NAMES = {"pr": "PR"}
-CLAIM = f"{pct(PR_CLAIM[0], 0)}–{pct(PR_CLAIM[1], 0)}"
+ROLE, KIT_ROLE = "vllm", "pipeline"  # the kit's pipeline on the same cases, recorded apart
 
 
-def ab(refs) -> dict:
-    """The vllm file (partial or whole) with the pipeline file's rows beside it, where the set has it."""
-    return with_pipeline(refs(ROLE, partial=True), refs(KIT_ROLE) if refs.has(KIT_ROLE) else None)
+def vllm_part(body):
+    """A part drawn from the vllm file (partial or whole) with the pipeline file's rows beside it, naming both."""
+    return part((ROLE, KIT_ROLE), lambda refs: body(with_pipeline(
+        refs(ROLE, partial=True), refs(KIT_ROLE) if refs.has(KIT_ROLE) else None)), partial=True, missing=(
+        f"_Not in this reference set: `python -m lfm2vl_lab record --part vllm` on the H200 records role `{ROLE}`._"))
 
 
-def vllm_part(body) -> Part:
-    """A part drawn from :func:`ab` (``body(refs, res)``), naming the vllm file and the pipeline file."""
-    return Part((ROLE, KIT_ROLE), lambda refs: body(refs, ab(refs)), missing=NOT_RECORDED, partial=True)
+def presets(res: dict) -> list[str]:
+    """The file's presets, smallest model first."""
+    return sorted(res["presets"], key=lambda p: rank(SIZES, p))
 
 
 def partial_note(res: dict) -> str:
@@ -52,43 +46,21 @@ def cut(c: dict | None) -> str | None:
     return c and f"{100 * c['cut']:.1f}% ({100 * c['ci'][0]:.1f} to {100 * c['ci'][1]:.1f})"
 
 
-def presets(res: dict) -> list[str]:
-    """The file's presets, smallest model first."""
-    return sorted(res["presets"], key=lambda p: rank(SIZES, p))
-
-
-def settings(res: dict) -> str:
-    """How many rounds each engine ran, and what vLLM left out (and why)."""
+def first_token(res: dict) -> list:
+    """Notebook 07's A/B table (:func:`~.vllm_report.ab_frame`) at its first token: per preset, case and engine,
+    each arm's median and the graphed arms' paired cuts; then the rounds each engine ran and what vLLM left out."""
     s = res["settings"]
     counts = sorted({(sec.get("rounds", s["rounds"]), sec.get("kit_repeats", s["kit_repeats"]))
                      for sec in res["presets"].values()})
     skipped = sorted({f"{preset_label(p)} {case}: {why}" for p, sec in res["presets"].items()
                       for case, why in sec.get("skipped", {}).items()})
-    return (f"vLLM {res['provenance'].get('vllm')}, bf16; median of "
+    return [ab_frame(res).xs(TOKENS[0], level="tokens").filter(like="TTFT").reset_index(),
+            f"Requests of {TOKENS[0]} tokens. vLLM {res['provenance'].get('vllm')}, bf16; median of "
             + " or ".join(f"{r} rounds (the kit's pipeline: {k})" for r, k in counts) + "."
-            + "".join(f" Left out in vLLM: {s_}." for s_ in skipped) + partial_note(res))
+            + "".join(f" Left out in vLLM: {s_}." for s_ in skipped) + partial_note(res)]
 
 
-def ab_table(key: str, ms_key: str, tokens_list):
-    """Per preset, case (and tokens): each engine's encoder-eager ``ms_key`` and its graphed arms' ``key`` cuts."""
-    def body(refs, res) -> list:
-        df = need(frame(res), "engine", "tokens", ms_key, f"{key}.cut", f"{key}.ci")
-        df["cell"] = [ms(v, 1) if arm == "off" else None if missing(c) else cut({"cut": c, "ci": ci})
-                      for arm, v, c, ci in zip(df.arm, df[ms_key], df[f"{key}.cut"], df[f"{key}.ci"])]
-        index = pd.MultiIndex.from_product([presets(res), [case_name(i, n) for i, n in CASES], list(tokens_list)])
-        cells = df.drop_duplicates(["preset", "case", "tokens", "engine", "arm"]).pivot(
-            index=["preset", "case", "tokens"], columns=["engine", "arm"], values="cell").reindex(
-            index=index, columns=pd.MultiIndex.from_product([ENGINES, ARMS]))
-        out = index.to_frame(index=False, name=["preset", "case", "tokens"]).assign(
-            preset=lambda d: d.preset.map(preset_label))
-        out[[f"{name}, " + ("encoder eager (ms)" if arm == "off" else f"{ARM_NAMES.get(arm, arm)} config: cut")
-             for name in ENGINES.values() for arm in ARMS]] = cells.values
-        return [out if len(tokens_list) > 1 else out.drop(columns="tokens"),
-                (f"Requests of {TOKENS[0]} tokens. " if len(tokens_list) == 1 else "") + settings(res)]
-    return body
-
-
-def breakdown(refs, res) -> list:
+def breakdown(res) -> list:
     """Where one request's first token goes (one 512 px image), vLLM's parts beside the kit's phases."""
     rows = []
     for preset in presets(res):
@@ -114,7 +86,7 @@ def _capture_mib(cap: dict) -> str | None:
     return "not seen" if cap.get("graphs") else None
 
 
-def engines(refs, res) -> pd.DataFrame:
+def engines(res) -> pd.DataFrame:
     """Per preset and engine: start-up, the encoder graphs (count, capture, memory, hits) and parity."""
     rows = []
     for preset in presets(res):
@@ -176,38 +148,6 @@ def claim_lines(res: dict) -> list[str]:
             "- **The kit's pipeline, first token**: " + _verdict(res, "kit", "ttft_cut", TOKENS[:1]) + "."]
 
 
-def claim_row(what: str, cuts: list[dict]) -> list:
-    """The kit's cuts of one kind against the PR's range, by median: the cases whose decode control holds,
-    and those it leaves out, shown the same way and named (:func:`~.ttft_findings.cut_range`)."""
-    split = cut_range(cuts)
-    kept, off = split["kept"], split["left_out"]
-    where = Counter(claim_verdict(c["cut"]) for c in kept)
-    return [what, len(kept), span([c["cut"] for c in kept], pct) if kept else None,
-            " / ".join(str(where[k]) for k in ("below", "within", "above")),
-            f"{span([c['cut'] for c in off], pct)} over {len(off)}: " + ", ".join(
-                f"{preset_label(p)} {im} ×{n}" for p, im, n in (c["case"] for c in off)) if off else None]
-
-
-def pr_claim(refs) -> list:
-    """The encoder graphs' TTFT cut beside the PR's claimed range: the grid's one 512 px request per preset,
-    its other cases, text eager, and inside ``generate``; cases with decode drift are left out and named."""
-    rows = refs("ttft")["rows"]
-    graphed = encoder_cuts(rows, "graphed")
-    first = [c for c in graphed if c["case"][1:] == ("1x512", 1)]
-    out = [claim_row(f"text model graphed, one 512 px request, {preset_label(c['case'][0])}", [c]) for c in first]
-    out += [claim_row("text model graphed, the other cases", [c for c in graphed if c not in first]),
-            claim_row("text model eager, every case", encoder_cuts(rows, "eager")),
-            claim_row("inside `generate` (paired)", e2e_cuts(refs("e2e")["rows"]))]
-    if refs.has(REQUEST_ROLE):  # the measured whole requests, text model graphed
-        rows = refs(REQUEST_ROLE)["rows"]
-        out += [claim_row(f"whole requests, {preset_label(p)} (`{REQUEST_ROLE}`, measured)", [
-            {"case": (p, im, n), "cut": c, "drift": None} for im in ("1x512", "tiled")
-            for n, c in request_cuts(rows, p, im).items()]) for p in dict.fromkeys(r["preset"] for r in rows)]
-    return [pd.DataFrame(out, dtype=object, columns=[
-        "the encoder graphs' cut", "cases", "cuts (medians)", f"below / within / above {CLAIM}",
-        "left out for decode drift"])]
-
-
 # (label, key, tokens) per measure of the vllm file: whole requests per output length, then the first
 # token (timed in the shortest requests)
 MEASURES = [(f"whole requests of {t} tokens", "e2e_cut", t) for t in TOKENS] + [("first token", "ttft_cut", TOKENS[0])]
@@ -231,18 +171,15 @@ def group_cell(cuts: list[dict]) -> str | None:
     return f"**{group_verdict(cuts)}**: {span([c['cut'] for c in cuts], pct)} over {n} case{'s' * (n > 1)} ({how})"
 
 
-def verdict(refs, res) -> list:
+def verdict(res) -> list:
     """The verdict, by measure and preset, for vLLM with the PR's config and the kit's pipeline beside it."""
-    version = res["provenance"].get("vllm")
     rows = [[label, preset_label(preset)] + [group_cell([c for *_, c in pr_cuts(res, e, key, [tokens], preset)])
                                              for e in ENGINES]
             for label, key, tokens in MEASURES for preset in presets(res)]
     return [pd.DataFrame(rows, dtype=object, columns=[
-        "measure", "preset", f"inside vLLM {version}, PR config", "the kit's pipeline, PR config, same weights"]),
-        f"The PR claimed {CLAIM} lower end-to-end latency at low batch size." + partial_note(res)]
+        "measure", "preset", f"inside vLLM {res['provenance'].get('vllm')}, PR config",
+        "the kit's pipeline, PR config, same weights"]), partial_note(res).strip()]
 
 
-BLOCKS = {"vllm-ttft": vllm_part(ab_table("ttft_cut", "ttft_ms", TOKENS[:1])),
-          "vllm-requests": vllm_part(ab_table("e2e_cut", "e2e_ms", TOKENS)),
-          "vllm-breakdown": vllm_part(breakdown), "vllm-engines": vllm_part(engines),
-          "pr-claim": Part(("ttft", "e2e", REQUEST_ROLE), pr_claim), "pr-verdict": vllm_part(verdict)}
+BLOCKS = {"vllm-ttft": vllm_part(first_token), "vllm-breakdown": vllm_part(breakdown),
+          "vllm-engines": vllm_part(engines), "pr-verdict": vllm_part(verdict)}
