@@ -13,7 +13,7 @@ import torch
 from lfm2vl_lab.core.graphed_encoder import GraphedEncoder
 from lfm2vl_lab.measure import pipeline_ab, vllm_ab
 from lfm2vl_lab.measure.role_code import command_modules, measured_files
-from lfm2vl_lab.report.vllm_report import ab_frame, with_pipeline
+from lfm2vl_lab.report.vllm_report import ab_frame, summary_lines, with_pipeline
 from lfm2vl_lab.serving.engine import TextEngine
 
 SHORT = (3, 5)
@@ -80,7 +80,7 @@ def test_the_report_sets_the_kits_rows_beside_vllms_and_names_both_files(section
 
 def test_the_terminal_table_reads_a_pipeline_file(section):
     rows = [dict(r, tokens=vllm_ab.TOKENS[SHORT.index(r["tokens"])]) for r in section["rows"]]  # as recorded
-    table = ab_frame({"presets": {"tiny": section}, "rows": rows}).to_string()  # what `pipeline` prints
+    table = "\n".join(summary_lines({"presets": {"tiny": section}, "rows": rows}))  # what `pipeline` prints
     assert "kit's pipeline" in table and "TTFT cut %, pr" in table
 
 

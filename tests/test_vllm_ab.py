@@ -9,7 +9,7 @@ import pytest
 
 from lfm2vl_lab.core.config import auto_budgets
 from lfm2vl_lab.measure import vllm_ab as ab
-from lfm2vl_lab.report.vllm_report import ab_frame
+from lfm2vl_lab.report.vllm_report import summary_lines
 
 
 def test_the_arms_write_out_the_kits_graph_configs_for_vllm():
@@ -99,7 +99,7 @@ def test_the_terminal_table_reads_a_result_file():
     for engine in ("vllm", "kit"):
         rows += [dict(r, engine=engine) for r in ab.case_rows("lfm2-vl-450m", "1x512", 1, 16,
                                                               _samples({"off": 1.0, "pr": 0.6, "kit": 0.7}))]
-    table = ab_frame({"presets": {"lfm2-vl-450m": {}}, "rows": rows}).to_string()  # what `vllm` prints
+    table = "\n".join(summary_lines({"presets": {"lfm2-vl-450m": {}}, "rows": rows}))  # what `vllm` prints
     vllm = next(line for line in table.splitlines() if "vLLM" in line)
     assert "kit's pipeline" in table and "40.0" in vllm and "24.1" in vllm and "39.8" in vllm
     assert "-40.0 to -39.5" in vllm or "39.5 to 40.0" in vllm

@@ -59,9 +59,9 @@ def run_pipeline_cli(args) -> int:
         torch.cuda.empty_cache()
     result["complete"] = not result["errors"]
     file.save(result)
-    from ..report.vllm_report import ab_frame
+    from ..report.vllm_report import summary_lines
 
-    if result["rows"]:  # the A/B: each arm's medians, the graphed arms' paired cuts (errors were printed above)
-        print(ab_frame(result).to_string(), flush=True)
+    for line in summary_lines(result):
+        print(line, flush=True)
     print("results:", file.path)
     return 1 if result["errors"] else 0

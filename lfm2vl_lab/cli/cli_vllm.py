@@ -150,9 +150,9 @@ def run_vllm_cli(args) -> int:
         result = new_result(args, command, version)
 
     result = run_presets(args, result, file.save)
-    from ..report.vllm_report import ab_frame
+    from ..report.vllm_report import summary_lines
 
-    if result["rows"]:  # the A/B: each arm's medians, the graphed arms' paired cuts (errors were printed above)
-        print(ab_frame(result).to_string(), flush=True)
+    for line in summary_lines(result):
+        print(line, flush=True)
     print("results:", file.path, "(complete)" if result["complete"] else "(incomplete: --resume it)")
     return 1 if result["errors"] else 0

@@ -1,6 +1,6 @@
 """How a ``vllm`` result reads, with the kit's ``pipeline`` file beside it (:func:`with_pipeline`): the A/B
-as a DataFrame (what the terminal prints and notebook 07 shows), the row lookup the pages' tables share,
-and one request's breakdown as a figure."""
+as a DataFrame (what the terminal prints, :func:`summary_lines`, and notebook 07 shows), the row lookup
+the pages' tables share, and one request's breakdown as a figure."""
 
 from __future__ import annotations
 
@@ -66,6 +66,12 @@ def ab_frame(res: dict) -> pd.DataFrame:
     order = [f"{m}, {a}" for m in ("TTFT ms", "e2e ms") for a in ARMS] + \
         [f"{m}, {a}" for m in ("TTFT cut %", "TTFT cut 95%", "e2e cut %", "e2e cut 95%") for a in ARMS if a != "off"]
     return df[[c for c in order if c in df.columns]]
+
+
+def summary_lines(result: dict) -> list[str]:
+    """What the ``vllm`` and ``pipeline`` commands print at the end: the A/B as :func:`ab_frame` shows it
+    (their errors were printed as they happened)."""
+    return ab_frame(result).to_string().splitlines() if result.get("rows") else ["no A/B rows recorded"]
 
 
 ARM_LABELS = {"off": "encoder eager", "pr": "encoder graphs, PR config", "kit": "encoder graphs, kit config"}
