@@ -17,8 +17,6 @@ from lfm2vl_lab.measure import engine_peers as peers
 from lfm2vl_lab.measure.engine_measure import PROFILE_KEYS, TARGETS, judge_engine, measure_preset, summary_lines
 from lfm2vl_lab.measure.record import STEPS
 from lfm2vl_lab.measure.workloads import default_device
-from lfm2vl_lab.report.plots import NoData
-from lfm2vl_lab.report.plots_ttft import decode_vs_floor
 from lfm2vl_lab.serving.engine import TextEngine
 
 FUSED = "fuse" in inspect.signature(TextEngine).parameters
@@ -92,7 +90,6 @@ def test_a_mode_that_fails_is_recorded_not_raised(model, monkeypatch):
     assert ok["matching_tokens"] == peers.TOKENS_COMPARED
     lines = summary_lines({"setup": [got["setup"]], "rows": got["rows"]})
     assert any("hf-static-compile" in line and "not run: RuntimeError" in line for line in lines)
-    decode_vs_floor({"provenance": {}, "setup": [got["setup"]], "rows": got["rows"]})  # draws it as "error"
 
 
 def _row(preset, mode, prefill, decode, capture):
@@ -158,19 +155,6 @@ def test_the_command_writes_one_file_with_every_section(tmp_path, capsys):
     assert res["targets"] == judge_engine(res["rows"]) and res["errors"] == []
     out = capsys.readouterr().out
     assert "bandwidth floor" in out and f"results: {path}" in out
-
-
-def test_decode_vs_floor_draws_a_bar_per_mode_and_the_floor(measured):
-    res = {"provenance": {"gpu": "cpu", "date": "2026-12-01T00:00:00"}, "setup": [measured["setup"]],
-           "rows": measured["rows"], "_path": "data/results/cpu/engine-20261201-000000.json"}
-    fig = decode_vs_floor(res)
-    (ax,) = fig.axes
-    assert len(ax.patches) == len(MODES)
-    assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [
-        measured["setup"]["floor"]["floor_ms"]]
-    assert "engine-20261201-000000.json" in fig._suptitle.get_text() and "ms" in ax.get_ylabel()
-    with pytest.raises(NoData):
-        decode_vs_floor({"setup": [], "rows": []})
 
 
 def test_every_record_step_parses_as_its_command():

@@ -54,16 +54,11 @@ def test_every_committed_figure_comes_from_one_file_of_the_reference_set(committ
             assert bool(res.get("_partial")) == (res["_role"] in man.get("partial", {})), png.name
             assert res["provenance"]["gpu"] == "NVIDIA H200", png.name
     by_stem = {p.stem: files[0]["_role"] for p, files in committed}
-    assert {by_stem[f"nvidia-h200-ttft-{k}"] for k in ("breakdown", "grid", "decode")} == {"ttft"}
-    assert by_stem["nvidia-h200-e2e"] == "e2e" and by_stem["nvidia-h200-attention"] == "attention"
+    assert {by_stem[f"nvidia-h200-ttft-{k}"] for k in ("breakdown", "grid")} == {"ttft"}
+    assert by_stem["nvidia-h200-roofline"] == "roofline" and by_stem["nvidia-h200-vllm-breakdown"] == "vllm"
     for preset, role in (("lfm2-vl-450m", "bench-450m"), ("lfm2-vl-1.6b", "bench-1.6b")):
-        for kind in ("latency", "speedup", "floor-share", "timeline", "graph-memory"):
+        for kind in ("latency", "timeline"):
             assert by_stem[f"nvidia-h200-{preset}-bfloat16-{kind}"] == role, kind
-    # a preset's padding waste: the budget sweep where the reference set has one of that preset
-    budgets = reference.load("sweep-budgets")["provenance"]["preset"]
-    for preset, role in (("lfm2-vl-450m", "bench-450m"), ("lfm2-vl-1.6b", "bench-1.6b")):
-        want = "sweep-budgets" if preset == budgets else role
-        assert by_stem[f"nvidia-h200-{preset}-bfloat16-padding-waste"] == want
 
 
 def test_every_committed_figure_fits_a_page():
@@ -112,42 +107,42 @@ def test_page_gives_each_source_files_provenance(committed):
     assert {Path(p).resolve() for p in linked_files(committed)} >= {p.resolve() for p, _ in committed}
 
 
-ATTENTION_CODE = reference.role_code_hash(MAN, "attention")  # the code that recorded the attention role
+ROOFLINE_CODE = reference.role_code_hash(MAN, "roofline")  # the code that recorded the roofline role
 
 
-def attention_set(tmp_path: Path, code: str = ATTENTION_CODE, torch: str = "9.9.9+test") -> tuple[Path, Path]:
-    """A reference set under ``tmp_path / "results"`` holding the committed attention figure's file
+def roofline_set(tmp_path: Path, code: str = ROOFLINE_CODE, torch: str = "9.9.9+test") -> tuple[Path, Path]:
+    """A reference set under ``tmp_path / "results"`` holding the committed roofline figure's file
     (its provenance's torch version and command changed) and that figure: ``(folder, figures)``."""
-    name = MAN["files"]["attention"]["file"]
-    res = {k: v for k, v in reference.load("attention").items() if not k.startswith("_")}
-    res["provenance"].update(torch=torch, command="python -m lfm2vl_lab attention --out /somewhere/else")
+    name = MAN["files"]["roofline"]["file"]
+    res = {k: v for k, v in reference.load("roofline").items() if not k.startswith("_")}
+    res["provenance"].update(torch=torch, command="python -m lfm2vl_lab roofline --out /somewhere/else")
     folder = tmp_path / "results" / "nvidia-h200"
     folder.mkdir(parents=True)
     (folder / name).write_text(json.dumps(res))
-    manifest = {"gpu": "NVIDIA H200", "code_hash": code, "files": {"attention": {"file": name, "code_hash": code}}}
+    manifest = {"gpu": "NVIDIA H200", "code_hash": code, "files": {"roofline": {"file": name, "code_hash": code}}}
     (folder / reference.MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "figures").mkdir()
-    shutil.copy(FIGURES_ROOT / "nvidia-h200-attention.png", tmp_path / "figures")
+    shutil.copy(FIGURES_ROOT / "nvidia-h200-roofline.png", tmp_path / "figures")
     return folder, tmp_path / "figures"
 
 
 def test_page_is_generated_from_the_json(tmp_path):
     """Change a result file and the page says what the file says (the command without its --out)."""
-    folder, figures = attention_set(tmp_path)
+    folder, figures = roofline_set(tmp_path)
     sources = figure_sources("nvidia-h200", figures, tmp_path / "results")
     page = figures_page(sources, link=lambda path: Path(path).name)
-    assert "torch 9.9.9+test ·" in page and "  `python -m lfm2vl_lab attention`\n" in page
-    assert "(reference set: `attention`)" in page and f"code `{ATTENTION_CODE[7:19]}`" in page
-    assert "/somewhere/else" not in page and "[![nvidia-h200-attention](nvidia-h200-attention.png)]" in page
+    assert "torch 9.9.9+test ·" in page and "  `python -m lfm2vl_lab roofline`\n" in page
+    assert "(reference set: `roofline`)" in page and f"code `{ROOFLINE_CODE[7:19]}`" in page
+    assert "/somewhere/else" not in page and "[![nvidia-h200-roofline](nvidia-h200-roofline.png)]" in page
     # a file beside the manifest that it does not name explains no figure
     (folder / reference.MANIFEST).write_text(json.dumps({"gpu": "NVIDIA H200", "code_hash": "sha256:0", "files": {}}))
-    with pytest.raises(UnexplainedFigure, match="nvidia-h200-attention.png"):
+    with pytest.raises(UnexplainedFigure, match="nvidia-h200-roofline.png"):
         figure_sources("nvidia-h200", tmp_path / "figures", tmp_path / "results")
 
 
 def test_a_figure_without_a_source_file_is_an_error(tmp_path):
     (tmp_path / "figures").mkdir()
-    shutil.copy(FIGURES_ROOT / "nvidia-h200-attention.png", tmp_path / "figures" / "nvidia-h200-made-up.png")
+    shutil.copy(FIGURES_ROOT / "nvidia-h200-roofline.png", tmp_path / "figures" / "nvidia-h200-made-up.png")
     with pytest.raises(UnexplainedFigure, match=re.escape("nvidia-h200-made-up.png")):
         figure_sources("nvidia-h200", tmp_path / "figures", RESULTS_ROOT)
     with pytest.raises(reference.ReferenceError, match="no reference set"):
@@ -226,19 +221,19 @@ def test_saved_figures_are_deterministic_and_an_equal_picture_is_kept(tmp_path):
 def test_the_page_captions_a_figure_with_the_file_its_png_names(tmp_path):
     """The page takes a figure's source from the PNG: one that names another file than the set's for
     its role, other code, a role the set lacks, or nothing, is refused, naming the figure."""
-    _folder, figures = attention_set(tmp_path)
-    png, name, fig = figures / "nvidia-h200-attention.png", MAN["files"]["attention"]["file"], _small_figure()
-    ok = {"file": name, "role": "attention", "code_hash": ATTENTION_CODE}
+    _folder, figures = roofline_set(tmp_path)
+    png, name, fig = figures / "nvidia-h200-roofline.png", MAN["files"]["roofline"]["file"], _small_figure()
+    ok = {"file": name, "role": "roofline", "code_hash": ROOFLINE_CODE}
     save_figure(fig, png, [ok])
     ((got, (res,)),) = figure_sources("nvidia-h200", figures, tmp_path / "results")
     assert got == png and Path(res["_path"]).name == name and res["provenance"]["torch"] == "9.9.9+test"
-    for src, why in ((dict(ok, file="attention-20260101-000000.json"),
-                      "is drawn from attention-20260101-000000.json, and the set's 'attention' is " + name),
+    for src, why in ((dict(ok, file="roofline-20260101-000000.json"),
+                      "is drawn from roofline-20260101-000000.json, and the set's 'roofline' is " + name),
                      (dict(ok, code_hash="sha256:" + "1" * 64), "names code sha256:" + "1" * 64),
                      (dict(ok, role="e2e"), "is drawn from " + name + " as role 'e2e', which the set does not hold")):
         save_figure(fig, png, [src])
-        with pytest.raises(UnexplainedFigure, match=re.escape(f"nvidia-h200-attention.png {why}")):
+        with pytest.raises(UnexplainedFigure, match=re.escape(f"nvidia-h200-roofline.png {why}")):
             figure_sources("nvidia-h200", figures, tmp_path / "results")
     fig.savefig(png)  # matplotlib's own PNG: no source
-    with pytest.raises(UnexplainedFigure, match="nvidia-h200-attention.png names no source file"):
+    with pytest.raises(UnexplainedFigure, match="nvidia-h200-roofline.png names no source file"):
         figure_sources("nvidia-h200", figures, tmp_path / "results")

@@ -354,6 +354,16 @@ def test_plan_runs_of_full_length_items(tokens, expected):
     assert all(sum(tokens[i] for i in b) <= 1024 for b in plan_batches(tokens, 1024, 16)[0])
 
 
+@pytest.mark.parametrize("budgets,max_items", [([64, 2048], 2), ([64, 256, 512, 1024, 2048, 4096], 4)])
+def test_every_planned_batch_has_a_graph_when_no_run_budget_exists(budgets, max_items):
+    # Without a run budget, a run of tiles must still respect the item limit: no graph has more slots.
+    config = DenseGraphConfig.build(out_hidden_size=1, budgets=budgets, max_items=max_items, max_run_items=8)
+    tokens = [256] * 8 + [100, 72]
+    batches, eager = plan_config(tokens, config)
+    assert eager == [] and all(len(b) <= max_items for b in batches)
+    assert all(config.budget_for(sum(tokens[i] for i in b), len(b)) is not None for b in batches)
+
+
 # --------------------------------------------------------------------------------------------
 # Stats
 # --------------------------------------------------------------------------------------------

@@ -11,10 +11,9 @@ does), the first cell printed its environment check, and the saved run's cells m
 ``NBVAL_CHECK_OUTPUT`` show what the committed notebook shows, compared as ``pytest --nbval-lax``
 compares them (tests/nbcheck.py). That is nbval's check, so ``make test`` leaves nbval's own run of
 these notebooks out (conftest.py): each notebook executes once. One screenshot per notebook lands in
-``lab-screenshots/`` (git-ignored). Then: notebook 03's budget explorer answers its slider, tqdm's
-progress bar renders as a widget, and ``git status`` of the repository is what it was before, although
-every notebook ran and was saved. Without Chromium or Playwright they skip, saying so; under
-``LAB_REQUIRE_SITE_TESTS=1`` (.ci/run) they fail instead.
+``lab-screenshots/`` (git-ignored). Then: tqdm's progress bar renders as a widget, and ``git status``
+of the repository is what it was before, although every notebook ran and was saved. Without Chromium
+or Playwright they skip, saying so; under ``LAB_REQUIRE_SITE_TESTS=1`` (.ci/run) they fail instead.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import secrets
 import signal
 import socket
@@ -48,7 +46,6 @@ NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 SHOTS = ROOT / "lab-screenshots"
 NOTEBOOK_TIMEOUT_S = 240  # one notebook, Run All to idle; about 15-30 s each on 2 cores
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'  # stderr and tracebacks
-WASTE = re.compile(r"padding waste[^%\n]{0,80}?(\d+(?:\.\d+)?)\s*%")  # the first percentage after it
 
 spec = importlib.util.spec_from_file_location("lab_copies", ROOT / "scripts" / "lab_copies.py")
 lab_copies = importlib.util.module_from_spec(spec)
@@ -242,37 +239,6 @@ def run_in_lab(lab: Lab, browser, name: str, shot: Path | None, then=None) -> di
         page.close()
 
 
-def exercise_slider(page, shot: Path | None = None, timeout_s: float = 30) -> dict:
-    """Move the ``max items`` slider far from its default (End, then Home) and wait for the
-    ``padding waste NN%`` numbers of its cell's output (of the whole notebook if that has none) to
-    change; screenshot that to ``shot``. Returns what it saw; ``found`` False without a slider."""
-    label = page.locator(".widget-label", has_text=re.compile(r"^\s*max items\s*$"))
-    slider = page.locator(".widget-slider").filter(has=label)
-    if slider.count() == 0:
-        return {"found": False}
-    slider = slider.first
-    slider.scroll_into_view_if_needed()
-    output = page.locator(".jp-Notebook .jp-CodeCell").filter(has=slider).first.locator(".jp-OutputArea").first
-    if not WASTE.search(output.inner_text()):
-        output = page.locator(".jp-Notebook").first
-    before = WASTE.findall(output.inner_text())
-    seen = {"found": True, "before": before, "after": before}
-    if not before:
-        return {**seen, "error": "the explorer's output shows no 'padding waste NN%'"}
-    for key in ("End", "Home"):
-        slider.locator(".noUi-handle").focus()
-        page.keyboard.press(key)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            seen["after"] = WASTE.findall(output.inner_text())
-            if seen["after"] and seen["after"] != before:
-                if shot is not None:
-                    page.screenshot(path=str(shot))
-                return {**seen, "value": slider.locator(".widget-readout").inner_text()}
-            time.sleep(0.5)
-    return {**seen, "error": "the padding waste did not change when the slider moved to its ends"}
-
-
 def saved_run(lab: Lab, name: str):
     """The notebook as JupyterLab saved it after Run All (``run_in_lab`` waits for the save)."""
     return nbformat.read(lab.folder / name, as_version=4)
@@ -282,10 +248,8 @@ def ran(lab: Lab, browser, name: str) -> dict:
     """``run_in_lab`` once per notebook and module (the git status test needs them all)."""
     if name not in lab.results:
         stem = Path(name).stem
-        explorer = SHOTS / f"{stem}-budget-explorer.png"
-        slider = (lambda page: exercise_slider(page, explorer)) if name.startswith("03_") else None
         t0 = time.monotonic()
-        lab.results[name] = run_in_lab(lab, browser, name, SHOTS / f"{stem}.png", then=slider)
+        lab.results[name] = run_in_lab(lab, browser, name, SHOTS / f"{stem}.png")
         print(f"\n{name}: Run All took {lab.results[name]['seconds']:.1f} s, {time.monotonic() - t0:.1f} s in all")
     return lab.results[name]
 
@@ -315,52 +279,11 @@ def test_notebook_runs_clean_in_jupyterlab(lab, browser, name):
     assert not problems, f"{name}: outputs differ from the committed notebook's:\n" + "\n".join(problems)
 
 
-@pytest.mark.browser
-@pytest.mark.slow
-def test_budget_explorer_answers_its_slider(lab, browser):
-    name = next((n for n in NOTEBOOKS if n.startswith("03_")), None)
-    assert name, "no notebook 03 in notebooks/"
-    has_explorer = "budget_explorer" in (ROOT / "notebooks" / name).read_text(encoding="utf-8")
-    slider = ran(lab, browser, name)["extra"]
-    if not slider["found"]:
-        assert not has_explorer, f"{name} has a budget explorer, but JupyterLab shows no 'max items' slider"
-        pytest.skip(f"{name} has no budget explorer yet (no 'budget_explorer' in it, no 'max items' slider)")
-    assert "error" not in slider, f"{name}: {slider}"
-
-
-EXPLORER = """import ipywidgets as w
-from IPython.display import display
-items, out = w.IntSlider(value=4, min=1, max=32, description="max items"), w.Output()
-def show(change=None):
-    out.clear_output(wait=True)
-    with out:
-        print(f"padding waste {100 / ({value} + 1):.1f}%")
-items.observe(show, names="value")
-show()
-display(w.VBox([items, out]))"""
-
-
 def one_cell_notebook(folder: Path, name: str, source: str) -> str:
     """A throwaway notebook of one code cell ``source`` in ``folder`` (the lab's working copies)."""
     meta = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)], metadata=meta), folder / name)
     return name
-
-
-def explorer_notebook(folder: Path, name: str, value: str) -> str:
-    """A notebook with a stand-in for notebook 03's explorer (the contract: an IntSlider described as
-    ``max items`` and ``padding waste NN%`` in its output) whose number is ``value`` (Python)."""
-    return one_cell_notebook(folder, name, EXPLORER.replace("{value}", value))
-
-
-@pytest.mark.browser
-def test_the_slider_check_sees_whether_the_numbers_move(lab, browser):
-    moving = run_in_lab(lab, browser, explorer_notebook(lab.folder, "zz-explorer.ipynb", "items.value"), None,
-                        then=lambda page: exercise_slider(page, SHOTS / "zz-explorer.png"))["extra"]
-    assert "error" not in moving and moving["before"] == ["20.0"] and moving["after"] in (["3.0"], ["50.0"]), moving
-    stuck = run_in_lab(lab, browser, explorer_notebook(lab.folder, "zz-stuck.ipynb", "4"), None,
-                       then=lambda page: exercise_slider(page, timeout_s=3))["extra"]
-    assert stuck["error"].startswith("the padding waste did not change"), stuck
 
 
 @pytest.mark.browser

@@ -1,5 +1,5 @@
 """What the notebooks lean on instead of copying it: report/notebook.py (setup, load_recorded),
-plots.is_default_config and e2e_figure's share panel, and a guard against re-implementing the
+plots.is_default_config, and a guard against re-implementing the
 library inside a notebook cell."""
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def _defined_names(source: str) -> set[str]:
 
 def test_public_library_names_are_found():
     names = _public_library_names()
-    assert {"setup", "load_recorded", "tokens_for", "float32_reference", "e2e_figure", "is_default_config",
+    assert {"setup", "load_recorded", "tokens_for", "float32_reference", "latency_figure", "is_default_config",
             "measured_capture", "GraphedEncoder"} <= names
 
 

@@ -74,8 +74,8 @@ def _result():
             "rows": [kernel, dict(kernel, impl="triton", name="w2, the kit's Triton GEMV", us=6.9, gb_s=1369.3)]}
 
 
-def test_the_figures_label_their_axes_and_name_the_roofs_they_measured():
-    from lfm2vl_lab.report import boundary_figure, roofline_figure
+def test_the_figure_labels_its_axes_and_names_the_roofs_it_measured():
+    from lfm2vl_lab.report import roofline_figure
 
     fig = roofline_figure(_result(), title="t")
     left, right = fig.axes
@@ -83,15 +83,10 @@ def test_the_figures_label_their_axes_and_name_the_roofs_they_measured():
     assert "GB/s" in right.get_ylabel() and "bytes" in right.get_xlabel()
     labels = [t.get_text() for t in left.get_legend().get_texts()]
     assert "roofs: 4.30 TB/s, 700 TFLOP/s (measured)" in labels and "GEMV (the kit's Triton GEMV)" in labels
-    fig = boundary_figure(_result())
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "fit over N ≥ 256: 1.10 µs per kernel" in labels and "launched eagerly: 9.00 µs per kernel" in labels
 
 
 def test_a_file_without_rows_draws_no_figure():
-    from lfm2vl_lab.report import NoData, boundary_figure, roofline_figure
+    from lfm2vl_lab.report import NoData, roofline_figure
 
     with pytest.raises(NoData, match="no kernel rows"):
         roofline_figure({"peaks": [], "rows": []})
-    with pytest.raises(NoData, match="no boundary rows"):
-        boundary_figure({"boundary": {}})

@@ -1,6 +1,6 @@
-"""The sentences notebook 07 prints from the recorded TTFT grid and end-to-end file (report/ttft_findings.py)
+"""The ranges notebook 07 shows from the recorded TTFT grid and end-to-end file (report/ttft_findings.py)
 and the decode control they rely on (report/ttft_summary.py): synthetic rows pin each rule, the reference
-set's files check that the sentences say what the rows hold."""
+set's files check that the ranges say what the rows hold."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ from lfm2vl_lab.measure.e2e import DECODE_DRIFT_WARN
 from lfm2vl_lab.measure.ttft import mode_name
 from lfm2vl_lab.report import reference
 from lfm2vl_lab.report.plots_ttft import TTFT_MODES
-from lfm2vl_lab.report.ttft_findings import claim_ranges, cut_range, e2e_cuts, encoder_cuts, ranges_frame
+from lfm2vl_lab.report.ttft_findings import cut_range, e2e_cuts, encoder_cuts, ranges_frame
 from lfm2vl_lab.report.ttft_summary import (
     decode_frame,
-    decode_ratios,
-    disturbed,
     drift_fails,
-    image_path_frame,
     parity_frame,
     range_verdict,
     text_graph_cuts,
-    ttft_frame,
 )
 
 
@@ -67,12 +63,7 @@ def test_drift_fails_beyond_the_warn_threshold_only():
     assert not drift_fails({}) and not drift_fails(None) and not drift_fails({"decode_drift": None})
     rows = grid(cases=(("p", "1x512", 1), ("p", "1x512", 2)))
     rows[1]["decode_drift"] = 0.5  # 1x512 x1, text eager, encoder graphed
-    assert disturbed(ttft_frame(rows)).tolist() == [True, False]
     assert [c["disturbed"] for c in text_graph_cuts(rows, "p")] == [True, False]
-
-
-# ------------------------------------------------------------------------------------------------
-# coverage
 
 
 # ------------------------------------------------------------------------------------------------
@@ -108,8 +99,10 @@ def test_encoder_and_e2e_cuts_read_the_graphed_rows():
     assert e2e_cuts(e2e, mode="lab-eager") == []
 
 
-def test_claim_ranges_on_the_reference_set_quote_the_rows(ttft_res, e2e_res):
-    df = claim_ranges(ttft_res["rows"], e2e_res["rows"])
+def test_the_ranges_of_the_reference_set_quote_the_rows(ttft_res, e2e_res):
+    df = ranges_frame({"engine grid, text model graphed (as in vLLM)": encoder_cuts(ttft_res["rows"], "graphed"),
+                       "engine grid, text model eager": encoder_cuts(ttft_res["rows"], "eager"),
+                       "inside generate (text model eager)": e2e_cuts(e2e_res["rows"])})
     kept = [r for r in e2e_res["rows"] if r["mode"] == "lab-graph" and abs(r["decode_drift"]) <= DECODE_DRIFT_WARN]
     inside = df.loc[("inside generate (text model eager)", "every case")]
     assert (inside["cut % from"], inside["to"], inside["cases"]) == \
@@ -123,7 +116,6 @@ def test_claim_ranges_on_the_reference_set_quote_the_rows(ttft_res, e2e_res):
                and r["requests"] == 1 and not drift_fails(r)]
     one = df.loc[("engine grid, text model graphed (as in vLLM)", "one request")]
     assert (one["cut % from"], one["to"]) == (round(100 * min(graphed), 1), round(100 * max(graphed), 1))
-    assert "inside generate (text model eager)" not in claim_ranges(ttft_res["rows"]).index.get_level_values(0)
     assert len(df) == 6 and set(df["against 10%-20%"].dropna()) <= {"above", "below", "within", "overlapping"}
 
 
@@ -136,21 +128,12 @@ def test_range_verdict():
 # decode, TTFT, image path, first tokens
 
 
-def test_decode_speedups_per_case_and_their_range():
+def test_decode_per_case_and_its_control():
     rows = grid(cases=(("p", "1x512", 1), ("p", "1x512", 2)))
     rows[4 + 3]["decode_drift"] = 0.2  # x2, both graphed: disturbed
-    rows[4]["decode_ms_per_token"] = 30.0  # x2, all eager: a ratio of 10 that must not be quoted
-    ups = decode_ratios(rows, mode_name("eager", "eager"), mode_name("graphed", "eager"))
-    assert list(zip(ups.ratio, ups.disturbed)) == [(4.0, False), (10.0, True)]
+    rows[4]["decode_ms_per_token"] = 30.0  # x2, all eager
     dec = decode_frame(rows)
-    assert list(zip(dec["text graphs' decode speedup ×"], dec["decode control"])) == [(4.0, "holds"), (10.0, "fails")]
-
-
-def test_image_path_frame(ttft_res):
-    assert image_path_frame({}).startswith("not recorded")
-    df = image_path_frame(ttft_res)
-    sources = [r for r in ttft_res["image_path"] if r["kind"] == "encode_sources"]
-    assert df["×"].tolist() == [round(r["ratio"], 2) for r in sources]
+    assert list(zip(dec["T:eager E:eager"], dec["decode control"])) == [(12.0, "holds"), (30.0, "fails")]
 
 
 def test_parity_frame_says_which_first_tokens_differ_and_what_float32_chose():

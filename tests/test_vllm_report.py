@@ -1,4 +1,4 @@
-"""The vllm file's figures and summary, drawn from a synthetic file of the recorded shape (the recorded
+"""The vllm file's A/B frame and breakdown figure, drawn from a synthetic file of the recorded shape (the recorded
 run itself is checked through the reference set: tests/test_tables.py, tests/test_figures_page.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from lfm2vl_lab.measure import vllm_ab as ab
 from lfm2vl_lab.report.plots import NoData
-from lfm2vl_lab.report.vllm_report import vllm_breakdown_figure, vllm_cuts_figure
+from lfm2vl_lab.report.vllm_report import vllm_breakdown_figure
 
 
 def fake_result(presets=("lfm2-vl-450m", "lfm2-vl-3b"), rounds: int = 6) -> dict:
@@ -38,35 +38,6 @@ def fake_result(presets=("lfm2-vl-450m", "lfm2-vl-3b"), rounds: int = 6) -> dict
     return {"name": "vllm", "provenance": {"vllm": "0.25.1", "dtype": "bfloat16"}, "presets": secs, "rows": rows}
 
 
-def test_the_cut_figure_draws_every_series_with_its_interval():
-    fig = vllm_cuts_figure(fake_result(), title="t")
-    axes = fig.get_axes()
-    assert len(axes) == 4  # TTFT and whole request, two presets
-    ttft = axes[0]
-    bars = [p for p in ttft.patches if p.get_height() != 0]
-    assert len(bars) == 4 * 6  # four series, six case × token groups
-    assert max(b.get_height() for b in bars) == pytest.approx(35, abs=3)
-    labels = {t.get_text() for t in fig.legends[0].get_texts()}
-    assert "the PR's claim: 10-20% (e2e, low batch)" in labels and "vLLM, PR config" in labels
-
-
-def test_a_cut_whose_median_lies_below_the_floor_is_drawn_to_the_floor_with_its_marker():
-    """A disturbed arm can lose more than the axis shows (a median cut of -88%): its bar stops at the
-    floor, its whisker still reaches the interval's top, and the floor's marker says it goes on."""
-    from lfm2vl_lab.report.vllm_report import Y_FLOOR
-
-    res = fake_result(presets=("lfm2-vl-3b",))
-    row = next(r for r in res["rows"] if (r["engine"], r["case"], r["tokens"], r["arm"]) == ("kit", "1x512", 16, "kit"))
-    row["ttft_cut"] = {"cut": -0.88, "ci": [-1.58, 0.56], "level": 0.95, "n": 6}
-    fig = vllm_cuts_figure(res, title="t")  # drew nothing before: a negative whisker length
-    ttft = fig.get_axes()[0]
-    assert min(p.get_y() + min(p.get_height(), 0) for p in ttft.patches) == pytest.approx(Y_FLOOR)
-    tops = [seg[:, 1].max() for c in ttft.collections for seg in c.get_segments() if len(seg) == 2]
-    assert max(tops) == pytest.approx(56)  # the interval's top, from the floor
-    labels = {t.get_text() for t in fig.legends[0].get_texts()}
-    assert f"interval (or median) reaches below {Y_FLOOR:.0f}%" in labels
-
-
 def test_the_breakdown_figure_stacks_vllms_parts_and_the_kits_phases():
     fig = vllm_breakdown_figure(fake_result(presets=("lfm2-vl-450m",)), title="t")
     ax = fig.get_axes()[0]
@@ -79,7 +50,7 @@ def test_the_breakdown_figure_stacks_vllms_parts_and_the_kits_phases():
 
 def test_a_file_without_an_ab_has_no_figure():
     with pytest.raises(NoData, match="no vLLM A/B"):
-        vllm_cuts_figure({"presets": {}, "rows": []})
+        vllm_breakdown_figure({"presets": {}, "rows": []})
 
 
 @pytest.mark.parametrize(("cap", "shown"), [

@@ -1,16 +1,16 @@
 """A figure's source in its own PNG: a ``Source`` text chunk listing the result file(s), role(s) and
-code hash it was drawn from; the docs site captions each figure from it.
-
-The PNG holds nothing else that changes between runs (no ``Software`` chunk, no date), and a redraw
-whose text chunks and decoded pixels equal the file already there leaves it untouched
-(:func:`same_content`): zlib builds compress differently, so a fresh clone's ``report`` keeps
-``git status`` clean wherever it draws the same picture."""
+code hash it was drawn from; the docs site captions each figure from it. The PNG holds nothing else
+that changes between runs (no ``Software`` chunk, no date), and a redraw with the same text chunks and
+decoded pixels leaves the file untouched: zlib builds compress differently, so a fresh clone's
+``report`` keeps ``git status`` clean wherever it draws the same picture."""
 
 from __future__ import annotations
 
 import io
 import json
 from pathlib import Path
+
+from PIL import Image
 
 SOURCE_KEY = "Source"  # the PNG text chunk that names the figure's files
 DPI = 120  # what `python -m lfm2vl_lab report` saves at (MAX_WIDTH_IN inches is 1440 px)
@@ -28,30 +28,23 @@ def source_of(res: dict, role: str | None = None) -> dict:
 
 
 def png_bytes(fig, sources: list[dict], dpi: int = DPI) -> bytes:
-    """``fig`` as PNG bytes with its ``Source`` chunk and no ``Software`` chunk (see the module)."""
+    """``fig`` as PNG bytes with its ``Source`` chunk and no ``Software`` chunk."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None, SOURCE_KEY: json.dumps(sources)})
     return buf.getvalue()
 
 
 def _content(data: bytes) -> tuple:
-    from PIL import Image
-
+    """What a PNG shows and says: its text chunks and decoded pixels, not its compressed bytes."""
     with Image.open(io.BytesIO(data)) as im:
         return dict(im.text), im.mode, im.size, im.tobytes()
 
 
-def same_content(a: bytes, b: bytes) -> bool:
-    """Whether two PNGs hold the same text chunks and the same decoded pixels (their compressed bytes
-    may differ)."""
-    return _content(a) == _content(b)
-
-
 def save_figure(fig, path: Path, sources: list[dict], dpi: int = DPI) -> bool:
-    """Save ``fig`` at ``path`` with its sources (:func:`source_of` entries). A file already there
-    with the same content is left as it is. Returns whether the file was written."""
+    """Save ``fig`` at ``path`` with its sources (:func:`source_of` entries), unless a file with the same
+    content is there already. Returns whether the file was written."""
     data, path = png_bytes(fig, sources, dpi), Path(path)
-    if path.is_file() and same_content(path.read_bytes(), data):
+    if path.is_file() and _content(path.read_bytes()) == _content(data):
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -60,8 +53,6 @@ def save_figure(fig, path: Path, sources: list[dict], dpi: int = DPI) -> bool:
 
 def read_sources(path: Path) -> list[dict]:
     """The ``Source`` entries a PNG carries; :class:`NoSource` naming the file where it has none."""
-    from PIL import Image
-
     with Image.open(path) as im:
         text = im.text.get(SOURCE_KEY)
     try:

@@ -23,11 +23,7 @@ RECORDED_GPU = gpu_slug(reference.REFERENCE_GPU)  # whose recorded results the n
 CPU_FALLBACK_WARNING = "GraphedEncoder: no CUDA device"
 CPU_FALLBACK_NOTE = ("note: no CUDA device, so GraphedEncoder.encode() runs the packed eager encoder here (no graphs); "
                      "its stats count those calls as eager_calls")
-
-
-# What a notebook part needs: "any" runs live everywhere (the tiny preset on a CPU), "gpu" runs live
-# on a CUDA device and comes from recorded results elsewhere, "recorded" always reads data/results/.
-SHOW_KINDS = ("any", "gpu", "recorded")
+SHOW_KINDS = ("any", "gpu", "recorded")  # live everywhere; live on a CUDA device, else recorded; always recorded
 
 
 def environment_lines(device, shows: dict[str, str]) -> list[str]:
@@ -36,8 +32,7 @@ def environment_lines(device, shows: dict[str, str]) -> list[str]:
     live here and what from recorded results (``shows`` maps a part to one of :data:`SHOW_KINDS`)."""
     import transformers
 
-    bad = {part: kind for part, kind in shows.items() if kind not in SHOW_KINDS}
-    if bad:
+    if bad := {part: kind for part, kind in shows.items() if kind not in SHOW_KINDS}:
         raise ValueError(f"setup(shows=...): kinds must be one of {SHOW_KINDS}; got {bad}")
     preset, dtype = device_defaults(device)
     try:
@@ -45,13 +40,12 @@ def environment_lines(device, shows: dict[str, str]) -> list[str]:
     except ValueError as exc:  # a value that names no folder: said in the check, not raised from the first cell
         folder, problem = None, str(exc)
     cap = cuda_capability(device)
+    where = "no CUDA GPU: " + ("the checkpoint runs on the CPU (slowly)" if folder else
+                               "the tiny preset runs on the CPU")
     if cap is not None:
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        where = (f"{torch.cuda.get_device_name(torch.device(device))} (sm{sm(cap)}), {free / 2**30:.1f} of "
-                 f"{total / 2**30:.1f} GiB free")
-    else:
-        where = "no CUDA GPU: " + ("the checkpoint runs on the CPU (slowly)" if folder else "the tiny preset runs on "
-                                                                                        "the CPU")
+        where = f"{torch.cuda.get_device_name(torch.device(device))} (sm{sm(cap)}), {free / 2**30:.1f} of " \
+                f"{total / 2**30:.1f} GiB free"
     model = f"the checkpoint {folder.name} (from {CHECKPOINT_ENV})" if folder else preset
     lines = [f"environment: {where}; torch {torch.__version__}, transformers {transformers.__version__}, "
              f"Python {platform.python_version()}",
@@ -104,21 +98,18 @@ def load_recorded(role: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT, partial
 
 
 def show(table) -> None:
-    """A table helper's answer in a notebook: a DataFrame displayed as a table, a "not recorded" line
-    (a section the file lacks) printed."""
-    if isinstance(table, str):
-        print(table)
-        return
+    """A table helper's answer in a notebook: a DataFrame displayed, a "not recorded" line printed."""
     from IPython.display import display
 
-    display(table)
+    if isinstance(table, str):
+        print(table)
+    else:
+        display(table)
 
 
 def load_first_version(name: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) -> dict:
-    """An earlier run's file from the archive (:func:`lfm2vl_lab.report.reference.load_archived`),
-    announced as what it is: the first version, shown beside today's reference set. Its labels name the
-    result file as it was recorded (``name``, its ``_path``); the archive keeps it gzipped, as
-    ``<name>.gz`` (``_stored``)."""
+    """An earlier run's file from the archive, announced as the first version beside today's reference set;
+    its ``_path`` names the file as recorded (``name``), ``_stored`` the gzipped copy the archive keeps."""
     res = reference.load_archived(name, gpu, root)
     res["_stored"], res["_path"] = res["_path"], str(Path(res["_path"]).with_name(name))
     print("the first version (archived, not the reference set): " + recorded_label(res))

@@ -1,5 +1,5 @@
-"""Figures of the ``roofline`` file (:mod:`lfm2vl_lab.measure.roofline`): a decode step's kernels under the
-GPU's two roofs, and what a kernel costs inside a graph against an eager launch."""
+"""The figure of the ``roofline`` file (:mod:`lfm2vl_lab.measure.roofline`): a decode step's kernels under
+the GPU's two roofs (notebook 08 shows the file's boundary cost as a DataFrame)."""
 
 from __future__ import annotations
 
@@ -50,25 +50,4 @@ def roofline_figure(res: dict, title: str | None = None) -> Figure:
     for ax in (left, right):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    return fig
-
-
-def boundary_figure(res: dict, title: str | None = None) -> Figure:
-    """One graph replay's time against the kernels it holds, with the fitted line (its slope: one
-    kernel's cost in a graph), beside what the same kernels cost launched eagerly."""
-    b = res.get("boundary") or {}
-    rows = b.get("rows") or []
-    if not rows:
-        raise NoData("no boundary rows in this roofline file")
-    fit, eager = b["graph"], b["eager"]["us_per_kernel"]
-    fig, (ax,) = figure(8, 4.5, title)
-    ns = [r["n"] for r in rows]
-    ax.plot(ns, [r["us"] for r in rows], "o", color="#2ca02c", label="graph replay (median of trials)")
-    ax.plot(ns, [fit["intercept_us"] + fit["us_per_kernel"] * n for n in ns], color="#2ca02c", lw=1,
-            label=f"fit over N ≥ {fit['fit_from']}: {fit['us_per_kernel']:.2f} µs per kernel")
-    ax.plot(ns, [eager * n for n in ns], "--", color="#7f7f7f", label=f"launched eagerly: {eager:.2f} µs per kernel")
-    ax.set(xscale="log", yscale="log", xlabel="kernels (one-element adds, each after the last)",
-           ylabel="µs per replay (per N launches, eager)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     return fig

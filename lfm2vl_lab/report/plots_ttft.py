@@ -1,20 +1,17 @@
-"""Figures of the request past the encoder, drawn with :mod:`.plots`' helpers: the TTFT grid (``ttft``),
-TTFT inside ``generate`` (``e2e``), the text model's peers (``engine``); and the grid's rows as a frame."""
+"""The TTFT grid (``ttft``) past the encoder: its rows as a frame, and its two figures, drawn with
+:mod:`.plots`' helpers (each other number of the grid is a DataFrame of :mod:`.ttft_summary`)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
-from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
-from ..measure.engine_peers import MODES as PEER_MODES
 from ..measure.ttft import mode_name
 from ..serving.pipeline import MODES
 from .frames import need, one_per
-from .plots import MODE_COLORS, NoData, bars, figure, lines, stack
+from .plots import NoData, figure, lines, stack
 
 TTFT_MODES = tuple(mode_name(t, e) for t in MODES for e in MODES)  # all eager first, both graphed last
 PROCESSOR = "processor"  # runs on the CPU before the pipeline; outside the TTFT target
@@ -114,22 +111,24 @@ def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: st
     return fig
 
 
-def _per_request_figure(rows: list[dict], metric: str, ylabel: str, title: str, presets, images,
-                        log: bool) -> Figure:
-    """``metric`` against requests, a line per mode (text model eager dashed), a panel per (preset, image)."""
+def ttft_grid_figure(rows: list[dict], presets=None, images=None, title: str | None = None,
+                     log: bool = False) -> Figure:
+    """TTFT (ms, processor excluded) against requests per call: one line per mode (text eager dashed,
+    text graphed solid), one panel per (preset, image); ``presets``/``images`` restrict the panels."""
     every = ttft_frame(rows)
     if every.empty:
         raise NoData(NO_ROWS)
     df = every[every.preset.isin(presets or every.preset) & every.image.isin(images or every.image)]
-    if df[metric].isna().all():
-        raise NoData(f"no {metric} in the TTFT rows asked for (presets {presets or 'any'}, images {images or 'any'}); "
+    if df.empty:
+        raise NoData(f"no TTFT rows for presets {presets or 'any'}, images {images or 'any'}; "
                      f"recorded: {recorded_cases(rows)}")
     panels = df.groupby(["preset", "image"], sort=False)
     cols = min(2, panels.ngroups)
-    fig, axes = figure(5.2 * cols + 0.5, 3.4 * math.ceil(panels.ngroups / cols) + 0.9, title,
+    fig, axes = figure(5.2 * cols + 0.5, 3.4 * math.ceil(panels.ngroups / cols) + 0.9,
+                       title or "Time to first token per mode against requests",
                        rows=math.ceil(panels.ngroups / cols), cols=cols)
     for ax, ((p, im), mine) in zip(axes, panels):
-        table = mine.pivot(index="requests", columns="mode", values=metric).reindex(columns=TTFT_MODES)
+        table = mine.pivot(index="requests", columns="mode", values="ttft_ms").reindex(columns=TTFT_MODES)
         lines(ax, table.dropna(axis=1, how="all"), colors=TTFT_MODE_COLORS,
               styles={m: "--" for m in TTFT_MODES if m.startswith(mode_name("eager", ""))})
         if missing := [m for m in TTFT_MODES if table[m].isna().all()]:
@@ -137,96 +136,10 @@ def _per_request_figure(rows: list[dict], metric: str, ylabel: str, title: str, 
                     color="#888888", va="bottom")
         ax.set(yscale="log" if log else "linear", xlabel="requests per call")
         ax.set_ylim(bottom=None if log else 0)
-        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_ylabel("time to first token (ms)", fontsize=8)
         ax.set_title(f"{p}, {im}", fontsize=9, loc="left")
     for ax in axes[panels.ngroups:]:
         fig.delaxes(ax)
     h, lab = max((ax.get_legend_handles_labels() for ax in fig.axes), key=lambda hl: len(hl[1]))
     fig.legend(h, lab, loc="outside lower center", ncols=min(len(lab), 2 * cols), fontsize=7)
-    return fig
-
-
-def ttft_grid_figure(rows: list[dict], presets=None, images=None, title: str | None = None,
-                     log: bool = False) -> Figure:
-    """TTFT (ms, processor excluded) against requests per call: one line per mode (text eager dashed,
-    text graphed solid), one panel per (preset, image); ``presets``/``images`` restrict the panels."""
-    return _per_request_figure(rows, "ttft_ms", "time to first token (ms)",
-                               title or "Time to first token per mode against requests", presets, images, log)
-
-
-def decode_figure(rows: list[dict], presets=None, images=None, title: str | None = None,
-                  log: bool = False) -> Figure:
-    """Decode ms per token against requests, laid out like :func:`ttft_grid_figure`. Decode never runs
-    the encoder, so at one text mode the two encoder modes should draw the same line."""
-    return _per_request_figure(rows, "decode_ms_per_token", "decode (ms per token)",
-                               title or "Decode time per token per mode against requests", presets, images, log)
-
-
-E2E_MODES = ("hf-eager", "lab-graph", "lab-eager")  # transformers' image path, the graphed encoder (or its eager run)
-
-
-def e2e_figure(rows: list[dict], title: str | None = None) -> Figure:
-    """TTFT per case, transformers' image path against the graphed encoder: the encoder's own time drawn
-    inside each bar in a darker shade of the mode's colour, each bar labelled with its TTFT change."""
-    rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("mode") in E2E_MODES]
-    if not rows:
-        raise NoData("e2e_figure: no end-to-end rows (python -m lfm2vl_lab e2e on a GPU)")
-    df = pd.DataFrame(one_per(rows, lambda r: (r["preset"], r["image"], r["requests"], r["mode"]), "e2e_figure"))
-    # the graphed encoder's rows say "lab-eager" where nothing was captured (e2e on a CPU)
-    lab = "lab-graph" if (df["mode"] == "lab-graph").any() else "lab-eager"
-    df = df.assign(case=df["preset"] + "\n" + df["image"] + " ×" + df["requests"].astype(str) + " requests")
-    order = dict(index=list(dict.fromkeys(df["case"])), columns=["hf-eager", lab])
-    ttft, enc = (df.pivot(index="case", columns="mode", values=v).reindex(**order) for v in ("ttft_ms", "encoder_ms"))
-    notes = ttft.map("{:.1f}".format).astype(object)
-    notes[lab] += (100 * (ttft[lab] / ttft["hf-eager"] - 1)).map(lambda x: "" if x != x else f"\n({x:+.0f}%)")
-    fig, (ax,) = figure(1.2 * len(ttft) + 2, 4.5,
-                        title or "Time to first token: transformers' image path vs the graphed encoder")
-    bars(ax, ttft.rename(columns=lambda m: f"{m}: time to first token"), fmt=None,
-         labels=notes.rename(columns=lambda m: f"{m}: time to first token"),
-         colors={f"{m}: time to first token": MODE_COLORS.get(m) for m in ttft})
-    bars(ax, enc.rename(columns=lambda m: f"{m}: its encoder part"), fmt=None,  # darker: the encoder's part
-         colors={f"{m}: its encoder part": tuple(0.55 * c for c in to_rgb(MODE_COLORS.get(m, "C0"))) for m in enc})
-    ax.set_ylabel("time to first token (ms)")
-    ax.legend(fontsize=8, loc="upper left")
-    return fig
-
-
-PEER_COLORS = dict(zip(PEER_MODES, ("#7f7f7f", "#9467bd", "#8c564b", "#2ca02c", "#d62728")))
-
-
-def run_title(result: dict) -> str:
-    """Which run a figure draws: GPU, date and file (where the file was loaded from one)."""
-    p = result.get("provenance", {})
-    where = f" ({Path(result['_path']).name})" if result.get("_path") else ""
-    return f"{p.get('gpu', '?')}, {str(p.get('date', ''))[:10]}{where}"
-
-
-def decode_vs_floor(result: dict, title: str | None = None) -> Figure:
-    """Decode ms per token per mode (one request; whisker: p90) against the bandwidth floor, a panel per
-    preset on a log axis (generate's eager step is ~100x the floor, the engines' a few times it), each bar
-    labelled with how many times the floor it takes. A mode recorded with an error has no bar; its
-    label says "error"."""
-    floors = {s["preset"]: s["floor"] for s in result.get("setup", [])}
-    per = {p: rows for p in floors if (rows := [r for r in result.get("rows", []) if r.get("preset") == p
-                                                and r.get("requests") == 1])}
-    if not per:
-        raise NoData("no decode rows in this file (python -m lfm2vl_lab engine records them)")
-    fig, axes = figure(4.2 * len(per) + 1, 4.2, title or f"Decode per token against the bandwidth floor: "
-                       f"{run_title(result)}", cols=len(per))
-    for ax, (preset, rows) in zip(axes, per.items()):
-        fl, vals = floors[preset], [r.get("decode_ms_per_token") or 0.0 for r in rows]
-        drawn = ax.bar(range(len(rows)), vals, yerr=[[0.0] * len(rows), [max(0.0, (r.get("decode_p90_ms_per_token")
-                       or v) - v) for r, v in zip(rows, vals)]], capsize=3, label="decode, median (whisker: p90)",
-                       color=[PEER_COLORS.get(r["mode"], "#1f77b4") for r in rows])
-        ax.bar_label(drawn, labels=[f"{v:.2f} ms\n{v / fl['floor_ms']:.1f}× floor" if v else "" for v in vals],
-                     fontsize=7, padding=3)
-        ax.axhline(fl["floor_ms"], color="black", ls="--", lw=1,
-                   label=f"bandwidth floor {fl['floor_ms']:.3f} ms ({fl['param_bytes'] / 1e9:.2f} GB at "
-                         f"{fl['bandwidth_B_per_s'] / 1e12:.1f} TB/s)")
-        ax.set(yscale="log", ylim=(fl["floor_ms"] / 2, max(vals + [fl["floor_ms"]]) * 4),
-               ylabel="ms per decode token (one request, log scale)")
-        ax.set_xticks(range(len(rows)), [r["mode"] + ("\n(error)" if "error" in r else "") for r in rows],
-                      rotation=30, ha="right", fontsize=8)
-        ax.set_title(preset, fontsize=10)
-        ax.legend(fontsize=7, loc="upper right")
     return fig

@@ -12,23 +12,12 @@ from ..measure.results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, recorded_tag
 from . import reference
 from .figure_source import save_figure, source_of
 from .frames import pick_rows
-from .plots import (
-    NoData,
-    attention_figure,
-    floor_share_figure,
-    graph_memory_figure,
-    latency_figure,
-    padding_waste_figure,
-    speedup_figure,
-    timeline_figure,
-)
-from .plots_roofline import boundary_figure, roofline_figure
-from .plots_ttft import decode_figure, e2e_figure, ttft_breakdown_figure, ttft_grid_figure
+from .plots import NoData, latency_figure, timeline_figure
+from .plots_roofline import roofline_figure
+from .plots_ttft import ttft_breakdown_figure, ttft_grid_figure
 from .tables import run_tables
-from .vllm_report import vllm_breakdown_figure, vllm_cuts_figure, with_pipeline
+from .vllm_report import vllm_breakdown_figure, with_pipeline
 
-BENCH_PREFIX = "bench-"  # roles of the per-preset benchmark runs: BENCH_FIGURES each
-BUDGETS_ROLE = "sweep-budgets"  # the budget sweep: the padding-waste figure of its preset
 GRAPHED = ("lab-graph", "lab-graph-fused", "compile")
 
 
@@ -46,74 +35,42 @@ def _timelines(rows: list[dict]) -> dict:
     raise NoData("no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)")
 
 
-def capture_groups(rows: list[dict]) -> dict:
-    """``{label: capture_info}`` per (mode, budget set) of one file's graph rows, as
-    :func:`~.plots.graph_memory_figure` draws them (every workload of a mode reuses one capture)."""
-    out: dict = {}
-    for r in pick_rows(rows):
-        if r.get("capture_info"):
-            out.setdefault(f"{r['mode']}, budgets {r.get('budget_set', '?')}", r["capture_info"])
-    return out
-
-
-# A bench file's figures: kind -> (figure of its rows, short title); the padding waste reads the
-# preset's budget sweep where the set has one.
+# A bench file's figures, then the other roles': {file suffix: (figure, short title)}. Those of
+# WHOLE_FILE_ROLES read the whole file (vllm's with the kit's pipeline file beside it), the others its rows.
 BENCH_FIGURES = {
     "latency": (latency_figure, "Encoder latency per mode (whisker: p90)"),
-    "speedup": (speedup_figure, "Speedup over hf-eager vs images per call"),
-    "floor-share": (floor_share_figure, "Share of each call at the GPU-busy floor"),
     "timeline": (lambda rows, title: timeline_figure(_timelines(rows), title),
                  "One call: CPU launch calls vs GPU kernels"),
-    "padding-waste": (padding_waste_figure, "Padding waste per workload (graph rows of the bench file)"),
-    "graph-memory": (lambda rows, title: graph_memory_figure(capture_groups(rows), title),
-                     "Graph memory and capture time per budget (lab-graph rows of the bench file)"),
 }
-SWEEP_WASTE = "Padding waste per budget set, stream of mixed requests (budget sweep)"
-# Roles with figures of their own: role -> {file suffix: (figure, short title)}; those of WHOLE_FILE_ROLES
-# read the whole file, the others its rows.
 ROLE_FIGURES = {
-    "e2e": {"": (e2e_figure, "Time to first token, transformers' image path vs the graphed encoder")},
-    "attention": {"": (attention_figure, "Attention per layer inside CUDA graphs")},
     "ttft": {"breakdown": (ttft_breakdown_figure, "Time to first token phase by phase, 1x512 x1"),
-             "grid": (ttft_grid_figure, "Time to first token against requests"),
-             "decode": (decode_figure, "Decode per token against requests")},
-    "vllm": {"cuts": (vllm_cuts_figure, "Encoder graphs inside vLLM and in the kit's pipeline: the cuts, paired"),
-             "breakdown": (vllm_breakdown_figure, "Where the first token's time goes, vLLM and the kit's pipeline")},
-    "roofline": {"": (roofline_figure, "A decode step's kernels under the GPU's roofs"),
-                 "boundary": (boundary_figure, "A kernel boundary inside a graph, against an eager launch")},
+             "grid": (ttft_grid_figure, "Time to first token against requests")},
+    "vllm": {"breakdown": (vllm_breakdown_figure, "Where the first token's time goes, vLLM and the kit's pipeline")},
+    "roofline": {"": (roofline_figure, "A decode step's kernels under the GPU's roofs")},
 }
-WHOLE_FILE_ROLES = ("vllm", "roofline")  # vllm's draws the kit's pipeline file beside it, and names both
-
-
-def _job(stem: str, make, data, what: str, sources: list[dict], short: str) -> tuple:
-    """``(stem, a function drawing the figure, its source files)``, titled ``short — what`` over each source's
-    ``recorded on <GPU> on <date> (<file>)``."""
-    title = f"{short} — {what}\n" + "\n".join(recorded_tag(f) for f in sources)
-    return stem, partial(make, data, title=title), sources
+WHOLE_FILE_ROLES = ("vllm", "roofline")
 
 
 def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
     """Every figure of one GPU's reference set (``{role: file}``) as ``(file stem, a function drawing it,
-    [the file it is drawn from])``; drawing raises :class:`NoData` where the file holds nothing for it."""
+    [the files it is drawn from])``, titled ``short — what`` over each source's ``recorded on <GPU> on
+    <date> (<file>)``; drawing raises :class:`NoData` where the file holds nothing for it."""
     jobs = []
     for role, res in files.items():
         prov = res.get("provenance", {})
-        if role.startswith(BENCH_PREFIX) and res.get("rows"):
-            sweep = files.get(BUDGETS_ROLE)
-            own = sweep and prov.get("preset") is not None and sweep["provenance"].get("preset") == prov["preset"]
-            for kind, (make, short) in BENCH_FIGURES.items():
-                src, short = (sweep, SWEEP_WASTE) if kind == "padding-waste" and own else (res, short)
-                jobs.append(_job(f"{slug}-{prov.get('preset')}-{prov.get('dtype')}-{kind}", make, src["rows"],
-                                 f"{prov.get('preset')}, {prov.get('dtype')}", [src], short))
-        drawn = with_pipeline(res, files.get("pipeline")) if role == "vllm" else res
-        what = prov.get("dtype")
+        figures, stem, what = ROLE_FIGURES.get(role, {}), f"{slug}-{role}", prov.get("dtype")
+        if role.startswith("bench-"):
+            figures, stem = BENCH_FIGURES, f"{slug}-{prov.get('preset')}-{prov.get('dtype')}"
+            what = f"{prov.get('preset')}, {prov.get('dtype')}"
         if role == "vllm":
             held = f" (partial: {', '.join(res.get('presets', {}))} so far)" if res.get("_partial") else ""
             what = f"vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}"
-        for suffix, (make, short) in ROLE_FIGURES.get(role, {}).items():
-            jobs.append(_job(f"{slug}-{role}" + (f"-{suffix}" if suffix else ""), make,
-                             drawn if role in WHOLE_FILE_ROLES else res.get("rows") or [], what,
-                             drawn.get("files", [res]), short))
+            res = with_pipeline(res, files.get("pipeline"))
+        sources = res.get("files", [res])
+        data = res if role in WHOLE_FILE_ROLES else res.get("rows") or []
+        for suffix, (make, short) in figures.items():
+            title = f"{short} — {what}\n" + "\n".join(recorded_tag(f) for f in sources)
+            jobs.append((stem + (f"-{suffix}" if suffix else ""), partial(make, data, title=title), sources))
     return jobs
 
 

@@ -1,5 +1,6 @@
 """The encoder graphs' TTFT cuts of the recorded TTFT grid and e2e files as ranges against the PR's
-claim, over the cases whose decode control holds (the others are left out and named)."""
+claim (about 10-20% lower end-to-end latency at low batch size, its text model graphed), over the cases
+whose decode control holds (the others are left out and named)."""
 
 from __future__ import annotations
 
@@ -58,14 +59,3 @@ def ranges_frame(settings: dict[str, list[dict]], claim: tuple = PR_CLAIM) -> pd
                                                 for c in r["left_out"]),
                 "no decode control": r["unchecked"]}
     return pd.DataFrame.from_dict(out, orient="index").rename_axis(["setting", "cases of"])
-
-
-def claim_ranges(ttft_rows: list[dict], e2e_rows: list[dict] | None = None) -> pd.DataFrame:
-    """The encoder graphs' paired TTFT cut ranges against the PR's claim (about 10-20% lower end-to-end
-    latency at low batch size, its text model graphed): the grid with the text model graphed and eager,
-    and inside ``generate`` (``e2e_rows``, if given)."""
-    settings = {"engine grid, text model graphed (as in vLLM)": encoder_cuts(ttft_rows, "graphed"),
-                "engine grid, text model eager": encoder_cuts(ttft_rows, "eager")}
-    if e2e_rows is not None:
-        settings["inside generate (text model eager)"] = e2e_cuts(e2e_rows)
-    return ranges_frame(settings)

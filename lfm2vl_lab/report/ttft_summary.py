@@ -1,6 +1,6 @@
-"""A recorded TTFT result (``ttft``, ``e2e``) as the tables notebook 07 shows beside its figures, and the
-decode control (:func:`drift_beyond`). A table says what a sentence would; a section the file lacks gives
-a ``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
+"""A recorded TTFT grid as the DataFrames notebook 07 shows beside its figures, one per fact, the decode
+control (:func:`drift_beyond`) and the PR's claim (:data:`PR_CLAIM`). A section the file lacks gives a
+``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import pandas as pd
 from ..measure.e2e import DECODE_DRIFT_WARN, paired_reduction
 from ..measure.ttft import mode_name
 from .frames import missing
-from .plots_ttft import CASE, TTFT_MODES, TTFT_PHASES, per_case, ttft_case, ttft_cases, ttft_frame
+from .plots_ttft import CASE, TTFT_PHASES, per_case, ttft_case, ttft_cases, ttft_frame
 
 PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
 # The phases before the text model, the ones the encoder mode can change (h2d too: the graphed encoder
 # moves only the real rows, in the model's dtype: VlmPipeline.to_device); Amdahl's law takes the rest as fixed.
 BEFORE_TEXT = TTFT_PHASES[:TTFT_PHASES.index("prefill")]
-TEXT_MODES = ("eager", "graphed")
 
 
 def _not_recorded(what: str) -> str:
@@ -42,20 +41,6 @@ def drift_fails(row: dict | None) -> bool:
     return drift_beyond((row or {}).get("decode_drift"))
 
 
-def disturbed(df: pd.DataFrame) -> pd.Series:
-    """Per case of a :func:`ttft_frame` (:func:`per_case`'s index), whether any mode fails the decode control."""
-    return per_case(df, "decode_drift").map(drift_beyond).any(axis=1)
-
-
-def decode_ratios(rows: list[dict], eager: str, graphed: str) -> pd.DataFrame:
-    """Per case with decode per token in both modes: ``eager_ms``, ``graphed_ms``, their ``ratio``, and
-    whether the case is :func:`disturbed`."""
-    df = ttft_frame(rows)
-    dec = per_case(df, "decode_ms_per_token")
-    out = pd.DataFrame({"eager_ms": dec[eager], "graphed_ms": dec[graphed]}).dropna()
-    return out.assign(ratio=out.eager_ms / out.graphed_ms, disturbed=disturbed(df).reindex(out.index))
-
-
 def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
     """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
     if lo > claim[1]:
@@ -71,18 +56,15 @@ def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
 
 
 def decode_frame(rows: list[dict]) -> pd.DataFrame | str:
-    """Decode ms per token per case and mode (T: text model, E: encoder), what graphing the text model
-    speeds decode up by (at the eager encoder), and at each text mode the drift between the two encoder
-    modes in %, with the decode control it decides."""
+    """Decode ms per token per case and mode (T: text model, E: encoder), and at each text mode the drift
+    between the two encoder modes in %, with the decode control it decides."""
     df = ttft_frame(rows)
     if df.decode_ms_per_token.isna().all():
         return _not_recorded("TTFT rows with decode_ms_per_token")
     dec = per_case(df, "decode_ms_per_token")
     out = dec.round(2).rename(columns=_short)
-    out["text graphs' decode speedup ×"] = (dec[mode_name("eager", "eager")] / dec[mode_name("graphed", "eager")]
-                                            ).astype(float).round(1)
-    drift = per_case(df, "decode_drift")[[mode_name(t, "graphed") for t in TEXT_MODES]]
-    for t, m in zip(TEXT_MODES, drift.columns):
+    drift = per_case(df, "decode_drift")[[mode_name(t, "graphed") for t in ("eager", "graphed")]]
+    for t, m in zip(("eager", "graphed"), drift.columns):
         out[f"drift %, text {t}"] = (100 * drift[m].astype(float)).round(1) + 0.0  # no "-0.0"
     out["decode control"] = drift.map(drift_beyond).any(axis=1).map({True: "fails", False: "holds"})
     return out.rename_axis(CASE)
@@ -105,52 +87,6 @@ def parity_frame(result: dict) -> pd.DataFrame | str:
                          for p in parity for mode, r in (p.get("modes") or {}).items()])
 
 
-def profile_frame(result: dict) -> pd.DataFrame | str:
-    """Per preset and mode, one profiled request: kernels, launch calls, graph launches, GPU-busy and
-    wall ms, and the busy share (the rest of the wall time is launch gaps and host work)."""
-    profile = result.get("profile") or []
-    if not profile:
-        return _not_recorded("profile section (ttft --profile records one)")
-    df = pd.DataFrame([{"preset": p.get("preset", "?"), "mode": mode, "kernels": r.get("kernels", 0),
-                        "launch calls": r.get("launch_calls", 0), "graph launches": r.get("graph_launches", 0),
-                        "GPU-busy ms": r.get("gpu_busy_ms", 0), "wall ms": r.get("wall_ms", 0),
-                        "busy %": None if r.get("busy_share") is None else 100 * r["busy_share"]}
-                       for p in profile for mode in TTFT_MODES if (r := p.get(mode)) is not None])
-    counts = ["kernels", "launch calls", "graph launches"]
-    return df.astype({c: int for c in counts}).round({"GPU-busy ms": 2, "wall ms": 2, "busy %": 0})
-
-
-def image_path_frame(result: dict) -> pd.DataFrame | str:
-    """Per preset and workload of the ``image_path`` section: ``encode()`` from pixels in host memory
-    against pixels already on the GPU (ms, medians), and how many times as long the first takes."""
-    rows = [r for r in result.get("image_path") or [] if r.get("kind") == "encode_sources"]
-    if not rows:
-        return _not_recorded("image_path section (ttft --image-path records one)")
-    return pd.DataFrame([{"preset": r.get("preset", "?"), "workload": r["workload"], "host pixels ms":
-                          r["cpu_ms_median"], "GPU pixels ms": r["gpu_ms_median"], "×": r["ratio"]}
-                         for r in rows]).set_index(["preset", "workload"]).round(2)
-
-
-def claim_frame(rows: list[dict], preset: str | None = None, image: str | None = None) -> pd.DataFrame | str:
-    """The encoder graphs' paired TTFT cut per case at each text mode, against the PR's range, with TTFT
-    per encoder mode and the decode control (where it fails, the cut is not the encoder's alone)."""
-    df = ttft_frame(rows)
-    df = df[(df.preset.eq(preset) | (preset is None)) & (df.image.eq(image) | (image is None))]
-    if df.empty:
-        return _not_recorded(f"TTFT rows for {preset or 'any preset'}, {image or 'any image'}")
-    ttft, cut, drift = (per_case(df, v) for v in ("ttft_ms", "encoder_graph_cut", "decode_drift"))
-    out = {}
-    for t in ("graphed", "eager"):
-        e, g = mode_name(t, "eager"), mode_name(t, "graphed")
-        c = cut[g].astype(float).where(ttft[e].notna() & ttft[g].notna())
-        out[(f"text {t}", "cut %")] = (100 * c).round(1)
-        out[(f"text {t}", "against the PR's")] = c.map(lambda x: None if missing(x) else claim_verdict(x))
-        out[(f"text {t}", "TTFT ms, E:eager")] = ttft[e].astype(float).round(2)
-        out[(f"text {t}", "TTFT ms, E:graphed")] = ttft[g].astype(float).round(2)
-        out[(f"text {t}", "decode control")] = drift[g].map(lambda d: "fails" if drift_beyond(d) else "holds")
-    return pd.DataFrame(out).rename_axis(CASE)
-
-
 def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mode: str) -> dict | None:
     """Amdahl's law for the encoder graphs' TTFT cut at one case and text mode: ``share`` of TTFT in the
     phases before the text model (eager encoder), their ``speedup`` graphed, ``predicted`` = share ·
@@ -167,8 +103,9 @@ def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mo
 
 def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed") -> list[dict]:
     """What graphing the text model cuts from TTFT per case of ``preset`` at one encoder mode (paired,
-    else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed``."""
-    out, failing = [], disturbed(ttft_frame(rows))
+    else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed`` (a
+    mode of it fails the decode control)."""
+    out, failing = [], per_case(ttft_frame(rows), "decode_drift").map(drift_beyond).any(axis=1)
     for case in (c for c in ttft_cases(rows) if c[0] == preset):
         by = ttft_case(rows, *case)
         eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
