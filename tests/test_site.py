@@ -157,7 +157,7 @@ def test_solution_cells_sit_behind_a_closed_toggle(fixture_site):
 
 
 def test_a_widget_shows_its_picture_or_says_where_it_is_live(fixture_site):
-    """A page cannot run a widget: one that carries a picture (the budget explorer's first state) shows
+    """A page cannot run a widget: one that carries a picture (its first state, as a notebook may save it) shows
     it, one that carries only ipywidgets' repr says it is live in JupyterLab instead of "VBox(...)"."""
     from bs4 import BeautifulSoup
 

@@ -9,12 +9,10 @@ import pkgutil
 API = {
     "notebook": ("live_or_recorded", "load_first_version", "load_recorded", "setup", "show"),
     "frames": ("is_default_config",),
-    "plots": ("MODE_ORDER", "NoData", "attention_figure", "floor_share_figure", "graph_memory_figure",
-              "latency_figure", "padding_waste_figure", "speedup_figure", "timeline_figure"),
-    "plots_ttft": ("TTFT_MODES", "decode_figure", "decode_vs_floor", "e2e_figure", "ttft_breakdown_figure",
-                   "ttft_case", "ttft_grid_figure"),
-    "plots_roofline": ("boundary_figure", "roofline_figure"),
-    "vllm_report": ("vllm_breakdown_figure", "vllm_cuts_figure"),
+    "plots": ("MODE_ORDER", "NoData", "latency_figure", "timeline_figure"),
+    "plots_ttft": ("TTFT_MODES", "ttft_breakdown_figure", "ttft_case", "ttft_grid_figure"),
+    "plots_roofline": ("roofline_figure",),
+    "vllm_report": ("vllm_breakdown_figure",),
 }
 API_NAMES = {name: module for module, names in API.items() for name in names}
 __all__ = sorted(API_NAMES)
