@@ -43,7 +43,7 @@ def frame(res: dict, table: str = "rows") -> pd.DataFrame:
         raise ReferenceError(f"{Path(res.get('_path', '?')).name} has no table {table!r} (lists at its top: {lists})")
     df = pd.json_normalize(data) if data else pd.DataFrame()
     df.attrs.update(provenance=res.get("provenance", {}), file=shown_path(res["_path"]) if "_path" in res else None,
-                    role=res.get("_role"), code_hash=res.get("_code_hash"), partial=bool(res.get("_partial")))
+                    role=res.get("_role"), code_hash=res.get("_code_hash"))
     return df
 
 
@@ -76,16 +76,13 @@ class Refs:
                              "(`python -m lfm2vl_lab record` on the GPU writes it)")
         return man
 
-    def __call__(self, role: str, partial: bool = False) -> dict:
-        """``role``'s file; ``partial``: a resumable role's partial file where it is not recorded whole."""
+    def __call__(self, role: str) -> dict:
         if role not in self._cache:
-            self._cache[role] = reference.load(role, self.gpu, self.root, partial=partial)
+            self._cache[role] = reference.load(role, self.gpu, self.root)
         return self._cache[role]
 
-    def has(self, role: str, partial: bool = False) -> bool:
-        """Whether the set holds ``role`` (``partial``: or a partial file of it)."""
-        man = self.manifest
-        return role in man.get("files", {}) or (partial and role in man.get("partial", {}))
+    def has(self, role: str) -> bool:
+        return role in self.manifest.get("files", {})
 
     def source(self, *roles: str) -> str:
         """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions; no roles: the
@@ -93,24 +90,20 @@ class Refs:
         base = self.root.resolve().parent
         if not roles:
             return f"Manifest: `{shown_path(manifest_path(self.gpu, self.root), base)}`."
-        parts = ", ".join(f"`{shown_path(self(r)['_path'], base)}` (role `{r}`"
-                          f"{', partial' if self(r).get('_partial') else ''})" for r in roles)
+        parts = ", ".join(f"`{shown_path(self(r)['_path'], base)}` (role `{r}`)" for r in roles)
         prov = self(roles[0])["provenance"]
         return (("Files: " if len(roles) > 1 else "File: ") + parts
                 + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "
                 f"recorded {str(prov.get('date'))[:10]}.")
 
 
-def part(roles: tuple[str, ...], body: Callable, missing: str = "", partial: bool = False) -> Callable[[Refs], str]:
+def part(roles: tuple[str, ...], body: Callable, missing: str = "") -> Callable[[Refs], str]:
     """A generated part as data, drawn by one renderer so that a page's tables all read and cite alike: what
     it shows (``body(refs)``: a DataFrame, a line, or a list of them), then the files of the ``roles`` it
-    reads; where the set lacks the first role (``partial``: or a partial file of it), the line ``missing``
-    instead, which says what records it."""
+    reads; where the set lacks the first role, the line ``missing`` instead, which says what records it."""
     def draw(refs: Refs) -> str:
-        if roles and not refs.has(roles[0], partial):
+        if roles and not refs.has(roles[0]):
             return missing or f"_Not in this reference set: `python -m lfm2vl_lab record` records role `{roles[0]}`._"
-        if roles:
-            refs(roles[0], partial=partial)  # cached: the source line finds a partial file too
         return render(body(refs), roles and refs.source(roles[0], *[r for r in roles[1:] if refs.has(r)]))
     return draw
 
