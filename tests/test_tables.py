@@ -251,21 +251,6 @@ def test_a_record_call_on_several_gpus_costs_its_span_and_the_others_their_secon
     assert tables_record.record_goals(Refs(root=tmp_path))[0]["value"] == 750.0
 
 
-def test_fewer_repeats_are_allowed_only_where_no_median_moves_past_the_limit(tmp_path):
-    """One repeat fewer is the samples without the last round: a row whose median then moves by more than
-    2% forbids the cut for its step; steps that keep no samples are not judged."""
-    steady = {"ttft_samples_ms": [10.0, 10.1, 9.9, 10.0, 10.05]}  # median 10.0 either way
-    moving = {"ttft_samples_ms": [10.0, 11.0, 12.0, 13.0, 30.0]}  # 12.0, then 11.5: a 4.2% move
-    bench = {"rows": [{"median_ms": 2.0, "repeats": 30, "warmup": 10}]}
-    refs = make_set(tmp_path, {"ttft": {"rows": [steady, moving]}, "e2e": {"rows": [steady]}, "bench-450m": bench})
-    spread = {s["role"]: s for s in tables_record.repeat_spread(refs)}
-    assert set(spread) == {"ttft", "e2e"}
-    assert spread["ttft"]["over"] == 1 and abs(spread["ttft"]["worst"] - 0.5 / 12) < 1e-9
-    assert spread["e2e"]["over"] == 0
-    text = render(tables_record.explain_record(refs))
-    assert "| `ttft` | 5 | 4.2% | 1 of 2 | no |" in text and "| `e2e` | 5 | 0.0% | 0 of 1 | yes |" in text
-
-
 class _CheckRefs:
     """A reference set that holds only a ``check`` file with the given model-change entries."""
 
