@@ -9,7 +9,7 @@ from collections import Counter
 import pandas as pd
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .frames import ms, part, pct, preset_label, span
+from .frames import ms, part, pct, preset_label
 from .ttft_summary import range_verdict
 from .vllm_report import ENGINES, SIZES, ab_frame, rank, with_pipeline
 from .vllm_report import find as _row
@@ -98,7 +98,8 @@ def group_cell(cuts: list[dict]) -> str | None:
     counts = Counter(judged(c) for c in cuts)
     how = ", ".join(f"{counts[k]} {k}" for k in ("above", "within", "below", "open") if counts[k])
     n = len(cuts)
-    return f"**{group_verdict(cuts)}**: {span([c['cut'] for c in cuts], pct)} over {n} case{'s' * (n > 1)} ({how})"
+    lo, hi = pct(min(c["cut"] for c in cuts)), pct(max(c["cut"] for c in cuts))
+    return f"**{group_verdict(cuts)}**: {lo}{f'–{hi}' * (lo != hi)} over {n} case{'s' * (n > 1)} ({how})"
 
 
 # (label, key, tokens) per measure: whole requests per output length, then the first token (of the shortest)
