@@ -186,20 +186,14 @@ def is_default_config(row: dict, ignore=()) -> bool:
 def one_per(rows: Iterable[dict], key: Callable[[dict], tuple], what: str, rank=None) -> list[dict]:
     """One row per ``key(row)`` in first-seen order, the one of highest ``rank``; a tie at the top is rows
     of several runs, refused as :class:`MixedRuns`."""
-    best: dict = {}
-    tied: set = set()
+    groups: dict = {}
     for r in rows:
-        k, score = key(r), rank(r) if rank else ()
-        cur = best.get(k)
-        if cur is None or score > cur[0]:
-            best[k] = (score, r)
-            tied.discard(k)
-        elif score == cur[0]:
-            tied.add(k)
-    if tied:
-        raise MixedRuns(f"{what}: several rows of equal standing for {sorted(tied, key=str)[0]}: rows of more "
-                        "than one run, or several configurations and none the default? draw one run's rows")
-    return [r for _, r in best.values()]
+        groups.setdefault(key(r), []).append((rank(r) if rank else (), r))
+    for k, scored in groups.items():
+        if [s for s, _ in scored].count(max(s for s, _ in scored)) > 1:
+            raise MixedRuns(f"{what}: several rows of equal standing for {k}: rows of more than one run, or "
+                            "several configurations and none the default? draw one run's rows")
+    return [max(scored, key=lambda sr: sr[0])[1] for scored in groups.values()]
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:
