@@ -36,12 +36,8 @@ REPORT_GOAL = "the report layer (`lfm2vl_lab/report/`), lines"
 
 
 def guard_goals(refs) -> list[dict]:
-    """The check run's own verdicts; a check file from before the goal lists it as not measured."""
-    from ..measure.check import STAMP_TARGET, preset_short
-
-    judged = [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
-    return judged or [target_row(f"{preset_short(name)} pointer check per encode µs", None, limit, False,
-                                 "the set's check file predates this goal") for name, limit in STAMP_TARGET.items()]
+    """The check run's own verdicts, per preset."""
+    return [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
 
 
 def _grid_and_engine_decode(refs) -> tuple[float | None, float | None]:
@@ -83,7 +79,7 @@ def code_goals(refs=None) -> list[dict]:
 def _request_goals(refs) -> list[dict]:
     from ..measure.request import goals_of  # judged under today's limits
 
-    return goals_of(refs(REQUEST_ROLE)) if refs.has(REQUEST_ROLE) else []
+    return goals_of(refs(REQUEST_ROLE))
 
 
 # block -> (the family's goals, the roles they read; none: judged from the manifest, or from this tree)
@@ -101,7 +97,7 @@ def _aim_and_value(t: dict) -> tuple[str, str]:
     name, v, lim = t["target"], t["value"], t["limit"]
     unit = ("µs" if name.endswith(" µs") else "MiB" if "MiB" in name else "s" if " in s" in name
             or name.endswith(" s") or "capture s" in name else "ms")
-    fmt = {"µs": lambda x: f"{x:.2f} µs", "MiB": lambda x: f"{x:.0f} MiB"}.get(unit, lambda x: f"{ms(x)} {unit}")
+    fmt = (lambda x: f"{x:.0f} MiB") if unit == "MiB" else (lambda x: f"{ms(x)} {unit}")
     if name.endswith((" lines", " members")):
         aim, fmt = f"≤ {lim:,}", "{:,}".format
     elif isinstance(v, bool) or lim is True:
