@@ -77,29 +77,19 @@ def engines(res) -> pd.DataFrame:
 
 # The PR's claim
 
-def judged(c: dict) -> str:
-    """Where a cut's whole 95% interval stands against the PR's range (``open``: across an edge of it)."""
-    verdict = range_verdict(*c["ci"])
-    return "open" if verdict == "overlapping" else verdict
-
-
-def group_verdict(cuts: list[dict]) -> str:
-    """A group of cases against the PR's range: ``holds`` (some within or above, none below), ``does not
-    hold`` (the reverse), ``mixed``, or ``not settled`` (every interval open)."""
-    kinds = {judged(c) for c in cuts}
-    up, down = bool(kinds & {"within", "above"}), "below" in kinds
-    return "mixed" if up and down else "holds" if up else "does not hold" if down else "not settled"
-
-
 def group_cell(cuts: list[dict]) -> str | None:
-    """``**verdict**: lo–hi over n cases (k above, j open, …)`` for one group, None without cases."""
+    """``**verdict**: lo–hi over n cases (k above, j open, …)`` for one group of cases, each placed by its
+    whole 95% interval against the PR's range (open: across an edge of it). The group ``holds`` where some
+    lie within or above the range and none below, ``does not hold`` the reverse, is ``mixed`` with both,
+    and ``not settled`` where every interval is open; None without cases."""
     if not cuts:
         return None
-    counts = Counter(judged(c) for c in cuts)
+    counts = Counter(v.replace("overlapping", "open") for v in (range_verdict(*c["ci"]) for c in cuts))
+    up, down = counts["within"] + counts["above"] > 0, counts["below"] > 0
+    word = "mixed" if up and down else "holds" if up else "does not hold" if down else "not settled"
     how = ", ".join(f"{counts[k]} {k}" for k in ("above", "within", "below", "open") if counts[k])
-    n = len(cuts)
-    lo, hi = pct(min(c["cut"] for c in cuts)), pct(max(c["cut"] for c in cuts))
-    return f"**{group_verdict(cuts)}**: {lo}{f'–{hi}' * (lo != hi)} over {n} case{'s' * (n > 1)} ({how})"
+    lo, hi, n = pct(min(c["cut"] for c in cuts)), pct(max(c["cut"] for c in cuts)), len(cuts)
+    return f"**{word}**: {lo}{f'–{hi}' * (lo != hi)} over {n} case{'s' * (n > 1)} ({how})"
 
 
 # (label, key, tokens) per measure: whole requests per output length, then the first token (of the shortest)
