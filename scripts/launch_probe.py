@@ -25,9 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lfm2vl_lab.measure import record  # noqa: E402
 from lfm2vl_lab.measure.launch import Launcher  # noqa: E402
-from lfm2vl_lab.report.tables_record import SAMPLED, SPREAD_LIMIT, round_fewer_move  # noqa: E402
 
 MODES = ("forkserver", "exec")
+# The roles whose rows keep every timed sample in round order, and their key; a median that moves by more
+# than SPREAD_LIMIT when the last round goes is one a repeat fewer would change.
+SAMPLED = {"ttft": "ttft_samples_ms", "request-3b": "ttft_samples_ms", "e2e": "ttft_samples_ms",
+           "engine": "prefill_sample_samples_ms"}
+SPREAD_LIMIT = 0.02
+
+
+def round_fewer_move(samples: list[float]) -> float:
+    """How far one round fewer moves the median of ``samples`` (in round order), as a fraction."""
+    return abs(statistics.median(samples[:-1]) / statistics.median(samples) - 1)
 
 
 def run_all(argv: list[str], runs: int, out: Path, limit: float, python: str = sys.executable, say=print) -> list[dict]:
@@ -60,8 +69,8 @@ def with_presets(argv: list[str], presets: list[str]) -> list[str]:
 
 
 def spread(result: dict, key: str) -> dict:
-    """What one round fewer would move in a result's sampled rows (as docs/goals.md's repeat spread counts
-    it), and the median of each row, keyed by the row's identity."""
+    """What one round fewer would move in a result's sampled rows, and the median of each row, keyed by the
+    row's identity."""
     rows = [r for r in result.get("rows") or [] if len(r.get(key) or []) >= 3]
     moves = [round_fewer_move(r[key]) for r in rows]
     medians = {" ".join(str(r.get(f)) for f in ("preset", "image", "requests", "mode")): statistics.median(r[key])

@@ -227,10 +227,10 @@ def test_the_page_captions_a_figure_with_the_file_its_png_names(tmp_path):
     save_figure(fig, png, [ok])
     ((got, (res,)),) = figure_sources("nvidia-h200", figures, tmp_path / "results")
     assert got == png and Path(res["_path"]).name == name and res["provenance"]["torch"] == "9.9.9+test"
-    for src, why in ((dict(ok, file="roofline-20260101-000000.json"),
-                      "is drawn from roofline-20260101-000000.json, and the set's 'roofline' is " + name),
-                     (dict(ok, code_hash="sha256:" + "1" * 64), "names code sha256:" + "1" * 64),
-                     (dict(ok, role="e2e"), "is drawn from " + name + " as role 'e2e', which the set does not hold")):
+    for src, why in ((dict(ok, file="roofline-20260101-000000.json"), f"names roofline-20260101-000000.json (code "
+                      f"{ROOFLINE_CODE}) as role 'roofline', the set's is {name} (code {ROOFLINE_CODE})"),
+                     (dict(ok, code_hash="sha256:" + "1" * 64), f"names {name} (code sha256:{'1' * 64})"),
+                     (dict(ok, role="e2e"), f"names {name} (code {ROOFLINE_CODE}) as role 'e2e', the set's is absent")):
         save_figure(fig, png, [src])
         with pytest.raises(UnexplainedFigure, match=re.escape(f"nvidia-h200-roofline.png {why}")):
             figure_sources("nvidia-h200", figures, tmp_path / "results")

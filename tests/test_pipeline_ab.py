@@ -130,14 +130,3 @@ def test_vllms_side_drives_three_engines_through_parity_and_rounds_without_the_k
         ("vllm", vllm_ab.case_name(i, n), t, a) for i, n in cases for t in vllm_ab.TOKENS for a in vllm_ab.ARMS}
     assert all(r["rounds"] == 2 for r in sec["rows"])
 
-
-def test_a_partial_vllm_file_names_the_kits_presets_it_leaves_out():
-    """The kit's rows of a preset vLLM's partial file lacks are not set beside nothing, and the note says so."""
-    from lfm2vl_lab.report.tables_vllm import partial_note
-
-    res = {"provenance": {"preset": "lfm2-vl-3b,lfm2-vl-450m,lfm2-vl-1.6b"}, "presets": {"lfm2-vl-3b": {}},
-           "kit_left_out": ["lfm2-vl-1.6b"]}
-    note = partial_note(res)
-    assert "LFM2-VL-450M, LFM2-VL-1.6B still to record" in note
-    assert "The kit's pipeline rows of LFM2-VL-1.6B are in its file, left out here" in note
-    assert "kit's pipeline" not in partial_note({**res, "kit_left_out": []})

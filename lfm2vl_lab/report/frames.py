@@ -1,7 +1,6 @@
 """The reference set as pandas DataFrames (``load("bench-450m")``), and what the generated pages share:
-:func:`md` (their Markdown), :class:`Refs` (each role's file read once), :func:`part` (a part declared as
-data, drawn by one renderer), the cell formats, and :func:`pick_rows` (rows of two runs for one bar are
-refused as :class:`MixedRuns`, never silently picked). :mod:`lfm2vl_lab.measure.results` writes the files."""
+:class:`Refs`, :func:`part` (a part declared as data, drawn by one renderer), the cell formats, and
+:func:`pick_rows` (rows of two runs for one bar are refused as :class:`MixedRuns`, never silently picked)."""
 
 from __future__ import annotations
 
@@ -43,13 +42,12 @@ def frame(res: dict, table: str = "rows") -> pd.DataFrame:
         raise ReferenceError(f"{Path(res.get('_path', '?')).name} has no table {table!r} (lists at its top: {lists})")
     df = pd.json_normalize(data) if data else pd.DataFrame()
     df.attrs.update(provenance=res.get("provenance", {}), file=shown_path(res["_path"]) if "_path" in res else None,
-                    role=res.get("_role"), code_hash=res.get("_code_hash"), partial=bool(res.get("_partial")))
+                    role=res.get("_role"), code_hash=res.get("_code_hash"))
     return df
 
 
 def load(role: str, table: str = "rows", gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> pd.DataFrame:
-    """``role``'s file of the reference set as a DataFrame (:func:`frame`); a role the set lacks raises
-    :class:`~lfm2vl_lab.report.reference.ReferenceError`."""
+    """``role``'s file of the reference set as a DataFrame (:func:`frame`); a role the set lacks raises."""
     return frame(reference.load(role, gpu, root), table)
 
 
@@ -76,56 +74,46 @@ class Refs:
                              "(`python -m lfm2vl_lab record` on the GPU writes it)")
         return man
 
-    def __call__(self, role: str, partial: bool = False) -> dict:
-        """``role``'s file; ``partial``: a resumable role's partial file where it is not recorded whole."""
+    def __call__(self, role: str) -> dict:
         if role not in self._cache:
-            self._cache[role] = reference.load(role, self.gpu, self.root, partial=partial)
+            self._cache[role] = reference.load(role, self.gpu, self.root)
         return self._cache[role]
 
-    def has(self, role: str, partial: bool = False) -> bool:
-        """Whether the set holds ``role`` (``partial``: or a partial file of it)."""
-        man = self.manifest
-        return role in man.get("files", {}) or (partial and role in man.get("partial", {}))
+    def has(self, role: str) -> bool:
+        return role in self.manifest.get("files", {})
 
     def source(self, *roles: str) -> str:
-        """``File: `…` (role …)`` for the roles a part reads, with the GPU and library versions; no roles: the
-        manifest's path."""
+        """``File: `…` (role …)`` for the roles a part reads, with the GPU and versions; none: the manifest."""
         base = self.root.resolve().parent
         if not roles:
             return f"Manifest: `{shown_path(manifest_path(self.gpu, self.root), base)}`."
-        parts = ", ".join(f"`{shown_path(self(r)['_path'], base)}` (role `{r}`"
-                          f"{', partial' if self(r).get('_partial') else ''})" for r in roles)
+        parts = ", ".join(f"`{shown_path(self(r)['_path'], base)}` (role `{r}`)" for r in roles)
         prov = self(roles[0])["provenance"]
         return (("Files: " if len(roles) > 1 else "File: ") + parts
                 + f"; {prov.get('gpu')}, torch {prov.get('torch')}, transformers {prov.get('transformers')}, "
                 f"recorded {str(prov.get('date'))[:10]}.")
 
 
-def part(roles: tuple[str, ...], body: Callable, missing: str = "", partial: bool = False) -> Callable[[Refs], str]:
+def part(roles: tuple[str, ...], body: Callable, missing: str = "") -> Callable[[Refs], str]:
     """A generated part as data, drawn by one renderer so that a page's tables all read and cite alike: what
     it shows (``body(refs)``: a DataFrame, a line, or a list of them), then the files of the ``roles`` it
-    reads; where the set lacks the first role (``partial``: or a partial file of it), the line ``missing``
-    instead, which says what records it."""
+    reads; where the set lacks the first role, the line ``missing`` instead, which says what records it."""
     def draw(refs: Refs) -> str:
-        if roles and not refs.has(roles[0], partial):
+        if roles and not refs.has(roles[0]):
             return missing or f"_Not in this reference set: `python -m lfm2vl_lab record` records role `{roles[0]}`._"
-        if roles:
-            refs(roles[0], partial=partial)  # cached: the source line finds a partial file too
         return render(body(refs), roles and refs.source(roles[0], *[r for r in roles[1:] if refs.has(r)]))
     return draw
 
 
 def render(*pieces) -> str:
-    """Pieces of a page (or lists of them) one after another: a DataFrame as one of its tables, a line as it
-    is; an empty piece is left out."""
+    """Pieces of a page (or lists of them): a DataFrame as one of its tables, a line as it is, none if empty."""
     flat = [q for p in pieces for q in (p if isinstance(p, list) else [p])]
     return "\n\n".join(md(p) if isinstance(p, pd.DataFrame) else p for p in flat if isinstance(p, pd.DataFrame) or p)
 
 
 def records(rows: Iterable[dict], cols: dict) -> pd.DataFrame:
-    """``rows`` as a table, declared per column: ``cols`` maps each header to a key of the row (a dotted key
-    reaches into nested dicts), to ``(key, format)``, or to a function of the row. A missing value stays
-    missing (a dash on the page), whatever the format."""
+    """``rows`` as a table, declared per column: ``cols`` maps each header to a key of the row (dotted: into
+    nested dicts), to ``(key, format)``, or to a function of the row. A missing value is never formatted."""
     def cell(r: dict, col):
         if callable(col):
             return col(r)
@@ -159,12 +147,6 @@ def verdict(ok, yes: str = "yes", no: str = "no") -> str:
     return yes if ok else f"**{no}**"
 
 
-def span(values, fmt=ms) -> str:
-    """``a–b`` (or one value where all are equal) of the formatted min and max."""
-    lo, hi = fmt(min(values)), fmt(max(values))
-    return lo if lo == hi else f"{lo}–{hi}"
-
-
 def table(head: list[str], rows: list[list]) -> pd.DataFrame:
     """Rows of cells under ``head``, one of the pages' tables once drawn (:func:`render`)."""
     return pd.DataFrame(rows, columns=head, dtype=object)
@@ -182,23 +164,19 @@ def preset_label(preset: str) -> str:
 
 # Which row of a run a figure or table shows: the defaults' (as a row of the default settings names them)
 _DEFAULT_ROW = row_labels("lab-graph")
-DEFAULT_GRAPH_CONFIG = tuple(_DEFAULT_ROW[k] for k in ("budget_set", "cu_rule", "max_seqlen_mode"))
+GRAPH_SETTINGS = ("budget_set", "cu_rule", "max_seqlen_mode")
 # The kit's kernel options and their defaults; a row without the key ran before the option existed (off)
 KERNEL_OPTIONS = {k: _DEFAULT_ROW[k] for k in ("fuse_qkv", "fuse_elementwise", "dense_graphs")}
 
 
 class MixedRuns(ValueError):
-    """The rows handed to a figure hold two candidates for one bar or point: rows of more than one
-    run, which a figure must not mix (draw one result file's rows)."""
+    """Rows of more than one run for one bar or point, which a figure must not mix."""
 
 
 def is_default_config(row: dict, ignore=()) -> bool:
-    """Whether a result row ran the kit's defaults: graph settings (:data:`DEFAULT_GRAPH_CONFIG`),
-    attention backend and, for the lab modes, :data:`KERNEL_OPTIONS`. ``ignore`` names options not to
-    compare (files recorded across a change of default), or ``"budget_set"``."""
-    budgets_ok = "budget_set" in ignore or row.get("budget_set") in (None, DEFAULT_GRAPH_CONFIG[0])
-    graph_ok = row.get("budget_set") is None or (
-        budgets_ok and (row.get("cu_rule"), row.get("max_seqlen_mode")) == DEFAULT_GRAPH_CONFIG[1:])
+    """Whether a result row ran the kit's defaults: graph settings, attention backend and, for the lab
+    modes, :data:`KERNEL_OPTIONS` but those in ``ignore`` (files recorded across a change of default)."""
+    graph_ok = row.get("budget_set") is None or all(row.get(k) == _DEFAULT_ROW[k] for k in GRAPH_SETTINGS)
     lab = row.get("mode") in ("lab-eager", "lab-graph", "lab-graph-fused")
     opts_ok = not lab or all(bool(row.get(k, False)) == v for k, v in KERNEL_OPTIONS.items()
                              if k not in ignore and (k != "dense_graphs" or row.get("mode") == "lab-graph"))
@@ -208,20 +186,14 @@ def is_default_config(row: dict, ignore=()) -> bool:
 def one_per(rows: Iterable[dict], key: Callable[[dict], tuple], what: str, rank=None) -> list[dict]:
     """One row per ``key(row)`` in first-seen order, the one of highest ``rank``; a tie at the top is rows
     of several runs, refused as :class:`MixedRuns`."""
-    best: dict = {}
-    tied: set = set()
+    groups: dict = {}
     for r in rows:
-        k, score = key(r), rank(r) if rank else ()
-        cur = best.get(k)
-        if cur is None or score > cur[0]:
-            best[k] = (score, r)
-            tied.discard(k)
-        elif score == cur[0]:
-            tied.add(k)
-    if tied:
-        raise MixedRuns(f"{what}: several rows of equal standing for {sorted(tied, key=str)[0]}: rows of more "
-                        "than one run, or several configurations and none the default? draw one run's rows")
-    return [r for _, r in best.values()]
+        groups.setdefault(key(r), []).append((rank(r) if rank else (), r))
+    for k, scored in groups.items():
+        if [s for s, _ in scored].count(max(s for s, _ in scored)) > 1:
+            raise MixedRuns(f"{what}: several rows of equal standing for {k}: rows of more than one run, or "
+                            "several configurations and none the default? draw one run's rows")
+    return [max(scored, key=lambda sr: sr[0])[1] for scored in groups.values()]
 
 
 def pick_rows(rows: list[dict]) -> list[dict]:

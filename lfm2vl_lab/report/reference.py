@@ -14,12 +14,10 @@ from ..measure.results import REPO_ROOT, RESULTS_ROOT, gpu_slug, hash_code_entri
 
 REFERENCE_GPU = "NVIDIA H200"
 MANIFEST = "reference.json"
-ARCHIVE = "archive"
 
 
 class ReferenceError(LookupError):
-    """The reference set is missing, or lacks the role asked for (the message says which and how to
-    record it)."""
+    """The reference set is missing, or lacks the role asked for (the message says how to record it)."""
 
 
 def manifest_path(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> Path:
@@ -39,8 +37,7 @@ def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
 
 
 def role_code_hash(man: dict, role: str) -> str | None:
-    """The code hash that recorded ``role``'s file: its manifest entry's own (a role beside the set,
-    such as ``vllm``), else the set's."""
+    """The code hash that recorded ``role``'s file: its entry's own (a role beside the set), else the set's."""
     entry = man.get("files", {}).get(role) or man.get("partial", {}).get(role) or {}
     return entry.get("code_hash", man.get("code_hash"))
 
@@ -72,7 +69,7 @@ def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT, required: bool 
 def load_archived(name: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict:
     """An earlier run's file from ``<root>/<gpu-slug>/archive/`` by its file name (``take`` keeps it there
     gzipped, ``<name>.gz``), for a notebook that shows an earlier version beside today's (it must say so)."""
-    folder = Path(root) / gpu_slug(gpu) / ARCHIVE
+    folder = Path(root) / gpu_slug(gpu) / "archive"
     path = next((p for p in (folder / name, folder / f"{name}.gz") if p.is_file()), None)
     if path is None:
         raise ReferenceError(f"no archived result {name} in {folder}")
@@ -80,8 +77,7 @@ def load_archived(name: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dic
 
 
 def code_hash_at(commit: str, repo: Path = REPO_ROOT) -> str:
-    """The code hash (:func:`~lfm2vl_lab.measure.results.code_hash`) of ``commit``'s tree, from git's
-    objects: what a result recorded from that commit's code carries."""
+    """The code hash (:func:`~lfm2vl_lab.measure.results.code_hash`) of ``commit``'s tree, from git's objects."""
     out = subprocess.run(["git", "ls-tree", "-r", commit, "--", "lfm2vl_lab", "data/presets"], cwd=repo,
                          capture_output=True, text=True, check=True).stdout
     entries = [(path, meta.split()[2]) for meta, path in (line.split("\t", 1) for line in out.splitlines())

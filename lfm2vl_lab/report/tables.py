@@ -1,8 +1,7 @@
-"""The generated parts of README.md and docs/*.md. A page marks each part with
-``<!-- table:NAME -->`` … ``<!-- /table:NAME -->``; ``report`` redraws what lies between from the
-reference set and ``report --check`` says which pages are stale, so prose outside the markers holds
-no measured number. The parts are declared by topic in the ``tables_*`` modules, most as a
-:func:`~.frames.part` (what it shows, the roles it reads) that one renderer draws."""
+"""The generated parts of README.md and docs/*.md. A page marks each part with ``<!-- table:NAME -->`` …
+``<!-- /table:NAME -->``; ``report`` redraws what lies between from the reference set and ``report --check``
+says which pages are stale, so prose outside the markers holds no measured number. The ``tables_*`` modules
+declare the parts by topic."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from .frames import Refs, TableError
 from .reference import REFERENCE_GPU, ReferenceError, load_manifest
 
 MARKER = re.compile(r"<!-- (/?)table:([A-Za-z0-9._-]+) -->")
-# every part a page may mark, by name
 BLOCKS = {**tables_record.BLOCKS, **tables_encoder.BLOCKS, **tables_goals.BLOCKS, **tables_vllm.BLOCKS}
 
 
@@ -53,8 +51,7 @@ def pages(repo: Path = REPO_ROOT) -> list[Path]:
 
 
 def write_tables(paths=None, refs: Refs | None = None, check: bool = False, say=print) -> list[Path]:
-    """Redraw the marked parts of ``paths`` (default :func:`pages`). Returns the pages that changed
-    (with ``check``: that would change; nothing is written)."""
+    """Redraw the marked parts of ``paths`` (default :func:`pages`); the pages that changed (``check``: would)."""
     refs, stale = refs or Refs(), []
     for path in [Path(p) for p in (paths or pages())]:
         text = path.read_text(encoding="utf-8")

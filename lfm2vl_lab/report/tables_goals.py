@@ -1,8 +1,7 @@
 """docs/goals.md's generated parts: every family of goals in one table shape (:data:`GOALS`), and per miss
-a small table of the numbers from the same files that explain it (:func:`explainer`). Besides the runs' own
-targets: the goals the encoder's kernels are held to once its launches are graphed (:data:`KERNEL_GOALS`,
-each stricter than its first limit in ``measure.floor.TARGETS``), and the library's own shape, measured
-from this tree rather than the set."""
+the numbers from the same files that explain it (:func:`explainer`). Besides the runs' own targets: the
+kernels' goals (:data:`KERNEL_GOALS`, each stricter than its first limit in ``measure.floor.TARGETS``), and
+the library's own shape, measured from this tree rather than the set."""
 
 from __future__ import annotations
 
@@ -37,12 +36,8 @@ REPORT_GOAL = "the report layer (`lfm2vl_lab/report/`), lines"
 
 
 def guard_goals(refs) -> list[dict]:
-    """The check run's own verdicts; a check file from before the goal lists it as not measured."""
-    from ..measure.check import STAMP_TARGET, preset_short
-
-    judged = [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
-    return judged or [target_row(f"{preset_short(name)} pointer check per encode µs", None, limit, False,
-                                 "the set's check file predates this goal") for name, limit in STAMP_TARGET.items()]
+    """The check run's own verdicts, per preset."""
+    return [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
 
 
 def _grid_and_engine_decode(refs) -> tuple[float | None, float | None]:
@@ -84,7 +79,7 @@ def code_goals(refs=None) -> list[dict]:
 def _request_goals(refs) -> list[dict]:
     from ..measure.request import goals_of  # judged under today's limits
 
-    return goals_of(refs(REQUEST_ROLE)) if refs.has(REQUEST_ROLE) else []
+    return goals_of(refs(REQUEST_ROLE))
 
 
 # block -> (the family's goals, the roles they read; none: judged from the manifest, or from this tree)
@@ -98,30 +93,30 @@ GOALS = {"goals-encoder": (lambda refs: judge_targets(refs("bench-450m")["rows"]
 
 
 def _aim_and_value(t: dict) -> tuple[str, str]:
-    """How a goal's limit and value read (units and direction from the goal's name)."""
+    """How a goal's limit and value read, units and direction taken from the goal's name."""
     name, v, lim = t["target"], t["value"], t["limit"]
-    if name.endswith(" µs"):
-        return f"≤ {lim:g} µs", ("not measured" if v is None else f"{v:.2f} µs")
-    if v is None:
-        return ("–" if lim is None else f"{lim:g}"), "not measured"
+    unit = ("µs" if name.endswith(" µs") else "MiB" if "MiB" in name else "s" if " in s" in name
+            or name.endswith(" s") or "capture s" in name else "ms")
+    fmt = (lambda x: f"{x:.0f} MiB") if unit == "MiB" else (lambda x: f"{ms(x)} {unit}")
     if name.endswith((" lines", " members")):
-        return f"≤ {lim:,}", f"{v:,}"
-    if isinstance(v, bool):
-        return ("all" if lim is True else str(lim)), ("yes" if v else "no")
-    if name.startswith("fastest mode"):
-        return f"< the next mode's {ms(lim)} ms ({t['detail'].removeprefix('next: ')})", f"{ms(v)} ms"
-    if " below " in name:  # faster than a peer in the same file
-        return f"< {name.split(' below ')[1].split(',')[0]} {ms(lim)} ms", f"{ms(v)} ms"
-    if name.startswith("GPU-busy"):
-        return f"≤ transformers' {ms(lim)} ms", f"{ms(v)} ms"
-    if "cut" in name:
-        return f"≥ {pct(lim, 0)}", pct(v)
-    if "speedup" in name:
-        return f"≥ {lim:g}×", times(v)
-    if "/" in name:
-        return f"≤ {lim:g}×", times(v, 2)
-    unit = "MiB" if "MiB" in name else "s" if " in s" in name or name.endswith(" s") or "capture s" in name else "ms"
-    return f"≤ {lim:g} {unit}", (f"{v:.0f} {unit}" if unit == "MiB" else f"{ms(v)} {unit}")
+        aim, fmt = f"≤ {lim:,}", "{:,}".format
+    elif isinstance(v, bool) or lim is True:
+        aim, fmt = "all" if lim is True else str(lim), lambda x: "yes" if x else "no"
+    elif name.startswith("fastest mode"):
+        aim = f"< the next mode's {ms(lim)} ms ({t['detail'].removeprefix('next: ')})"
+    elif " below " in name:  # faster than a peer in the same file
+        aim = f"< {name.split(' below ')[1].split(',')[0]} {ms(lim)} ms"
+    elif name.startswith("GPU-busy"):
+        aim = f"≤ transformers' {ms(lim)} ms"
+    elif "cut" in name:
+        aim, fmt = f"≥ {pct(lim, 0)}", pct
+    elif "speedup" in name:
+        aim, fmt = f"≥ {lim:g}×", times
+    elif "/" in name:
+        aim, fmt = f"≤ {lim:g}×", lambda x: times(x, 2)
+    else:
+        aim = "–" if lim is None else f"≤ {lim:g} {unit}"
+    return aim, "not measured" if v is None else fmt(v)
 
 
 def goals_part(goals, roles):
@@ -166,9 +161,9 @@ def explain_cpu_input(refs):
     split = {r["workload"]: r for r in ip if r["kind"] == "staging_split" and r.get("preset") == "lfm2-vl-450m"}
     return records([dict(r, side=split.get(r["workload"], {})) for r in ip if r["kind"] == "encode_sources"
                     and r.get("preset") == "lfm2-vl-450m" and r["workload"] in CPU_INPUT_WORKLOADS], {
-        "LFM2-VL-450M": "workload", "from GPU input ms": ("gpu_ms_median", ms), "from CPU output ms":
-        ("cpu_ms_median", ms), "ratio": ("ratio", lambda v: times(v, 2)), "host gather ms":
-        ("side.gather_ms_median", lambda v: ms(v, 3)), "upload ms": ("side.upload_ms_median", lambda v: ms(v, 3)),
+        "LFM2-VL-450M": "workload", "from GPU input ms": ("gpu_ms_median", ms),
+        "from CPU output ms": ("cpu_ms_median", ms), "host gather ms": ("side.gather_ms_median", lambda v: ms(v, 3)),
+        "upload ms": ("side.upload_ms_median", lambda v: ms(v, 3)),
         "the goal leaves µs": lambda r: f"{1000 * (lim - 1) * r['gpu_ms_median']:.0f}"})
 
 
@@ -184,32 +179,29 @@ def explain_first_tokens(refs):
 
 
 def explain_text_engine(refs):
-    """The engine's profiled steps against the weights' floor, and the first token's phases (``ttft``)."""
+    """The engine's profiled steps (their timed ms are the goals' values) against the weights' floor, and
+    the first token's phases (``ttft``)."""
     res, rows = refs("engine"), []
     for s in res["setup"]:
         prof, floor = (res.get("profile") or {}).get(s["preset"]) or {}, s["floor"]
-        for step, timed in (("decode_step", "decode_ms_per_token"), ("prefill", "prefill_sample_ms")):
-            rows += [[f"{preset_label(s['preset'])} `{m}`, {step.replace('_', ' ')}",
-                      ms(next(r[timed] for r in res["rows"] if (r["preset"], r["mode"], r["requests"]) ==
-                              (s["preset"], m, 1))), f"{p['kernels']:.0f} ({p['classes'].get('GEMM', 0)})",
-                      f"{ms(p['gpu_busy_ms'])} / {ms(p['wall_ms'])}"]
-                     for m in ("engine", "engine-fused") if (p := (prof.get(m) or {}).get(step))]
-        rows.append([f"weights' floor per decode step ({floor['param_bytes'] / 1e9:.3f} GB at "
-                     f"{floor['bandwidth_B_per_s'] / 1e12:.1f} TB/s)", f"{floor['floor_ms']:.3f}", None, None])
+        rows += [[f"{preset_label(s['preset'])} `{m}`, {step.replace('_', ' ')}",
+                  f"{p['kernels']:.0f} ({p['classes'].get('GEMM', 0)})", f"{ms(p['gpu_busy_ms'])} / {ms(p['wall_ms'])}"]
+                 for step in ("decode_step", "prefill") for m in ("engine", "engine-fused")
+                 if (p := (prof.get(m) or {}).get(step))]
+        rows.append([f"the weights' floor per decode step ({floor['param_bytes'] / 1e9:.3f} GB at "
+                     f"{floor['bandwidth_B_per_s'] / 1e12:.1f} TB/s)", None, f"{floor['floor_ms']:.3f}"])
     both = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(BOTH_GRAPHED) or {}
-    return [table(["one request", "timed ms", "kernels (GEMMs)", "GPU-busy / wall ms"], rows), both and (
+    return [table(["one request", "kernels (GEMMs)", "ms: GPU-busy / wall, or floor"], rows), both and (
         "One 512 px request, both graphed (`ttft`), ms: "
         + ", ".join(f"{k} {ms(v)}" for k, v in both["phases_ms"].items() if k != "processor") + ".")]
 
 
 def explain_pr_capture(refs):
-    """The PR's budget set's capture on the 3B budget by budget (``request-3b``)."""
+    """The PR's budget set's capture on the 3B budget by budget (``request-3b``; the goal gives their sum)."""
     setup = next(s for s in refs(REQUEST_ROLE)["setup"] if s.get("graph_config") == "pr" and s.get("encoder_capture"))
-    cap = sorted(setup["encoder_capture"], key=lambda c: c["budget"])
-    cap.append({"budget": f"all, {preset_label(setup['preset'])}", "variants": [v for c in cap for v in c["variants"]],
-                "capture_s": sum(c["capture_s"] for c in cap), "total_mb": sum(c["total_mb"] for c in cap)})
-    return table(["the PR's budgets", "graphs", "capture s", "MiB"],
-                 [[c["budget"], len(c["variants"]), ms(c["capture_s"]), f"{c['total_mb']:.0f}"] for c in cap])
+    return table([f"the PR's budgets, {preset_label(setup['preset'])}", "graphs", "capture s", "MiB"],
+                 [[c["budget"], len(c["variants"]), ms(c["capture_s"]), f"{c['total_mb']:.0f}"]
+                  for c in sorted(setup["encoder_capture"], key=lambda c: c["budget"])])
 
 
 def explain_report_layer(refs=None):

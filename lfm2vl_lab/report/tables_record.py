@@ -1,21 +1,14 @@
 """The record itself: the manifest (``reference-set``), and the goal that a full record of the kit's own roles
-fits in :data:`RECORD_LIMIT_S`, with what explains a miss of it (each step's compiles and captures, and
-whether one repeat fewer would move a median)."""
+fits in :data:`RECORD_LIMIT_S`, with what explains a miss of it (each step's compiles and captures)."""
 
 from __future__ import annotations
 
-import statistics
 from datetime import datetime, timedelta
 
 from ..measure.results import target_row
-from .frames import ms, part, pct, table
+from .frames import ms, part, table
 
 RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of a session's device time
-# The roles whose rows keep every timed sample in round order, and their key; a median that moves by more
-# than SPREAD_LIMIT when the last round goes would change what the pages say of it.
-SAMPLED = {"ttft": "ttft_samples_ms", "request-3b": "ttft_samples_ms", "e2e": "ttft_samples_ms",
-           "engine": "prefill_sample_samples_ms"}
-SPREAD_LIMIT = 0.02
 # The set-up seconds the files record, by key; a bench row's ``capture_info`` splits its ``capture_s``
 # by budget, so it is not walked, and rows of one capture repeat its value, so each value counts once.
 SETUP_KEYS = {"compile_s": "compile", "compile_first_call_s": "compile", "capture_s": "capture"}
@@ -89,40 +82,15 @@ def setup_seconds(res: dict) -> dict[str, float]:
     return {k: sum(v) for k, v in seen.items()}
 
 
-def round_fewer_move(samples: list[float]) -> float:
-    """How far one round fewer moves the median of ``samples`` (in round order), as a fraction."""
-    return abs(statistics.median(samples[:-1]) / statistics.median(samples) - 1)
-
-
-def repeat_spread(refs) -> list[dict]:
-    """Per sampled role: how far each row's median moves without its last round (one repeat fewer)."""
-    out = []
-    for role, key in SAMPLED.items():
-        samples = [r[key] for r in refs(role).get("rows") or [] if len(r.get(key) or []) >= 3] \
-            if refs.has(role) else []
-        if samples:
-            moves = [round_fewer_move(s) for s in samples]
-            out.append({"role": role, "repeats": len(samples[0]), "rows": len(moves), "worst": max(moves),
-                        "over": sum(m > SPREAD_LIMIT for m in moves)})
-    return out
-
-
 def explain_record(refs) -> list:
-    """Per step its seconds, the compiles and captures its file records, and the rest; then per sampled step
-    whether one repeat fewer would do (no median moving past :data:`SPREAD_LIMIT`)."""
+    """Per step its seconds, the compiles and captures its file records, and the rest."""
     secs = _record_seconds(refs)
     setup = {r: setup_seconds(refs(r)) for _, r in secs}
-    rest = {r: v - setup[r]["compile"] - setup[r]["capture"] for v, r in secs}
-    rows = [[f"`{r}`", f"{v:.0f}", *(ms(setup[r][k], 1) if setup[r][k] else None for k in ("compile", "capture")),
-             f"{rest[r]:.0f}"] for v, r in secs]
-    rows.append(["**all**", f"{sum(v for v, _ in secs):.0f}", *(f"{sum(s[k] for s in setup.values()):.0f}"
-                                                               for k in ("compile", "capture")),
-                 f"{sum(rest.values()):.0f}"])
-    spread = [[f"`{s['role']}`", s["repeats"], pct(s["worst"]), f"{s['over']} of {s['rows']}",
-               "no" if s["over"] else "yes"] for s in repeat_spread(refs)]
-    return [table(["step", "seconds", "compiles recorded (s)", "captures recorded (s)", "the rest (s)"], rows),
-            spread and table(["step", "repeats", "largest move of a median without the last round",
-                              f"rows moving over {pct(SPREAD_LIMIT, 0)}", "one repeat fewer allowed"], spread)]
+    rows = [[f"`{r}`", v, setup[r]["compile"], setup[r]["capture"], v - sum(setup[r].values())] for v, r in secs]
+    rows.append(["**all**", *(sum(col) for col in list(zip(*rows))[1:])])
+    return table(["step", "seconds", "compiles recorded (s)", "captures recorded (s)", "the rest (s)"], [
+        [step, f"{v:.0f}", *(ms(x, 0 if step == "**all**" else 1) if x else None for x in (c, k)), f"{rest:.0f}"]
+        for step, v, c, k, rest in rows])
 
 
 BLOCKS = {"reference-set": part((), reference_set)}
