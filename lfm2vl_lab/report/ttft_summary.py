@@ -10,7 +10,7 @@ import pandas as pd
 from ..measure.e2e import DECODE_DRIFT_WARN, paired_reduction
 from ..measure.ttft import mode_name
 from .frames import missing, need
-from .plots_ttft import CASE, TTFT_PHASES, case_name, per_case, ttft_case, ttft_cases, ttft_frame
+from .plots_ttft import CASE, TTFT_PHASES, case_name, per_case, ttft_case, ttft_frame
 
 PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
 # The phases before the text model, the ones the encoder mode can change (h2d too: the graphed encoder
@@ -121,7 +121,7 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
     else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed`` (a
     mode of it fails the decode control)."""
     out, failing = [], per_case(ttft_frame(rows), "decode_drift").map(drift_beyond).any(axis=1)
-    for case in (c for c in ttft_cases(rows) if c[0] == preset):
+    for case in (c for c in failing.index if c[0] == preset):  # in recorded order
         by = ttft_case(rows, *case)
         eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
         if eager is None or graphed is None:
