@@ -1,7 +1,6 @@
-"""Figures of the encoder's ``bench`` file, and what every figure module shares: colours per mode,
-:func:`figure` (page width, title), :func:`bars` and :func:`lines`, which draw a wide DataFrame (a group
-or an x value per row, a series per column), :func:`stacks` and :class:`NoData`. A figure takes one run's
-rows and returns a ``Figure`` built without ``pyplot`` (no GUI backend, no global state)."""
+"""Figures of the encoder's ``bench`` file, and what every figure shares: colours per mode, :func:`figure`,
+the drawing helpers :func:`bars`, :func:`lines` and :func:`stacks`, and :class:`NoData`. A figure returns a
+``Figure`` built without ``pyplot`` (no GUI backend, no global state)."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ def rank(order, x) -> int:
 
 
 def figure(width: float, height: float, title: str | None, rows: int = 1, cols: int = 1, **kw):
-    """A figure of ``rows`` × ``cols`` panels, 6 inches to a page (:data:`MAX_WIDTH_IN`) wide: ``(fig, flat
-    array of axes)``. Each line of its title (which names the run) is wrapped to that width, so that none
-    is cut off, and a file name is never split."""
+    """``(fig, flat array of axes)`` of ``rows`` × ``cols`` panels, 6 inches to a page (:data:`MAX_WIDTH_IN`)
+    wide; each line of the title is wrapped to that width, never inside a file name."""
     fig = Figure(figsize=(min(MAX_WIDTH_IN, max(6.0, width)), height), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, **kw).ravel()
     if title:

@@ -126,10 +126,8 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
         eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
         if eager is None or graphed is None:
             continue
-        if eager.get("ttft_samples_ms") and graphed.get("ttft_samples_ms"):
-            cut = paired_reduction(eager["ttft_samples_ms"], graphed["ttft_samples_ms"])
-        else:
-            cut = 1 - graphed["ttft_ms"] / eager["ttft_ms"]
+        samples = eager.get("ttft_samples_ms"), graphed.get("ttft_samples_ms")
+        cut = paired_reduction(*samples) if all(samples) else 1 - graphed["ttft_ms"] / eager["ttft_ms"]
         out.append({"image": case[1], "requests": case[2], "prompt_tokens": case[2] * eager["prompt_len"],
                     "eager_ms": eager["ttft_ms"], "graphed_ms": graphed["ttft_ms"], "cut": cut,
                     "disturbed": bool(failing[case])})

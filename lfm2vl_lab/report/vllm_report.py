@@ -25,9 +25,9 @@ def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
     Each row's cuts are paired within its own file, never across them. None without a ``vllm`` file."""
     if vllm_res is None:
         return None
-    out = {**vllm_res, "rows": list(vllm_res["rows"]), "files": [vllm_res]}
-    out["settings"] = {"kit_repeats": 0, **vllm_res.get("settings", {})}
-    out["presets"] = {p: dict(sec) for p, sec in vllm_res["presets"].items()}
+    out = {**vllm_res, "rows": list(vllm_res["rows"]), "files": [vllm_res],
+           "settings": {"kit_repeats": 0, **vllm_res.get("settings", {})},
+           "presets": {p: dict(sec) for p, sec in vllm_res["presets"].items()}}
     if kit_res is not None:
         out["rows"] += [r for r in kit_res["rows"] if r["preset"] in out["presets"]]
         out["kit_left_out"] = sorted(set(kit_res["presets"]) - set(out["presets"]))
