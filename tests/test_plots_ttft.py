@@ -16,20 +16,14 @@ from lfm2vl_lab.report import reference
 from lfm2vl_lab.report.frames import MixedRuns
 from lfm2vl_lab.report.plots import NoData
 from lfm2vl_lab.report.plots_ttft import (
-    PROCESSOR,
     TTFT_MODES,
-    phase_order,
     recorded_cases,
     ttft_breakdown_figure,
     ttft_case,
     ttft_grid_figure,
     ttft_rows,
 )
-from lfm2vl_lab.report.ttft_summary import (
-    claim_verdict,
-    decode_frame,
-    parity_frame,
-)
+from lfm2vl_lab.report.ttft_summary import decode_frame, parity_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = {"processor": 1.6, "h2d": 0.4, "encoder": 1.0, "merge": 0.05, "prefill": 2.0, "sample": 0.1}
@@ -77,7 +71,7 @@ def test_breakdown_from_the_recorded_file(recorded):
     both = ttft_case(recorded["rows"], "lfm2-vl-450m", "1x512", 1)[mode_name("graphed", "graphed")]
     assert any(f"TTFT {both['ttft_ms']:.2f} ms" in t and "ms/token" in t for t in texts)
     assert [t.get_text() for t in ax.get_yticklabels()] == list(TTFT_MODES)
-    assert len(ttft_breakdown_figure(recorded["rows"], preset="lfm2-vl-1.6b", requests=4).axes) == 1
+    assert len(ttft_breakdown_figure(recorded["rows"], requests=4).axes) == 2
 
 
 def test_grid_from_the_recorded_file(recorded):
@@ -89,12 +83,19 @@ def test_grid_from_the_recorded_file(recorded):
         assert len(ax.lines) == 4 and all(list(line.get_xdata()) == ns for line in ax.lines)
 
 
-def test_the_segments_are_the_phases_in_order():
-    assert phase_order(PHASES) == ["h2d", "encoder", "merge", "prefill", "sample", PROCESSOR]
-    assert phase_order({"decode": 1, "extra": 1, "prefill": 1}) == ["prefill", "extra"]
-    (ax,) = ttft_breakdown_figure(synthetic_rows(presets=PRESETS[:1])).axes
+def _first_bar(rows) -> list[float]:
+    (ax,) = ttft_breakdown_figure(rows).axes
     first = sorted((p for p in ax.patches if abs(p.get_y() + p.get_height() / 2) < 1e-9), key=lambda p: p.get_x())
-    assert [round(p.get_width(), 3) for p in first] == [0.4, 1.0, 0.05, 2.0, 0.1, 1.6]
+    return [round(p.get_width(), 3) for p in first]
+
+
+def test_the_segments_are_the_phases_in_order():
+    # h2d, encoder, merge, prefill, sample, then the processor (outside TTFT)
+    assert _first_bar(synthetic_rows(presets=PRESETS[:1])) == [0.4, 1.0, 0.05, 2.0, 0.1, 1.6]
+    rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,))
+    for r in rows:
+        r["phases_ms"] = {"decode": 5.0, "extra": 3.0, "prefill": 2.0}
+    assert _first_bar(rows) == [2.0, 3.0]  # an unknown phase after TTFT's own; decode is not drawn
 
 
 def test_full_grid_synthetic():
@@ -102,12 +103,10 @@ def test_full_grid_synthetic():
     fig = ttft_grid_figure(rows)
     assert len(fig.axes) == 4  # (preset, image) panels
     assert all(len(ax.lines) == 4 and len(ax.lines[0].get_xdata()) == 4 for ax in fig.axes)
-    assert len(ttft_grid_figure(rows, presets=["lfm2-vl-1.6b"]).axes) == 2
-    assert len(ttft_grid_figure(rows, images=["tiled"]).axes) == 2
-    assert len(ttft_grid_figure(rows, presets=["lfm2-vl-1.6b"], images=["tiled"]).axes) == 1
+    assert len(ttft_grid_figure([r for r in rows if r["image"] == "tiled"]).axes) == 2
     bd = ttft_breakdown_figure(rows, image="tiled", requests=8)
     assert len(bd.axes) == 2 and all(len(ax.patches) == 24 for ax in bd.axes)
-    assert len(ttft_breakdown_figure(rows, preset="lfm2-vl-1.6b").axes) == 1
+    assert len(ttft_breakdown_figure([r for r in rows if r["preset"] == "lfm2-vl-1.6b"]).axes) == 1
 
 
 def test_a_missing_mode_is_said_not_drawn():
@@ -124,19 +123,15 @@ def test_a_missing_mode_is_said_not_drawn():
 
 def test_missing_cases_and_rows_raise_nodata_that_says_what_is_there(recorded):
     (im, n), (im2, n2) = cases_of(recorded)[:2]
-    with pytest.raises(NoData, match=rf"no rows for any preset 2x512 x1; recorded: lfm2-vl-450m {im} x{n}, "
+    with pytest.raises(NoData, match=rf"no rows for 2x512 x1; recorded: lfm2-vl-450m {im} x{n}, "
                                      rf"lfm2-vl-450m {im2} x{n2}"):
         ttft_breakdown_figure(recorded["rows"], image="2x512")
-    with pytest.raises(NoData, match="lfm2-vl-3b 1x512 x1"):
-        ttft_breakdown_figure(recorded["rows"], preset="lfm2-vl-3b")
     e2e_rows = [{"preset": "p", "image": "1x512", "requests": 1, "mode": "hf-eager", "ttft_ms": 3.0}]
     for make in (ttft_breakdown_figure, ttft_grid_figure):
         with pytest.raises(NoData, match="python -m lfm2vl_lab ttft"):
             make(e2e_rows)
         with pytest.raises(NoData):
             make([])
-    with pytest.raises(NoData, match="no TTFT rows for presets \\['x'\\].*recorded: lfm2-vl-450m 1x512 x1"):
-        ttft_grid_figure(recorded["rows"], presets=["x"])
 
 
 def test_rows_of_two_runs_are_refused():
@@ -172,8 +167,7 @@ def test_missing_sections_say_not_recorded(recorded):
     assert decode_frame([]).startswith("not recorded")
 
 
-def test_claim_verdict_and_the_decode_control():
-    assert [claim_verdict(x) for x in (0.05, 0.1, 0.15, 0.2, 0.5)] == ["below", "within", "within", "within", "above"]
+def test_the_decode_control():
     rows = synthetic_rows(presets=PRESETS[:1], images=IMAGES[:1], requests=(1,))
     assert decode_frame(rows)["decode control"].tolist() == ["holds"]
     rows[1]["decode_drift"] = -0.2  # text eager, encoder graphed
@@ -205,5 +199,5 @@ def test_report_draws_the_ttft_figures(recorded, tmp_path, capsys):
     _reference_set(tmp_path / "results2", {"ttft": res})
     written = report(tmp_path / "results2", tmp_path / "figures2")
     assert sorted(p.name for p in written) == ["nvidia-h200-ttft-grid.png"]
-    assert "skip nvidia-h200-ttft-breakdown: ttft_breakdown_figure: no rows for any preset 1x512 x1" in \
+    assert "skip nvidia-h200-ttft-breakdown: ttft_breakdown_figure: no rows for 1x512 x1" in \
         capsys.readouterr().out

@@ -1,8 +1,7 @@
 """A figure's source in its own PNG: a ``Source`` text chunk listing the result file(s), role(s) and
-code hash it was drawn from; the docs site captions each figure from it. The PNG holds nothing else
-that changes between runs (no ``Software`` chunk, no date), and a redraw with the same text chunks and
-decoded pixels leaves the file untouched: zlib builds compress differently, so a fresh clone's
-``report`` keeps ``git status`` clean wherever it draws the same picture."""
+code hash it was drawn from, which the docs site captions it with. Nothing else in the PNG changes between
+runs (no ``Software`` chunk, no date), and a redraw with the same text chunks and decoded pixels leaves
+the file untouched (zlib builds compress differently), so ``report`` keeps ``git status`` clean."""
 
 from __future__ import annotations
 
@@ -20,11 +19,11 @@ class NoSource(ValueError):
     """A PNG that names no source file (drawn before figures carried their source, or not by the kit)."""
 
 
-def source_of(res: dict, role: str | None = None) -> dict:
+def source_of(res: dict) -> dict:
     """The ``Source`` entry of one loaded result file: its name, role (None outside a set) and the code
     hash that recorded it (the manifest's, else the file's own)."""
     code = res.get("_code_hash") or res.get("provenance", {}).get("code_hash")
-    return {"file": Path(res["_path"]).name, "role": res.get("_role", role), "code_hash": code}
+    return {"file": Path(res["_path"]).name, "role": res.get("_role"), "code_hash": code}
 
 
 def png_bytes(fig, sources: list[dict], dpi: int = DPI) -> bytes:
@@ -54,12 +53,11 @@ def save_figure(fig, path: Path, sources: list[dict], dpi: int = DPI) -> bool:
 def read_sources(path: Path) -> list[dict]:
     """The ``Source`` entries a PNG carries; :class:`NoSource` naming the file where it has none."""
     with Image.open(path) as im:
-        text = im.text.get(SOURCE_KEY)
+        text = im.text.get(SOURCE_KEY) or "null"
     try:
-        sources = json.loads(text) if text else None
+        sources = json.loads(text)
     except ValueError:
         sources = None
-    if not isinstance(sources, list) or not sources or not all(isinstance(s, dict) and s.get("file")
-                                                                for s in sources):
+    if not (isinstance(sources, list) and sources and all(isinstance(s, dict) and s.get("file") for s in sources)):
         raise NoSource(f"{Path(path).name} names no source file (no PNG text chunk {SOURCE_KEY!r})")
     return sources

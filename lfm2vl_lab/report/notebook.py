@@ -39,27 +39,21 @@ def environment_lines(device, shows: dict[str, str]) -> list[str]:
         folder, problem = checkpoint_from_env(), None
     except ValueError as exc:  # a value that names no folder: said in the check, not raised from the first cell
         folder, problem = None, str(exc)
-    cap = cuda_capability(device)
     where = "no CUDA GPU: " + ("the checkpoint runs on the CPU (slowly)" if folder else
                                "the tiny preset runs on the CPU")
-    if cap is not None:
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        where = f"{torch.cuda.get_device_name(torch.device(device))} (sm{sm(cap)}), {free / 2**30:.1f} of " \
-                f"{total / 2**30:.1f} GiB free"
+    if (cap := cuda_capability(device)) is not None:
+        free, total = (b / 2**30 for b in torch.cuda.mem_get_info(torch.device(device)))
+        where = f"{torch.cuda.get_device_name(torch.device(device))} (sm{sm(cap)}), {free:.1f} of {total:.1f} GiB free"
     model = f"the checkpoint {folder.name} (from {CHECKPOINT_ENV})" if folder else preset
+    live = [p for p, k in shows.items() if k == "any" or (k == "gpu" and cap is not None)]
+    recorded = [p + (" (needs a GPU)" if k == "gpu" else "") for p, k in shows.items() if p not in live]
     lines = [f"environment: {where}; torch {torch.__version__}, transformers {transformers.__version__}, "
              f"Python {platform.python_version()}",
              f"  model: {model} in {str(dtype).removeprefix('torch.')}; encoder attention (auto): "
-             f"{resolve_attention('auto', device, dtype)[0]}"]
-    if problem:
-        lines.append(f"  checkpoint: none: {problem}")
-    live = [p for p, k in shows.items() if k == "any" or (k == "gpu" and cap is not None)]
-    recorded = [p + (" (needs a GPU)" if k == "gpu" else "") for p, k in shows.items() if p not in live]
-    if live:
-        lines.append("  live here: " + "; ".join(live))
-    if recorded:
-        lines.append(f"  from recorded {RECORDED_GPU} results: " + "; ".join(recorded))
-    return lines
+             f"{resolve_attention('auto', device, dtype)[0]}",
+             problem and f"  checkpoint: none: {problem}", live and "  live here: " + "; ".join(live),
+             recorded and f"  from recorded {RECORDED_GPU} results: " + "; ".join(recorded)]
+    return [line for line in lines if line]
 
 
 def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, torch.dtype]:
@@ -67,12 +61,10 @@ def setup(device=None, shows: dict[str, str] | None = None) -> tuple[str, str, t
     print the device and the kit's preset and dtype for it, the environment check (``shows``), and,
     without CUDA, once, that ``GraphedEncoder`` runs eagerly there. Returns ``(device, preset, dtype)``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if "huggingface_hub" in sys.modules and os.environ["HF_HUB_OFFLINE"] == "1":
-        from huggingface_hub import constants
-
-        if not constants.HF_HUB_OFFLINE:
-            warnings.warn("setup(): huggingface_hub was imported before HF_HUB_OFFLINE was set, so hub access "
-                          "stays on in this kernel; call setup() first", stacklevel=2)
+    hub = sys.modules.get("huggingface_hub.constants")  # imported before this call: hub access is settled
+    if hub is not None and os.environ["HF_HUB_OFFLINE"] == "1" and not hub.HF_HUB_OFFLINE:
+        warnings.warn("setup(): huggingface_hub was imported before HF_HUB_OFFLINE was set, so hub access "
+                      "stays on in this kernel; call setup() first", stacklevel=2)
     device = str(device if device is not None else default_device())
     preset, dtype = device_defaults(device)
     print(f"DEVICE={device}  PRESET={preset}  DTYPE={dtype}  torch {torch.__version__}")
@@ -89,29 +81,24 @@ def load_recorded(role: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT, partial
     """``role``'s file of the reference set (``partial``: or its partial file), its source printed; or
     None, printing that the cells reading it skip and what records it."""
     res = reference.load(role, gpu, root, required=False, partial=partial)
-    if res is not None:
-        print(recorded_label(res))  # a partial file says so itself (its ``complete`` is false)
-        return res
-    print(f"Not in the reference set: no {role!r} in data/results/{gpu_slug(gpu)}/{reference.MANIFEST} "
+    print(recorded_label(res) if res is not None else  # a partial file says so itself (``complete`` false)
+          f"Not in the reference set: no {role!r} in data/results/{gpu_slug(gpu)}/{reference.MANIFEST} "
           "(`python -m lfm2vl_lab record` on the H200 records it); the cells that read it skip.")
-    return None
+    return res
 
 
 def show(table) -> None:
     """A table helper's answer in a notebook: a DataFrame displayed, a "not recorded" line printed."""
     from IPython.display import display
 
-    if isinstance(table, str):
-        print(table)
-    else:
-        display(table)
+    (print if isinstance(table, str) else display)(table)
 
 
 def load_first_version(name: str, gpu: str = RECORDED_GPU, root=RESULTS_ROOT) -> dict:
     """An earlier run's file from the archive, announced as the first version beside today's reference set;
-    its ``_path`` names the file as recorded (``name``), ``_stored`` the gzipped copy the archive keeps."""
+    its ``_path`` names the file as recorded (``name``), not the gzipped copy the archive keeps."""
     res = reference.load_archived(name, gpu, root)
-    res["_stored"], res["_path"] = res["_path"], str(Path(res["_path"]).with_name(name))
+    res["_path"] = str(Path(res["_path"]).with_name(name))
     print("the first version (archived, not the reference set): " + recorded_label(res))
     return res
 

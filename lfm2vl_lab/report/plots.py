@@ -1,7 +1,6 @@
-"""Figures of the encoder's ``bench`` file, and what every figure module shares: colours per mode,
-:func:`figure` (page width, title), :func:`bars` and :func:`lines`, which draw a wide DataFrame (a group
-or an x value per row, a series per column), :func:`stack` and :class:`NoData`. A figure takes one run's
-rows and returns a ``Figure`` built without ``pyplot`` (no GUI backend, no global state)."""
+"""Figures of the encoder's ``bench`` file, and what every figure shares: colours per mode, :func:`figure`,
+the drawing helpers :func:`bars`, :func:`lines` and :func:`stacks`, and :class:`NoData`. A figure returns a
+``Figure`` built without ``pyplot`` (no GUI backend, no global state)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .frames import pick_rows, workloads_of
+from .frames import pick_rows
 
 MODE_ORDER = ("hf-eager", "compile", "compile-max", "lab-eager", "lab-graph", "lab-graph-fused")
 MODE_COLORS = {"hf-eager": "#7f7f7f", "compile": "#9467bd", "compile-max": "#e377c2", "lab-eager": "#1f77b4",
@@ -24,15 +23,14 @@ class NoData(ValueError):
     """A figure has no data to draw (``report`` skips it and prints the reason)."""
 
 
-def mode_key(mode: str) -> tuple:
-    """Sort key of a mode: :data:`MODE_ORDER`, unknown modes last by name."""
-    return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
+def rank(order, x) -> int:
+    """Where ``x`` stands in ``order``, unknown values last."""
+    return order.index(x) if x in order else len(order)
 
 
 def figure(width: float, height: float, title: str | None, rows: int = 1, cols: int = 1, **kw):
-    """A figure of ``rows`` × ``cols`` panels, 6 inches to a page (:data:`MAX_WIDTH_IN`) wide: ``(fig, flat
-    array of axes)``. Each line of its title (which names the run) is wrapped to that width, so that none
-    is cut off, and a file name is never split."""
+    """``(fig, flat array of axes)`` of ``rows`` × ``cols`` panels, 6 inches to a page (:data:`MAX_WIDTH_IN`)
+    wide; each line of the title is wrapped to that width, never inside a file name."""
     fig = Figure(figsize=(min(MAX_WIDTH_IN, max(6.0, width)), height), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, **kw).ravel()
     if title:
@@ -68,33 +66,39 @@ def lines(ax, table: pd.DataFrame, styles: dict | None = None, colors: dict | No
     ax.minorticks_off()
 
 
-def stack(ax, y: int, parts: list[tuple[str, float, str]], seen: set, hatched: str | None = None) -> float:
-    """One horizontal bar of ``(label, ms, colour)`` parts, left to right (a label's first part enters the
-    legend); the part labelled ``hatched`` is hatched. Returns where the bar ends."""
-    left = 0.0
-    for label, ms, color in parts:
-        if ms is None or ms <= 0:
-            continue
-        ax.barh(y, ms, 0.7, left=left, color=color, hatch="///" if label == hatched else None,
-                edgecolor="#999999" if label == hatched else "white", lw=0.5, label=None if label in seen else label)
-        seen.add(label)
-        left += ms
-    return left
+def stacks(ax, bars: list[tuple], seen: set, hatched: str | None = None, room: float = 1.7) -> None:
+    """Horizontal bars, top to bottom, one per ``(label, parts, note)``: ``parts`` are ``(name, ms, colour)``
+    left to right (a name's first part enters the legend; the part named ``hatched`` is hatched) and ``note``
+    follows the bar, ``room`` times the longest bar leaving space for it; parts None: ``not recorded``."""
+    right = 0.0
+    for y, (_, parts, note) in enumerate(bars):
+        left = 0.0
+        for name, ms, color in parts or []:
+            if ms is not None and ms > 0:
+                ax.barh(y, ms, 0.7, left=left, color=color, hatch="///" if name == hatched else None, lw=0.5,
+                        edgecolor="#999999" if name == hatched else "white", label=None if name in seen else name)
+                seen.add(name)
+                left += ms
+        ax.text(left, y, " not recorded" if parts is None else note, va="center", fontsize=7,
+                color="#888888" if parts is None else "black")
+        right = max(right, left)
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    ax.set_ylim(len(bars) - 0.5, -0.5)  # the first bar on top, every bar's row shown
+    ax.set_xlim(0, room * right or 1)
 
 
-def latency_figure(rows: list[dict], title: str | None = None, log: bool = False) -> Figure:
+def latency_figure(rows: list[dict], title: str | None = None) -> Figure:
     """Median latency (ms) per mode, bars grouped by workload; the whisker reaches p90. ``rows``:
     one run's (:func:`~lfm2vl_lab.report.frames.pick_rows` chooses one per mode and workload)."""
     df = pd.DataFrame(pick_rows(rows))
     if df.empty:
         raise NoData("latency_figure: no rows with median_ms")
-    order = dict(index=workloads_of(df.to_dict("records")), columns=sorted(set(df["mode"]), key=mode_key))
-    med = df.pivot(index="workload", columns="mode", values="median_ms").reindex(**order)
-    p90 = df.assign(p90_ms=df.get("p90_ms", df["median_ms"]).fillna(df["median_ms"])).pivot(
-        index="workload", columns="mode", values="p90_ms").reindex(**order)
+    df["p90_ms"] = df.get("p90_ms", df["median_ms"]).fillna(df["median_ms"])
+    order = dict(index=df["workload"].unique(), columns=sorted(set(df["mode"]), key=lambda m: (rank(MODE_ORDER, m), m)))
+    med, p90 = (df.pivot(index="workload", columns="mode", values=v).reindex(**order) for v in ("median_ms", "p90_ms"))
     fig, (ax,) = figure(1.5 * len(med) + 2, 4.2, title or "Encoder latency per mode (whisker: p90)")
     bars(ax, med, err=(0 * med, (p90 - med).clip(lower=0)))
-    ax.set(ylabel="median latency per call (ms)", yscale="log" if log else "linear",
+    ax.set(ylabel="median latency per call (ms)",
            xlabel="workload (images per call × side in px; tiled: one tiled image; stream: mixed requests)")
     ax.legend(fontsize=8, ncols=min(len(med.columns), 5), title="mode (whisker: p90)", title_fontsize=8)
     return fig

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from ..measure.ttft import mode_name
 from ..serving.pipeline import MODES
 from .frames import need, one_per
-from .plots import NoData, figure, lines, stack
+from .plots import NoData, figure, lines, rank, stacks
 
 TTFT_MODES = tuple(mode_name(t, e) for t in MODES for e in MODES)  # all eager first, both graphed last
 PROCESSOR = "processor"  # runs on the CPU before the pipeline; outside the TTFT target
@@ -41,11 +41,6 @@ def per_case(df: pd.DataFrame, value: str) -> pd.DataFrame:
     return df.pivot(index=CASE, columns="mode", values=value).reindex(index=order, columns=list(TTFT_MODES))
 
 
-def ttft_cases(rows: list[dict]) -> list[tuple]:
-    """The ``(preset, image, requests)`` cases of a TTFT grid's rows, in the order they were recorded."""
-    return list(dict.fromkeys((r.get("preset"), r.get("image"), r.get("requests")) for r in ttft_rows(rows)))
-
-
 def case_name(case: tuple) -> str:
     """``("lfm2-vl-450m", "1x512", 4)`` → ``"lfm2-vl-450m 1x512 x4"``."""
     return f"{case[0]} {case[1]} x{case[2]}"
@@ -53,7 +48,7 @@ def case_name(case: tuple) -> str:
 
 def recorded_cases(rows: list[dict]) -> str:
     """What the rows cover, for messages: ``"lfm2-vl-450m 1x512 x1, lfm2-vl-450m 1x512 x4"``."""
-    return ", ".join(map(case_name, ttft_cases(rows))) or "nothing"
+    return ", ".join(dict.fromkeys(case_name([r.get(k) for k in CASE]) for r in ttft_rows(rows))) or "nothing"
 
 
 def ttft_case(rows: list[dict], preset: str, image: str, requests: int) -> dict[str, dict]:
@@ -63,70 +58,50 @@ def ttft_case(rows: list[dict], preset: str, image: str, requests: int) -> dict[
     return {m: by[m] for m in TTFT_MODES if m in by}
 
 
-def phase_order(phases: dict) -> list[str]:
-    """The phases of ``phases_ms`` in the order they are drawn: TTFT's own (in pipeline order, then any
-    other but decode), then the processor, which the TTFT target leaves out."""
-    inside = [p for p in TTFT_PHASES if p in phases]
-    inside += [p for p in phases if p not in TTFT_PHASES and p not in (PROCESSOR, "decode")]
-    return inside + ([PROCESSOR] if PROCESSOR in phases else [])
-
-
-def ttft_breakdown_figure(rows: list[dict], preset: str | None = None, image: str = "1x512", requests: int = 1,
-                          title: str | None = None) -> Figure:
-    """Where the first token's time goes in each mode at one image and request count: stacked phase
-    medians, the processor (outside TTFT) hatched last; each bar's note gives TTFT, the encoder graphs'
-    cut and decode per token. ``preset=None``: one panel per preset."""
+def ttft_breakdown_figure(rows: list[dict], image: str = "1x512", requests: int = 1, title: str | None = None
+                          ) -> Figure:
+    """Where the first token's time goes in each mode at one image and request count, a panel per preset:
+    stacked phase medians in pipeline order, the processor (outside TTFT) hatched last; each bar's note
+    gives TTFT, the encoder graphs' cut and decode per token."""
     rows = ttft_rows(rows)
     if not rows:
         raise NoData(f"ttft_breakdown_figure: {NO_ROWS}")
-    presets = [preset] if preset else list(dict.fromkeys(r["preset"] for r in rows))
-    cases = {p: by for p in presets if (by := ttft_case(rows, p, image, requests))}  # the presets with the case
+    cases = {p: by for p in dict.fromkeys(r["preset"] for r in rows) if (by := ttft_case(rows, p, image, requests))}
     if not cases:
-        raise NoData(f"ttft_breakdown_figure: no rows for {preset or 'any preset'} {image} x{requests}; "
-                     f"recorded: {recorded_cases(rows)}")
+        raise NoData(f"ttft_breakdown_figure: no rows for {image} x{requests}; recorded: {recorded_cases(rows)}")
     fig, axes = figure(10, 0.9 + 2.0 * len(cases), title or "Time to first token, phase by phase, per mode",
                        rows=len(cases))
     outside, seen = f"{PROCESSOR} (CPU, not in TTFT)", set()
     for ax, (p, by) in zip(axes, cases.items()):
-        right = 0.0
-        for i, mode in enumerate(TTFT_MODES):
+        bars = []
+        for mode in TTFT_MODES:
             if (r := by.get(mode)) is None:
-                ax.text(0, i, " not recorded", va="center", fontsize=8, color="#888888")
+                bars.append((mode, None, ""))
                 continue
-            phases = r.get("phases_ms") or {}
-            end = stack(ax, i, [(outside if n == PROCESSOR else n, float(phases[n]), PHASE_COLORS.get(n, "#c5b0d5"))
-                                for n in phase_order(phases)], seen, hatched=outside)
-            cut, dec = r.get("encoder_graph_cut"), r.get("decode_ms_per_token")
+            phases, cut, dec = r.get("phases_ms") or {}, r.get("encoder_graph_cut"), r.get("decode_ms_per_token")
+            order = sorted((n for n in phases if n != "decode"), key=lambda n: (n == PROCESSOR, rank(TTFT_PHASES, n)))
             note = f" TTFT {r['ttft_ms']:.2f} ms" + ("" if cut is None else f" (encoder graphs cut {100 * cut:.0f}%)")
             note += "" if dec is None else f"\n decode {dec:.2f} ms/token"
             note += " · first tokens differ from eager's" if r.get("same_first_tokens") is False else ""
-            ax.text(end, i, note, va="center", fontsize=7)
-            right = max(right, end)
-        ax.set_yticks(range(len(TTFT_MODES)), TTFT_MODES, fontsize=8)
-        ax.set_ylim(len(TTFT_MODES) - 0.5, -0.5)  # first mode on top, every mode's row shown
-        ax.set_xlim(0, 1.7 * right or 1)  # room for the notes
+            bars.append((mode, [(outside if n == PROCESSOR else n, float(phases[n]), PHASE_COLORS.get(n, "#c5b0d5"))
+                                for n in order], note))
+        stacks(ax, bars, seen, hatched=outside)
         ax.set_title(f"{p}, {image} x{requests}", fontsize=9, loc="left")
     axes[-1].set_xlabel("ms per call (medians of each phase; hatched: the processor, outside the TTFT target)")
     fig.legend(loc="outside lower center", ncols=len(seen), fontsize=7)  # every panel's entries, in order
     return fig
 
 
-def ttft_grid_figure(rows: list[dict], presets=None, images=None, title: str | None = None,
-                     log: bool = False) -> Figure:
+def ttft_grid_figure(rows: list[dict], title: str | None = None) -> Figure:
     """TTFT (ms, processor excluded) against requests per call: one line per mode (text eager dashed,
-    text graphed solid), one panel per (preset, image); ``presets``/``images`` restrict the panels."""
-    every = ttft_frame(rows)
-    if every.empty:
-        raise NoData(NO_ROWS)
-    df = every[every.preset.isin(presets or every.preset) & every.image.isin(images or every.image)]
+    text graphed solid), one panel per (preset, image)."""
+    df = ttft_frame(rows)
     if df.empty:
-        raise NoData(f"no TTFT rows for presets {presets or 'any'}, images {images or 'any'}; "
-                     f"recorded: {recorded_cases(rows)}")
+        raise NoData(NO_ROWS)
     panels = df.groupby(["preset", "image"], sort=False)
-    cols = min(2, panels.ngroups)
-    fig, axes = figure(5.2 * cols + 0.5, 3.4 * math.ceil(panels.ngroups / cols) + 0.9,
-                       title or "Time to first token per mode against requests",
-                       rows=math.ceil(panels.ngroups / cols), cols=cols)
+    cols, nrows = min(2, panels.ngroups), math.ceil(panels.ngroups / 2)
+    fig, axes = figure(5.2 * cols + 0.5, 3.4 * nrows + 0.9, title or "Time to first token per mode against requests",
+                       rows=nrows, cols=cols)
     for ax, ((p, im), mine) in zip(axes, panels):
         table = mine.pivot(index="requests", columns="mode", values="ttft_ms").reindex(columns=TTFT_MODES)
         lines(ax, table.dropna(axis=1, how="all"), colors=TTFT_MODE_COLORS,
@@ -134,8 +109,8 @@ def ttft_grid_figure(rows: list[dict], presets=None, images=None, title: str | N
         if missing := [m for m in TTFT_MODES if table[m].isna().all()]:
             ax.text(0.01, 0.01, "not recorded: " + ", ".join(missing), transform=ax.transAxes, fontsize=6,
                     color="#888888", va="bottom")
-        ax.set(yscale="log" if log else "linear", xlabel="requests per call")
-        ax.set_ylim(bottom=None if log else 0)
+        ax.set_xlabel("requests per call")
+        ax.set_ylim(bottom=0)
         ax.set_ylabel("time to first token (ms)", fontsize=8)
         ax.set_title(f"{p}, {im}", fontsize=9, loc="left")
     for ax in axes[panels.ngroups:]:

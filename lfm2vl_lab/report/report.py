@@ -23,26 +23,22 @@ GRAPHED = ("lab-graph", "lab-graph-fused", "compile")
 
 def _timelines(rows: list[dict]) -> dict:
     """The first workload (1x512 first) with an eager and a graphed row that both have a timeline, as
-    ``{label: timeline}``: transformers' eager path against the graphed encoder where the file has them."""
+    ``{label: timeline}``: transformers' eager path (the story's baseline; else the kit's) against the graphs."""
     with_tl = [r for r in pick_rows(rows) if any((r.get("timeline") or {}).get(lane) for lane in ("cpu", "gpu"))]
     for w in ["1x512"] + [r["workload"] for r in with_tl]:
-        eager = sorted((r for r in with_tl if r["workload"] == w and r["mode"] in ("lab-eager", "hf-eager")),
-                       key=lambda r: r["mode"] != "hf-eager")  # transformers' eager path is the story's baseline
-        graph = sorted((r for r in with_tl if r["workload"] == w and r["mode"] in GRAPHED),
-                       key=lambda r: GRAPHED.index(r["mode"]))
-        if eager and graph:
-            return {f"{r['mode']} · {w}": r["timeline"] for r in (eager[0], graph[0])}
+        by = {r["mode"]: r for r in with_tl if r["workload"] == w}
+        pair = [next((by[m] for m in modes if m in by), None) for modes in (("hf-eager", "lab-eager"), GRAPHED)]
+        if all(pair):
+            return {f"{r['mode']} · {w}": r["timeline"] for r in pair}
     raise NoData("no eager and graph rows with a profiler timeline for the same workload (bench --profile on a GPU)")
 
 
-# A bench file's figures, then the other roles': {file suffix: (figure, short title)}. Those of
-# WHOLE_FILE_ROLES read the whole file (vllm's with the kit's pipeline file beside it), the others its rows.
-BENCH_FIGURES = {
-    "latency": (latency_figure, "Encoder latency per mode (whisker: p90)"),
-    "timeline": (lambda rows, title: timeline_figure(_timelines(rows), title),
-                 "One call: CPU launch calls vs GPU kernels"),
-}
-ROLE_FIGURES = {
+# Per role ("bench" for each bench-* file): {file suffix: (figure, short title)}. Those of WHOLE_FILE_ROLES
+# draw from the whole file (vllm's with the kit's pipeline file beside it), the others from its rows.
+FIGURES = {
+    "bench": {"latency": (latency_figure, "Encoder latency per mode (whisker: p90)"),
+              "timeline": (lambda rows, title: timeline_figure(_timelines(rows), title),
+                           "One call: CPU launch calls vs GPU kernels")},
     "ttft": {"breakdown": (ttft_breakdown_figure, "Time to first token phase by phase, 1x512 x1"),
              "grid": (ttft_grid_figure, "Time to first token against requests")},
     "vllm": {"breakdown": (vllm_breakdown_figure, "Where the first token's time goes, vLLM and the kit's pipeline")},
@@ -57,18 +53,18 @@ def figure_jobs(files: dict[str, dict], slug: str) -> list[tuple]:
     <date> (<file>)``; drawing raises :class:`NoData` where the file holds nothing for it."""
     jobs = []
     for role, res in files.items():
-        prov = res.get("provenance", {})
-        figures, stem, what = ROLE_FIGURES.get(role, {}), f"{slug}-{role}", prov.get("dtype")
-        if role.startswith("bench-"):
-            figures, stem = BENCH_FIGURES, f"{slug}-{prov.get('preset')}-{prov.get('dtype')}"
-            what = f"{prov.get('preset')}, {prov.get('dtype')}"
+        prov, kind = res.get("provenance", {}), "bench" if role.startswith("bench-") else role
+        preset, dtype = prov.get("preset"), prov.get("dtype")
+        stem, what = f"{slug}-{role}", dtype
+        if kind == "bench":  # named by preset and dtype
+            stem, what = f"{slug}-{preset}-{dtype}", f"{preset}, {dtype}"
         if role == "vllm":
             held = f" (partial: {', '.join(res.get('presets', {}))} so far)" if res.get("_partial") else ""
             what = f"vLLM {prov.get('vllm')}, {prov.get('dtype')}{held}"
             res = with_pipeline(res, files.get("pipeline"))
         sources = res.get("files", [res])
         data = res if role in WHOLE_FILE_ROLES else res.get("rows") or []
-        for suffix, (make, short) in figures.items():
+        for suffix, (make, short) in FIGURES.get(kind, {}).items():
             title = f"{short} — {what}\n" + "\n".join(recorded_tag(f) for f in sources)
             jobs.append((stem + (f"-{suffix}" if suffix else ""), partial(make, data, title=title), sources))
     return jobs
@@ -110,9 +106,9 @@ def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Pa
             except NoData as exc:
                 say(f"skip {stem}: {exc}")
                 continue
-            written.append(Path(out) / f"{stem}.png")
-            changed = save_figure(fig, written[-1], [source_of(res) for res in sources])
-            say(f"{'wrote' if changed else 'unchanged'} {written[-1]}")
+            path = Path(out) / f"{stem}.png"
+            say(f"{'wrote' if save_figure(fig, path, [source_of(r) for r in sources]) else 'unchanged'} {path}")
+            written.append(path)
     return written
 
 

@@ -1,6 +1,7 @@
-"""A recorded TTFT grid as the DataFrames notebook 07 shows beside its figures, one per fact, the decode
-control (:func:`drift_beyond`) and the PR's claim (:data:`PR_CLAIM`). A section the file lacks gives a
-``not recorded`` line, never an error, so the same cells read a small first run and the full grid."""
+"""A recorded TTFT grid as the DataFrames notebook 07 shows beside its figures, the decode control
+(:func:`drift_beyond`) and the encoder graphs' cuts as ranges against the PR's claim (:data:`PR_CLAIM`).
+A section the file lacks gives a ``not recorded`` line, never an error, so the same cells read a small
+first run and the full grid."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pandas as pd
 
 from ..measure.e2e import DECODE_DRIFT_WARN, paired_reduction
 from ..measure.ttft import mode_name
-from .frames import missing
-from .plots_ttft import CASE, TTFT_PHASES, per_case, ttft_case, ttft_cases, ttft_frame
+from .frames import missing, need
+from .plots_ttft import CASE, TTFT_PHASES, case_name, per_case, ttft_case, ttft_frame
 
 PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low batch size" (text model graphed)
 # The phases before the text model, the ones the encoder mode can change (h2d too: the graphed encoder
@@ -17,32 +18,17 @@ PR_CLAIM = (0.10, 0.20)  # vLLM PR #44930: "~10-20% lower e2e latency for low ba
 BEFORE_TEXT = TTFT_PHASES[:TTFT_PHASES.index("prefill")]
 
 
-def _not_recorded(what: str) -> str:
-    return f"not recorded: this file has no {what}"
-
-
-def _short(mode: str) -> str:
-    """``text-graphed+encoder-eager`` -> ``T:graphed E:eager``."""
-    text, enc = mode.removeprefix("text-").split("+encoder-")
-    return f"T:{text} E:{enc}"
-
-
-# The decode control: decode never runs the encoder, so its time per token must not move with the
-# encoder mode; a case where it does was disturbed while one mode was timed, and its cuts are not the graphs' alone.
-
-
 def drift_beyond(drift: float | None) -> bool:
-    """Whether a decode drift is beyond ``DECODE_DRIFT_WARN`` (None or NaN, no drift recorded, is not)."""
+    """The decode control: decode never runs the encoder, so its ms per token must not move with the
+    encoder mode; a ``decode_drift`` beyond ``DECODE_DRIFT_WARN`` says the case was disturbed while one
+    mode was timed, and its cuts are not the graphs' alone. None or NaN (no drift recorded) is not beyond."""
     return not missing(drift) and bool(abs(drift) > DECODE_DRIFT_WARN)
 
 
-def drift_fails(row: dict | None) -> bool:
-    """Whether a row's ``decode_drift`` is beyond ``DECODE_DRIFT_WARN`` (:func:`drift_beyond`)."""
-    return drift_beyond((row or {}).get("decode_drift"))
-
-
-def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
-    """Where a range of cuts stands against the PR's: ``above``, ``below``, ``within`` or ``overlapping``."""
+def range_verdict(lo: float, hi: float | None = None, claim=PR_CLAIM) -> str:
+    """Where a range of cuts (or one cut, ``lo``) stands against the PR's: ``above``, ``below``,
+    ``within`` or ``overlapping``."""
+    hi = lo if hi is None else hi
     if lo > claim[1]:
         return "above"
     if hi < claim[0]:
@@ -50,19 +36,14 @@ def range_verdict(lo: float, hi: float, claim=PR_CLAIM) -> str:
     return "within" if claim[0] <= lo and hi <= claim[1] else "overlapping"
 
 
-def claim_verdict(cut: float, claim=PR_CLAIM) -> str:
-    """Where one TTFT cut stands against the PR's range: below, within or above."""
-    return range_verdict(cut, cut, claim)
-
-
 def decode_frame(rows: list[dict]) -> pd.DataFrame | str:
     """Decode ms per token per case and mode (T: text model, E: encoder), and at each text mode the drift
     between the two encoder modes in %, with the decode control it decides."""
     df = ttft_frame(rows)
     if df.decode_ms_per_token.isna().all():
-        return _not_recorded("TTFT rows with decode_ms_per_token")
-    dec = per_case(df, "decode_ms_per_token")
-    out = dec.round(2).rename(columns=_short)
+        return "not recorded: this file has no TTFT rows with decode_ms_per_token"
+    out = per_case(df, "decode_ms_per_token").round(2).rename(
+        columns=lambda m: "T:{} E:{}".format(*m.removeprefix("text-").split("+encoder-")))
     drift = per_case(df, "decode_drift")[[mode_name(t, "graphed") for t in ("eager", "graphed")]]
     for t, m in zip(("eager", "graphed"), drift.columns):
         out[f"drift %, text {t}"] = (100 * drift[m].astype(float)).round(1) + 0.0  # no "-0.0"
@@ -76,7 +57,7 @@ def parity_frame(result: dict) -> pd.DataFrame | str:
     bf16 can tip: where a first token differs, it says why) and the verdict."""
     parity = result.get("parity") or []
     if not parity:
-        return _not_recorded("parity section")
+        return "not recorded: this file has no parity section"
     return pd.DataFrame([{"preset": p.get("preset", "?"), "image": p.get("image"), "requests": p.get("requests"),
                           "mode": mode, "logits vs fp32": f"{r['rel_err_vs_fp32']:.2e}",
                           "first token": "same" if r["same_first_token"] else "DIFFERS",
@@ -85,6 +66,40 @@ def parity_frame(result: dict) -> pd.DataFrame | str:
                           "fp32 top-2 margin": f"{min(p.get('fp32_top2_margin') or [float('nan')]):.3g}",
                           "ok": "yes" if r["ok"] else "NO"}
                          for p in parity for mode, r in (p.get("modes") or {}).items()])
+
+
+def encoder_cuts(rows: list[dict], text_mode: str | None = None) -> pd.DataFrame:
+    """The encoder graphs' paired TTFT ``cut`` per case, with the graphed row's decode ``drift``: of a TTFT
+    grid at ``text_mode``, or, without one, of an e2e file (its ``lab-graph`` rows: inside ``generate``)."""
+    if text_mode:
+        df = ttft_frame(rows)
+        df = df[df["mode"] == mode_name(text_mode, "graphed")].assign(cut=lambda d: d["encoder_graph_cut"])
+    else:
+        df = need(pd.DataFrame([r for r in rows if r.get("mode") == "lab-graph"]), *CASE, "ttft_reduction",
+                  "ttft_reduction_paired", "decode_drift")
+        df["cut"] = df["ttft_reduction_paired"].fillna(df["ttft_reduction"])
+    return df.set_index(CASE).rename(columns={"decode_drift": "drift"})[["cut", "drift"]].dropna(subset=["cut"])
+
+
+def ranges_frame(settings: dict[str, pd.DataFrame], claim: tuple = PR_CLAIM) -> pd.DataFrame:
+    """Per setting (``{name: encoder_cuts(...)}``) and request count (one request, then every case): the
+    cuts' range in % over the cases whose decode control holds, where it stands against ``claim``, the
+    cases left out (their drift in %) and those kept without a decode control."""
+    out = {}
+    for name, cuts in settings.items():
+        for what, df in (("one request", cuts[cuts.index.get_level_values("requests") == 1]), ("every case", cuts)):
+            if df.empty:
+                continue
+            left_out = df["drift"].map(drift_beyond)
+            kept = df["cut"][~left_out]
+            lo, hi, verdict = (round(100 * kept.min(), 1), round(100 * kept.max(), 1),
+                               range_verdict(kept.min(), kept.max(), claim)) if len(kept) else (None, None, None)
+            out[(name, what)] = {"cut % from": lo, "to": hi, "cases": f"{len(kept)} of {len(df)}",
+                                 f"against {claim[0]:.0%}-{claim[1]:.0%}": verdict,
+                                 "left out (drift %)": ", ".join(f"{case_name(c)} ({100 * d:+.0f})"
+                                                                 for c, d in df["drift"][left_out].items()),
+                                 "no decode control": int(df["drift"][~left_out].map(missing).sum())}
+    return pd.DataFrame.from_dict(out, orient="index").rename_axis(["setting", "cases of"])
 
 
 def amdahl_cut(rows: list[dict], preset: str, image: str, requests: int, text_mode: str) -> dict | None:
@@ -106,15 +121,13 @@ def text_graph_cuts(rows: list[dict], preset: str, encoder_mode: str = "graphed"
     else from medians), sorted by the batch's prompt tokens, with whether the case is ``disturbed`` (a
     mode of it fails the decode control)."""
     out, failing = [], per_case(ttft_frame(rows), "decode_drift").map(drift_beyond).any(axis=1)
-    for case in (c for c in ttft_cases(rows) if c[0] == preset):
+    for case in (c for c in failing.index if c[0] == preset):  # in recorded order
         by = ttft_case(rows, *case)
         eager, graphed = by.get(mode_name("eager", encoder_mode)), by.get(mode_name("graphed", encoder_mode))
         if eager is None or graphed is None:
             continue
-        if eager.get("ttft_samples_ms") and graphed.get("ttft_samples_ms"):
-            cut = paired_reduction(eager["ttft_samples_ms"], graphed["ttft_samples_ms"])
-        else:
-            cut = 1 - graphed["ttft_ms"] / eager["ttft_ms"]
+        samples = eager.get("ttft_samples_ms"), graphed.get("ttft_samples_ms")
+        cut = paired_reduction(*samples) if all(samples) else 1 - graphed["ttft_ms"] / eager["ttft_ms"]
         out.append({"image": case[1], "requests": case[2], "prompt_tokens": case[2] * eager["prompt_len"],
                     "eager_ms": eager["ttft_ms"], "graphed_ms": graphed["ttft_ms"], "cut": cut,
                     "disturbed": bool(failing[case])})

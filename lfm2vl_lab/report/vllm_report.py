@@ -8,15 +8,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..measure.vllm_ab import ARMS, CASES, TOKENS, case_name
-from .plots import NoData, figure, stack
+from .plots import NoData, figure, rank, stacks
 
 ENGINES = {"vllm": "vLLM", "kit": "kit's pipeline"}
 SIZES = ("lfm2-vl-450m", "lfm2-vl-1.6b", "lfm2-vl-3b")  # smallest model first
-
-
-def rank(order, x) -> int:
-    """Where ``x`` stands in ``order``, unknown values last."""
-    return order.index(x) if x in order else len(order)
 
 
 def find(result: dict, engine: str, preset: str, case: str, tokens: int, arm: str) -> dict | None:
@@ -30,9 +25,9 @@ def with_pipeline(vllm_res: dict | None, kit_res: dict | None) -> dict | None:
     Each row's cuts are paired within its own file, never across them. None without a ``vllm`` file."""
     if vllm_res is None:
         return None
-    out = {**vllm_res, "rows": list(vllm_res["rows"]), "files": [vllm_res]}
-    out["settings"] = {"kit_repeats": 0, **vllm_res.get("settings", {})}
-    out["presets"] = {p: dict(sec) for p, sec in vllm_res["presets"].items()}
+    out = {**vllm_res, "rows": list(vllm_res["rows"]), "files": [vllm_res],
+           "settings": {"kit_repeats": 0, **vllm_res.get("settings", {})},
+           "presets": {p: dict(sec) for p, sec in vllm_res["presets"].items()}}
     if kit_res is not None:
         out["rows"] += [r for r in kit_res["rows"] if r["preset"] in out["presets"]]
         out["kit_left_out"] = sorted(set(kit_res["presets"]) - set(out["presets"]))
@@ -75,13 +70,13 @@ def summary_lines(result: dict) -> list[str]:
 
 
 ARM_LABELS = {"off": "encoder eager", "pr": "encoder graphs, PR config", "kit": "encoder graphs, kit config"}
-VLLM_PARTS = (("processor_ms", "processor (host)", "#e8e8e8"), ("queue_ms", "wait for a step", "#c5b0d5"),
-              ("encoder_gpu_ms", "encoder (GPU stream)", "#2ca02c"),
-              ("step_rest", "rest of vLLM's step: prefill, sampling", "#3b5b92"),
-              ("rest_ms_composed", "frontend and pipe (composed)", "#ff7f0e"))
-KIT_PARTS = (("processor", "processor (host)", "#e8e8e8"), ("h2d", "upload", "#8c564b"),
-             ("encoder", "encoder (GPU stream)", "#2ca02c"), ("merge", "merge", "#bcbd22"),
-             ("prefill", "prefill", "#1f77b4"), ("sample", "sampling", "#17becf"))
+PARTS = {"vllm": (("processor_ms", "processor (host)", "#e8e8e8"), ("queue_ms", "wait for a step", "#c5b0d5"),
+                  ("encoder_gpu_ms", "encoder (GPU stream)", "#2ca02c"),
+                  ("step_rest", "rest of vLLM's step: prefill, sampling", "#3b5b92"),
+                  ("rest_ms_composed", "frontend and pipe (composed)", "#ff7f0e")),
+         "kit": (("processor", "processor (host)", "#e8e8e8"), ("h2d", "upload", "#8c564b"),
+                 ("encoder", "encoder (GPU stream)", "#2ca02c"), ("merge", "merge", "#bcbd22"),
+                 ("prefill", "prefill", "#1f77b4"), ("sample", "sampling", "#17becf"))}
 
 
 def one_request(res: dict, preset: str) -> list[tuple[str, str, dict]]:
@@ -102,18 +97,15 @@ def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
     fig, axes = figure(11, 1.9 + 2.3 * len(presets), title, rows=len(presets))
     seen: set = set()
     for ax, preset in zip(axes, presets):
-        shown = one_request(res, preset)
-        for y, (engine, _, m) in enumerate(shown):
+        bars = []
+        for engine, arm, m in one_request(res, preset):
             # vLLM's step from scheduling to the first token, less the encoder's part of it
             vals = dict(m, step_rest=(m.get("scheduled_to_first_ms") or 0) - (m.get("encoder_gpu_ms") or 0)) \
                 if engine == "vllm" else m["phases_ms"]
-            end = stack(ax, y, [(label, vals.get(key), color)
-                                for key, label, color in (VLLM_PARTS if engine == "vllm" else KIT_PARTS)], seen)
-            ax.text(end, y, f"  TTFT {m['ttft_ms']:.1f} ms", va="center", fontsize=8)
-        ax.set_yticks(range(len(shown)), [f"{ENGINES[e]}, {ARM_LABELS[arm]}" for e, arm, _ in shown], fontsize=8)
-        ax.invert_yaxis()
-        ax.set_title(f"{preset}: one request, one 512 px image", fontsize=10)
-        ax.set_xlabel("ms to the first token")
-        ax.margins(x=0.15)
+            bars.append((f"{ENGINES[engine]}, {ARM_LABELS[arm]}", [(label, vals.get(key), color)
+                         for key, label, color in PARTS[engine]], f"  TTFT {m['ttft_ms']:.1f} ms"))
+        stacks(ax, bars, seen, room=1.3)
+        ax.set_title(f"{preset}: one request, one 512 px image", fontsize=9, loc="left")
+    axes[-1].set_xlabel("ms to the first token")
     fig.legend(loc="outside lower center", ncols=4, fontsize=8)
     return fig

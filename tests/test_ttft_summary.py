@@ -1,21 +1,23 @@
-"""The ranges notebook 07 shows from the recorded TTFT grid and end-to-end file (report/ttft_findings.py)
-and the decode control they rely on (report/ttft_summary.py): synthetic rows pin each rule, the reference
-set's files check that the ranges say what the rows hold."""
+"""The ranges notebook 07 shows from the recorded TTFT grid and end-to-end file and the decode control
+they rely on (report/ttft_summary.py): synthetic rows pin each rule, the reference set's files check that
+the ranges say what the rows hold."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from lfm2vl_lab.measure.e2e import DECODE_DRIFT_WARN
 from lfm2vl_lab.measure.ttft import mode_name
 from lfm2vl_lab.report import reference
 from lfm2vl_lab.report.plots_ttft import TTFT_MODES
-from lfm2vl_lab.report.ttft_findings import cut_range, e2e_cuts, encoder_cuts, ranges_frame
 from lfm2vl_lab.report.ttft_summary import (
     decode_frame,
-    drift_fails,
+    drift_beyond,
+    encoder_cuts,
     parity_frame,
     range_verdict,
+    ranges_frame,
     text_graph_cuts,
 )
 
@@ -58,9 +60,8 @@ def e2e_pair(preset, image, n, cut, drift) -> list[dict]:
 
 
 def test_drift_fails_beyond_the_warn_threshold_only():
-    assert not drift_fails({"decode_drift": DECODE_DRIFT_WARN})
-    assert drift_fails({"decode_drift": -1.01 * DECODE_DRIFT_WARN})
-    assert not drift_fails({}) and not drift_fails(None) and not drift_fails({"decode_drift": None})
+    assert not drift_beyond(DECODE_DRIFT_WARN) and drift_beyond(-1.01 * DECODE_DRIFT_WARN)
+    assert not drift_beyond(None) and not drift_beyond(float("nan"))
     rows = grid(cases=(("p", "1x512", 1), ("p", "1x512", 2)))
     rows[1]["decode_drift"] = 0.5  # 1x512 x1, text eager, encoder graphed
     assert [c["disturbed"] for c in text_graph_cuts(rows, "p")] == [True, False]
@@ -70,13 +71,10 @@ def test_drift_fails_beyond_the_warn_threshold_only():
 # ranges
 
 
-def test_cut_range_leaves_out_the_cases_whose_decode_control_fails():
-    cuts = [{"case": ("p", "1x512", 1), "cut": 0.30, "drift": 0.0},
-            {"case": ("p", "1x512", 4), "cut": 0.90, "drift": 0.5},  # disturbed: its cut is not quoted
-            {"case": ("p", "tiled", 1), "cut": 0.10, "drift": None}]  # no control: kept, counted
-    r = cut_range(cuts)
-    assert (r["lo"], r["hi"], len(r["kept"]), r["unchecked"]) == (0.10, 0.30, 2, 1)
-    assert [c["case"] for c in r["left_out"]] == [("p", "1x512", 4)]
+def test_the_ranges_leave_out_the_cases_whose_decode_control_fails():
+    cuts = pd.DataFrame({"cut": [0.30, 0.90, 0.10], "drift": [0.0, 0.5, None]},  # x4 disturbed; tiled: no control
+                        index=pd.MultiIndex.from_tuples([("p", "1x512", 1), ("p", "1x512", 4), ("p", "tiled", 1)],
+                                                        names=["preset", "image", "requests"]))
     df = ranges_frame({"s": cuts}, claim=(0.1, 0.2))
     every, one = df.loc[("s", "every case")], df.loc[("s", "one request")]
     assert (every["cut % from"], every["to"], every["cases"], every["against 10%-20%"]) == \
@@ -90,19 +88,22 @@ def test_cut_range_leaves_out_the_cases_whose_decode_control_fails():
 
 def test_encoder_and_e2e_cuts_read_the_graphed_rows():
     rows = grid(cases=(("p", "1x512", 1), ("p", "1x512", 2)))
-    assert [(c["case"][2], c["cut"]) for c in encoder_cuts(rows, "eager")] == [(1, pytest.approx(0.21)),
-                                                                               (2, pytest.approx(0.22))]
-    assert encoder_cuts(rows)[0]["cut"] == pytest.approx(0.31)
+    eager = encoder_cuts(rows, "eager")
+    assert list(eager.index) == [("p", "1x512", 1), ("p", "1x512", 2)]
+    assert eager["cut"].tolist() == pytest.approx([0.21, 0.22]) and eager["drift"].tolist() == [0.0, 0.0]
+    assert encoder_cuts(rows, "graphed")["cut"].iloc[0] == pytest.approx(0.31)
     e2e = e2e_pair("p", "1x512", 1, 0.15, 0.0) + e2e_pair("p", "1x512", 4, 0.40, 0.3)
-    assert [(c["case"], c["cut"], c["drift"]) for c in e2e_cuts(e2e)] == [(("p", "1x512", 1), 0.15, 0.0),
-                                                                          (("p", "1x512", 4), 0.40, 0.3)]
-    assert e2e_cuts(e2e, mode="lab-eager") == []
+    inside = encoder_cuts(e2e)  # the paired cut where the row has one
+    assert list(inside.itertuples()) == [(("p", "1x512", 1), 0.15, 0.0), (("p", "1x512", 4), 0.40, 0.3)]
+    del e2e[1]["ttft_reduction_paired"]
+    assert encoder_cuts(e2e)["cut"].iloc[0] == pytest.approx(0.16)  # else the unpaired one
+    assert encoder_cuts(e2e[:1]).empty  # no graphed row
 
 
 def test_the_ranges_of_the_reference_set_quote_the_rows(ttft_res, e2e_res):
     df = ranges_frame({"engine grid, text model graphed (as in vLLM)": encoder_cuts(ttft_res["rows"], "graphed"),
                        "engine grid, text model eager": encoder_cuts(ttft_res["rows"], "eager"),
-                       "inside generate (text model eager)": e2e_cuts(e2e_res["rows"])})
+                       "inside generate (text model eager)": encoder_cuts(e2e_res["rows"])})
     kept = [r for r in e2e_res["rows"] if r["mode"] == "lab-graph" and abs(r["decode_drift"]) <= DECODE_DRIFT_WARN]
     inside = df.loc[("inside generate (text model eager)", "every case")]
     assert (inside["cut % from"], inside["to"], inside["cases"]) == \
@@ -113,7 +114,7 @@ def test_the_ranges_of_the_reference_set_quote_the_rows(ttft_res, e2e_res):
             assert f"{r['preset']} {r['image']} x{r['requests']} ({100 * r['decode_drift']:+.0f})" in \
                 inside["left out (drift %)"]
     graphed = [r["encoder_graph_cut"] for r in ttft_res["rows"] if r["mode"] == mode_name("graphed", "graphed")
-               and r["requests"] == 1 and not drift_fails(r)]
+               and r["requests"] == 1 and not drift_beyond(r.get("decode_drift"))]
     one = df.loc[("engine grid, text model graphed (as in vLLM)", "one request")]
     assert (one["cut % from"], one["to"]) == (round(100 * min(graphed), 1), round(100 * max(graphed), 1))
     assert len(df) == 6 and set(df["against 10%-20%"].dropna()) <= {"above", "below", "within", "overlapping"}
@@ -122,6 +123,7 @@ def test_the_ranges_of_the_reference_set_quote_the_rows(ttft_res, e2e_res):
 def test_range_verdict():
     assert [range_verdict(*r) for r in ((0.25, 0.6), (0.02, 0.08), (0.12, 0.18), (0.05, 0.3), (0.15, 0.3))] == \
         ["above", "below", "within", "overlapping", "overlapping"]
+    assert [range_verdict(x) for x in (0.05, 0.1, 0.15, 0.2, 0.5)] == ["below", "within", "within", "within", "above"]
 
 
 # ------------------------------------------------------------------------------------------------
