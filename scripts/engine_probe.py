@@ -6,12 +6,18 @@ request and of eight, timed in alternating turns, and one profiled call of each 
 (kernel count, GPU-busy time, the kernels that take the most of it). The greedy tokens of 16 steps
 are compared between the engines. Prints as it goes; ``--json`` writes the numbers.
 
+``--max-len`` builds each mode's engine with each cache length (``mode@max_len``); ``--full-span``
+adds each one as it decoded before cache spans: every decode step's attention over the whole
+``max_len`` cache (``mode@max_len/full``), so one call shows what reading only the positions in use
+saves at the TTFT grid's cache length against the engine role's.
+
 Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or
 not) with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine as the kit builds it,
 its linears of at most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`).
 
     python scripts/engine_probe.py --preset lfm2-vl-450m --json probe.json
     python scripts/engine_probe.py --modes plain,fused,fused-gemv --json probe.json
+    python scripts/engine_probe.py --modes fused-gemv --max-len 448,1664 --full-span --json probe.json
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lfm2vl_lab import build_model  # noqa: E402
 from lfm2vl_lab.measure.results import code_hash  # noqa: E402
 from lfm2vl_lab.measure.timing import summarize, time_paired  # noqa: E402
+from lfm2vl_lab.serving import engine as engine_module  # noqa: E402
 from lfm2vl_lab.serving.engine import FUSE_COMPILE, TextEngine  # noqa: E402
 
 
@@ -54,7 +61,8 @@ def profile_step(fn, top: int = 12) -> dict:
             "all": [{"name": k[:90], "calls": c, "us": round(t, 1)} for k, (c, t) in per.items()]}
 
 
-def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> dict:
+def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_lens=(512,),
+               full_span: bool = False) -> dict:
     model = build_model(name, dtype=torch.bfloat16, device="cuda", text_layers="full")
     lm = model.model.language_model
     params = sum(p.numel() * p.element_size() for p in lm.parameters()) + model.lm_head.weight.nbytes
@@ -64,17 +72,23 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> d
     out = {"preset": name, "length": length, "text_bytes": params, "floor_ms": params / 4.8e12 * 1e3, "engines": {}}
     print(f"== {name}: text model {params / 1e9:.3f} GB, floor {out['floor_ms']:.3f} ms/step", flush=True)
     engines = {}
-    for mode in fuse_modes:
-        FUSE_COMPILE["dynamic"] = {"fused": None, "fused-static": False}.get(mode)
+    spans = engine_module.decode_spans
+    for base, max_len, full in ((m, n, f) for m in fuse_modes for n in max_lens for f in (False, True)[:1 + full_span]):
+        mode = base if max_lens == (512,) and not full_span else f"{base}@{max_len}" + ("/full" if full else "")
+        FUSE_COMPILE["dynamic"] = {"fused": None, "fused-static": False}.get(base)
+        # /full: the one decode graph per batch over the whole cache, as the engine ran before spans
+        engine_module.decode_spans = (lambda _t, n: [n]) if full else spans
         t0 = time.perf_counter()
-        eng = TextEngine(model, max_batch=8, max_len=512, fuse=mode != "plain",
-                         gemv=(mode == "fused-gemv") if mode != "plain" else None)
+        eng = TextEngine(model, max_batch=8, max_len=max_len, fuse=base != "plain",
+                         gemv=(base == "fused-gemv") if base != "plain" else None)
         info = eng.capture([(1, length), (8, length)])
         wall = time.perf_counter() - t0
-        print(f"{mode}: compile {info['compile_s']:.1f} s, capture {info['capture_s']:.2f} s, wall {wall:.1f} s",
-              flush=True)
+        print(f"{mode}: compile {info['compile_s']:.1f} s, capture {info['capture_s']:.2f} s, wall {wall:.1f} s; "
+              f"graphs {', '.join(sorted(info['captured']))}", flush=True)
         engines[mode] = eng
-        out["engines"][mode] = {"compile_s": info["compile_s"], "capture_s": info["capture_s"], "wall_s": wall}
+        out["engines"][mode] = {"compile_s": info["compile_s"], "capture_s": info["capture_s"], "wall_s": wall,
+                                "max_len": eng.max_len, "graphs": sorted(info["captured"])}
+    engine_module.decode_spans = spans
     emb = torch.randn(8, length, H, device="cuda", dtype=torch.bfloat16)
 
     def prefill(eng, n):
@@ -114,7 +128,7 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str]) -> d
         toks[mode] = torch.cat([eng.sample(), eng.decode(16)[0]]).tolist()
     for mode, t in toks.items():
         out["engines"][mode]["tokens"] = t
-        for other in ("plain", "fused"):
+        for other in dict.fromkeys(("plain", "fused", next(iter(toks)))):
             if other in toks and other != mode:
                 same = next((i for i, (a, b) in enumerate(zip(t, toks[other])) if a != b), len(t))
                 out["engines"][mode][f"matching_{other}"] = same
@@ -130,12 +144,15 @@ def main() -> int:
     p.add_argument("--length", type=int, default=280)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--modes", default="plain,fused")
+    p.add_argument("--max-len", default="512", help="comma list: each mode's engine with each cache length")
+    p.add_argument("--full-span", action="store_true", help="also each engine decoding over its whole cache")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     res = {"code_hash": code_hash(), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
            "fuse_compile": dict(FUSE_COMPILE), "presets": []}
     for name in a.preset or ["lfm2-vl-450m"]:
-        res["presets"].append(run_preset(name, a.length, a.repeats, a.modes.split(",")))
+        res["presets"].append(run_preset(name, a.length, a.repeats, a.modes.split(","),
+                                         tuple(int(n) for n in a.max_len.split(",")), a.full_span))
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1))
     return 0

@@ -30,8 +30,9 @@
 #                                        F.linear's and kernels/gemv.py's (Triton), and the RMSNorm before
 #                                        a linear group as a compiled kernel or inside the GEMV (gemv_rmsnorm)
 #   bash scripts/h200_run.sh engine-gemv scripts/engine_probe.py with ENGINE_MODES (default plain, fused and
-#                                        fused-gemv: the decode linears through kernels/gemv.py), then the GPU
-#                                        tests GPU_TESTS (default tests/test_gemv_gpu.py)
+#                                        fused-gemv: the decode linears through kernels/gemv.py) and ENGINE_ARGS
+#                                        (e.g. "--max-len 448,1664 --full-span"), then the GPU tests GPU_TESTS
+#                                        (default tests/test_gemv_gpu.py)
 #   bash scripts/h200_run.sh decode-gap  scripts/decode_gap_probe.py: the TTFT grid's decode per token against the
 #                                        engine role's, the same fused engine timed both ways, and a trace of the
 #                                        grid's decode phase (its idle time and longest gaps)
@@ -223,7 +224,7 @@ boundary)
 engine-gemv)
   # the fused text engine with its decode linears through the Triton GEMV, beside the plain and fused ones
   LOG=engine-gemv TAILN=70 step 300 python3 scripts/engine_probe.py --modes "${ENGINE_MODES:-plain,fused,fused-gemv}" \
-    --json "$R/engine-gemv.json"
+    ${ENGINE_ARGS:-} --json "$R/engine-gemv.json"
   LOG=pytest TAILN=8 step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/test_gemv_gpu.py} ;;
 decode-gap)
   # the TTFT grid's decode per token against the engine role's, one engine timed both ways

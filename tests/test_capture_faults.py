@@ -149,15 +149,15 @@ def _tokens(eng, emb, lengths):
 def test_text_engine_interrupt_keeps_no_graph_of_the_call_and_restores_its_buffers(text_model):
     eng = TextEngine(text_model, max_batch=2, max_len=128)
     first = eng.capture([(1, 40)], record=eager_stand_in)["captured"]
-    assert first == ["decode 1", "prefill 1x64", "sample 1"]
+    assert first == ["decode 1x128", "prefill 1x64", "sample 1"]
     for t, v in ((eng.last, 5), (eng.ids, 7), (eng.pos, 9)):
         t.fill_(v)
     real = eng._decode_body
 
-    def stopped(B):
+    def stopped(B, S):
         if B == 2:
             raise KeyboardInterrupt
-        real(B)
+        real(B, S)
 
     eng._decode_body = stopped
     with pytest.raises(KeyboardInterrupt):
@@ -167,7 +167,7 @@ def test_text_engine_interrupt_keeps_no_graph_of_the_call_and_restores_its_buffe
     del eng._decode_body
     emb = torch.randn(2, 100, text_model.config.text_config.hidden_size, generator=torch.Generator().manual_seed(0))
     got = _tokens(eng, emb, [100, 60])
-    assert eng.stats.eager == {"prefill 2x128": 1, "sample 2": 1, "decode 2": 3}
+    assert eng.stats.eager == {"prefill 2x128": 1, "sample 2": 1, "decode 2x128": 3}
     assert torch.equal(got, _tokens(TextEngine(text_model, max_batch=2, max_len=128), emb, [100, 60]))
 
 
@@ -324,6 +324,6 @@ def test_text_engine_keyboard_interrupt_inside_a_capture():
     eng.capture([(1, 40)])
     assert sorted(eng.graphs) == ["decode 1", "prefill 1x64", "sample 1"]
     graphed = first_logits()
-    assert eng.stats.replays == {"prefill 1x64": 1, "sample 1": 1, "decode 1": 3}
+    assert eng.stats.replays == {"prefill 1x64": 1, "sample 1": 1, "decode 1x128": 3}
     assert torch.isfinite(graphed).all() and rel_error(graphed, eager) <= 1e-2
     _collect_survives()

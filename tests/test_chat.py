@@ -31,6 +31,11 @@ def photo():
     return lab.load_sample_images()[1]
 
 
+def decode_calls(counts: dict) -> int:
+    """Decode steps among an engine's counted calls, whatever cache span each ran in."""
+    return sum(v for k, v in counts.items() if k.startswith("decode 1x"))
+
+
 def generate_answer(model, photo, new_tokens: int, processor=None) -> list[int]:
     """transformers' ``generate`` (greedy) on the same chat prompt, cut at the first end-of-turn token."""
     proc = processor or model.lab_chat_processor
@@ -85,7 +90,7 @@ def test_chat_stops_at_the_end_of_turn_token(model, photo, tiny_checkpoint):
     reply = lab.chat(model, photo, PROMPT, max_new_tokens=16, processor=proc, genc=lab.GraphedEncoder(model),
                      engine=engine, check_every=2)
     assert reply.stopped and reply.token_ids == full[:k]
-    assert engine.stats.eager["decode 1"] == -(-k // 2) * 2 < 15  # decoding stopped after the chunk with it
+    assert decode_calls(engine.stats.eager) == -(-k // 2) * 2 < 15  # decoding stopped after the chunk with it
 
 
 def test_a_random_weight_preset_chats_through_the_toy_tokenizer(photo):
@@ -189,4 +194,4 @@ def test_chat_with_real_graphs_gives_generates_tokens_in_fp32(tiny_checkpoint, p
         assert reply.token_ids == want, (reply.token_ids, want)
     assert first.setup_ms > 0 and again.setup_ms == 0
     engine = model.__dict__["_lab_chat_graphs"]["engine"]
-    assert not engine.stats.eager and engine.stats.replays["decode 1"] >= 2 * (len(want) - 1)
+    assert not engine.stats.eager and decode_calls(engine.stats.replays) >= 2 * (len(want) - 1)

@@ -6,7 +6,7 @@ bodies."""
 import pytest
 import torch
 
-from lfm2vl_lab.serving.cache import bucket_batch, bucket_len
+from lfm2vl_lab.serving.cache import bucket_batch, bucket_len, decode_spans
 from lfm2vl_lab.serving.engine import TextEngine
 from lfm2vl_lab.serving.layers import lfm2_text_parts
 from lfm2vl_lab.serving.pipeline import HfText, VlmPipeline
@@ -62,7 +62,47 @@ def test_engine_matches_transformers_per_request_lengths(text_model):
     for i, n in enumerate(lengths):
         want = hf_steps(text_model, emb[i, :n], 5)
         assert rel(got[i], want) < 1e-5, (i, rel(got[i], want))
-    assert eng.stats.eager == {"prefill 2x64": 1, "sample 2": 1, "decode 2": 5}  # no graphs on the CPU: counted
+    assert eng.stats.eager == {"prefill 2x64": 1, "sample 2": 1, "decode 2x128": 5}  # no graphs on the CPU: counted
+
+
+def test_decode_spans_start_past_the_prefill_bucket_and_double_up_to_max_len():
+    assert decode_spans(320, 2048) == [384, 768, 1536, 2048]
+    assert decode_spans(320, 448) == [384, 448]  # the engine role's cache: 280 positions and the tokens after
+    assert decode_spans(128, 512) == [256, 512]
+    assert decode_spans(64, 128) == decode_spans(128, 128) == [128]
+
+
+@torch.no_grad()
+def test_decode_attends_over_the_first_span_past_its_position_and_matches_transformers(text_model, monkeypatch):
+    """A decode that runs past its first cache span (stand-in graphs, so the capture path runs): each
+    step attends over the first captured span past its position, across several decode() calls, and
+    its logits still equal transformers' own text model's with its whole cache (fp32)."""
+    from lfm2vl_lab.core.capture import eager_stand_in
+
+    torch.manual_seed(3)
+    H = text_model.config.text_config.hidden_size
+    eng = TextEngine(text_model, max_batch=1, max_len=512)
+    got = eng.capture([(1, 100)], record=eager_stand_in)["captured"]
+    assert got == ["decode 1x256", "decode 1x512", "prefill 1x128", "sample 1"]
+    attn, conv, head = eng.fns
+    spans = []
+
+    def watched(layer, x, cos, sin, kc, vc, pos, mask, **kw):
+        if mask is not None:
+            spans.append((int(pos.max()), kc.shape[2], mask.shape[-1]))
+        return attn(layer, x, cos, sin, kc, vc, pos, mask, **kw)
+
+    eng.fns = (watched, conv, head)
+    emb = torch.randn(1, 100, H)
+    eng.prompt(1, 100).copy_(emb)
+    steps = 170  # positions 100..269: 156 in the 256 span, 14 in the 512 one
+    logits = engine_steps(eng, [100], steps)[0]
+    assert rel(logits, hf_steps(text_model, emb[0], steps)) < 1e-5
+    assert eng.stats.replays == {"prefill 1x128": 1, "sample 1": 1, "decode 1x256": 156, "decode 1x512": 14}
+    layers = sum(layer.is_attention_layer for layer in eng.lm.layers)
+    assert spans == [(p, S, S) for p in range(100, 270) for S in [256 if p < 256 else 512] for _ in range(layers)]
+    with pytest.raises(ValueError, match="170 decoded steps pass the cache's 512 positions"):
+        eng.decode(243)  # 100 + 170 + 243 = 513
 
 
 @torch.no_grad()

@@ -69,7 +69,7 @@ def test_capture_reports_compile_seconds_apart(model, traced):
     plain = TextEngine(model, max_batch=1, max_len=128).capture([(1, 40)], record=eager_stand_in)
     assert fused["compile_s"] > 0 and fused["capture_s"] >= 0
     assert plain["compile_s"] == 0.0
-    assert fused["captured"] == plain["captured"] == ["decode 1", "prefill 1x64", "sample 1"]
+    assert fused["captured"] == plain["captured"] == ["decode 1x128", "prefill 1x64", "sample 1"]
 
 
 @torch.no_grad()
@@ -238,6 +238,33 @@ def test_fused_engine_keeps_no_stale_cache_after_a_longer_request():
     fresh.capture([(1, 100)])
     want = tokens_and_logits(fresh, short, [100], 16)
     assert torch.equal(got[0], want[0]) and rel(got[1], want[1]) < 1e-5
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_fused_decode_graphs_of_every_cache_span_equal_the_eager_bodies_in_fp32():
+    """fp32, 450M, the TTFT grid's cache (2,048 positions): one request decoding past its first cache
+    span, one ``decode(1)`` call at a time as chat runs them, replays the graphs of both spans, and
+    every step's logits equal the unfused eager engine's within 1e-4, with the same tokens."""
+    model = _gpu_model(torch.float32)
+    H = model.config.text_config.hidden_size
+    emb = torch.randn(1, 300, H, device="cuda")
+    fused = TextEngine(model, max_batch=1, max_len=2048, fuse=True)
+    eager = TextEngine(model, max_batch=1, max_len=2048)
+    fused.capture([(1, 300)])
+    logits = []
+    for eng in (fused, eager):
+        eng.prompt(1, 300).copy_(emb)
+        eng.prefill([300])
+        eng.sample()
+        steps = [eng.logits[:1].clone()]
+        for _ in range(100):  # positions 300..399: 84 in the 384 span, 16 in the 768 one
+            eng.decode(1)
+            steps.append(eng.logits[:1].clone())
+        logits.append(torch.cat(steps))
+    assert rel(logits[0], logits[1]) < 1e-4 and torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
+    assert fused.stats.replays == {"prefill 1x320": 1, "sample 1": 1, "decode 1x384": 84, "decode 1x768": 16}
+    assert not fused.stats.eager
 
 
 @pytest.mark.gpu

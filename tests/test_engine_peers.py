@@ -192,9 +192,9 @@ def test_compile_ro_decode_starts_from_the_prompts_state_every_call(model):
     peer.setup(torch.device("cpu"))  # prefills again, then times first calls (decodes)
     seen, step = [], peer.step
 
-    def watched(n):
+    def watched(n, span):
         seen.append({i: s.clone() for i, s in e.cache.conv.items()})
-        return step(n)
+        return step(n, span)
 
     peer.step = watched
     peer._decode(4)

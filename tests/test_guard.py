@@ -231,8 +231,8 @@ def test_text_engine_follows_a_moved_model_and_keeps_its_state():
     ref.prefill([20], emb.double())
     assert torch.equal(first, ref.sample())
     assert torch.equal(eng.decode(4), ref.decode(4))
-    assert eng.stats.recaptures == 1 and set(eng.graphs) == {"prefill 1x64", "sample 1", "decode 1"}
-    assert eng.stats.replays["decode 1"] == 4 and not eng.stats.eager  # the recaptured stand-ins ran
+    assert eng.stats.recaptures == 1 and set(eng.graphs) == {"prefill 1x64", "sample 1", "decode 1x128"}
+    assert eng.stats.replays["decode 1x128"] == 4 and not eng.stats.eager  # the recaptured stand-ins ran
 
 
 # -- what bypasses nn.Module, and parts swapped after capture ------------------------------------------

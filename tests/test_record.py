@@ -203,7 +203,7 @@ def test_record_role_names_the_roles_it_runs_and_refuses_an_unknown_one():
     proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--role", "engine", "--role", "ttft",
                            "--dry-run"], capture_output=True, text=True, cwd=REPO_ROOT)
     assert proc.returncode == 0
-    assert [line.split()[1:4] for line in proc.stdout.splitlines()] == [["ttft", "400", "s"], ["engine", "160", "s"]]
+    assert [line.split()[1:4] for line in proc.stdout.splitlines()] == [["ttft", "500", "s"], ["engine", "160", "s"]]
     assert all("runs: asked for" in line for line in proc.stdout.splitlines())  # current or not
     proc = subprocess.run([sys.executable, "-m", "lfm2vl_lab", "record", "--role", "nope", "--dry-run"],
                           capture_output=True, text=True, cwd=REPO_ROOT)

@@ -35,6 +35,7 @@ import torch
 from ..model.inputs import process_images
 from ..model.parity import lowp_parity
 from ..serving import engine as engine_module
+from ..serving.cache import decode_spans
 from ..serving.engine import TextEngine, bucket_len
 from ..serving.layers import lfm2_text_parts
 from ..serving.pipeline import HfText, VlmPipeline
@@ -173,6 +174,8 @@ class CompileRoPeer:
         self.prefill = torch.compile(prefill, **self.options)
         length = embeds.shape[1]
         self.eng = TextEngine(model, max_batch=1, max_len=bucket_len(length) + max(decode_tokens, TOKENS_COMPARED) + 1)
+        # the cache spans the engine's decode graphs attend over: each step runs in the engine's
+        self.spans = decode_spans(bucket_len(length), self.eng.max_len)
         if cuda:  # at fixed addresses (as transformers' StaticCache does) the graphs write them in place, uncopied
             e, c = self.eng, self.eng.cache
             for t in (*c.k.values(), *c.v.values(), *c.conv.values(), e.ids, e.pos, e.logits, e.positions, e.last):
@@ -205,9 +208,9 @@ class CompileRoPeer:
         for i, s in self.start[2].items():
             self.eng.cache.conv[i].copy_(s)
         out = []
-        for _ in range(steps):
+        for s in range(steps):
             torch.compiler.cudagraph_mark_step_begin()
-            self.step(1)
+            self.step(1, next(x for x in self.spans if x > self.prefill_len + s))
             out.append(self.eng.ids[:1].clone())
         return torch.stack(out, 1)
 

@@ -6,8 +6,9 @@ its memory up front and runs every request in one of a few shapes:
 
 * **the hybrid cache** (:class:`HybridCache`): K and V ``[batch, kv_heads, max_len, d]`` per
   attention layer, and per short-conv layer its last ``L_cache - 1`` inputs ``[batch, hidden, L-1]``;
-* **the buckets**: a prefill runs right-padded to a multiple of ``LEN_BUCKET`` positions and a batch
-  at a size in ``BATCH_BUCKETS``. Right padding is safe because every LFM2 operator is causal: a real
+* **the buckets**: a prefill runs right-padded to a multiple of ``LEN_BUCKET`` positions, a batch
+  at a size in ``BATCH_BUCKETS``, and a decode step's attention over one of a few cache spans
+  (:func:`decode_spans`). Right padding is safe because every LFM2 operator is causal: a real
   position never sees a later one, so the padded tail changes nothing before it.
 """
 
@@ -19,6 +20,9 @@ import torch
 
 LEN_BUCKET = 64  # a prefill pads to a multiple of this: at most 63 wasted positions per request
 BATCH_BUCKETS = (1, 2, 4, 8)  # vLLM's smallest decode capture sizes
+# A decode step's attention reads the cache up to a span, not all of max_len: the first span past a
+# prefill bucket is a multiple of this, the next ones double, the last is max_len (decode_spans).
+DECODE_SPAN = 128
 
 
 def upload(t: torch.Tensor, device) -> torch.Tensor:
@@ -31,6 +35,18 @@ def upload(t: torch.Tensor, device) -> torch.Tensor:
 def bucket_len(n: int, bucket: int = LEN_BUCKET) -> int:
     """The prefill length ``n`` positions pad to."""
     return -(-n // bucket) * bucket
+
+
+def decode_spans(prompt_len: int, max_len: int, step: int = DECODE_SPAN) -> list[int]:
+    """The cache spans a decode after a prompt of ``prompt_len`` positions attends over, one graph
+    each: the first multiple of ``step`` past the prompt, then doubling, capped at ``max_len`` (always
+    the last). A token at position ``p`` runs in the first span above ``p``, so attention reads at
+    most twice the positions in use, where a single graph over ``max_len`` would read all of them."""
+    spans, s = [], min(bucket_len(prompt_len + 1, step), max_len)
+    while s < max_len:
+        spans.append(s)
+        s = min(2 * s, max_len)
+    return spans + [max_len]
 
 
 def bucket_batch(n: int, buckets=BATCH_BUCKETS) -> int:

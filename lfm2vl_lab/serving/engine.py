@@ -16,9 +16,12 @@ what it adds is the part graphs need:
 * **the layers' math** (:mod:`.layers`), unfused, or with ``fuse=True`` compiled by inductor into
   far fewer kernels, captured inside the same graphs.
 
-Three graphs per batch size: ``prefill`` (per length bucket), ``sample`` (final norm, LM head and
-argmax at each request's last position) and ``decode`` (one token for every request, sampled
-greedily, fed back through ``ids``/``pos`` so replays chain with no host round trip). A shape that
+Three kinds of graph per batch size: ``prefill`` (per length bucket), ``sample`` (final norm, LM head
+and argmax at each request's last position) and ``decode`` (one token for every request, sampled
+greedily, fed back through ``ids``/``pos`` so replays chain with no host round trip), one per cache
+span (:func:`~.cache.decode_spans`): a decode step's attention reads the cache up to the first
+captured span past the positions in use, not all ``max_len`` of it, so a long cache costs a short
+request nothing. A shape that
 was not captured runs the same body eagerly and is counted in ``stats.eager``.
 
 The graphs read the text model's weights where they were at capture (:mod:`lfm2vl_lab.core.guard`): when they
@@ -49,6 +52,7 @@ from .cache import (
     bucket_batch,
     bucket_len,
     check_embeds,
+    decode_spans,
     read_count,
     read_lengths,
     upload,
@@ -68,7 +72,7 @@ RECOMPILE_LIMIT = 64  # dynamo's default (8 per function) is fewer than two pres
 
 @dataclass
 class EngineStats:
-    replays: dict = field(default_factory=dict)  # "prefill B x T" / "sample B" / "decode B" -> count
+    replays: dict = field(default_factory=dict)  # "prefill BxT" / "sample B" / "decode BxSPAN" -> count
     eager: dict = field(default_factory=dict)  # the same keys: calls that found no graph (counted fallback)
     recaptures: int = 0  # times the text model's weights moved under the graphs and they were captured again
 
@@ -155,7 +159,7 @@ class TextEngine:
 
     @property
     def graphs(self) -> dict[str, torch.cuda.CUDAGraph]:
-        """The captured graphs, by key (``"prefill 1x320"``, ``"sample 1"``, ``"decode 1"``)."""
+        """The captured graphs, by key (``"prefill 1x320"``, ``"sample 1"``, ``"decode 1x384"``)."""
         return self.life.graphs
 
     @property
@@ -199,17 +203,21 @@ class TextEngine:
         return self.serial.request(self.device)
 
     # -- the bodies (what a graph captures) ----------------------------------------------------------
-    def _layers(self, x, pos_ids, B: int, prefill: bool):
+    def _layers(self, x, pos_ids, B: int, span: int | None = None):
+        """Every layer; ``span``: a decode step attending over the cache's first ``span`` positions
+        (None: a prefill)."""
         cos, sin = self.lm.rotary_emb(x, pos_ids)
-        if prefill:  # each request's last k-1 real positions, in its input padded by k-1 in front
+        S = span or self.max_len
+        if span is None:  # each request's last k-1 real positions, in its input padded by k-1 in front
             conv_idx, mask = self.last[:B, None] + self.conv_offsets, None
         else:
-            conv_idx, mask = None, (self.positions[None, :] <= self.pos[:B, None])[:, None, None, :]
+            conv_idx, mask = None, (self.positions[None, :S] <= self.pos[:B, None])[:, None, None, :]
         attn, conv, _ = self.fns
         cache, pos = self.cache, self.pos[:B]
         for i, layer in enumerate(self.lm.layers):
             if layer.is_attention_layer:
-                x = attn(layer, x, cos, sin, cache.k[i][:B], cache.v[i][:B], pos, mask, **self.shared[i])
+                x = attn(layer, x, cos, sin, cache.k[i][:B, :, :S], cache.v[i][:B, :, :S], pos, mask,
+                         **self.shared[i])
             else:
                 x = conv(layer, x, cache.conv[i][:B], conv_idx, **self.shared[i])
         return x
@@ -218,7 +226,7 @@ class TextEngine:
         x = self.embeds[:B, :T]
         if self.fuse:  # one layout for every layer's input: a strided slice would be compiled apart
             x = x.contiguous()
-        x = self._layers(x, self.positions[None, :T], B, prefill=True)
+        x = self._layers(x, self.positions[None, :T], B)
         self.hidden[:B].copy_(x[torch.arange(B, device=x.device), self.last[:B]])
 
     def _sample_body(self, B: int) -> None:
@@ -227,8 +235,8 @@ class TextEngine:
         self.ids[:B].copy_(ids)
         self.pos[:B].copy_(self.last[:B] + 1)
 
-    def _decode_body(self, B: int) -> None:
-        x = self._layers(self.lm.embed_tokens(self.ids[:B])[:, None], self.pos[:B, None], B, prefill=False)
+    def _decode_body(self, B: int, S: int) -> None:
+        x = self._layers(self.lm.embed_tokens(self.ids[:B])[:, None], self.pos[:B, None], B, span=S)
         logits, ids = self.fns[2](self.lm.embedding_norm, self.lm_head, x[:, 0], self.linear)
         self.logits[:B].copy_(logits)
         self.ids[:B].copy_(ids)
@@ -254,7 +262,8 @@ class TextEngine:
     @torch.no_grad()
     def capture(self, shapes, decode: bool = True, record=capture_graph) -> dict:
         """Capture the graphs for ``shapes``, a list of ``(requests, prompt_len)``: prefill for each
-        shape's buckets, then sample and (with ``decode``) decode per batch bucket. All or nothing: if
+        shape's buckets, then sample per batch bucket and (with ``decode``) decode per batch bucket
+        and cache span past the prompt (:func:`~.cache.decode_spans`). All or nothing: if
         one capture fails, none of this call's graphs is kept (earlier calls' stay), the stream and the
         random generator are put back (:func:`lfm2vl_lab.core.capture.capture_failed`) and the error is
         raised (a ``KeyboardInterrupt`` as it is; memory running out as a ``torch.OutOfMemoryError``
@@ -273,8 +282,8 @@ class TextEngine:
             B, T = self._shape(n, [length])
             todo[f"prefill {B}x{T}"] = (self._prefill_body, B, T)
             todo[f"sample {B}"] = (self._sample_body, B)
-            if decode:
-                todo[f"decode {B}"] = (self._decode_body, B)
+            for S in decode_spans(T, self.max_len) if decode else ():
+                todo[f"decode {B}x{S}"] = (self._decode_body, B, S)
         life = self.life
         todo = {k: v for k, v in todo.items() if k not in life.graphs}
         pool = life.pool if life.pool is not None else life.new_pool(real and bool(todo))
@@ -367,6 +376,7 @@ class TextEngine:
         last = torch.tensor(lengths + [lengths[0]] * (B - len(lengths))) - 1  # bucket rows repeat request 0
         self.last[:B].copy_(upload(last, self.device))
         self.n, self.lengths, self._prefilled_by = len(lengths), lengths, threading.get_ident()
+        self.decoded = 0  # decode steps since the prompt: where the next token lands, known on the host
         self._run(f"prefill {B}x{T}", lambda: self._prefill_body(B, T))
 
     @serialised(request=True)
@@ -377,6 +387,7 @@ class TextEngine:
         self._prefilled("sample")
         B = bucket_batch(self.n)
         self._run(f"sample {B}", lambda: self._sample_body(B))
+        self.decoded = 0  # the sample put every request back at its prompt's end
         return self.ids[: self.n].clone()
 
     @serialised(request=True)
@@ -386,15 +397,25 @@ class TextEngine:
         self.follow_model()
         steps = read_count("steps", steps)
         self._prefilled("decode")
-        B, n = bucket_batch(self.n), self.n
-        if max(self.lengths) + steps > self.max_len:
-            raise ValueError(f"{steps} decode steps after prompts of {self.lengths} positions pass the cache's "
-                             f"{self.max_len} positions (max_len)")
+        B, n, done = bucket_batch(self.n), self.n, self.decoded
+        if max(self.lengths) + done + steps > self.max_len:
+            raise ValueError(f"{steps} decode steps after prompts of {self.lengths} positions and {done} decoded "
+                             f"steps pass the cache's {self.max_len} positions (max_len)")
         out = torch.empty(n, steps, dtype=torch.long, device=self.device)
+        spans = self._spans(B)
         for s in range(steps):
-            self._run(f"decode {B}", lambda: self._decode_body(B))
+            # this step writes each request's token at its length + done + s: the first span past the longest
+            S = next(x for x in spans if x > max(self.lengths) + done + s)
+            self._run(f"decode {B}x{S}", lambda S=S: self._decode_body(B, S))
             out[:, s].copy_(self.ids[:n])
+            self.decoded += 1
         return out
+
+    def _spans(self, B: int) -> list[int]:
+        """The cache spans a decode of batch bucket ``B`` runs in: those captured for it (every
+        capture's ladder ends at ``max_len``), else the ladder past this request's prefill bucket."""
+        captured = sorted(int(k.rpartition("x")[2]) for k in self.graphs if k.startswith(f"decode {B}x"))
+        return captured or decode_spans(bucket_len(max(self.lengths), self.len_bucket), self.max_len)
 
 
 def _text_parts(model) -> dict:
