@@ -1,6 +1,7 @@
 """``python -m lfm2vl_lab report``: every figure of the reference set as a PNG, each drawn from the file
 of its role (named with its date in the title) and carrying that source in the PNG (:mod:`.figure_source`),
-so a second ``report`` rewrites nothing. A figure without data is skipped and the reason printed."""
+so a second ``report`` rewrites nothing. A figure without data is skipped and the reason printed;
+``report --check`` fails on a committed figure the set does not explain (:func:`unexplained_figures`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from ..measure.results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, recorded_tag
 from . import reference
-from .figure_source import save_figure, source_of
+from .figure_source import NoSource, read_sources, save_figure, source_of
 from .frames import pick_rows
 from .plots import NoData, latency_figure, timeline_figure
 from .plots_roofline import roofline_figure
@@ -112,6 +113,31 @@ def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Pa
     return written
 
 
+def unexplained_figures(figures=FIGURES_ROOT, root=RESULTS_ROOT) -> list[str]:
+    """Why each ``<gpu-slug>-*.png`` in ``figures`` of a reference set under ``root`` is not what ``report``
+    draws from that set: one it does not draw, one naming no source, or one whose PNG names a file (or role,
+    or code) other than the set's; empty where the set explains every figure."""
+    why = []
+    for slug, drawn in reference_sets(root, say=lambda *_: None).items():  # partial roles too, as `report` draws
+        stems = {stem for stem, _draw, _files in figure_jobs(drawn, slug)}
+        for png in sorted(Path(figures).glob(f"{slug}-*.png")):
+            try:
+                named = read_sources(png) if png.stem in stems else []
+            except NoSource as exc:
+                why.append(str(exc))
+                continue
+            if not named:
+                why.append(f"{png.name}: the reference set under {root} does not draw it")
+            for src in named:
+                res = drawn.get(src.get("role"))
+                has = res and (Path(res["_path"]).name, res.get("_code_hash"))
+                if has != (src["file"], src.get("code_hash")):  # the set's file for its role, by the same code
+                    theirs = "{} (code {})".format(*has) if has else "absent"
+                    why.append(f"{png.name} names {src['file']} (code {src.get('code_hash')}) as role "
+                               f"{src.get('role')!r}, the set's is {theirs}")
+    return why
+
+
 def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
     """After ``record``: redraw the figures and generated pages when the call changed a role (``before``:
     the manifest's files as they were) or completed the set, and only where it wrote into the repo's
@@ -134,6 +160,10 @@ def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
 def run_report_cli(args) -> int:
     """Draw every figure of the reference set, and rewrite the docs' tables from it."""
     tables = run_tables(args)  # from the reference set under --root (report/tables.py)
+    if args.check and (why := unexplained_figures(args.out, args.root)):
+        print("figures not drawn from the reference set: " + "; ".join(why)
+              + " (`python -m lfm2vl_lab report` redraws them)")
+        return 1
     if args.tables_only or args.check:
         return tables
     return (0 if report(args.root, args.out) else 1) or tables
