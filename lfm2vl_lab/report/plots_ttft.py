@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from ..measure.ttft import mode_name
 from ..serving.pipeline import MODES
 from .frames import need, one_per
-from .plots import NoData, figure, lines, rank, stacks
+from .plots import NoData, figure, rank, stacks
 
 TTFT_MODES = tuple(mode_name(t, e) for t in MODES for e in MODES)  # all eager first, both graphed last
 PROCESSOR = "processor"  # runs on the CPU before the pipeline; outside the TTFT target
@@ -104,8 +104,13 @@ def ttft_grid_figure(rows: list[dict], title: str | None = None) -> Figure:
                        rows=nrows, cols=cols)
     for ax, ((p, im), mine) in zip(axes, panels):
         table = mine.pivot(index="requests", columns="mode", values="ttft_ms").reindex(columns=TTFT_MODES)
-        lines(ax, table.dropna(axis=1, how="all"), colors=TTFT_MODE_COLORS,
-              styles={m: "--" for m in TTFT_MODES if m.startswith(mode_name("eager", ""))})
+        for mode in table.columns[table.notna().any()]:  # text eager dashed, text graphed solid
+            s = table[mode].dropna()
+            ax.plot(s.index.tolist(), s.tolist(), "o", ls="--" if mode.startswith(mode_name("eager", "")) else "-",
+                    color=TTFT_MODE_COLORS[mode], label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(table.index.tolist(), [str(x) for x in table.index])
+        ax.minorticks_off()
         if missing := [m for m in TTFT_MODES if table[m].isna().all()]:
             ax.text(0.01, 0.01, "not recorded: " + ", ".join(missing), transform=ax.transAxes, fontsize=6,
                     color="#888888", va="bottom")
