@@ -80,7 +80,7 @@ def reference_sets(root=RESULTS_ROOT, say=print) -> dict[str, dict[str, dict]]:
         data = json.loads(man.read_text())
         gpu, files = data.get("gpu", man.parent.name), {}
         partial_roles = [r for r in data.get("partial", {}) if r in WHOLE_FILE_ROLES]
-        for role in [*reference.roles(gpu, root), *partial_roles]:
+        for role in [*data.get("files", {}), *partial_roles]:  # in the order they were recorded
             try:
                 files[role] = reference.load(role, gpu, root, partial=role in partial_roles)
             except (OSError, ValueError) as exc:
