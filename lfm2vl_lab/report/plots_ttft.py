@@ -46,11 +46,6 @@ def case_name(case: tuple) -> str:
     return f"{case[0]} {case[1]} x{case[2]}"
 
 
-def recorded_cases(rows: list[dict]) -> str:
-    """What the rows cover, for messages: ``"lfm2-vl-450m 1x512 x1, lfm2-vl-450m 1x512 x4"``."""
-    return ", ".join(dict.fromkeys(case_name([r.get(k) for k in CASE]) for r in ttft_rows(rows))) or "nothing"
-
-
 def ttft_case(rows: list[dict], preset: str, image: str, requests: int) -> dict[str, dict]:
     """``{mode: row}`` of one (preset, image, requests), in :data:`TTFT_MODES` order; empty if none."""
     by = {r["mode"]: r for r in ttft_rows(rows) if (r.get("preset"), r.get("image"), r.get("requests")) ==
@@ -68,7 +63,8 @@ def ttft_breakdown_figure(rows: list[dict], image: str = "1x512", requests: int 
         raise NoData(f"ttft_breakdown_figure: {NO_ROWS}")
     cases = {p: by for p in dict.fromkeys(r["preset"] for r in rows) if (by := ttft_case(rows, p, image, requests))}
     if not cases:
-        raise NoData(f"ttft_breakdown_figure: no rows for {image} x{requests}; recorded: {recorded_cases(rows)}")
+        seen = ", ".join(dict.fromkeys(case_name([r.get(k) for k in CASE]) for r in rows))
+        raise NoData(f"ttft_breakdown_figure: no rows for {image} x{requests}; recorded: {seen}")
     fig, axes = figure(10, 0.9 + 2.0 * len(cases), title or "Time to first token, phase by phase, per mode",
                        rows=len(cases))
     outside, seen = f"{PROCESSOR} (CPU, not in TTFT)", set()
