@@ -39,11 +39,6 @@ RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of 
 SETUP_KEYS = {"compile_s": "compile", "compile_first_call_s": "compile", "capture_s": "capture"}
 
 
-def guard_goals(refs) -> list[dict]:
-    """The check run's own verdicts, per preset."""
-    return [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
-
-
 def _grid_and_engine_decode(refs) -> tuple[float | None, float | None]:
     """450M decode ms per token: one 512 px request of the TTFT grid (both graphed), the fused engine's."""
     grid = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(BOTH_GRAPHED)
@@ -155,7 +150,9 @@ GOALS = {"goals-encoder": (lambda refs: judge_targets(refs("bench-450m")["rows"]
                            ("bench-450m", "bench-1.6b")),
          "goals-ttft": (lambda refs: refs("ttft").get("targets") or [], ("ttft",)),
          "goals-engine": (lambda refs: refs("engine").get("targets") or [], ("engine",)),
-         "goals-request": (_request_goals, (REQUEST_ROLE,)), "goals-guard": (guard_goals, ("check",)),
+         "goals-request": (_request_goals, (REQUEST_ROLE,)),
+         "goals-guard": (lambda refs: [t for p in refs("check")["presets"]  # the check run's verdicts, per preset
+                                       for t in (p.get("model_changes") or {}).get("targets", [])], ("check",)),
          "goals-kernels": (kernel_goals, ("bench-450m", "bench-1.6b", "ttft", "engine")),
          "goals-record": (record_goals, ()), "goals-code": (code_goals, ())}
 
