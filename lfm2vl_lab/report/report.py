@@ -115,26 +115,19 @@ def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Pa
 
 def unexplained_figures(figures=FIGURES_ROOT, root=RESULTS_ROOT) -> list[str]:
     """Why each ``<gpu-slug>-*.png`` in ``figures`` of a reference set under ``root`` is not what ``report``
-    draws from that set: one it does not draw, one naming no source, or one whose PNG names a file (or role,
-    or code) other than the set's; empty where the set explains every figure."""
+    draws from that set: one it does not draw, or one whose PNG names other sources (files, roles or code)
+    than ``report`` would write into it; empty where the set explains every figure."""
     why = []
-    for slug, drawn in reference_sets(root, say=lambda *_: None).items():  # partial roles too, as `report` draws
-        stems = {stem for stem, _draw, _files in figure_jobs(drawn, slug)}
+    for slug, files in reference_sets(root, say=lambda *_: None).items():  # partial roles too, as `report` draws
+        named = {stem: [source_of(r) for r in sources] for stem, _draw, sources in figure_jobs(files, slug)}
         for png in sorted(Path(figures).glob(f"{slug}-*.png")):
             try:
-                named = read_sources(png) if png.stem in stems else []
-            except NoSource as exc:
+                if png.stem not in named:
+                    why.append(f"{png.name}: the reference set under {root} does not draw it")
+                elif (has := read_sources(png)) != named[png.stem]:
+                    why.append(f"{png.name} names {has} as its sources, the set's are {named[png.stem]}")
+            except NoSource as exc:  # a PNG that names no source at all
                 why.append(str(exc))
-                continue
-            if not named:
-                why.append(f"{png.name}: the reference set under {root} does not draw it")
-            for src in named:
-                res = drawn.get(src.get("role"))
-                has = res and (Path(res["_path"]).name, res.get("_code_hash"))
-                if has != (src["file"], src.get("code_hash")):  # the set's file for its role, by the same code
-                    theirs = "{} (code {})".format(*has) if has else "absent"
-                    why.append(f"{png.name} names {src['file']} (code {src.get('code_hash')}) as role "
-                               f"{src.get('role')!r}, the set's is {theirs}")
     return why
 
 
