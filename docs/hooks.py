@@ -2,7 +2,6 @@
 
 * adds the repository files the site shows (``extra.lab_site`` in mkdocs.yml) at their repository
   paths, so links written for GitHub and JupyterLab resolve unchanged, and expands nav globs;
-* generates ``figures.md`` from ``data/results/`` (:mod:`lfm2vl_lab.report.site` writes it);
 * in notebook pages: checks every relative link and image, points ``.ipynb``/``.md`` links at their
   pages, wraps cells tagged ``solution`` in a closed ``<details>`` (plain HTML: no script needed),
   drops the nbval markers (``# NBVAL_CHECK_OUTPUT``, a test's business) from the code cells, shows a
@@ -112,15 +111,6 @@ def on_files(files, config):
     settings = _settings(config)
     for rel in _repo_files(settings.get("pages", []) + settings.get("assets", [])):
         _add(files, rel, config)
-    gpu = settings.get("figures_gpu")
-    if gpu:
-        from lfm2vl_lab.report.site import figure_sources, figures_page, linked_files
-
-        sources = figure_sources(gpu)
-        for path in linked_files(sources):
-            _add(files, path.resolve().relative_to(ROOT).as_posix(), config)
-        page = figures_page(sources, gpu)
-        files.append(File.generated(config, "figures.md", content=page))
     return files
 
 

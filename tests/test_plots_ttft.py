@@ -17,7 +17,6 @@ from lfm2vl_lab.report.frames import MixedRuns
 from lfm2vl_lab.report.plots import NoData
 from lfm2vl_lab.report.plots_ttft import (
     TTFT_MODES,
-    recorded_cases,
     ttft_breakdown_figure,
     ttft_case,
     ttft_grid_figure,
@@ -142,7 +141,8 @@ def test_rows_of_two_runs_are_refused():
         ttft_rows(rows + [later])
     with pytest.raises(MixedRuns):
         ttft_grid_figure(rows + [later])
-    assert recorded_cases(rows) == "lfm2-vl-450m 1x512 x1" and recorded_cases([]) == "nothing"
+    with pytest.raises(NoData, match="no rows for 1x512 x4; recorded: lfm2-vl-450m 1x512 x1$"):
+        ttft_breakdown_figure(rows, requests=4)  # the message names the cases there are
 
 
 # ------------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def small_project(tmp: Path, pages: dict[str, str], notebook=None, assets: bool 
         nbformat.write(notebook, docs / "fixture.ipynb")
     config = {"INHERIT": str(ROOT / "mkdocs.yml"), "docs_dir": str(docs), "hooks": [str(ROOT / "docs" / "hooks.py")],
               "nav": list(pages) + (["fixture.ipynb"] if notebook is not None else []), "watch": [],
-              "extra": {"lab_site": {"pages": [], "assets": [], "figures_gpu": None}}}
+              "extra": {"lab_site": {"pages": [], "assets": []}}}
     path = tmp / "mkdocs.yml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
@@ -196,16 +196,6 @@ def test_toc_keeps_inline_code_and_code_cells_lose_nbval_markers(fixture_site):
     assert any("x = 1" in c for c in code) and not any("NBVAL" in c for c in code)
 
 
-@pytest.mark.slow
-def test_figures_page_names_each_figure_once(real_site):
-    from bs4 import BeautifulSoup
-
-    soup = BeautifulSoup((real_site / "figures.html").read_text(), "html.parser")
-    headings = [" ".join(h.get_text().replace("¶", "").split()) for h in soup.select("article h2, article h3")]
-    for png in sorted((ROOT / "data" / "figures").glob("nvidia-h200-*.png")):
-        assert headings.count(png.stem) == 1, (png.stem, headings)
-
-
 # ------------------------------------------------------------------------------------------------
 # The real site, and the browser
 # ------------------------------------------------------------------------------------------------
@@ -224,9 +214,10 @@ def real_site(tmp_path_factory) -> Path:
 def test_real_site_has_every_notebook_figure_and_the_quick_start(real_site):
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         assert (real_site / "notebooks" / f"{nb.stem}.html").is_file(), nb.name
-    figures = (real_site / "figures.html").read_text()
     for png in sorted((ROOT / "data" / "figures").glob("nvidia-h200-*.png")):
-        assert f'src="data/figures/{png.name}"' in figures and (real_site / "data" / "figures" / png.name).is_file()
+        assert (real_site / "data" / "figures" / png.name).is_file(), png.name
+    vllm = (real_site / "docs" / "vllm.html").read_text()
+    assert 'src="../data/figures/nvidia-h200-vllm-breakdown.png"' in vllm
     readme = (ROOT / "README.md").read_text()
     quick = next(line for line in readme.splitlines() if line.startswith("make bench"))
     assert quick.split("#")[1].strip() in (real_site / "index.html").read_text()
@@ -324,7 +315,7 @@ def site_in_chromium(real_site, browser) -> dict:
 def test_every_page_loads_clean_in_chromium(site_in_chromium):
     """Each HTML page of the site, over HTTP: images have pixels, no console error, no failed request."""
     pages = site_in_chromium["pages"]
-    assert "index.html" in pages and "figures.html" in pages and "api.html" in pages
+    assert "index.html" in pages and "docs/vllm.html" in pages and "api.html" in pages
     failures = {rel: seen for rel, seen in site_in_chromium["problems"].items() if seen}
     assert not failures, json.dumps(failures, indent=1)
 

@@ -15,7 +15,6 @@ from lfm2vl_lab.report import (
     tables,
     tables_encoder,
     tables_goals,
-    tables_record,
 )
 from lfm2vl_lab.report.frames import Refs, TableError, render
 from lfm2vl_lab.report.tables import render_text, write_tables
@@ -209,16 +208,16 @@ def test_the_record_goal_sums_the_kit_s_own_steps_and_can_be_missed(tmp_path):
     for role, secs in (("check", 100.0), ("ttft", 450.0), ("vllm", 5000.0)):
         man["files"][role]["seconds"] = secs
     man_path.write_text(json.dumps(man))
-    (goal,) = tables_record.record_goals(Refs(root=tmp_path))
+    (goal,) = tables_goals.record_goals(Refs(root=tmp_path))
     assert (goal["value"], goal["ok"], goal["detail"]) == (550.0, True, "2 roles")
     man["files"]["ttft"]["seconds"] = 600.0
     man_path.write_text(json.dumps(man))
     refs = Refs(root=tmp_path)
-    (goal,) = tables_record.record_goals(refs)
+    (goal,) = tables_goals.record_goals(refs)
     assert (goal["value"], goal["ok"]) == (700.0, False)
     assert "| a full record of the kit's own roles, steps in s | ≤ 600 s | 700.00 s | **no** |" in (
         tables_goals.BLOCKS["goals-record"](refs))
-    why = render(tables_record.explain_record(refs))
+    why = render(tables_goals.explain_record(refs))
     assert ("| `ttft` | 600 | 40.0 | 4.0 | 556 |\n| `check` | 100 | – | – | 100 |\n"
             "| **all** | 700 | 40 | 4 | 656 |") in why
 
@@ -238,17 +237,17 @@ def test_a_record_call_on_several_gpus_costs_its_span_and_the_others_their_secon
     man["files"]["engine"].update(at_once, gpu=0, seconds=100.0, date="2030-01-02T00:06:40+00:00")
     man_path.write_text(json.dumps(man))
     refs = Refs(root=tmp_path)
-    (goal,) = tables_record.record_goals(refs)
+    (goal,) = tables_goals.record_goals(refs)
     assert (goal["value"], goal["ok"]) == (100.0 + 50.0 + 400.0, True)
     assert goal["detail"] == "5 roles; on 2 GPUs at once, 600 s of steps in 400 s"
     block = tables_goals.BLOCKS["goals-record"](refs)
     assert "| ≤ 600 s | 550.00 s | yes | 5 roles; on 2 GPUs at once, 600 s of steps in 400 s |" in block
-    why = render(tables_record.explain_record(refs))
+    why = render(tables_goals.explain_record(refs))
     assert "| **all** | 750 |" in why
     for entry in man["files"].values():  # the same steps in turn: each costs its seconds
         entry.pop("gpus", None)
     man_path.write_text(json.dumps(man))
-    assert tables_record.record_goals(Refs(root=tmp_path))[0]["value"] == 750.0
+    assert tables_goals.record_goals(Refs(root=tmp_path))[0]["value"] == 750.0
 
 
 class _CheckRefs:
@@ -268,7 +267,7 @@ def test_the_pointer_check_goal_is_judged_by_its_run():
     target = {"target": "450M pointer check per encode µs", "limit": 2.0, "value": 6.1, "ok": False, "detail": ""}
     new = {"stamp_check": "every pointer", "encode_stamp_us": 6.1, "stamped_tensors": 203, "serial_us": 0.3,
            "targets": [target]}
-    assert tables_goals.guard_goals(_CheckRefs(new)) == [target]
+    assert tables_goals.GOALS["goals-guard"][0](_CheckRefs(new)) == [target]
     assert tables_goals._aim_and_value(target) == ("≤ 2 µs", "6.10 µs")
 
 

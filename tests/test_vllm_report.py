@@ -1,5 +1,5 @@
 """The vllm file's A/B frame and breakdown figure, drawn from a synthetic file of the recorded shape (the recorded
-run itself is checked through the reference set: tests/test_tables.py, tests/test_figures_page.py)."""
+run itself is checked through the reference set: tests/test_tables.py, tests/test_figures.py)."""
 
 from __future__ import annotations
 

@@ -276,4 +276,5 @@ def add_table_args(p) -> None:
     p.add_argument("--tables-only", action="store_true",
                    help="only rewrite the generated tables of README.md and docs/*.md, no figures")
     p.add_argument("--check", action="store_true",
-                   help="write nothing: exit 1 if a generated table of README.md or docs/*.md is stale")
+                   help="write nothing: exit 1 if a generated table of README.md or docs/*.md is stale, or a "
+                        "figure in --out names another source than the reference set's")

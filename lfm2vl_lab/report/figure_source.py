@@ -1,7 +1,7 @@
 """A figure's source in its own PNG: a ``Source`` text chunk listing the result file(s), role(s) and
-code hash it was drawn from, which the docs site captions it with. Nothing else in the PNG changes between
-runs (no ``Software`` chunk, no date), and a redraw with the same text chunks and decoded pixels leaves
-the file untouched (zlib builds compress differently), so ``report`` keeps ``git status`` clean."""
+code hash it was drawn from, which ``report --check`` holds against the set. Nothing else in the PNG
+changes between runs (no ``Software`` chunk, no date), and a redraw with the same text chunks and decoded
+pixels leaves the file untouched (zlib builds compress differently), so ``report`` keeps ``git status`` clean."""
 
 from __future__ import annotations
 

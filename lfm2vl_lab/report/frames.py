@@ -13,7 +13,7 @@ from tabulate import DataRow, TableFormat
 from ..measure.modes import row_labels
 from ..measure.results import REPO_ROOT, RESULTS_ROOT
 from . import reference
-from .reference import REFERENCE_GPU, ReferenceError, load_manifest, manifest_path
+from .reference import REFERENCE_GPU, load_manifest, manifest_path
 
 # The pages' Markdown: no padding, a bare "|---|" rule; tabulate pads columns in every built-in format.
 PAGE_TABLE = TableFormat(lineabove=None, linebelowheader=lambda widths, _aligns: "|" + "---|" * len(widths),
@@ -30,25 +30,20 @@ def shown_path(path, base=None) -> str:
     return str(path)
 
 
-def frame(res: dict, table: str = "rows") -> pd.DataFrame:
-    """A loaded file's ``table`` (default its ``rows``) as a DataFrame, nested dicts as dotted columns,
-    provenance in ``attrs``; a file without rows (``check``) gives one row of its sections."""
-    if table == "rows" and "rows" not in res:
-        data = [{k: v for k, v in res.items() if k != "provenance" and not k.startswith("_")}]
-    elif isinstance(res.get(table), list):
-        data = res[table]
-    else:
-        lists = ", ".join(k for k, v in res.items() if isinstance(v, list) and not k.startswith("_")) or "none"
-        raise ReferenceError(f"{Path(res.get('_path', '?')).name} has no table {table!r} (lists at its top: {lists})")
+def frame(res: dict) -> pd.DataFrame:
+    """A loaded file's ``rows`` as a DataFrame, nested dicts as dotted columns, provenance in ``attrs``; a
+    file without rows (``check``) gives one row of its sections."""
+    sections = {k: v for k, v in res.items() if k != "provenance" and not k.startswith("_")}
+    data = res["rows"] if "rows" in res else [sections]
     df = pd.json_normalize(data) if data else pd.DataFrame()
     df.attrs.update(provenance=res.get("provenance", {}), file=shown_path(res["_path"]) if "_path" in res else None,
                     role=res.get("_role"), code_hash=res.get("_code_hash"))
     return df
 
 
-def load(role: str, table: str = "rows", gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> pd.DataFrame:
+def load(role: str, gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> pd.DataFrame:
     """``role``'s file of the reference set as a DataFrame (:func:`frame`); a role the set lacks raises."""
-    return frame(reference.load(role, gpu, root), table)
+    return frame(reference.load(role, gpu, root))
 
 
 def md(df: pd.DataFrame) -> str:
@@ -203,8 +198,3 @@ def pick_rows(rows: list[dict]) -> list[dict]:
         return is_default_config(r), is_default_config(r, tuple(KERNEL_OPTIONS)), r.get("gpu_busy_ms") is not None
     return one_per((r for r in rows if r.get("median_ms") is not None), lambda r: (r.get("mode"), r.get("workload")),
                    "pick_rows", rank=rank)
-
-
-def workloads_of(rows) -> list[str]:
-    """The rows' workloads in first-seen order."""
-    return list(dict.fromkeys(r["workload"] for r in rows))

@@ -1,6 +1,6 @@
 """Figures of the encoder's ``bench`` file, and what every figure shares: colours per mode, :func:`figure`,
-the drawing helpers :func:`bars`, :func:`lines` and :func:`stacks`, and :class:`NoData`. A figure returns a
-``Figure`` built without ``pyplot`` (no GUI backend, no global state)."""
+the stacked bars :func:`stacks`, and :class:`NoData`. A figure returns a ``Figure`` built without
+``pyplot`` (no GUI backend, no global state)."""
 
 from __future__ import annotations
 
@@ -40,32 +40,6 @@ def figure(width: float, height: float, title: str | None, rows: int = 1, cols: 
     return fig, axes
 
 
-def bars(ax, table: pd.DataFrame, err=None) -> None:
-    """Grouped bars: a group per row of ``table`` (its index labels the x axis), a bar per column in its
-    mode's colour, each labelled with its value; ``err``: ``(below, above)`` tables of whisker lengths."""
-    width, crowded = 0.8 / len(table.columns), table.size > 16  # crowded: upright labels would overlap
-    for i, col in enumerate(table.columns):
-        vals, keep = table[col].to_numpy(float), table[col].notna().to_numpy()
-        xs = np.arange(len(table)) + (i - (len(table.columns) - 1) / 2) * width
-        yerr = None if err is None else [e[col].to_numpy(float)[keep] for e in err]
-        drawn = ax.bar(xs[keep], vals[keep], width, yerr=yerr, capsize=2, label=str(col),
-                       color=MODE_COLORS.get(col, f"C{i % 10}"))
-        ax.bar_label(drawn, fmt="%.2f", fontsize=6 if crowded else 7, padding=1, rotation=90 if crowded else 0)
-    ax.set_xticks(range(len(table)), [str(i) for i in table.index], fontsize=8)
-    ax.margins(y=0.12)  # room for the labels
-
-
-def lines(ax, table: pd.DataFrame, styles: dict | None = None, colors: dict | None = None) -> None:
-    """A line per column of ``table`` over its index (numbers: a log-2 axis ticked at each), points marked."""
-    for i, col in enumerate(table.columns):
-        s = table[col].dropna()
-        ax.plot(s.index.tolist(), s.tolist(), "o", ls=(styles or {}).get(col, "-"),
-                color=(colors or {}).get(col, f"C{i % 10}"), label=str(col))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(table.index.tolist(), [str(x) for x in table.index])
-    ax.minorticks_off()
-
-
 def stacks(ax, bars: list[tuple], seen: set, hatched: str | None = None, room: float = 1.7) -> None:
     """Horizontal bars, top to bottom, one per ``(label, parts, note)``: ``parts`` are ``(name, ms, colour)``
     left to right (a name's first part enters the legend; the part named ``hatched`` is hatched) and ``note``
@@ -97,7 +71,15 @@ def latency_figure(rows: list[dict], title: str | None = None) -> Figure:
     order = dict(index=df["workload"].unique(), columns=sorted(set(df["mode"]), key=lambda m: (rank(MODE_ORDER, m), m)))
     med, p90 = (df.pivot(index="workload", columns="mode", values=v).reindex(**order) for v in ("median_ms", "p90_ms"))
     fig, (ax,) = figure(1.5 * len(med) + 2, 4.2, title or "Encoder latency per mode (whisker: p90)")
-    bars(ax, med, err=(0 * med, (p90 - med).clip(lower=0)))
+    width, crowded = 0.8 / len(med.columns), med.size > 16  # crowded: upright labels would overlap
+    for i, mode in enumerate(med.columns):  # a group of bars per workload, a bar per mode in its colour
+        keep, up = med[mode].notna().to_numpy(), (p90 - med)[mode].clip(lower=0).to_numpy(float)
+        xs = np.arange(len(med)) + (i - (len(med.columns) - 1) / 2) * width
+        drawn = ax.bar(xs[keep], med[mode].to_numpy(float)[keep], width, yerr=[0 * up[keep], up[keep]], capsize=2,
+                       label=str(mode), color=MODE_COLORS.get(mode, f"C{i % 10}"))
+        ax.bar_label(drawn, fmt="%.2f", fontsize=6 if crowded else 7, padding=1, rotation=90 if crowded else 0)
+    ax.set_xticks(range(len(med)), [str(w) for w in med.index], fontsize=8)
+    ax.margins(y=0.12)  # room for the labels
     ax.set(ylabel="median latency per call (ms)",
            xlabel="workload (images per call × side in px; tiled: one tiled image; stream: mixed requests)")
     ax.legend(fontsize=8, ncols=min(len(med.columns), 5), title="mode (whisker: p90)", title_fontsize=8)

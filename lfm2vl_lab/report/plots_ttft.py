@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from ..measure.ttft import mode_name
 from ..serving.pipeline import MODES
 from .frames import need, one_per
-from .plots import NoData, figure, lines, rank, stacks
+from .plots import NoData, figure, rank, stacks
 
 TTFT_MODES = tuple(mode_name(t, e) for t in MODES for e in MODES)  # all eager first, both graphed last
 PROCESSOR = "processor"  # runs on the CPU before the pipeline; outside the TTFT target
@@ -46,11 +46,6 @@ def case_name(case: tuple) -> str:
     return f"{case[0]} {case[1]} x{case[2]}"
 
 
-def recorded_cases(rows: list[dict]) -> str:
-    """What the rows cover, for messages: ``"lfm2-vl-450m 1x512 x1, lfm2-vl-450m 1x512 x4"``."""
-    return ", ".join(dict.fromkeys(case_name([r.get(k) for k in CASE]) for r in ttft_rows(rows))) or "nothing"
-
-
 def ttft_case(rows: list[dict], preset: str, image: str, requests: int) -> dict[str, dict]:
     """``{mode: row}`` of one (preset, image, requests), in :data:`TTFT_MODES` order; empty if none."""
     by = {r["mode"]: r for r in ttft_rows(rows) if (r.get("preset"), r.get("image"), r.get("requests")) ==
@@ -68,7 +63,8 @@ def ttft_breakdown_figure(rows: list[dict], image: str = "1x512", requests: int 
         raise NoData(f"ttft_breakdown_figure: {NO_ROWS}")
     cases = {p: by for p in dict.fromkeys(r["preset"] for r in rows) if (by := ttft_case(rows, p, image, requests))}
     if not cases:
-        raise NoData(f"ttft_breakdown_figure: no rows for {image} x{requests}; recorded: {recorded_cases(rows)}")
+        seen = ", ".join(dict.fromkeys(case_name([r.get(k) for k in CASE]) for r in rows))
+        raise NoData(f"ttft_breakdown_figure: no rows for {image} x{requests}; recorded: {seen}")
     fig, axes = figure(10, 0.9 + 2.0 * len(cases), title or "Time to first token, phase by phase, per mode",
                        rows=len(cases))
     outside, seen = f"{PROCESSOR} (CPU, not in TTFT)", set()
@@ -104,8 +100,13 @@ def ttft_grid_figure(rows: list[dict], title: str | None = None) -> Figure:
                        rows=nrows, cols=cols)
     for ax, ((p, im), mine) in zip(axes, panels):
         table = mine.pivot(index="requests", columns="mode", values="ttft_ms").reindex(columns=TTFT_MODES)
-        lines(ax, table.dropna(axis=1, how="all"), colors=TTFT_MODE_COLORS,
-              styles={m: "--" for m in TTFT_MODES if m.startswith(mode_name("eager", ""))})
+        for mode in table.columns[table.notna().any()]:  # text eager dashed, text graphed solid
+            s = table[mode].dropna()
+            ax.plot(s.index.tolist(), s.tolist(), "o", ls="--" if mode.startswith(mode_name("eager", "")) else "-",
+                    color=TTFT_MODE_COLORS[mode], label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(table.index.tolist(), [str(x) for x in table.index])
+        ax.minorticks_off()
         if missing := [m for m in TTFT_MODES if table[m].isna().all()]:
             ax.text(0.01, 0.01, "not recorded: " + ", ".join(missing), transform=ax.transAxes, fontsize=6,
                     color="#888888", va="bottom")

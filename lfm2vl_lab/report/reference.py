@@ -31,11 +31,6 @@ def load_manifest(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def roles(gpu: str = REFERENCE_GPU, root=RESULTS_ROOT) -> list[str]:
-    """The roles the reference set holds, in the order they were recorded."""
-    return list((load_manifest(gpu, root) or {}).get("files", {}))
-
-
 def role_code_hash(man: dict, role: str) -> str | None:
     """The code hash that recorded ``role``'s file: its entry's own (a role beside the set), else the set's."""
     entry = man.get("files", {}).get(role) or man.get("partial", {}).get(role) or {}

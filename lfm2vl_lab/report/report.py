@@ -1,6 +1,7 @@
 """``python -m lfm2vl_lab report``: every figure of the reference set as a PNG, each drawn from the file
 of its role (named with its date in the title) and carrying that source in the PNG (:mod:`.figure_source`),
-so a second ``report`` rewrites nothing. A figure without data is skipped and the reason printed."""
+so a second ``report`` rewrites nothing. A figure without data is skipped and the reason printed;
+``report --check`` fails on a committed figure the set does not explain (:func:`unexplained_figures`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from ..measure.results import FIGURES_ROOT, RESULTS_ROOT, gpu_slug, recorded_tag
 from . import reference
-from .figure_source import save_figure, source_of
+from .figure_source import NoSource, read_sources, save_figure, source_of
 from .frames import pick_rows
 from .plots import NoData, latency_figure, timeline_figure
 from .plots_roofline import roofline_figure
@@ -79,7 +80,7 @@ def reference_sets(root=RESULTS_ROOT, say=print) -> dict[str, dict[str, dict]]:
         data = json.loads(man.read_text())
         gpu, files = data.get("gpu", man.parent.name), {}
         partial_roles = [r for r in data.get("partial", {}) if r in WHOLE_FILE_ROLES]
-        for role in [*reference.roles(gpu, root), *partial_roles]:
+        for role in [*data.get("files", {}), *partial_roles]:  # in the order they were recorded
             try:
                 files[role] = reference.load(role, gpu, root, partial=role in partial_roles)
             except (OSError, ValueError) as exc:
@@ -112,6 +113,24 @@ def report(root=RESULTS_ROOT, out=FIGURES_ROOT, verbose: bool = True) -> list[Pa
     return written
 
 
+def unexplained_figures(figures=FIGURES_ROOT, root=RESULTS_ROOT) -> list[str]:
+    """Why each ``<gpu-slug>-*.png`` in ``figures`` of a reference set under ``root`` is not what ``report``
+    draws from that set: one it does not draw, or one whose PNG names other sources (files, roles or code)
+    than ``report`` would write into it; empty where the set explains every figure."""
+    why = []
+    for slug, files in reference_sets(root, say=lambda *_: None).items():  # partial roles too, as `report` draws
+        named = {stem: [source_of(r) for r in sources] for stem, _draw, sources in figure_jobs(files, slug)}
+        for png in sorted(Path(figures).glob(f"{slug}-*.png")):
+            try:
+                if png.stem not in named:
+                    why.append(f"{png.name}: the reference set under {root} does not draw it")
+                elif (has := read_sources(png)) != named[png.stem]:
+                    why.append(f"{png.name} names {has} as its sources, the set's are {named[png.stem]}")
+            except NoSource as exc:  # a PNG that names no source at all
+                why.append(str(exc))
+    return why
+
+
 def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
     """After ``record``: redraw the figures and generated pages when the call changed a role (``before``:
     the manifest's files as they were) or completed the set, and only where it wrote into the repo's
@@ -134,6 +153,10 @@ def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
 def run_report_cli(args) -> int:
     """Draw every figure of the reference set, and rewrite the docs' tables from it."""
     tables = run_tables(args)  # from the reference set under --root (report/tables.py)
+    if args.check and (why := unexplained_figures(args.out, args.root)):
+        print("figures not drawn from the reference set: " + "; ".join(why)
+              + " (`python -m lfm2vl_lab report` redraws them)")
+        return 1
     if args.tables_only or args.check:
         return tables
     return (0 if report(args.root, args.out) else 1) or tables

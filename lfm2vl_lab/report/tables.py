@@ -1,7 +1,7 @@
 """The generated parts of README.md and docs/*.md. A page marks each part with ``<!-- table:NAME -->`` …
 ``<!-- /table:NAME -->``; ``report`` redraws what lies between from the reference set and ``report --check``
 says which pages are stale, so prose outside the markers holds no measured number. The ``tables_*`` modules
-declare the parts by topic."""
+declare the parts by topic; this one the set's own, ``reference-set`` (the manifest)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,30 @@ import re
 from pathlib import Path
 
 from ..measure.results import REPO_ROOT, RESULTS_ROOT
-from . import tables_encoder, tables_goals, tables_record, tables_vllm
-from .frames import Refs, TableError
-from .reference import REFERENCE_GPU, ReferenceError, load_manifest
+from . import tables_encoder, tables_goals, tables_vllm
+from .frames import Refs, TableError, ms, part, table
+from .reference import REFERENCE_GPU, ReferenceError, load_manifest, role_code_hash
 
 MARKER = re.compile(r"<!-- (/?)table:([A-Za-z0-9._-]+) -->")
-BLOCKS = {**tables_record.BLOCKS, **tables_encoder.BLOCKS, **tables_goals.BLOCKS, **tables_vllm.BLOCKS}
+
+
+def reference_set(refs) -> list:
+    """The manifest: when and from which code the run was recorded, and each role's file."""
+    man = refs.manifest
+    code = {role: role_code_hash(man, role) for role in man["files"]}
+    prov = refs(next(iter(man["files"])))["provenance"]
+    return [f"`{man['command']}` on one {man['gpu']}, {man['started'][:16].replace('T', ' ')} to "
+            f"{str(man['finished'])[:16].replace('T', ' ')} UTC; {len(set(code.values()))} code version(s); "
+            f"{'complete' if man['complete'] else 'incomplete'}, failed steps: "
+            f"{', '.join(man.get('failed') or {}) or 'none'}. torch {prov.get('torch')}, CUDA {prov.get('cuda')}, "
+            f"transformers {prov.get('transformers')}, Python {prov.get('python')}.",
+            table(["role", "file", "part", "exit status", "seconds", "code"], [
+                [f"`{role}`", f"`{e['file']}`", e.get("part"), e.get("rc"), ms(e.get("seconds"), 0),
+                 f"`{code[role][7:19]}`"] for role, e in man["files"].items()]), refs.source()]
+
+
+BLOCKS = {"reference-set": part((), reference_set), **tables_encoder.BLOCKS, **tables_goals.BLOCKS,
+          **tables_vllm.BLOCKS}
 
 
 def marked(text: str, where: str = "page") -> list[tuple[str, int, int]]:

@@ -7,7 +7,7 @@ import pandas as pd
 
 from ..measure.ttft import mode_name
 from ..measure.workloads import NXS, TILED_SIZE
-from .frames import frame, missing, ms, need, part, preset_label, records, times, verdict
+from .frames import missing, ms, need, part, pick_rows, preset_label, records, times, verdict
 from .plots_ttft import TTFT_MODES, per_case, ttft_frame
 
 ENCODER_MODES = {"hf-eager": "transformers", "compile": "`compile`", "lab-eager": "packed, eager",
@@ -27,16 +27,15 @@ def workload_label(workload: str, stream_n=None) -> str:
 
 
 def by_mode(rows: list[dict]) -> dict:
-    """``{(mode, workload): row}`` of the rows with a median (the last of a key, where a file repeats one)."""
-    return {(r.get("mode"), r.get("workload")): r for r in rows if not missing(r.get("median_ms"))}
+    """``{(mode, workload): row}`` of the rows :func:`~.frames.pick_rows` picks, as every figure does."""
+    return {(r.get("mode"), r.get("workload")): r for r in pick_rows(rows)}
 
 
 def encoder_table(refs) -> list:
     """Per workload: each mode's median ms, in brackets its GPU-busy ms of one profiled call or, for a row
     timed request by request and not profiled (the stream), its p99; lab-graph's in bold, and its speedup."""
     res = refs("bench-450m")
-    df = need(frame(res), "gpu_busy_ms", "p99_ms")
-    df = df[df.median_ms.notna()].drop_duplicates(["mode", "workload"], keep="last")
+    df = need(pd.json_normalize(list(by_mode(res["rows"]).values())), "gpu_busy_ms", "p99_ms")
     cell = df.median_ms.map(ms).where(df["mode"] != "lab-graph", "**" + df.median_ms.map(ms) + "**") + [
         f" ({ms(b)})" if not missing(b) else f" (p99 {ms(p)})" if not missing(p) else ""
         for b, p in zip(df.gpu_busy_ms, df.p99_ms)]

@@ -1,11 +1,12 @@
 """docs/goals.md's generated parts: every family of goals in one table shape (:data:`GOALS`), and per miss
 the numbers from the same files that explain it (:func:`explainer`). Besides the runs' own targets: the
-kernels' goals (:data:`KERNEL_GOALS`, each stricter than its first limit in ``measure.floor.TARGETS``), and
-the library's own shape, measured from this tree rather than the set."""
+kernels' goals (:data:`KERNEL_GOALS`, each stricter than its first limit in ``measure.floor.TARGETS``), a full
+record's device time (:data:`RECORD_LIMIT_S`), and the library's own shape, measured from this tree."""
 
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
 
@@ -16,7 +17,6 @@ from ..measure.ttft import TARGETS as TTFT_TARGETS
 from .frames import ms, part, pct, preset_label, records, render, table, times, verdict
 from .plots_ttft import ttft_case
 from .tables_encoder import BOTH_EAGER, BOTH_GRAPHED, by_mode
-from .tables_record import explain_record, record_goals
 from .ttft_summary import parity_frame
 
 REQUEST_ROLE = "request-3b"
@@ -33,11 +33,10 @@ REPORT_DIR = Path(__file__).resolve().parent
 REPORT_LIMIT_LINES = 1750  # half the ~3,500 lines that turned result files into pages when the goal was set
 PROTOCOL_LIMIT = 12  # vLLM's SupportsEncoderCudaGraph has 11 methods; the kit's protocol adds its config
 REPORT_GOAL = "the report layer (`lfm2vl_lab/report/`), lines"
-
-
-def guard_goals(refs) -> list[dict]:
-    """The check run's own verdicts, per preset."""
-    return [t for p in refs("check")["presets"] for t in (p.get("model_changes") or {}).get("targets", [])]
+RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of a session's device time
+# The set-up seconds the files record, by key; a bench row's ``capture_info`` splits its ``capture_s``
+# by budget, so it is not walked, and rows of one capture repeat its value, so each value counts once.
+SETUP_KEYS = {"compile_s": "compile", "compile_first_call_s": "compile", "capture_s": "capture"}
 
 
 def _grid_and_engine_decode(refs) -> tuple[float | None, float | None]:
@@ -59,6 +58,70 @@ def kernel_goals(refs) -> list[dict]:
                           ratio is not None and ratio <= DECODE_MATCH,
                           f"{ms(grid)} against {ms(eng)} ms" if ratio else "not in the set's files"))
     return out
+
+
+def _record_seconds(refs) -> list[tuple[float, str]]:
+    """``(seconds, role)`` of each of the kit's own steps (vLLM's is timed apart), longest first."""
+    from ..measure.record import STEPS
+
+    files = refs.manifest["files"]
+    return sorted(((files[s.role].get("seconds") or 0, s.role) for s in STEPS if s.role in files and not s.beside),
+                  reverse=True)
+
+
+def device_seconds(entries: list[dict]) -> tuple[float, list[dict]]:
+    """The device seconds of manifest ``entries``, and the calls among them on several GPUs (``gpus``, their
+    ``steps``' seconds, their ``span``): such a call costs its span, from its first step's start to its last's end."""
+    alone, calls = 0.0, {}
+    for e in entries:
+        if (e.get("gpus") or 1) > 1:
+            calls.setdefault(e["call"], []).append(e)
+        else:
+            alone += e.get("seconds") or 0
+    spans = []
+    for es in calls.values():
+        ends = [datetime.fromisoformat(e["date"]) for e in es]
+        ran = [(e.get("calls") or [e.get("seconds") or 0])[-1] for e in es]  # a resumed role: this call's part
+        alone += sum((e.get("seconds") or 0) - r for e, r in zip(es, ran))  # and its earlier calls, as they were
+        start = min(end - timedelta(seconds=r) for end, r in zip(ends, ran))
+        spans.append({"gpus": max(e["gpus"] for e in es), "steps": sum(ran),
+                      "span": (max(ends) - start).total_seconds()})
+    return alone + sum(c["span"] for c in spans), spans
+
+
+def record_goals(refs) -> list[dict]:
+    secs = _record_seconds(refs)
+    total, calls = device_seconds([refs.manifest["files"][r] for _, r in secs])
+    return [target_row("a full record of the kit's own roles, steps in s", total, RECORD_LIMIT_S,
+                       total <= RECORD_LIMIT_S, f"{len(secs)} roles" + "".join(
+                           f"; on {c['gpus']} GPUs at once, {c['steps']:.0f} s of steps in {c['span']:.0f} s"
+                           for c in calls))]
+
+
+def setup_seconds(res: dict) -> dict[str, float]:
+    """``{"compile": s, "capture": s}``: the distinct set-up seconds a result file records."""
+    seen: dict[str, set] = {"compile": set(), "capture": set()}
+
+    def walk(o) -> None:
+        for k, v in (o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ()):
+            if k in SETUP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+                seen[SETUP_KEYS[k]].add(v)
+            elif k != "capture_info":
+                walk(v)
+
+    walk(res)
+    return {k: sum(v) for k, v in seen.items()}
+
+
+def explain_record(refs) -> list:
+    """Per step its seconds, the compiles and captures its file records, and the rest."""
+    secs = _record_seconds(refs)
+    setup = {r: setup_seconds(refs(r)) for _, r in secs}
+    rows = [[f"`{r}`", v, setup[r]["compile"], setup[r]["capture"], v - sum(setup[r].values())] for v, r in secs]
+    rows.append(["**all**", *(sum(col) for col in list(zip(*rows))[1:])])
+    return table(["step", "seconds", "compiles recorded (s)", "captures recorded (s)", "the rest (s)"], [
+        [step, f"{v:.0f}", *(ms(x, 0 if step == "**all**" else 1) if x else None for x in (c, k)), f"{rest:.0f}"]
+        for step, v, c, k, rest in rows])
 
 
 def _modules() -> dict[str, str]:
@@ -87,7 +150,9 @@ GOALS = {"goals-encoder": (lambda refs: judge_targets(refs("bench-450m")["rows"]
                            ("bench-450m", "bench-1.6b")),
          "goals-ttft": (lambda refs: refs("ttft").get("targets") or [], ("ttft",)),
          "goals-engine": (lambda refs: refs("engine").get("targets") or [], ("engine",)),
-         "goals-request": (_request_goals, (REQUEST_ROLE,)), "goals-guard": (guard_goals, ("check",)),
+         "goals-request": (_request_goals, (REQUEST_ROLE,)),
+         "goals-guard": (lambda refs: [t for p in refs("check")["presets"]  # the check run's verdicts, per preset
+                                       for t in (p.get("model_changes") or {}).get("targets", [])], ("check",)),
          "goals-kernels": (kernel_goals, ("bench-450m", "bench-1.6b", "ttft", "engine")),
          "goals-record": (record_goals, ()), "goals-code": (code_goals, ())}
 

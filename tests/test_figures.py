@@ -1,36 +1,28 @@
-"""The docs site's figures page (lfm2vl_lab.report.site): each committed figure with the one file of the
-reference set it is drawn from, as the PNG itself names it, its provenance read from the JSON when the
-page is built; and the committed figures themselves: one run each, named in the title and in the PNG,
-sized for a page, and what `report` draws today, so a fresh clone's `report` changes no file."""
+"""The committed figures: each drawn from one file of the reference set, as the PNG itself names it
+(``report --check`` refuses one the set does not explain), named in the title, sized for a page, and what
+`report` draws today, so a fresh clone's `report` changes no file."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import struct
 from pathlib import Path
 
-import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from lfm2vl_lab.measure.results import FIGURES_ROOT, RESULTS_ROOT, shown_command
+from lfm2vl_lab.cli.cli import main
+from lfm2vl_lab.measure.results import FIGURES_ROOT, RESULTS_ROOT
 from lfm2vl_lab.report import reference
-from lfm2vl_lab.report.figure_source import SOURCE_KEY, png_bytes, save_figure
+from lfm2vl_lab.report.figure_source import SOURCE_KEY, png_bytes, read_sources, save_figure
 from lfm2vl_lab.report.plots import MAX_WIDTH_IN, NoData
-from lfm2vl_lab.report.report import figure_jobs, reference_sets, report
-from lfm2vl_lab.report.site import UnexplainedFigure, figure_sources, figures_page, linked_files
+from lfm2vl_lab.report.report import figure_jobs, reference_sets, report, unexplained_figures
 
 PNGS = sorted(FIGURES_ROOT.glob("nvidia-h200-*.png"))
 MAN = reference.load_manifest()
 DPI = 120  # what `python -m lfm2vl_lab report` saves at
-
-
-@pytest.fixture(scope="module")
-def committed():
-    return figure_sources("nvidia-h200")
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -39,21 +31,15 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_every_committed_figure_comes_from_one_file_of_the_reference_set(committed):
-    assert PNGS and [p for p, _ in committed] == PNGS
-    man = reference.load_manifest()
-    # a resumable role's partial file (vLLM's) is drawn too, and says so in its title
-    roles = {**man["files"], **man.get("partial", {})}
-    for png, files in committed:
+def test_every_committed_figure_comes_from_one_file_of_the_reference_set():
+    assert PNGS and unexplained_figures() == []
+    committed = {png.stem: [src["role"] for src in read_sources(png)] for png in PNGS}
+    for stem, roles in committed.items():
         # one run per figure; vLLM's A/B figures set the kit's pipeline file beside vLLM's, and name both
-        want = ["vllm", "pipeline"] if png.stem.startswith("nvidia-h200-vllm-") else [files[0]["_role"]]
-        assert [f["_role"] for f in files] == want, png.name
-        for res in files:
-            name = Path(res["_path"]).name
-            assert roles[res["_role"]]["file"] == name, png.name
-            assert bool(res.get("_partial")) == (res["_role"] in man.get("partial", {})), png.name
-            assert res["provenance"]["gpu"] == "NVIDIA H200", png.name
-    by_stem = {p.stem: files[0]["_role"] for p, files in committed}
+        assert roles == (["vllm", "pipeline"] if stem.startswith("nvidia-h200-vllm-") else roles[:1]), stem
+        for role in roles:  # a resumable role's partial file (vLLM's) is drawn too, and says so in its title
+            assert reference.load(role, partial=True)["provenance"]["gpu"] == "NVIDIA H200", stem
+    by_stem = {stem: roles[0] for stem, roles in committed.items()}
     assert {by_stem[f"nvidia-h200-ttft-{k}"] for k in ("breakdown", "grid")} == {"ttft"}
     assert by_stem["nvidia-h200-roofline"] == "roofline" and by_stem["nvidia-h200-vllm-breakdown"] == "vllm"
     for preset, role in (("lfm2-vl-450m", "bench-450m"), ("lfm2-vl-1.6b", "bench-1.6b")):
@@ -87,38 +73,18 @@ def test_every_figure_names_its_file_and_date_and_has_labelled_axes():
         assert fig.legends or any(ax.get_legend() for ax in fig.axes), stem
 
 
-def test_page_gives_each_source_files_provenance(committed):
-    page = figures_page(committed)
-    lines = page.splitlines()
-    for png, files in committed:
-        assert f"](data/figures/{png.name})" in page
-        for f in files:
-            p, name = f["provenance"], Path(f["_path"]).name
-            i = next(i for i, line in enumerate(lines) if line.startswith(f"- [`{name}`]("))
-            assert f"(reference set: `{f['_role']}`)" in lines[i]
-            keys = [k for k in ("torch", "transformers", "dtype", "date") if p.get(k)]
-            assert keys and all(f"{k} {p[k]}" in lines[i] for k in keys), lines[i]
-            assert f"GPU {p['gpu']}" in lines[i] and lines[i + 1] == f"  `{shown_command(p['command'])}`"
-    # figures drawn from the same file share one section (one provenance list)
-    assert page.count("\n## ") == len({files[0]["_path"] for _, files in committed})
-    # a figure's name heads the page once: a section of one figure has no sub-heading of the same name
-    for png, _ in committed:
-        assert sum(1 for line in lines if line.startswith("#") and line.endswith(png.stem)) <= 1, png.stem
-    assert {Path(p).resolve() for p in linked_files(committed)} >= {p.resolve() for p, _ in committed}
-
-
 ROOFLINE_CODE = reference.role_code_hash(MAN, "roofline")  # the code that recorded the roofline role
 
 
-def roofline_set(tmp_path: Path, code: str = ROOFLINE_CODE, torch: str = "9.9.9+test") -> tuple[Path, Path]:
-    """A reference set under ``tmp_path / "results"`` holding the committed roofline figure's file
-    (its provenance's torch version and command changed) and that figure: ``(folder, figures)``."""
+def roofline_set(tmp_path: Path) -> tuple[Path, Path]:
+    """A reference set under ``tmp_path / "results"`` holding the committed roofline figure's file and
+    that figure: ``(folder, figures)``."""
     name = MAN["files"]["roofline"]["file"]
     res = {k: v for k, v in reference.load("roofline").items() if not k.startswith("_")}
-    res["provenance"].update(torch=torch, command="python -m lfm2vl_lab roofline --out /somewhere/else")
     folder = tmp_path / "results" / "nvidia-h200"
     folder.mkdir(parents=True)
     (folder / name).write_text(json.dumps(res))
+    code = ROOFLINE_CODE
     manifest = {"gpu": "NVIDIA H200", "code_hash": code, "files": {"roofline": {"file": name, "code_hash": code}}}
     (folder / reference.MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "figures").mkdir()
@@ -126,27 +92,28 @@ def roofline_set(tmp_path: Path, code: str = ROOFLINE_CODE, torch: str = "9.9.9+
     return folder, tmp_path / "figures"
 
 
-def test_page_is_generated_from_the_json(tmp_path):
-    """Change a result file and the page says what the file says (the command without its --out)."""
+def test_a_figure_the_set_does_not_draw_is_unexplained(tmp_path):
+    """The set explains its own figure; a file beside the manifest that it does not name explains none."""
     folder, figures = roofline_set(tmp_path)
-    sources = figure_sources("nvidia-h200", figures, tmp_path / "results")
-    page = figures_page(sources, link=lambda path: Path(path).name)
-    assert "torch 9.9.9+test ·" in page and "  `python -m lfm2vl_lab roofline`\n" in page
-    assert "(reference set: `roofline`)" in page and f"code `{ROOFLINE_CODE[7:19]}`" in page
-    assert "/somewhere/else" not in page and "[![nvidia-h200-roofline](nvidia-h200-roofline.png)]" in page
-    # a file beside the manifest that it does not name explains no figure
+    assert unexplained_figures(figures, tmp_path / "results") == []
     (folder / reference.MANIFEST).write_text(json.dumps({"gpu": "NVIDIA H200", "code_hash": "sha256:0", "files": {}}))
-    with pytest.raises(UnexplainedFigure, match="nvidia-h200-roofline.png"):
-        figure_sources("nvidia-h200", tmp_path / "figures", tmp_path / "results")
+    assert unexplained_figures(figures, tmp_path / "results") == [
+        f"nvidia-h200-roofline.png: the reference set under {tmp_path / 'results'} does not draw it"]
 
 
-def test_a_figure_without_a_source_file_is_an_error(tmp_path):
-    (tmp_path / "figures").mkdir()
-    shutil.copy(FIGURES_ROOT / "nvidia-h200-roofline.png", tmp_path / "figures" / "nvidia-h200-made-up.png")
-    with pytest.raises(UnexplainedFigure, match=re.escape("nvidia-h200-made-up.png")):
-        figure_sources("nvidia-h200", tmp_path / "figures", RESULTS_ROOT)
-    with pytest.raises(reference.ReferenceError, match="no reference set"):
-        figure_sources("nvidia-h200", tmp_path / "figures", tmp_path / "no-results")
+def test_report_check_fails_on_a_figure_the_set_does_not_explain(tmp_path, capsys, monkeypatch):
+    """``report --check`` compares the figures in ``--out`` too: a copy of the committed ones passes, one
+    more figure that `report` does not draw fails it, named (the pages' half: tests/test_tables.py)."""
+    monkeypatch.setattr("lfm2vl_lab.report.report.run_tables", lambda args: 0)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    for png in PNGS:
+        shutil.copy(png, figures)
+    assert main(["report", "--check", "--out", str(figures)]) == 0
+    shutil.copy(FIGURES_ROOT / "nvidia-h200-roofline.png", figures / "nvidia-h200-made-up.png")
+    assert main(["report", "--check", "--out", str(figures)]) == 1
+    out = capsys.readouterr().out
+    assert "figures not drawn from the reference set: nvidia-h200-made-up.png: the reference set" in out
 
 
 def test_every_committed_figure_names_the_sets_file_for_its_role():
@@ -218,22 +185,19 @@ def test_saved_figures_are_deterministic_and_an_equal_picture_is_kept(tmp_path):
     assert path.read_bytes() == png_bytes(fig, [dict(src[0], file="x-20260202-000000.json")])
 
 
-def test_the_page_captions_a_figure_with_the_file_its_png_names(tmp_path):
-    """The page takes a figure's source from the PNG: one that names another file than the set's for
-    its role, other code, a role the set lacks, or nothing, is refused, naming the figure."""
+def test_a_figure_names_the_sets_file_its_code_and_its_role(tmp_path):
+    """A figure's sources are read from its PNG: one that names another file than the set's for its role,
+    other code, a role the set lacks, one source too many, or nothing, is unexplained, naming the figure."""
     _folder, figures = roofline_set(tmp_path)
     png, name, fig = figures / "nvidia-h200-roofline.png", MAN["files"]["roofline"]["file"], _small_figure()
     ok = {"file": name, "role": "roofline", "code_hash": ROOFLINE_CODE}
     save_figure(fig, png, [ok])
-    ((got, (res,)),) = figure_sources("nvidia-h200", figures, tmp_path / "results")
-    assert got == png and Path(res["_path"]).name == name and res["provenance"]["torch"] == "9.9.9+test"
-    for src, why in ((dict(ok, file="roofline-20260101-000000.json"), f"names roofline-20260101-000000.json (code "
-                      f"{ROOFLINE_CODE}) as role 'roofline', the set's is {name} (code {ROOFLINE_CODE})"),
-                     (dict(ok, code_hash="sha256:" + "1" * 64), f"names {name} (code sha256:{'1' * 64})"),
-                     (dict(ok, role="e2e"), f"names {name} (code {ROOFLINE_CODE}) as role 'e2e', the set's is absent")):
-        save_figure(fig, png, [src])
-        with pytest.raises(UnexplainedFigure, match=re.escape(f"nvidia-h200-roofline.png {why}")):
-            figure_sources("nvidia-h200", figures, tmp_path / "results")
+    assert unexplained_figures(figures, tmp_path / "results") == []
+    for named in ([dict(ok, file="roofline-20260101-000000.json")], [dict(ok, code_hash="sha256:" + "1" * 64)],
+                  [dict(ok, role="e2e")], [ok, ok]):
+        save_figure(fig, png, named)
+        assert unexplained_figures(figures, tmp_path / "results") == [
+            f"nvidia-h200-roofline.png names {named} as its sources, the set's are {[ok]}"]
     fig.savefig(png)  # matplotlib's own PNG: no source
-    with pytest.raises(UnexplainedFigure, match="nvidia-h200-roofline.png names no source file"):
-        figure_sources("nvidia-h200", figures, tmp_path / "results")
+    (got,) = unexplained_figures(figures, tmp_path / "results")
+    assert got.startswith("nvidia-h200-roofline.png names no source file"), got
