@@ -13,11 +13,17 @@ saves at the TTFT grid's cache length against the engine role's.
 
 Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or
 not) with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine as the kit builds it,
-its linears of at most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`).
+its linears of at most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`). A mode
+ending ``-pdl`` (``fused-pdl``, ``fused-gemv-pdl``) compiles the same engine with inductor's programmatic
+dependent launch (``torch._inductor.config.triton.enable_pdl``, Hopper and later): each of inductor's
+kernels may start while the one before it finishes, and waits for its results inside the kernel
+(``gdc_wait``), so the boundary between two kernels costs less. cuBLAS and the kit's GEMV keep
+ordinary launches. A torch without that setting skips the mode and says so.
 
     python scripts/engine_probe.py --preset lfm2-vl-450m --json probe.json
     python scripts/engine_probe.py --modes plain,fused,fused-gemv --json probe.json
     python scripts/engine_probe.py --modes fused-gemv --max-len 448,1664 --full-span --json probe.json
+    python scripts/engine_probe.py --modes fused-gemv,fused-gemv-pdl --max-len 448 --json probe.json
 """
 
 from __future__ import annotations
@@ -61,6 +67,26 @@ def profile_step(fn, top: int = 12) -> dict:
             "all": [{"name": k[:90], "calls": c, "us": round(t, 1)} for k, (c, t) in per.items()]}
 
 
+def pdl_available() -> bool:
+    """Whether this torch's inductor can emit programmatic dependent launches."""
+    import torch._inductor.config as inductor_config
+
+    try:
+        inductor_config.triton.enable_pdl  # noqa: B018 (a lookup that raises where the setting is absent)
+    except AttributeError:
+        return False
+    return True
+
+
+def pdl_compile(on: bool):
+    """Inductor's PDL setting for what compiles inside the block (nothing changes when ``on`` is False)."""
+    import contextlib
+
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch({"triton.enable_pdl": True}) if on else contextlib.nullcontext()
+
+
 def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_lens=(512,),
                full_span: bool = False) -> dict:
     model = build_model(name, dtype=torch.bfloat16, device="cuda", text_layers="full")
@@ -73,21 +99,29 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_
     print(f"== {name}: text model {params / 1e9:.3f} GB, floor {out['floor_ms']:.3f} ms/step", flush=True)
     engines = {}
     spans = engine_module.decode_spans
-    for base, max_len, full in ((m, n, f) for m in fuse_modes for n in max_lens for f in (False, True)[:1 + full_span]):
-        mode = base if max_lens == (512,) and not full_span else f"{base}@{max_len}" + ("/full" if full else "")
+    combos = [(m, n, f) for m in fuse_modes for n in max_lens for f in (False, True)[:1 + full_span]]
+    for kind, max_len, full in combos:
+        mode = kind if max_lens == (512,) and not full_span else f"{kind}@{max_len}" + ("/full" if full else "")
+        base, pdl = kind.removesuffix("-pdl"), kind.endswith("-pdl")
+        if pdl and not pdl_available():
+            why = f"torch {torch.__version__} has no torch._inductor.config.triton.enable_pdl"
+            print(f"{mode}: skipped: {why}", flush=True)
+            out["engines"][mode] = {"skipped": why}
+            continue
         FUSE_COMPILE["dynamic"] = {"fused": None, "fused-static": False}.get(base)
         # /full: the one decode graph per batch over the whole cache, as the engine ran before spans
         engine_module.decode_spans = (lambda _t, n: [n]) if full else spans
         t0 = time.perf_counter()
         eng = TextEngine(model, max_batch=8, max_len=max_len, fuse=base != "plain",
                          gemv=(base == "fused-gemv") if base != "plain" else None)
-        info = eng.capture([(1, length), (8, length)])
+        with pdl_compile(pdl):  # the engine compiles at its first capture
+            info = eng.capture([(1, length), (8, length)])
         wall = time.perf_counter() - t0
         print(f"{mode}: compile {info['compile_s']:.1f} s, capture {info['capture_s']:.2f} s, wall {wall:.1f} s; "
               f"graphs {', '.join(sorted(info['captured']))}", flush=True)
         engines[mode] = eng
         out["engines"][mode] = {"compile_s": info["compile_s"], "capture_s": info["capture_s"], "wall_s": wall,
-                                "max_len": eng.max_len, "graphs": sorted(info["captured"])}
+                                "max_len": eng.max_len, "graphs": sorted(info["captured"]), "pdl": pdl}
     engine_module.decode_spans = spans
     emb = torch.randn(8, length, H, device="cuda", dtype=torch.bfloat16)
 
@@ -143,7 +177,8 @@ def main() -> int:
     p.add_argument("--preset", action="append", default=None)
     p.add_argument("--length", type=int, default=280)
     p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--modes", default="plain,fused")
+    p.add_argument("--modes", default="plain,fused", help="comma list of plain, fused, fused-static, fused-gemv, "
+                   "and fused-pdl or fused-gemv-pdl (inductor's kernels with programmatic dependent launch)")
     p.add_argument("--max-len", default="512", help="comma list: each mode's engine with each cache length")
     p.add_argument("--full-span", action="store_true", help="also each engine decoding over its whole cache")
     p.add_argument("--json", default=None)

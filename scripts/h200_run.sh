@@ -30,7 +30,8 @@
 #                                        F.linear's and kernels/gemv.py's (Triton), and the RMSNorm before
 #                                        a linear group as a compiled kernel or inside the GEMV (gemv_rmsnorm)
 #   bash scripts/h200_run.sh engine-gemv scripts/engine_probe.py with ENGINE_MODES (default plain, fused and
-#                                        fused-gemv: the decode linears through kernels/gemv.py) and ENGINE_ARGS
+#                                        fused-gemv: the decode linears through kernels/gemv.py; a mode ending
+#                                        -pdl compiles with inductor's programmatic dependent launch) and ENGINE_ARGS
 #                                        (e.g. "--max-len 448,1664 --full-span"), then the GPU tests GPU_TESTS
 #                                        (default tests/test_gemv_gpu.py)
 #   bash scripts/h200_run.sh decode-gap  scripts/decode_gap_probe.py: the TTFT grid's decode per token against the
