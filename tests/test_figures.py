@@ -104,7 +104,7 @@ def test_a_figure_the_set_does_not_draw_is_unexplained(tmp_path):
 def test_report_check_fails_on_a_figure_the_set_does_not_explain(tmp_path, capsys, monkeypatch):
     """``report --check`` compares the figures in ``--out`` too: a copy of the committed ones passes, one
     more figure that `report` does not draw fails it, named (the pages' half: tests/test_tables.py)."""
-    monkeypatch.setattr("lfm2vl_lab.report.report.run_tables", lambda args: 0)
+    monkeypatch.setattr("lfm2vl_lab.cli.cli_report.run_tables", lambda args: 0)
     figures = tmp_path / "figures"
     figures.mkdir()
     for png in PNGS:

@@ -417,18 +417,19 @@ def test_record_ends_by_redrawing_what_is_derived_from_the_set(tmp_path, monkeyp
     """A call that records a role into the repo's results folder ends with the report step: the figures
     (into the figures folder beside it) and the docs' tables, from that set. A call that changes
     nothing in a set still incomplete redraws nothing, and neither does one that writes elsewhere."""
-    from lfm2vl_lab.report import report, tables
+    from lfm2vl_lab.cli import cli_record, cli_report
+    from lfm2vl_lab.report import report
 
     drawn, tabled = [], []
     monkeypatch.setattr(report, "report", lambda root, out, verbose=True: drawn.append((str(root), str(out))) or [])
-    monkeypatch.setattr(tables, "run_tables", lambda args: tabled.append(args.root) or 0)
+    monkeypatch.setattr(cli_report, "run_tables", lambda args: tabled.append(args.root) or 0)
     kit = ("lfm2vl_lab.measure.bench",)  # fake commands: the code they stand for
     steps = (rec.Step("fast", "encoder", "fast", ("fast",), 60, measures=kit),
              rec.Step("long", "encoder", "long", ("long",), 900, measures=kit))
     repo = tmp_path / "data" / "results"
     said = []
     kw = dict(gpu="cpu", steps=steps, say=said.append, python=stand_in, deadline_s=300,  # "long" never fits
-              derive=report.derive_set)  # what the command passes
+              derive=cli_record.derive_set)  # what the command passes
     man = rec.run_record(out=repo, repo_root=repo, **kw)
     assert list(man["files"]) == ["fast"] and not man["complete"]
     assert drawn == [(str(repo), str(tmp_path / "data" / "figures"))] and tabled == [str(repo)]

@@ -8,9 +8,9 @@ answers at once; each run imports what it needs when it runs. The encoder's runs
 ``graph-apis`` from :mod:`.cli_graph_apis`, the whole-request ones, ``e2e`` and ``ttft``, from
 :mod:`.cli_serving`, the text model's peers, ``engine``, from :mod:`.cli_engine`, vLLM itself,
 ``vllm``, from :mod:`.cli_vllm`, the kit's pipeline on vLLM's A/B, ``pipeline``, from :mod:`.cli_pipeline`,
-``report`` and ``record`` from beside what they drive
-(:mod:`.report`, :mod:`.record`). The measurements themselves (:mod:`.bench`, :mod:`.check`, ...)
-know no argparse.
+and ``report`` and ``record`` from :mod:`.cli_report` and :mod:`.cli_record`, beside the layers they
+drive (:mod:`lfm2vl_lab.report`, :mod:`lfm2vl_lab.measure.record`). The measurements themselves
+(:mod:`.bench`, :mod:`.check`, ...) and the report layer know no argparse.
 
 Examples::
 
@@ -183,7 +183,7 @@ def lazy(module: str, function: str, help: str) -> Callable:
 # name → (add_args(parser), run(args) -> exit status). Add new subcommands here (see module docstring).
 SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
     "bench": (add_bench_args, run_bench_cli),
-    "report": (add_report_args, lazy("report.report", "run_report_cli",
+    "report": (add_report_args, lazy("cli.cli_report", "run_report_cli",
                                      "Draw every figure of the reference set, and rewrite the docs' tables from it.")),
     "check": (add_check_args, run_check_cli),
     "e2e": (add_e2e_args, lazy("cli.cli_serving", "run_e2e_cli", "End to end: generate() TTFT and latency, "

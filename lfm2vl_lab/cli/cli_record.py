@@ -1,10 +1,11 @@
 """``python -m lfm2vl_lab record``, the command: the reference run (:mod:`.record`), then what derives
-from the set (:func:`.report.derive_set`); ``--take`` and ``--dry-run`` need no GPU."""
+from the set (:func:`derive_set`); ``--take`` and ``--dry-run`` need no GPU."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..measure import schedule
 from ..measure.record import DEFAULT_PARTS, STEPS, run_record, stale, take, why_text
@@ -14,13 +15,22 @@ from ..report.reference import load_manifest
 
 
 def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
-    """:func:`.report.derive_set`, imported only when a call wrote into the repo: a record into another
-    folder (a lent machine's output) never loads the report layer."""
-    if Path(out).resolve() != Path(repo_root).resolve():
+    """After ``record``: redraw the figures and generated pages when the call changed a role (``before``:
+    the manifest's files as they were) or completed the set, and only where it wrote into the repo's
+    results (files recorded elsewhere are derived when ``record --take`` brings them in). The report
+    layer is imported only then: a record into another folder (a lent machine's output) never loads it."""
+    changed = json.dumps([man["files"], man.get("partial")]) != before
+    if not (changed or man.get("complete")) or Path(out).resolve() != Path(repo_root).resolve():
         return
-    from ..report.report import derive_set as derive
+    from ..report.report import report
+    from . import cli_report  # through the module: a test stands in for its run_tables
 
-    derive(man, before, out, repo_root, say)
+    figures = Path(repo_root).parent / "figures"
+    try:  # the recorded files and the manifest stand whatever happens here: `report` can redo this
+        cli_report.run_tables(SimpleNamespace(root=str(out), tables_only=False, check=False))
+        say(f"figures: {len(report(out, figures, verbose=False))} drawn from the set into {figures}")
+    except Exception as exc:
+        say(f"figures and tables: not redrawn ({type(exc).__name__}: {exc}); `python -m lfm2vl_lab report` redoes it")
 
 
 def asked_roles(args) -> tuple[str, ...] | None:

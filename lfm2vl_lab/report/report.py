@@ -16,7 +16,6 @@ from .frames import pick_rows
 from .plots import NoData, latency_figure, timeline_figure
 from .plots_roofline import roofline_figure
 from .plots_ttft import ttft_breakdown_figure, ttft_grid_figure
-from .tables import run_tables
 from .vllm_report import vllm_breakdown_figure, with_pipeline
 
 GRAPHED = ("lab-graph", "lab-graph-fused", "compile")
@@ -130,33 +129,3 @@ def unexplained_figures(figures=FIGURES_ROOT, root=RESULTS_ROOT) -> list[str]:
                 why.append(str(exc))
     return why
 
-
-def derive_set(man: dict, before: str, out, repo_root, say=print) -> None:
-    """After ``record``: redraw the figures and generated pages when the call changed a role (``before``:
-    the manifest's files as they were) or completed the set, and only where it wrote into the repo's
-    results (files recorded elsewhere are derived when ``record --take`` brings them in)."""
-    from types import SimpleNamespace
-
-    from . import tables  # through the module: a test stands in for its run_tables
-
-    changed = json.dumps([man["files"], man.get("partial")]) != before
-    if not (changed or man.get("complete")) or Path(out).resolve() != Path(repo_root).resolve():
-        return
-    figures = Path(repo_root).parent / "figures"
-    try:  # the recorded files and the manifest stand whatever happens here: `report` can redo this
-        tables.run_tables(SimpleNamespace(root=str(out), tables_only=False, check=False))
-        say(f"figures: {len(report(out, figures, verbose=False))} drawn from the set into {figures}")
-    except Exception as exc:
-        say(f"figures and tables: not redrawn ({type(exc).__name__}: {exc}); `python -m lfm2vl_lab report` redoes it")
-
-
-def run_report_cli(args) -> int:
-    """Draw every figure of the reference set, and rewrite the docs' tables from it."""
-    tables = run_tables(args)  # from the reference set under --root (report/tables.py)
-    if args.check and (why := unexplained_figures(args.out, args.root)):
-        print("figures not drawn from the reference set: " + "; ".join(why)
-              + " (`python -m lfm2vl_lab report` redraws them)")
-        return 1
-    if args.tables_only or args.check:
-        return tables
-    return (0 if report(args.root, args.out) else 1) or tables

@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..measure.results import REPO_ROOT, RESULTS_ROOT
+from ..measure.results import REPO_ROOT
 from . import tables_encoder, tables_goals, tables_vllm
 from .frames import Refs, TableError, ms, part, table
-from .reference import REFERENCE_GPU, ReferenceError, load_manifest, role_code_hash
+from .reference import role_code_hash
 
 MARKER = re.compile(r"<!-- (/?)table:([A-Za-z0-9._-]+) -->")
 
@@ -81,23 +81,3 @@ def write_tables(paths=None, refs: Refs | None = None, check: bool = False, say=
             say(f"{'stale' if check else 'rewrote'} tables in {path}")
     return stale
 
-
-def run_tables(args) -> int:
-    """Rewrite (``--check``: compare) the generated tables from the reference set under ``--root``."""
-    from ..measure.values import UsageError
-
-    # the pages describe the repo's own reference set: a report of other results draws figures only
-    why = (not args.check and not getattr(args, "tables_only", False)) and (
-        f"{args.root} is not the repo's data/results" if Path(args.root).resolve() != RESULTS_ROOT.resolve() else
-        f"no reference set under {args.root}" if load_manifest(REFERENCE_GPU, args.root) is None else "")
-    if why:
-        print(f"tables: {why}; the pages' tables are left as they are")
-        return 0
-    try:
-        stale = write_tables(refs=Refs(root=args.root), check=args.check)
-    except (TableError, ReferenceError) as exc:
-        raise UsageError(str(exc)) from None
-    if args.check and stale:
-        print("generated tables are stale: run `python -m lfm2vl_lab report --tables-only`")
-        return 1
-    return 0

@@ -39,20 +39,15 @@ RECORD_LIMIT_S = 600  # a full record of the kit's own roles fits in a third of 
 SETUP_KEYS = {"compile_s": "compile", "compile_first_call_s": "compile", "capture_s": "capture"}
 
 
-def _grid_and_engine_decode(refs) -> tuple[float | None, float | None]:
-    """450M decode ms per token: one 512 px request of the TTFT grid (both graphed), the fused engine's."""
-    grid = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(BOTH_GRAPHED)
-    eng = next((r for r in refs("engine")["rows"] if (r["preset"], r["mode"], r.get("requests"))
-                == ("lfm2-vl-450m", "engine-fused", 1) and "error" not in r), None)
-    return (grid or {}).get("decode_ms_per_token"), (eng or {}).get("decode_ms_per_token")
-
-
 def kernel_goals(refs) -> list[dict]:
     out = []
     for name, role, workload, field, limit in KERNEL_GOALS:
         v = (by_mode(refs(role)["rows"]).get(("lab-graph", workload)) or {}).get(field)
         out.append(target_row(name, v, limit, v is not None and v <= limit))
-    grid, eng = _grid_and_engine_decode(refs)
+    # 450M decode ms per token: one 512 px request of the TTFT grid (both graphed), the fused engine's
+    grid = ttft_case(refs("ttft")["rows"], "lfm2-vl-450m", "1x512", 1).get(BOTH_GRAPHED, {}).get("decode_ms_per_token")
+    eng = next((r["decode_ms_per_token"] for r in refs("engine")["rows"] if (r["preset"], r["mode"], r.get("requests"))
+                == ("lfm2-vl-450m", "engine-fused", 1) and "error" not in r), None)
     ratio = grid / eng if grid and eng else None
     out.append(target_row(f"{KERNELS}450M decode per token in the TTFT grid / the engine's", ratio, DECODE_MATCH,
                           ratio is not None and ratio <= DECODE_MATCH,

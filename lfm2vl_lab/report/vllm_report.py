@@ -79,15 +79,6 @@ PARTS = {"vllm": (("processor_ms", "processor (host)", "#e8e8e8"), ("queue_ms", 
                  ("prefill", "prefill", "#1f77b4"), ("sample", "sampling", "#17becf"))}
 
 
-def one_request(res: dict, preset: str) -> list[tuple[str, str, dict]]:
-    """``(engine, arm, measures)`` of one 512 px request of ``preset``: vLLM's breakdown per arm (its
-    own timestamps), then the kit's row per arm where it has phases."""
-    vllm = res["presets"][preset].get("breakdown", {})
-    kit = [(arm, find(res, "kit", preset, "1x512", TOKENS[0], arm)) for arm in ARMS]
-    return ([("vllm", arm, vllm[f"{arm}/1x512"]) for arm in ARMS if vllm.get(f"{arm}/1x512")]
-            + [("kit", arm, r) for arm, r in kit if r and r.get("phases_ms")])
-
-
 def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
     """Per preset, one 512 px request as a stacked bar per engine and arm (vLLM's own timestamps, the
     kit's phases), each with its measured TTFT."""
@@ -97,8 +88,11 @@ def vllm_breakdown_figure(res: dict, title: str | None = None) -> Figure:
     fig, axes = figure(11, 1.9 + 2.3 * len(presets), title, rows=len(presets))
     seen: set = set()
     for ax, preset in zip(axes, presets):
-        bars = []
-        for engine, arm, m in one_request(res, preset):
+        bars, vllm = [], res["presets"][preset].get("breakdown", {})
+        kit = [(arm, find(res, "kit", preset, "1x512", TOKENS[0], arm)) for arm in ARMS]
+        # one 512 px request per arm: vLLM's own timestamps, then the kit's row where it has phases
+        for engine, arm, m in ([("vllm", arm, vllm[f"{arm}/1x512"]) for arm in ARMS if vllm.get(f"{arm}/1x512")]
+                               + [("kit", arm, r) for arm, r in kit if r and r.get("phases_ms")]):
             # vLLM's step from scheduling to the first token, less the encoder's part of it
             vals = dict(m, step_rest=(m.get("scheduled_to_first_ms") or 0) - (m.get("encoder_gpu_ms") or 0)) \
                 if engine == "vllm" else m["phases_ms"]
