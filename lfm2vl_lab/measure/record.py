@@ -125,8 +125,8 @@ STEPS: tuple[Step, ...] = (
            "--repeats", "30", "--profile", "--no-progress", "--figure", "none", limit_s=220),
     # the TTFT grid with the fused engine: most of what it adds to the unfused grid is the fused
     # engine's first compile, per preset (its seconds are in the file's setup); with decode graphs per
-    # cache span its first try ran past 400 s (logs/record-20261204-spans-call.log: 1.6B's tiled x4 and
-    # x8 left at 409 s), so one call of its own
+    # cache span its first try ran past 400 s (probes/2026-12-04/ttft-20261204-043024-incomplete.log:
+    # 1.6B's tiled x4 and x8 left at 409 s), so one call of its own
     Step("ttft", "engine", "ttft", ("ttft", *(a for p in PRESETS for a in ("--preset", p)), "--image", "1x512,tiled",
                                     "--requests", "1,2,4,8", "--repeats", "7", "--decode-tokens", "16", "--profile",
                                     "--image-path", "--fuse", "on", "--no-progress"), 500),
