@@ -284,7 +284,7 @@ def run_record(parts=DEFAULT_PARTS, out=RESULTS_ROOT, gpu: str | None = None, st
       file it left moves to ``<out>/<gpu>/incomplete/``, and the run goes on with the next step. The
       manifest is ``complete`` once every role of ``steps`` is recorded and none failed.
     * ``derive(man, before, out, repo_root, say)``, if given, runs at the end: the command passes
-      :func:`.cli_record.derive_set`, which redraws the figures and the docs' generated tables.
+      :func:`lfm2vl_lab.cli.cli_record.derive_set`, which redraws the figures and the docs' generated tables.
     """
     machine = None
     if gpu is None:
