@@ -13,33 +13,42 @@ saves at the TTFT grid's cache length against the engine role's.
 
 Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or
 not) with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine as the kit builds it,
-its linears of at most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`). A mode
-ending ``-pdl`` (``fused-pdl``, ``fused-gemv-pdl``) compiles the same engine with inductor's programmatic
-dependent launch (``torch._inductor.config.triton.enable_pdl``, Hopper and later): each of inductor's
-kernels may start while the one before it finishes, and waits for its results inside the kernel
-(``gdc_wait``), so the boundary between two kernels costs less. cuBLAS and the kit's GEMV keep
-ordinary launches. A torch without that setting skips the mode and says so.
+its linears of at most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`), with the
+RMSNorms, the MLP's activation and the residual adds folded into it; a ``fused-gemv`` mode ending
+``-nofold`` (before any PDL suffix) keeps those out of it (``linear.fold = False``), as inductor's own
+kernels. Programmatic dependent launch (PDL, Hopper and later: a kernel may start while the one before it
+ends, and waits inside for its writes) is an experiment: a mode ending ``-pdl`` compiles the decode
+step's inductor kernels with it (``TextEngine(pdl=True)``) and captures the GEMV with it
+(:data:`lfm2vl_lab.kernels.gemv.PDL_ENV`), ``-ipdl`` the inductor kernels only, ``-gpdl`` the GEMV only.
+A torch without inductor's setting skips an ``-pdl``/``-ipdl`` mode and says so.
+
+Decode is timed two ways: ``decode`` is one call of one step (host and GPU); ``decode x16`` is a call
+of a prefill, its sample and 16 steps, less the median of ``prefill+sample``, per step: 16 steps in a
+call, as the ``engine`` role times them, where a saving on the GPU side shows.
 
     python scripts/engine_probe.py --preset lfm2-vl-450m --json probe.json
     python scripts/engine_probe.py --modes plain,fused,fused-gemv --json probe.json
     python scripts/engine_probe.py --modes fused-gemv --max-len 448,1664 --full-span --json probe.json
-    python scripts/engine_probe.py --modes fused-gemv,fused-gemv-pdl --max-len 448 --json probe.json
+    python scripts/engine_probe.py --modes fused-gemv-nofold,fused-gemv,fused-gemv-pdl --max-len 448 --json p.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lfm2vl_lab import build_model  # noqa: E402
+from lfm2vl_lab.kernels import gemv as gemv_module  # noqa: E402
 from lfm2vl_lab.measure.results import code_hash  # noqa: E402
 from lfm2vl_lab.measure.timing import summarize, time_paired  # noqa: E402
 from lfm2vl_lab.serving import engine as engine_module  # noqa: E402
@@ -67,24 +76,10 @@ def profile_step(fn, top: int = 12) -> dict:
             "all": [{"name": k[:90], "calls": c, "us": round(t, 1)} for k, (c, t) in per.items()]}
 
 
-def pdl_available() -> bool:
-    """Whether this torch's inductor can emit programmatic dependent launches."""
-    import torch._inductor.config as inductor_config
-
-    try:
-        inductor_config.triton.enable_pdl  # noqa: B018 (a lookup that raises where the setting is absent)
-    except AttributeError:
-        return False
-    return True
-
-
-def pdl_compile(on: bool):
-    """Inductor's PDL setting for what compiles inside the block (nothing changes when ``on`` is False)."""
-    import contextlib
-
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch({"triton.enable_pdl": True}) if on else contextlib.nullcontext()
+def gemv_launches(pdl: bool):
+    """The kit's GEMV launches inside the block: with PDL when ``pdl``, else the ordinary way (its
+    environment switch, restored after)."""
+    return mock.patch.dict(os.environ, {gemv_module.PDL_ENV: "1" if pdl else "0"})
 
 
 def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_lens=(512,),
@@ -102,26 +97,37 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_
     combos = [(m, n, f) for m in fuse_modes for n in max_lens for f in (False, True)[:1 + full_span]]
     for kind, max_len, full in combos:
         mode = kind if max_lens == (512,) and not full_span else f"{kind}@{max_len}" + ("/full" if full else "")
-        base, pdl = kind.removesuffix("-pdl"), kind.endswith("-pdl")
-        if pdl and not pdl_available():
-            why = f"torch {torch.__version__} has no torch._inductor.config.triton.enable_pdl"
+        base = kind.removesuffix("-pdl").removesuffix("-ipdl").removesuffix("-gpdl")
+        engine_pdl, gemv_pdl = kind.endswith(("-pdl", "-ipdl")), kind.endswith(("-pdl", "-gpdl"))
+        fold = not base.endswith("-nofold")
+        base = base.removesuffix("-nofold")
+        if engine_pdl and not engine_module.pdl_available("cuda"):
+            why = f"torch {torch.__version__} has no torch._inductor.config.triton.enable_pdl (or no sm90 GPU)"
             print(f"{mode}: skipped: {why}", flush=True)
             out["engines"][mode] = {"skipped": why}
             continue
+        # dynamo keeps one compiled body per code object for every engine: without a reset a mode would
+        # replay the code an earlier mode compiled under other settings (PDL on or off)
+        torch._dynamo.reset()
         FUSE_COMPILE["dynamic"] = {"fused": None, "fused-static": False}.get(base)
         # /full: the one decode graph per batch over the whole cache, as the engine ran before spans
         engine_module.decode_spans = (lambda _t, n: [n]) if full else spans
         t0 = time.perf_counter()
-        eng = TextEngine(model, max_batch=8, max_len=max_len, fuse=base != "plain",
-                         gemv=(base == "fused-gemv") if base != "plain" else None)
-        with pdl_compile(pdl):  # the engine compiles at its first capture
+        fused = base != "plain"
+        eng = TextEngine(model, max_batch=8, max_len=max_len, fuse=fused,
+                         gemv=(base == "fused-gemv") if fused else None, pdl=engine_pdl and fused)
+        if eng.linear is not None:
+            eng.linear.fold = fold
+        with gemv_launches(gemv_pdl):  # the engine compiles, and its graphs record their launches, here
             info = eng.capture([(1, length), (8, length)])
         wall = time.perf_counter() - t0
         print(f"{mode}: compile {info['compile_s']:.1f} s, capture {info['capture_s']:.2f} s, wall {wall:.1f} s; "
               f"graphs {', '.join(sorted(info['captured']))}", flush=True)
         engines[mode] = eng
         out["engines"][mode] = {"compile_s": info["compile_s"], "capture_s": info["capture_s"], "wall_s": wall,
-                                "max_len": eng.max_len, "graphs": sorted(info["captured"]), "pdl": pdl}
+                                "max_len": eng.max_len, "graphs": sorted(info["captured"]),
+                                "inductor_pdl": fused and engine_pdl,
+                                "gemv_pdl": gemv_pdl, "fold": fold and eng.linear is not None}
     engine_module.decode_spans = spans
     emb = torch.randn(8, length, H, device="cuda", dtype=torch.bfloat16)
 
@@ -136,13 +142,24 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_
         prefill(eng, n)()
         return lambda: eng.decode(1)
 
+    def decode16(eng):
+        first = prefill(eng, 1)
+
+        def call():
+            first()
+            eng.decode(16)
+        return call
+
     steps = {"prefill+sample": lambda e: prefill(e, 1), "decode": lambda e: decode(e, 1),
-             "decode x8": lambda e: decode(e, 8)}
+             "decode x8": lambda e: decode(e, 8), "decode x16": decode16}
+    first_ms = {}  # each mode's prefill+sample median, which decode x16 takes off its calls
     for step, make in steps.items():
         calls = {mode: make(eng) for mode, eng in engines.items()}
         times = time_paired(calls, repeats, 5, "cuda")
         for mode, ts in times.items():
-            s = summarize(ts)
+            if step == "prefill+sample":
+                first_ms[mode] = summarize(ts)["median_ms"]
+            s = summarize([(t - first_ms[mode]) / 16 for t in ts] if step == "decode x16" else ts)
             out["engines"][mode][step] = {"median_ms": s["median_ms"], "p90_ms": s["p90_ms"],
                                           "profile": profile_step(make(engines[mode]))}
             p = out["engines"][mode][step]["profile"]
@@ -157,6 +174,10 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_
                 print(f"   {r['us']:8.1f} us {r['calls']:4d}x {r['name']}")
     toks = {}
     for mode, eng in engines.items():
+        # a recapture (weights that moved under an engine's graphs) would capture again under whatever
+        # settings hold now, not the mode's: the A/B holds only where there was none
+        out["engines"][mode]["recaptures"] = eng.stats.recaptures
+        print(f"{mode}: recaptures {eng.stats.recaptures}")
         eng.prompt(1, length).copy_(emb[:1])
         eng.prefill([length])
         toks[mode] = torch.cat([eng.sample(), eng.decode(16)[0]]).tolist()
@@ -178,12 +199,17 @@ def main() -> int:
     p.add_argument("--length", type=int, default=280)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--modes", default="plain,fused", help="comma list of plain, fused, fused-static, fused-gemv, "
-                   "and fused-pdl or fused-gemv-pdl (inductor's kernels with programmatic dependent launch)")
+                   "with a suffix -pdl (programmatic dependent launch: inductor's decode kernels and the GEMV), -ipdl "
+                   "(inductor's only) or -gpdl (the GEMV's only), and before it -nofold (the norms, activation "
+                   "and residual adds outside the GEMV)")
     p.add_argument("--max-len", default="512", help="comma list: each mode's engine with each cache length")
     p.add_argument("--full-span", action="store_true", help="also each engine decoding over its whole cache")
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    res = {"code_hash": code_hash(), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+    import triton
+
+    res = {"code_hash": code_hash(), "torch": torch.__version__, "triton": triton.__version__,
+           "gpu": torch.cuda.get_device_name(),
            "fuse_compile": dict(FUSE_COMPILE), "presets": []}
     for name in a.preset or ["lfm2-vl-450m"]:
         res["presets"].append(run_preset(name, a.length, a.repeats, a.modes.split(","),

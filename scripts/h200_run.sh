@@ -224,7 +224,7 @@ boundary)
   LOG=boundary TAILN=30 step 180 python3 scripts/boundary_probe.py --out "$R" ;;
 engine-gemv)
   # the fused text engine with its decode linears through the Triton GEMV, beside the plain and fused ones
-  LOG=engine-gemv TAILN=70 step 300 python3 scripts/engine_probe.py --modes "${ENGINE_MODES:-plain,fused,fused-gemv}" \
+  LOG=engine-gemv TAILN=70 step "${ENGINE_LIMIT:-300}" python3 scripts/engine_probe.py --modes "${ENGINE_MODES:-plain,fused,fused-gemv}" \
     ${ENGINE_ARGS:-} --json "$R/engine-gemv.json"
   LOG=pytest TAILN=8 step "$(left)" python3 -m pytest -q -rs -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/test_gemv_gpu.py} ;;
 decode-gap)

@@ -142,11 +142,61 @@ def test_every_linear_of_the_fused_engine_runs_through_its_router(model, monkeyp
     assert len(calls) == sum(per_layer) and {rows for rows, _ in calls} == {64}  # the 64-position bucket
 
 
+@torch.no_grad()
+def test_a_fused_decode_step_folds_every_norm_activation_and_residual_add_into_a_linear(model, monkeypatch):
+    """With the fused engine's router, a decode step hands it each layer's two RMSNorms (before q/k/v or
+    the conv's in_proj, and before w1/w3) and the LM head's, the MLP's activation and both residual
+    adds, one row each, which on a GPU the GEMV takes into its kernel; its tokens are the unfused
+    engine's (on a CPU the router runs torch's own ops: the same math, not a different path)."""
+    from collections import Counter
+
+    from lfm2vl_lab.kernels.router import DecodeLinear
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+
+    class Counting(DecodeLinear):
+        def norm_linear(self, x, norm, weight, bias=None):
+            calls.append(("norm", x.numel() // x.shape[-1]))
+            return super().norm_linear(x, norm, weight, bias)
+
+        def residual_linear(self, x, weight, bias, residual):
+            calls.append(("residual", x.numel() // x.shape[-1]))
+            return super().residual_linear(x, weight, bias, residual)
+
+        def swiglu_linear(self, h, weight, bias=None, residual=None):
+            calls.append(("swiglu+residual" if residual is not None else "swiglu", h.numel() // h.shape[-1]))
+            return super().swiglu_linear(h, weight, bias, residual)
+
+    monkeypatch.setattr(engine_mod, "decode_linear", Counting)
+    fused = TextEngine(model, max_batch=1, max_len=128, fuse=True)
+    eager = TextEngine(model, max_batch=1, max_len=128)
+    fused.capture([(1, 40)], record=eager_stand_in)
+    emb = prompts(model, [40])
+    want = tokens_and_logits(eager, emb, [40], 3)
+    got = tokens_and_logits(fused, emb, [40], 3)
+    assert torch.equal(got[0], want[0]) and rel(got[1], want[1]) < 1e-5
+    calls.clear()
+    fused.decode(1)
+    n = len(fused.lm.layers)
+    assert Counter(kind for kind, _ in calls) == {"norm": 2 * n + 1, "residual": n, "swiglu+residual": n}
+    assert {rows for _, rows in calls} == {1}
+
+
 def test_gemv_without_fuse_is_refused_in_one_line(model):
     with pytest.raises(ValueError, match=r"^gemv=True needs fuse=True"):
         TextEngine(model, max_batch=1, max_len=128, gemv=True)
     assert TextEngine(model, max_batch=1, max_len=128, fuse=True, gemv=False).linear is None
     assert TextEngine(model, max_batch=1, max_len=128).linear is None
+
+
+def test_pdl_is_refused_in_one_line_without_fuse_or_where_the_device_has_none(model):
+    with pytest.raises(ValueError, match=r"^pdl=True needs fuse=True"):
+        TextEngine(model, max_batch=1, max_len=128, pdl=True)
+    with pytest.raises(ValueError, match=r"^pdl=True: programmatic dependent launch needs a CUDA GPU of sm90.*got cpu"):
+        TextEngine(model, max_batch=1, max_len=128, fuse=True, pdl=True)
+    assert not engine_mod.pdl_available("cpu")
+    TextEngine(model, max_batch=1, max_len=128, fuse=True, pdl=False)  # off is always possible
 
 
 @pytest.mark.parametrize("length", [1, 7])
@@ -309,3 +359,63 @@ def test_fused_decode_runs_every_linear_as_the_triton_gemv():
         counts[gemv] = sum(e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("gemv_kernel")
                            for e in prof.events())
     assert counts == {True: linears, False: 0}
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_folding_into_the_gemv_takes_kernels_off_a_decode_step():
+    """bf16, 450M, one request: with the router's folds (the default) a decode step's graph runs at least
+    two kernels fewer per layer than with them off (``linear.fold = False``: the norms, the activation
+    and the residual adds as inductor's own kernels), the GEMV still once per linear, the logits finite.
+    (Their accuracy against float32: the bucket test's bf16 case, which runs with the folds.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _gpu_model(torch.bfloat16)
+    H = model.config.text_config.hidden_size
+    emb = torch.randn(1, 280, H, device="cuda", dtype=torch.bfloat16)
+    layers = len(model.model.language_model.layers)
+    kernels, gemvs = {}, {}
+    for fold in (True, False):
+        torch._dynamo.reset()  # each engine compiles its own step
+        eng = TextEngine(model, max_batch=1, max_len=512, fuse=True)
+        eng.linear.fold = fold
+        eng.capture([(1, 280)])
+        logits = tokens_and_logits(eng, emb, [280], 3)[1]
+        assert torch.isfinite(logits.float()).all() and torch.isfinite(eng.logits[:1].float()).all()
+        assert not eng.stats.eager
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            eng.decode(1)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels[fold], gemvs[fold] = len(names), sum(n.startswith("gemv_kernel") for n in names)
+    assert gemvs == {True: 4 * layers + 1, False: 4 * layers + 1}
+    assert kernels[True] <= kernels[False] - 2 * layers, kernels
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_the_fused_decode_of_two_requests_replays_the_same_bits_every_time():
+    """bf16, 450M, two requests, 48 steps: the fused engine's decode graphs (the GEMV with its folds, two
+    rows a launch) give the same tokens and logits, bit for bit, on every replay of the same request. A
+    kernel that read partial sums before they were all written made runs differ: the GEMV split over K
+    for two rows did (the probes of 2026-12-04), which its table no longer does."""
+
+    model = _gpu_model(torch.bfloat16)
+    H = model.config.text_config.hidden_size
+    emb = torch.randn(2, 280, H, device="cuda", dtype=torch.bfloat16)
+
+    def run(eng):
+        tokens, _ = tokens_and_logits(eng, emb, [280, 211], 48)
+        return tokens, eng.logits[:2].clone()  # the last decode step's logits
+
+    torch._dynamo.reset()  # a fresh compile, as a new process makes
+    eng = TextEngine(model, max_batch=2, max_len=512, fuse=True)
+    eng.capture([(2, 280)])
+    first = run(eng)
+    for _ in range(4):
+        again = run(eng)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    assert not eng.stats.eager and not eng.stats.recaptures
+    assert eng.stats.replays.get("decode 2x384") == 5 * 48
+    assert torch.isfinite(first[1].float()).all()

@@ -1,19 +1,22 @@
-"""scripts/engine_probe.py: the text engine's modes side by side on the H200. Here its host side: the
-programmatic-dependent-launch modes compile under inductor's PDL setting and leave it as it was."""
+"""scripts/engine_probe.py: the text engine's modes side by side on the H200. Here its host side: a
+``-pdl``/``-gpdl`` mode captures the GEMV with programmatic dependent launch inside its block only."""
 
 from __future__ import annotations
 
-import torch._inductor.config as inductor_config
 from script_loader import load_script
+
+from lfm2vl_lab.kernels import gemv
 
 ep = load_script("engine_probe.py")
 
 
-def test_a_pdl_mode_compiles_with_inductors_pdl_setting_and_restores_it():
-    assert ep.pdl_available()  # this torch has the setting; the probe skips the mode where it does not
-    before = inductor_config.triton.enable_pdl
-    with ep.pdl_compile(True):
-        assert inductor_config.triton.enable_pdl is True
-    with ep.pdl_compile(False):
-        assert inductor_config.triton.enable_pdl == before
-    assert inductor_config.triton.enable_pdl == before
+def test_a_pdl_mode_launches_the_gemv_with_pdl_inside_the_block_only(monkeypatch):
+    monkeypatch.delenv(gemv.PDL_ENV, raising=False)
+    assert not gemv.pdl_wanted()  # the kernel's default: ordinary launches
+    with ep.gemv_launches(True):
+        assert gemv.pdl_wanted()
+    assert not gemv.pdl_wanted()
+    monkeypatch.setenv(gemv.PDL_ENV, "1")
+    with ep.gemv_launches(False):
+        assert not gemv.pdl_wanted()
+    assert gemv.pdl_wanted()

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lfm2vl_lab.kernels import gemv as gemv_module
 from lfm2vl_lab.kernels.gemv import cat_weights, gemv, gemv_shared, pick_config
 
 pytestmark = pytest.mark.gpu
@@ -64,7 +65,7 @@ def test_decode_linear_compiled_and_captured_runs_the_kernel_for_few_rows_only()
     a captured graph of it replays within bf16 rounding of fp32; many rows stay torch's GEMM."""
     from torch.profiler import ProfilerActivity, profile
 
-    from lfm2vl_lab.kernels.gemv import decode_linear
+    from lfm2vl_lab.kernels.router import decode_linear
 
     linear = decode_linear()
     w = torch.randn(4608, 1024, device="cuda", dtype=torch.bfloat16)
@@ -92,7 +93,7 @@ def test_two_routers_replayed_at_once_on_two_streams_stay_right():
     sums or counters."""
     import threading
 
-    from lfm2vl_lab.kernels.gemv import decode_linear
+    from lfm2vl_lab.kernels.router import decode_linear
 
     w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)  # the table splits K for this shape
     assert pick_config(1, 1024, 1024).split_k > 1
@@ -174,3 +175,75 @@ def test_a_nan_in_a_normed_row_reaches_all_its_outputs_and_no_others():
     x[0, 1023] = float("nan")
     y = gemv_rmsnorm(x, nw, EPS, w)
     assert y[0].isnan().all() and not y[1].isnan().any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs Hopper (sm90) or later")
+def test_with_pdl_a_chain_of_dependent_launches_gives_the_same_bits_eagerly_and_from_a_graph(monkeypatch):
+    """Each GEMV reads the one before it (split-K and not): a kernel that started before its input was
+    written, or before the last launch's counters were back at zero, would change the bits."""
+    torch.manual_seed(0)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+          for n, k in ((4608, 1024), (1024, 4608), (512, 1024), (1024, 512), (1024, 1024))]
+
+    def chain(x):  # 1024 -> 4608 -> 1024 -> 512 -> 1024 -> 1024, three times over
+        for _ in range(3):
+            for w in ws:
+                x = gemv(x, w)
+        return x
+
+    def plain(x):  # the same chain with ordinary launches
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv(gemv_module.PDL_ENV, "0")
+            return chain(x)
+
+    monkeypatch.setenv(gemv_module.PDL_ENV, "1")
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(chain(x), plain(x))
+    static = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = chain(static)
+    for _ in range(3):
+        static.copy_(torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, plain(static))
+
+
+@pytest.mark.parametrize("kind", ["residual", "swiglu", "swiglu+residual"])
+@pytest.mark.parametrize("m,n,k", [(1, 1024, 1024), (1, 1024, 4608), (2, 1024, 1024), (4, 37, 4100)])
+def test_the_residual_epilogue_and_activation_prologue_match_fp32_eagerly_and_from_graph_replays(kind, m, n, k):
+    """The decode step's folds, ``residual + F.linear(x)`` (out_proj) and ``F.linear(silu(g) * u) (+ residual)``
+    (w2 after w1/w3), against the same ops in fp32, eagerly and from replays on fresh inputs."""
+    from lfm2vl_lab.kernels.gemv import gemv_residual, gemv_swiglu
+
+    torch.manual_seed(n + k)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    width = k if kind == "residual" else 2 * k
+
+    def call(x, r):
+        if kind == "residual":
+            return gemv_residual(x, w, r)
+        return gemv_swiglu(x, w, None, r if kind == "swiglu+residual" else None)
+
+    def ref(x, r):
+        a = x.float() if kind == "residual" else F.silu(x[:, :k].float()) * x[:, k:].float()
+        y = F.linear(a, w.float())
+        return y if kind == "swiglu" else y + r.float()
+
+    def rel(y, want):
+        return ((y.float() - want).abs().max() / want.abs().max()).item()
+
+    x, r = (torch.randn(m, s, device="cuda", dtype=torch.bfloat16) for s in (width, n))
+    assert rel(call(x, r), ref(x, r)) <= TOL
+    sx, sr = x.clone(), r.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = call(sx, sr)
+    for _ in range(3):
+        sx.copy_(torch.randn(m, width, device="cuda", dtype=torch.bfloat16))
+        sr.copy_(torch.randn(m, n, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel(y, ref(sx, sr)) <= TOL and torch.isfinite(y.float()).all()

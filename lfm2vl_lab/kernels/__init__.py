@@ -10,4 +10,8 @@ A leaf: it imports torch (and Triton, lazily, where a GPU has it) and nothing el
   (:func:`~.attention.dense_attention`)
 * :mod:`.fused` — fewer elementwise kernels in an encoder layer: residual add + LayerNorm as one
   Triton kernel, the MLP's bias + GELU in the GEMM's epilogue; plain torch where they do not apply
+* :mod:`.gemv` — the text model's decode linears as a Triton GEMV that streams the weights, with the
+  RMSNorm or the MLP's activation before it and the residual add after it taken into the same kernel
+* :mod:`.router` — which of the fused text engine's linears run that GEMV, as custom ops that
+  torch.compile keeps whole (:class:`~.router.DecodeLinear`)
 """

@@ -23,7 +23,9 @@ shaped for streaming:
 :func:`gemv_shared` is the variant for linears that share an input (q/k/v, the MLP's gate and
 up): one launch over their concatenated weight (:func:`cat_weights`), fewer and larger kernels.
 :func:`gemv_rmsnorm` (and :func:`gemv_rmsnorm_shared`) takes the RMSNorm before such a group into the
-same kernel: ``F.linear(rmsnorm(x), W)`` in one launch, no normalized row written and read back.
+same kernel: ``F.linear(rmsnorm(x), W)`` in one launch, no normalized row written and read back;
+:func:`gemv_swiglu` the MLP's ``silu(g) * u`` before its down projection, and :func:`gemv_residual` (or
+``residual=`` of :func:`gemv_swiglu`) the residual add after a projection.
 
 Plain torch (fp32 accumulation, then the input's dtype) runs where there is no CUDA or no Triton,
 and for more than :data:`MAX_M` rows (a GEMM's work, cuBLAS's job). With ``TRITON_INTERPRET=1`` set
@@ -36,13 +38,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import itertools
 import os
 from typing import NamedTuple
 
 import torch
 
 MAX_M = 4  # rows of x the kernel takes in one launch (one accumulator each)
+# Programmatic dependent launch (the kernel's ``PDL``) on request only (``LFM2VL_GEMV_PDL=1``): the kernel
+# waits for the one before it, so it is right next to any kernel, and with inductor's PDL around it the 450M
+# decode step took 0.557 ms against 0.605 (scripts/engine_probe.py); but an engine whose inductor kernels
+# used PDL replayed one run in seven differently (scripts/pdl_race_probe.py), so it stays an experiment.
+PDL_ENV = "LFM2VL_GEMV_PDL"
+PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol: Hopper and later
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMS_DEFAULT = 132  # an H200's SMs, for the table when no GPU is there to ask
 
@@ -67,6 +74,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 
 
+def pdl_wanted() -> bool:
+    """The launches ask for programmatic dependent launch (on Hopper and later): ``LFM2VL_GEMV_PDL=1``, read
+    at each launch, so a graph holds the launches as they were when it was captured."""
+    return os.environ.get(PDL_ENV) == "1"
+
+
+@functools.cache
+def _pdl_device(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= PDL_MIN_CAPABILITY
+
+
 def _next_pow2(v: int) -> int:
     return 1 << max(0, (v - 1).bit_length())
 
@@ -79,13 +97,20 @@ def pick_config(m: int, n: int, k: int, sms: int = SMS_DEFAULT) -> GemvConfig:
     tiles, else 8; where even 8 rows do not, K is split too (BLOCK_K 256 then, so that a 1024-wide K
     splits four ways). Small programs (16 x 512 at 4 warps: 96 registers a thread, Triton 3.6, sm_90) let several
     share an SM, which keeps enough loads in flight without software pipelining; wider tiles are among
-    the probe's candidates."""
+    the probe's candidates.
+
+    K is split for one row of x only. With two or more rows the split kernel's sums differed from run to
+    run on the H200 (the 450M decode step of two requests, 96 steps, eight runs: six to eight runs
+    differed, some in their tokens; without the split, and with one row, none did: the probes of
+    2026-12-04 in ``data/results/nvidia-h200/probes/2026-12-04-pdl/``). A gpu-scope fence in every
+    thread around the tile's counter did not change that, so the cause is not yet known; an explicit
+    ``config`` still splits, for the probes and the interpreter's tests."""
     want = 2 * sms
     block_k = min(512 if m == 1 else 256, max(16, _next_pow2(k)))
     block_n = 16 if -(-n // 16) >= want else 8
     tiles_n = -(-n // block_n)
     split = 1
-    if tiles_n < want:
+    if tiles_n < want and m == 1:
         block_k = min(block_k, max(16, _next_pow2(k) // 4), 256)
         k_tiles = -(-k // block_k)
         while tiles_n * split < want and split * 2 <= k_tiles:
@@ -152,19 +177,24 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """``x @ weight.T + bias`` for x of shape (..., K): the Triton kernel for up to :data:`MAX_M`
     rows on CUDA (or in Triton's interpreter on CPU), plain torch otherwise. ``config`` overrides
     :func:`pick_config` (the probe and the tests use it); ``space`` names whose split-K workspaces
-    the call uses (:func:`decode_linear` gives each of its callers one of their own)."""
+    the call uses (:func:`.router.decode_linear` gives each of its callers one of their own)."""
     check_inputs(x, weight, bias)
     return _product(x, weight, bias, config, space, None)
 
 
-def _product(x, weight, bias, config, space, norm):
-    """The kernel over x's rows as a (rows, K) block, or plain torch where it does not run; ``norm`` is
-    (RMSNorm weight, eps) or None."""
+def _product(x, weight, bias, config, space, norm, residual=None, swiglu: bool = False):
+    """The kernel over x's rows as a (rows, K) block (rows of 2K with ``swiglu``), or plain torch where
+    it does not run; ``norm`` is (RMSNorm weight, eps) or None; ``residual`` (y's shape) is added to y."""
     k = weight.shape[1]
-    m = x.numel() // k if k else 0
+    width = 2 * k if swiglu else k
+    m = x.numel() // width if k else 0
     if not _runs_triton(x) or m == 0 or m > MAX_M or k == 0:
-        return torch_gemv(x if norm is None else torch_rmsnorm(x, *norm), weight, bias)
-    y = _launch(x.reshape(m, k), weight, bias, config, space, norm)
+        if swiglu:
+            x = torch_swiglu(x)
+        y = torch_gemv(x if norm is None else torch_rmsnorm(x, *norm), weight, bias)
+        return y if residual is None else residual + y
+    r = None if residual is None else residual.reshape(m, weight.shape[0])
+    y = _launch(x.reshape(m, width), weight, bias, config, space, norm, r, swiglu)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -188,6 +218,47 @@ def torch_rmsnorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> tor
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return norm_weight * h.to(x.dtype)
+
+
+def torch_swiglu(h: torch.Tensor) -> torch.Tensor:
+    """LFM2's MLP activation as torch computes it: ``silu(g) * u`` of ``h``'s two halves, in h's dtype."""
+    g, u = h.chunk(2, dim=-1)
+    return torch.nn.functional.silu(g) * u
+
+
+def check_residual(residual, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """One-line ``ValueError`` for a residual that cannot be added to the product's rows."""
+    if residual is None:
+        return
+    want = (*x.shape[:-1], weight.shape[0])
+    if not isinstance(residual, torch.Tensor) or tuple(residual.shape) != want:
+        shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
+        raise ValueError(f"gemv: residual shape {shape}, expected {want}")
+    if residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"gemv: residual {residual.dtype} on {residual.device}, expected {x.dtype} on {x.device}")
+
+
+def gemv_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None,
+                  config: GemvConfig | None = None, space: int = 0) -> torch.Tensor:
+    """``residual + F.linear(x, weight, bias)`` in one kernel: the product rounded to x's dtype, then the
+    sum rounded again, as torch rounds the two ops. Plain torch where :func:`gemv` is."""
+    check_inputs(x, weight, bias)
+    check_residual(residual, x, weight)
+    return _product(x, weight, bias, config, space, None, residual)
+
+
+def gemv_swiglu(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, config: GemvConfig | None = None,
+                space: int = 0) -> torch.Tensor:
+    """``F.linear(silu(g) * u, weight, bias)`` (``+ residual``) in one kernel, ``g, u = h.chunk(2, -1)``:
+    LFM2's MLP down projection reading the gate and up projections' output, the activation computed as
+    :func:`torch_swiglu` computes it. Plain torch where :func:`gemv` is."""
+    if h.dim() == 0 or h.shape[-1] != 2 * weight.shape[-1]:
+        raise ValueError(f"gemv_swiglu: h shape {tuple(h.shape)} does not end in twice weight's in_features "
+                         f"{weight.shape[-1] if weight.dim() == 2 else '?'}")
+    check_inputs(h[..., : weight.shape[1]], weight, bias)
+    check_residual(residual, h[..., : weight.shape[1]], weight)
+    return _product(h, weight, bias, config, space, None, residual, swiglu=True)
 
 
 def gemv_rmsnorm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
@@ -221,12 +292,16 @@ def _workspace(device: torch.device, kind: str, numel: int, dtype: torch.dtype, 
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None,
-            space: int = 0, norm: tuple[torch.Tensor, float] | None = None):
-    """One kernel launch; ``norm`` is (RMSNorm weight, eps) for :func:`gemv_rmsnorm`, or None."""
-    m, k = x.shape
-    n = weight.shape[0]
+            space: int = 0, norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
+            swiglu: bool = False):
+    """One kernel launch; ``norm`` is (RMSNorm weight, eps) for :func:`gemv_rmsnorm`, or None; ``residual``
+    (m, N) is added to y; with ``swiglu`` x's rows are (gate, up) pairs of K each."""
+    m = x.shape[0]
+    n, k = weight.shape
     if x.stride(1) != 1:
         x = x.contiguous()
+    if residual is not None and residual.stride() != (n, 1):
+        residual = residual.contiguous()
     cfg, k_iters = resolve(config or pick_config(m, n, k, _sms(x.device)), k)
     split = cfg.split_k
     tiles_n = -(-n // cfg.block_n)
@@ -237,11 +312,15 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     else:
         partials = counters = y  # unread: SPLIT_K == 1 compiles the split-K path away
     norm_weight, eps = norm if norm is not None else (weight, 1.0)  # unread without NORM
+    # never in Triton's interpreter, which cannot run the griddepcontrol instructions
+    pdl = pdl_wanted() and x.is_cuda and _pdl_device(x.device.index if x.device.index is not None
+                                                     else torch.cuda.current_device())
     _kernel()[(tiles_n, split)](
-        x, weight, weight if bias is None else bias, norm_weight, y, partials, counters, n, k, x.stride(0),
-        k_iters, float(eps), HAS_BIAS=bias is not None, NORM=norm is not None, BLOCK_M=m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SPLIT_K=split, EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        x, weight, weight if bias is None else bias, norm_weight, y if residual is None else residual, y, partials,
+        counters, n, k, x.stride(0), k_iters, float(eps), HAS_BIAS=bias is not None, NORM=norm is not None,
+        SWIGLU=swiglu, RES=residual is not None, BLOCK_M=m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT_K=split, EVEN_K=k % cfg.block_k == 0, PDL=pdl, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}))
     return y
 
 
@@ -289,52 +368,3 @@ def gemv_rmsnorm_shared(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, 
     ``operator_norm``, w1/w3 after ``ffn_norm``, as one launch."""
     _check_sizes(sizes, weight)
     return gemv_rmsnorm(x, norm_weight, eps, weight, bias, config, space).split(list(sizes), dim=-1)
-
-
-_F_LINEAR = torch.nn.functional.linear  # torch's own, whatever a caller later routes F.linear to
-_SPACES = itertools.count(1)  # workspace names for decode_linear's routers (0: direct calls of gemv)
-
-
-def _gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, space: torch.Tensor) -> torch.Tensor:
-    return gemv(x, weight, bias, space=int(space))
-
-
-@functools.cache
-def gemv_op():
-    """:func:`gemv` as a torch custom op, ``torch.ops.lfm2vl.gemv(x, weight, bias, space)``: torch.compile
-    keeps it as one opaque call (traced as itself, it would be lowered to inductor's own GEMM), and a
-    captured graph holds the Triton kernel it launches. ``space`` is the workspace's name as a CPU
-    scalar tensor: a graph input, so one compiled graph serves every router (an ``int`` would be
-    a constant, compiled again for each). Registered on first use."""
-    op = torch.library.custom_op("lfm2vl::gemv", _gemv_op, mutates_args=())
-    op.register_fake(lambda x, weight, bias, space: x.new_empty((*x.shape[:-1], weight.shape[0])))
-    return op
-
-
-class DecodeLinear:
-    """A drop-in ``F.linear`` (``linear(x, weight, bias)``) that sends a decode step's linears (at most
-    :data:`MAX_M` rows, 16-bit, on CUDA, a contiguous weight) to the kernel and everything else (a
-    prefill's hundreds of rows) to torch's own. It reads only tensor properties, so torch.compile
-    traces it whole (``fullgraph``).
-
-    Each router has split-K workspaces of its own (``space``): an engine that makes one never shares
-    a buffer with another engine's graphs, which another thread may replay at the same time on another
-    stream. The space is a tensor, not part of the traced code, so routers of several engines share
-    one compiled function instead of each compiling its own."""
-
-    def __init__(self):
-        self.op = gemv_op()
-        self.on = triton_available()  # decided here, once: a call inside a traced function must not ask
-        self.space = torch.tensor(next(_SPACES))
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if (self.on and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-                and weight.dim() == 2 and weight.is_contiguous() and x.shape[-1] == weight.shape[1]
-                and x.numel() <= MAX_M * weight.shape[1] and (bias is None or bias.dtype == x.dtype)):
-            return self.op(x, weight, bias, self.space)
-        return _F_LINEAR(x, weight, bias)
-
-
-def decode_linear() -> DecodeLinear:
-    """A new router (:class:`DecodeLinear`) with workspaces of its own."""
-    return DecodeLinear()

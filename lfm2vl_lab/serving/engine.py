@@ -44,7 +44,7 @@ from ..core.capture import capture_graph, prepare_capture
 from ..core.guard import WeightStamp
 from ..core.lifecycle import GraphLifecycle
 from ..core.serial import Serial, serialised
-from ..kernels.gemv import decode_linear
+from ..kernels.router import decode_linear
 from .cache import (
     BATCH_BUCKETS,
     LEN_BUCKET,
@@ -68,6 +68,20 @@ OOM_ADVICE = ("Capture fewer shapes, a smaller max_batch or max_len (the cache i
 # one per bucket.
 FUSE_COMPILE = {"backend": "inductor", "fullgraph": True, "dynamic": None}
 RECOMPILE_LIMIT = 64  # dynamo's default (8 per function) is fewer than two presets' shapes
+PDL_MIN_CAPABILITY = (9, 0)  # programmatic dependent launch: Hopper and later
+
+
+def pdl_available(device) -> bool:
+    """Whether inductor can compile the fused decode step's kernels with programmatic dependent launch on
+    ``device``: a GPU of sm90 or later and a torch whose inductor has the setting."""
+    import torch._inductor.config as inductor_config
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if torch.cuda.get_device_capability(device) < PDL_MIN_CAPABILITY:
+        return False
+    return hasattr(inductor_config.triton, "enable_pdl")
 
 
 @dataclass
@@ -97,12 +111,21 @@ class TextEngine:
     (``FUSE_COMPILE``), once per shape class, at the first :meth:`capture` that needs it; its
     seconds are reported apart from the capture's (``capture()["compile_s"]``). Its linears of at most
     four rows run the Triton GEMV (:mod:`.layers`' "The linears"); ``gemv=False`` keeps torch's (an A/B).
+
+    ``pdl=True`` (fused only; an experiment, off by default): the decode graphs' inductor kernels are
+    compiled with programmatic dependent launch, so each may start while the kernel before it ends and
+    waits inside for its writes (the prefill graphs keep ordinary launches). With the GEMV's own PDL
+    launches (``LFM2VL_GEMV_PDL=1``, :mod:`lfm2vl_lab.kernels.gemv`) it took the 450M decode step from
+    0.605 to 0.557 ms, but an engine with it replayed one run in seven differently (the probes of
+    2026-12-04), so it is not the kit's default until that is understood.
     """
 
     def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET,
-                 fuse: bool = False, gemv: bool | None = None):
+                 fuse: bool = False, gemv: bool | None = None, pdl: bool = False):
         if gemv and not fuse:
             raise ValueError(f"gemv={gemv!r} needs fuse=True: the GEMV runs inside the fused engine's compiled layers")
+        if pdl and not fuse:
+            raise ValueError(f"pdl={pdl!r} needs fuse=True: it is how inductor compiles the fused decode step")
         self.model = model
         self.lm, self.lm_head = lfm2_text_parts(model)
         w = self.lm_head.weight
@@ -121,6 +144,10 @@ class TextEngine:
         k = self.cache.kernel
         self.conv_offsets = torch.arange(1, k, device=dev)  # a request's last k-1 positions, in the padded input
         self.fuse = bool(fuse)
+        if pdl and not pdl_available(dev):
+            raise ValueError(f"pdl={pdl!r}: programmatic dependent launch needs a CUDA GPU of sm90 or later and a "
+                             f"torch whose inductor has triton.enable_pdl; got {dev}, torch {torch.__version__}")
+        self.pdl = bool(pdl)
         self.linear = decode_linear() if fuse and gemv is not False else None
         self.fns = self._layer_functions()
         self.shared = self._shared_weights()
@@ -251,6 +278,15 @@ class TextEngine:
             with self._compiling():
                 body()
 
+    def _pdl_compile(self, key: str):
+        """Around a graph's first call, which compiles what it needs: inductor's PDL for a decode graph of
+        an engine with ``pdl``."""
+        if not (self.pdl and key.startswith("decode")):
+            return contextlib.nullcontext()
+        import torch._inductor.config as inductor_config
+
+        return inductor_config.patch({"triton.enable_pdl": True})
+
     def _compiling(self):
         """Around every call of the bodies: room for the fused engine's recompiles."""
         if not self.fuse:
@@ -306,8 +342,9 @@ class TextEngine:
                 with life.all_or_nothing(real, lambda: f"the text engine's {key!r} graph", undo=new.clear), \
                         self._compiling():
                     for key, (body, *args) in todo.items():
-                        new[key] = self._capture_one(lambda body=body, args=args: body(*args), record, pool,
-                                                     seconds)
+                        with self._pdl_compile(key):
+                            new[key] = self._capture_one(lambda body=body, args=args: body(*args), record, pool,
+                                                         seconds)
             finally:  # after the repair above, so the copies run on the caller's stream
                 for t, s in zip(state, saved):
                     t.copy_(s)

@@ -23,8 +23,13 @@ Both change only rounding: the fused and unfused engines give the same greedy to
 through (``linear(x, weight, bias)``, ``F.linear`` by default, which is what ``nn.Linear`` calls).
 Once a decode step is graphed and fused, most of its time is these linears, and at one row each is
 a GEMV that cuBLAS runs well below the memory bandwidth: the fused engine passes
-:func:`~lfm2vl_lab.kernels.gemv.decode_linear`, which sends rows of at most four to the kit's Triton
-GEMV and a prefill's hundreds of rows to torch's own (the ``roofline`` file times both).
+:func:`~lfm2vl_lab.kernels.router.decode_linear`, which sends rows of at most four to the kit's Triton
+GEMV and a prefill's hundreds of rows to torch's own (the ``roofline`` file times both). Where the
+GEMV takes a call, the router also takes the work on either side of it into the kernel (:func:`normed`,
+:func:`added`, :func:`feed_forward`): the RMSNorm before q/k/v, the conv's input projection, the MLP's
+gate and up and the LM head; the MLP's ``silu(g) * u`` before its down projection; and the residual
+add after the out and down projections. A decode layer then runs two to three kernels fewer, each
+computed with torch's roundings (:mod:`lfm2vl_lab.kernels.gemv`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.fused import shared_linear
+from ..kernels.router import DecodeLinear
 
 
 def lfm2_text_parts(model):
@@ -60,13 +66,35 @@ def project(proj: nn.Linear, x: torch.Tensor, linear=None) -> torch.Tensor:
     return (linear or F.linear)(x, proj.weight, proj.bias)
 
 
-def feed_forward(mlp: nn.Module, h: torch.Tensor, w13: torch.Tensor | None, linear=None) -> torch.Tensor:
-    """LFM2's SwiGLU MLP, ``w2(silu(w1 h) * w3 h)``; with ``w13`` the two input GEMMs are one."""
+# The fused engine's router (DecodeLinear) also takes the op before a linear or the addition after it into
+# the GEMV's kernel: these three say so once, and run the same ops in torch for any other ``linear``.
+def normed(norm: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias=None, linear=None) -> torch.Tensor:
+    """``F.linear(norm(x), weight, bias)`` through ``linear``."""
+    if isinstance(linear, DecodeLinear):
+        return linear.norm_linear(x, norm, weight, bias)
+    return (linear or F.linear)(norm(x), weight, bias)
+
+
+def added(residual: torch.Tensor, proj: nn.Linear, x: torch.Tensor, linear=None) -> torch.Tensor:
+    """``residual + proj(x)`` through ``linear``."""
+    if isinstance(linear, DecodeLinear):
+        return linear.residual_linear(x, proj.weight, proj.bias, residual)
+    return residual + project(proj, x, linear)
+
+
+def feed_forward(mlp: nn.Module, x: torch.Tensor, norm: nn.Module, w13: torch.Tensor | None,
+                 linear=None) -> torch.Tensor:
+    """The residual stream after LFM2's SwiGLU MLP, ``x + w2(silu(w1 h) * w3 h)`` with ``h = norm(x)``;
+    with ``w13`` the two input GEMMs are one."""
     if w13 is None:
+        h = norm(x)
         g, u = project(mlp.w1, h, linear), project(mlp.w3, h, linear)
-    else:
-        g, u = (linear or F.linear)(h, w13).chunk(2, dim=-1)
-    return project(mlp.w2, F.silu(g) * u, linear)
+        return x + project(mlp.w2, F.silu(g) * u, linear)
+    gu = normed(norm, x, w13, None, linear)
+    if isinstance(linear, DecodeLinear):
+        return linear.swiglu_linear(gu, mlp.w2.weight, mlp.w2.bias, x)
+    g, u = gu.chunk(2, dim=-1)
+    return x + project(mlp.w2, F.silu(g) * u, linear)
 
 
 def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None, linear=None) -> torch.Tensor:
@@ -76,14 +104,14 @@ def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None, l
     from transformers.models.lfm2.modeling_lfm2 import apply_rotary_pos_emb
 
     attn = layer.self_attn
-    h = layer.operator_norm(x)
-    B, L, _ = h.shape
+    B, L, _ = x.shape
     d = attn.head_dim
     if qkv is None:
+        h = layer.operator_norm(x)
         q, k, v = (project(p, h, linear) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     else:
         sizes = (attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0])
-        q, k, v = (linear or F.linear)(h, qkv).split(sizes, dim=-1)
+        q, k, v = normed(layer.operator_norm, x, qkv, None, linear).split(sizes, dim=-1)
     q = attn.q_layernorm(q.reshape(B, L, -1, d)).transpose(1, 2)
     k = attn.k_layernorm(k.reshape(B, L, -1, d)).transpose(1, 2)
     v = v.reshape(B, L, -1, d).transpose(1, 2)
@@ -97,8 +125,8 @@ def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None, l
         kc.scatter_(2, idx, k)
         vc.scatter_(2, idx, v)
         o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
-    x = x + project(attn.out_proj, o.transpose(1, 2).reshape(B, L, -1), linear)
-    return x + feed_forward(layer.feed_forward, layer.ffn_norm(x), w13, linear)
+    x = added(x, attn.out_proj, o.transpose(1, 2).reshape(B, L, -1), linear)
+    return feed_forward(layer.feed_forward, x, layer.ffn_norm, w13, linear)
 
 
 def short_conv(window: torch.Tensor, weight: torch.Tensor, bias, length: int, fused: bool) -> torch.Tensor:
@@ -118,8 +146,8 @@ def conv_layer(layer, x, state, conv_idx, w13=None, fused: bool = False, linear=
     Prefill (``conv_idx``: each request's last ``k - 1`` real positions, offset by the padding):
     the state is gathered there. Decode: the state and the new input make the window."""
     conv = layer.conv
-    h = layer.operator_norm(x)
-    b, c, xx = project(conv.in_proj, h, linear).transpose(-1, -2).chunk(3, dim=-2)
+    b, c, xx = normed(layer.operator_norm, x, conv.in_proj.weight, conv.in_proj.bias, linear).transpose(
+        -1, -2).chunk(3, dim=-2)
     bx = b * xx  # [B, hidden, L]
     weight, bias = conv.conv.weight, conv.conv.bias  # [hidden, 1, k]: depthwise, as causal_conv1d_fn
     k, L = weight.shape[-1], bx.shape[-1]
@@ -134,11 +162,11 @@ def conv_layer(layer, x, state, conv_idx, w13=None, fused: bool = False, linear=
         window = torch.cat([state, bx], dim=-1)  # [B, hidden, k]
         y = short_conv(window, weight, bias, 1, fused)
         state.copy_(window[..., 1:])
-    x = x + project(conv.out_proj, (c * y).transpose(-1, -2).contiguous(), linear)
-    return x + feed_forward(layer.feed_forward, layer.ffn_norm(x), w13, linear)
+    x = added(x, conv.out_proj, (c * y).transpose(-1, -2).contiguous(), linear)
+    return feed_forward(layer.feed_forward, x, layer.ffn_norm, w13, linear)
 
 
 def lm_head(norm: nn.Module, head: nn.Module, h: torch.Tensor, linear=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The final norm, the LM head and the greedy choice: ``(logits, ids)``."""
-    logits = project(head, norm(h), linear)
+    logits = normed(norm, h, head.weight, head.bias, linear)
     return logits, logits.argmax(-1)
