@@ -3,7 +3,8 @@ launches? An engine whose kernels start early (programmatic dependent launch, PD
 before the kernel writing it has finished would give different bits from run to run.
 
 For each variant (``--variants``: ``fold`` or ``nofold`` (the GEMV's folds, ``linear.fold``) or ``torch``
-(torch's linears, no GEMV: ``gemv=False``) or ``nosplit`` (``nofold`` with K never split), then
+(torch's linears, no GEMV: ``gemv=False``) or ``nosplit`` (``nofold`` with K never split) or ``split``
+(``nofold`` with K split for any number of rows, as the table split it before 2026-12-04), then
 ``none``, ``gemv`` (the GEMV launched with PDL), ``inductor`` (inductor's decode kernels compiled with it)
 or ``both``), one fused 450M engine in bf16 is compiled and captured, and one batch of requests is run
 ``--runs`` times from the same prompt through ``--steps`` decode steps. Each run's tokens and last logits
@@ -38,12 +39,23 @@ from lfm2vl_lab.serving.engine import TextEngine  # noqa: E402
 VARIANTS = "fold-none,fold-gemv,fold-inductor,fold-both,nofold-none,nofold-both"
 
 
+def split_any_rows(table):
+    """The table as it was before K was split for one row only: where one row splits, any rows split
+    (with one row's tiling)."""
+    def pick(m, n, k, sms=gemv_module.SMS_DEFAULT):
+        one = table(1, n, k, sms)
+        return one if one.split_k > 1 else table(m, n, k, sms)
+    return pick
+
+
 def run_variant(model, name: str, emb, lengths, runs: int, steps: int) -> dict:
     fold, launches = name.split("-")
+    table = gemv_module.pick_config
     if fold == "nosplit":  # the GEMV never splits K (so no workspace, no counters): is the race there?
-        fold = "nofold"
-        table = gemv_module.pick_config
         gemv_module.pick_config = lambda *a, **k: table(*a, **k)._replace(split_k=1)
+    elif fold == "split":  # K split for two rows too, as before: is the race still there?
+        gemv_module.pick_config = split_any_rows(table)
+    fold = "nofold" if fold in ("nosplit", "split") else fold
     gemv_pdl, inductor_pdl = launches in ("gemv", "both"), launches in ("inductor", "both")
     torch._dynamo.reset()  # this variant compiles its own decode step
     with mock.patch.dict(os.environ, {gemv_module.PDL_ENV: "1" if gemv_pdl else "0"}):
@@ -59,8 +71,7 @@ def run_variant(model, name: str, emb, lengths, runs: int, steps: int) -> dict:
         first = eng.sample()
         tokens = torch.cat([first[:, None], eng.decode(steps)], 1)
         outs.append((tokens, eng.logits[: len(lengths)].float().clone()))
-    if name.startswith("nosplit"):
-        gemv_module.pick_config = table
+    gemv_module.pick_config = table
     t0, l0 = outs[0]
     differ = [i for i, (t, lg) in enumerate(outs) if not (torch.equal(t, t0) and torch.equal(lg, l0))]
     worst = max((lg - l0).abs().max().item() for _, lg in outs)
@@ -95,14 +106,17 @@ def kernel_alone(rows: int, replays: int) -> dict:
     graph.replay()
     torch.cuda.synchronize()
     first = [y.clone() for y in ys]
-    differ = 0
+    refs = [torch.nn.functional.linear(xs[w.shape[1]].float(), w.float()) for w in ws]
+    differ, worst = 0, 0.0  # worst: the largest error against fp32 over all replays (a missing partial is large)
     for _ in range(replays):
         graph.replay()
         torch.cuda.synchronize()
         differ += any(not torch.equal(y, f) for y, f in zip(ys, first))
-    row = {"rows": rows, "replays": replays, "splits": [c.split_k for c in cfgs], "replays_differing": differ}
+        worst = max(worst, max((y.float() - r).abs().max().item() for y, r in zip(ys, refs)))
+    row = {"rows": rows, "replays": replays, "splits": [c.split_k for c in cfgs], "replays_differing": differ,
+           "max_err_vs_fp32": worst}
     print(f"kernel alone, {rows} row(s), splits {row['splits']}: replays differing from the first: {differ} of "
-          f"{replays}", flush=True)
+          f"{replays}; largest error against fp32 {worst:.3g}", flush=True)
     return row
 
 

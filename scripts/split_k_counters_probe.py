@@ -1,9 +1,11 @@
 """Are the GEMV's split-K tile counters back at zero after each replay of the fused decode step?
 
-A counter left above zero makes the wrong program of its tile the last one: that program writes the
-tile from partial sums not all there yet, and the true last one writes nothing. One 450M engine in
-bf16 (the GEMV without PDL, no folds), two requests, then each workspace's counters summed after the
-capture and after each of a few runs; and the same runs' last logits compared with the first's.
+K is split for two rows as the table split it before 2026-12-04 (``pdl_race_probe.split_any_rows``),
+since the table no longer splits two rows. A counter left above zero makes the wrong program of its
+tile the last one: that program writes the tile from partial sums not all there yet, and the true
+last one writes nothing. One 450M engine in bf16 (the GEMV without PDL, no folds), two requests, then
+each workspace's counters summed after the capture and after each of a few runs; and the same runs'
+last logits compared with the first's.
 
     python scripts/split_k_counters_probe.py
 """
@@ -18,6 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pdl_race_probe import split_any_rows  # noqa: E402  (this folder, first on sys.path)
+
 from lfm2vl_lab import build_model  # noqa: E402
 from lfm2vl_lab.kernels import gemv as G  # noqa: E402
 from lfm2vl_lab.serving.engine import TextEngine  # noqa: E402
@@ -29,6 +33,7 @@ def counters() -> dict:
 
 def main() -> int:
     os.environ[G.PDL_ENV] = "0"
+    G.pick_config = split_any_rows(G.pick_config)
     torch.manual_seed(0)
     model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda", text_layers="full")
     H = model.config.text_config.hidden_size
