@@ -12,13 +12,13 @@ adds each one as it decoded before cache spans: every decode step's attention ov
 saves at the TTFT grid's cache length against the engine role's.
 
 Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or
-not) with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine as the kit builds it,
-its linears of at most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`), with the
-RMSNorms, the MLP's activation and the residual adds folded into it; a ``fused-gemv`` mode ending
-``-nofold`` (before any PDL suffix) keeps those out of it (``linear.fold = False``), as inductor's own
-kernels. Programmatic dependent launch (PDL, Hopper and later: a kernel may start while the one before it
-ends, and waits inside for its writes) is an experiment: a mode ending ``-pdl`` compiles the decode
-step's inductor kernels with it (``TextEngine(pdl=True)``) and captures the GEMV with it
+not) with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine with its linears of at
+most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`), and the RMSNorms, the MLP's
+activation and the residual adds folded into it (``linear.fold = True``: the engine's default is off);
+a ``fused-gemv`` mode ending ``-nofold`` (before any PDL suffix) is the engine as the kit builds it, those
+ops inductor's own kernels. Programmatic dependent launch (PDL, Hopper and later: a kernel may start
+while the one before it ends, and waits inside for its writes) is an experiment: a mode ending ``-pdl``
+compiles the decode step's inductor kernels with it (``TextEngine(pdl=True)``) and captures the GEMV with it
 (:data:`lfm2vl_lab.kernels.gemv.PDL_ENV`), ``-ipdl`` the inductor kernels only, ``-gpdl`` the GEMV only.
 A torch without inductor's setting skips an ``-pdl``/``-ipdl`` mode and says so.
 

@@ -48,7 +48,9 @@ def split_any_rows(table):
     return pick
 
 
-def run_variant(model, name: str, emb, lengths, runs: int, steps: int) -> dict:
+def make_engine(model, name: str, lengths):
+    """The fused 450M engine of variant ``name``, compiled and captured for ``lengths``, and a function that
+    puts the GEMV's table back (a ``split`` or ``nosplit`` variant swaps it while the engine is used)."""
     fold, launches = name.split("-")
     table = gemv_module.pick_config
     if fold == "nosplit":  # the GEMV never splits K (so no workspace, no counters): is the race there?
@@ -64,6 +66,14 @@ def run_variant(model, name: str, emb, lengths, runs: int, steps: int) -> dict:
         if eng.linear is not None:
             eng.linear.fold = fold == "fold"
         eng.capture([(len(lengths), max(lengths))])
+
+    def restore():
+        gemv_module.pick_config = table
+    return eng, restore
+
+
+def run_variant(model, name: str, emb, lengths, runs: int, steps: int) -> dict:
+    eng, restore = make_engine(model, name, lengths)
     outs = []
     for _ in range(runs):
         eng.prompt(len(lengths), max(lengths)).copy_(emb)
@@ -71,7 +81,7 @@ def run_variant(model, name: str, emb, lengths, runs: int, steps: int) -> dict:
         first = eng.sample()
         tokens = torch.cat([first[:, None], eng.decode(steps)], 1)
         outs.append((tokens, eng.logits[: len(lengths)].float().clone()))
-    gemv_module.pick_config = table
+    restore()
     t0, l0 = outs[0]
     differ = [i for i, (t, lg) in enumerate(outs) if not (torch.equal(t, t0) and torch.equal(lg, l0))]
     worst = max((lg - l0).abs().max().item() for _, lg in outs)

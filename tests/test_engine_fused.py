@@ -146,8 +146,8 @@ def test_every_linear_of_the_fused_engine_runs_through_its_router(model, monkeyp
 def test_a_fused_decode_step_folds_every_norm_activation_and_residual_add_into_a_linear(model, monkeypatch):
     """With the fused engine's router, a decode step hands it each layer's two RMSNorms (before q/k/v or
     the conv's in_proj, and before w1/w3) and the LM head's, the MLP's activation and both residual
-    adds, one row each, which on a GPU the GEMV takes into its kernel; its tokens are the unfused
-    engine's (on a CPU the router runs torch's own ops: the same math, not a different path)."""
+    adds, one row each, which on a GPU the GEMV takes into its kernel with ``fold`` on; its tokens are
+    the unfused engine's (on a CPU the router runs torch's own ops: the same math, not a different path)."""
     from collections import Counter
 
     from lfm2vl_lab.kernels.router import DecodeLinear
@@ -168,7 +168,7 @@ def test_a_fused_decode_step_folds_every_norm_activation_and_residual_add_into_a
             calls.append(("swiglu+residual" if residual is not None else "swiglu", h.numel() // h.shape[-1]))
             return super().swiglu_linear(h, weight, bias, residual)
 
-    monkeypatch.setattr(engine_mod, "decode_linear", Counting)
+    monkeypatch.setattr(engine_mod, "decode_linear", lambda: Counting(fold=True))
     fused = TextEngine(model, max_batch=1, max_len=128, fuse=True)
     eager = TextEngine(model, max_batch=1, max_len=128)
     fused.capture([(1, 40)], record=eager_stand_in)
@@ -364,10 +364,10 @@ def test_fused_decode_runs_every_linear_as_the_triton_gemv():
 @pytest.mark.gpu
 @torch.no_grad()
 def test_folding_into_the_gemv_takes_kernels_off_a_decode_step():
-    """bf16, 450M, one request: with the router's folds (the default) a decode step's graph runs at least
-    two kernels fewer per layer than with them off (``linear.fold = False``: the norms, the activation
+    """bf16, 450M, one request: with the router's folds on (``linear.fold = True``) a decode step's graph
+    runs at least two kernels fewer per layer than with them off (the default: the norms, the activation
     and the residual adds as inductor's own kernels), the GEMV still once per linear, the logits finite.
-    (Their accuracy against float32: the bucket test's bf16 case, which runs with the folds.)"""
+    (Their accuracy against float32: the folds' own tests, in Triton's interpreter and on the GPU.)"""
     from torch.profiler import ProfilerActivity, profile
 
     model = _gpu_model(torch.bfloat16)
@@ -396,10 +396,10 @@ def test_folding_into_the_gemv_takes_kernels_off_a_decode_step():
 @pytest.mark.gpu
 @torch.no_grad()
 def test_the_fused_decode_of_two_requests_replays_the_same_bits_every_time():
-    """bf16, 450M, two requests, 48 steps: the fused engine's decode graphs (the GEMV with its folds, two
-    rows a launch) give the same tokens and logits, bit for bit, on every replay of the same request. A
-    kernel that read partial sums before they were all written made runs differ: the GEMV split over K
-    for two rows did (the probes of 2026-12-04), which its table no longer does."""
+    """bf16, 450M, two requests, 48 steps: the fused engine's decode graphs (the GEMV two rows a launch, as
+    the engine makes them) give the same tokens and logits, bit for bit, on every replay of the same
+    request. Runs differed on the H200 while the GEMV split K for two rows, and with the folds on (the
+    probes of 2026-12-04); the table no longer splits two rows, and the folds are off by default."""
 
     model = _gpu_model(torch.bfloat16)
     H = model.config.text_config.hidden_size
