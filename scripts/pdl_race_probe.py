@@ -6,7 +6,8 @@ For each variant (``--variants``: ``fold`` or ``nofold`` (the GEMV's folds, ``li
 (torch's linears, no GEMV: ``gemv=False``) or ``nosplit`` (``nofold`` with K never split) or ``split``
 (``nofold`` with K split for any number of rows, as the table split it before 2026-12-04), then
 ``none``, ``gemv`` (the GEMV launched with PDL), ``inductor`` (inductor's decode kernels compiled with it)
-or ``both``), one fused 450M engine in bf16 is compiled and captured, and one batch of requests is run
+or ``both``), and optionally ``-nocudnn`` (torch's SDPA kept off cuDNN's attention), one fused 450M
+engine in bf16 is compiled and captured, and one batch of requests is run
 ``--runs`` times from the same prompt through ``--steps`` decode steps. Each run's tokens and last logits
 are compared with the first run's: the number of runs that differ, and the largest logit difference.
 
@@ -51,7 +52,10 @@ def split_any_rows(table):
 def make_engine(model, name: str, lengths):
     """The fused 450M engine of variant ``name``, compiled and captured for ``lengths``, and a function that
     puts the GEMV's table back (a ``split`` or ``nosplit`` variant swaps it while the engine is used)."""
-    fold, launches = name.split("-")
+    fold, launches, *rest = name.split("-")
+    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
+    if rest == ["nocudnn"]:  # torch's SDPA never picks cuDNN's attention (it is not deterministic, torch says)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     table = gemv_module.pick_config
     if fold == "nosplit":  # the GEMV never splits K (so no workspace, no counters): is the race there?
         gemv_module.pick_config = lambda *a, **k: table(*a, **k)._replace(split_k=1)
@@ -69,6 +73,7 @@ def make_engine(model, name: str, lengths):
 
     def restore():
         gemv_module.pick_config = table
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
     return eng, restore
 
 
