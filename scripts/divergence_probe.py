@@ -4,7 +4,8 @@
 One engine of each variant (``pdl_race_probe``'s names: ``fold-none``, ``split-none``, ...), two requests
 (``--lengths``), ``--runs`` runs of prefill, sample and ``--steps`` decode steps, each step its own call.
 Run 0's state is kept after the prefill (every layer's K/V and conv state, the prefill's last hidden
-rows), after the sample (logits) and after each decode step (logits, and every layer's cache). For each
+rows), after the sample (logits) and after each decode step (logits, and every layer's cache), the K/V
+compared only where the run has written them (the positions past them hold the run before's steps). For each
 later run that differs: the first phase that differs (``prefill``, ``sample``, ``decode s``), the rows
 (requests) that differ there, and the layers whose cache differs there, in order. A kernel that races
 shows as the first layer (and kind, attention or conv) to differ.
@@ -31,6 +32,7 @@ from pdl_race_probe import make_engine  # noqa: E402  (this folder, first on sys
 
 from lfm2vl_lab import build_model  # noqa: E402
 from lfm2vl_lab.measure.results import code_hash  # noqa: E402
+from lfm2vl_lab.serving.cache import bucket_len  # noqa: E402
 
 
 def cache_state(eng) -> dict:
@@ -40,27 +42,35 @@ def cache_state(eng) -> dict:
     return dict(sorted(out.items(), key=lambda kv: int(kv[0].split()[1])))
 
 
-def differs(a: dict, b: dict) -> list[str]:
-    """The names whose tensors differ, in layer order, each with the rows (dim 0) that differ."""
+def differs(a: dict, b: dict, upto: list[int] | None = None) -> list[str]:
+    """The names whose tensors differ, in layer order, each with the rows (dim 0) that differ. ``upto``: each
+    row's K/V positions this run has written by then (its prefill bucket, then each decode step's
+    position); the positions past them hold what the run before left there, so they are not compared."""
     out = []
     for name, t in a.items():
-        if not torch.equal(t, b[name]):
-            rows = [r for r in range(t.shape[0]) if not torch.equal(t[r], b[name][r])]
+        u = b[name]
+        if upto is not None and name[0] in "kv":  # [batch, kv_heads, max_len, d]
+            rows = [r for r in range(t.shape[0]) if not torch.equal(t[r, :, : upto[r]], u[r, :, : upto[r]])]
+        else:
+            rows = [r for r in range(t.shape[0]) if not torch.equal(t[r], u[r])]
+        if rows:
             out.append(f"{name} rows {rows}")
     return out
 
 
-def one_run(eng, emb, lengths, steps: int) -> list[tuple[str, dict]]:
-    """The run's phases and their state, in order."""
+def one_run(eng, emb, lengths, steps: int) -> list[tuple[str, dict, list[int]]]:
+    """The run's phases, their state, and each row's K/V positions written by then, in order."""
     n = len(lengths)
     eng.prompt(n, max(lengths)).copy_(emb)
     eng.prefill(lengths)
-    phases = [("prefill", {"hidden": eng.hidden[:n].clone(), **cache_state(eng)})]
+    bucket = bucket_len(max(lengths), eng.len_bucket)
+    phases = [("prefill", {"hidden": eng.hidden[:n].clone(), **cache_state(eng)}, [bucket] * n)]
     eng.sample()
-    phases.append(("sample", {"logits": eng.logits[:n].clone()}))
+    phases.append(("sample", {"logits": eng.logits[:n].clone()}, [bucket] * n))
     for s in range(steps):
         eng.decode(1)
-        phases.append((f"decode {s}", {"logits": eng.logits[:n].clone(), **cache_state(eng)}))
+        upto = [max(bucket, length + s + 1) for length in lengths]
+        phases.append((f"decode {s}", {"logits": eng.logits[:n].clone(), **cache_state(eng)}, upto))
     torch.cuda.synchronize()
     return phases
 
@@ -85,8 +95,8 @@ def localize(model, name: str, emb, lengths, runs: int, steps: int) -> dict:
     base, found = one_run(eng, emb, lengths, steps), []
     for r in range(1, runs):
         phases = one_run(eng, emb, lengths, steps)
-        for (phase, state), (_, want) in zip(phases, base):
-            d = differs(state, want)
+        for (phase, state, upto), (_, want, _) in zip(phases, base):
+            d = differs(state, want, upto)
             if d:
                 found.append({"run": r, "phase": phase, "differ": d})
                 print(f"{name}: run {r} first differs at {phase}: {', '.join(d[:8])}"

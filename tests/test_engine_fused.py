@@ -398,8 +398,9 @@ def test_folding_into_the_gemv_takes_kernels_off_a_decode_step():
 def test_the_fused_decode_of_two_requests_replays_the_same_bits_every_time():
     """bf16, 450M, two requests, 48 steps: the fused engine's decode graphs (the GEMV two rows a launch, as
     the engine makes them) give the same tokens and logits, bit for bit, on every replay of the same
-    request. Runs differed on the H200 while the GEMV split K for two rows, and with the folds on (the
-    probes of 2026-12-04); the table no longer splits two rows, and the folds are off by default."""
+    request. On the H200 runs differ, with the GEMV's K split for two rows or not, with the folds or
+    without, each time first just after an attention layer (the probes of 2026-12-04): this test fails
+    there until that is found and fixed."""
 
     model = _gpu_model(torch.bfloat16)
     H = model.config.text_config.hidden_size

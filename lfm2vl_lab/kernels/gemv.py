@@ -46,8 +46,8 @@ import torch
 MAX_M = 4  # rows of x the kernel takes in one launch (one accumulator each)
 # Programmatic dependent launch (the kernel's ``PDL``) on request only (``LFM2VL_GEMV_PDL=1``): the kernel
 # waits for the one before it, so it is right next to any kernel, and with inductor's PDL around it the 450M
-# decode step took 0.557 ms against 0.605 (scripts/engine_probe.py); but an engine whose inductor kernels
-# used PDL replayed one run in seven differently (scripts/pdl_race_probe.py), so it stays an experiment.
+# decode step took 0.557 ms against 0.605 (scripts/engine_probe.py); but engines whose inductor kernels used
+# PDL replayed other logits in more runs than without it (scripts/pdl_race_probe.py), so it stays an experiment.
 PDL_ENV = "LFM2VL_GEMV_PDL"
 PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol: Hopper and later
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -99,12 +99,14 @@ def pick_config(m: int, n: int, k: int, sms: int = SMS_DEFAULT) -> GemvConfig:
     share an SM, which keeps enough loads in flight without software pipelining; wider tiles are among
     the probe's candidates.
 
-    K is split for one row of x only. With two or more rows the split kernel's sums differed from run to
-    run on the H200 (the 450M decode step of two requests, 96 steps, eight runs: six to eight runs
-    differed, some in their tokens; without the split, and with one row, none did: the probes of
-    2026-12-04 in ``data/results/nvidia-h200/probes/2026-12-04-pdl/``). A gpu-scope fence in every
-    thread around the tile's counter did not change that, so the cause is not yet known; an explicit
-    ``config`` still splits, for the probes and the interpreter's tests."""
+    K is split for one row of x only. The 450M decode step of two requests, K split for both rows, gave
+    other logits in six of seven later runs of the same request on the H200, where without the split
+    none did in seven; but the split kernel alone replayed the same bits 2,000 times for one, two and
+    four rows, and later runs of the engine without the split differed too (3 of 10), each time just
+    after an attention layer (the probes of 2026-12-04 in ``data/results/nvidia-h200/probes/2026-12-04-pdl/``).
+    So the split is not known to cause anything; the table leaves two rows unsplit until the decode
+    attention, the suspect, is cleared. An explicit ``config`` still splits, for the probes and the
+    interpreter's tests."""
     want = 2 * sms
     block_k = min(512 if m == 1 else 256, max(16, _next_pow2(k)))
     block_n = 16 if -(-n // 16) >= want else 8

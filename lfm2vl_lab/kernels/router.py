@@ -77,10 +77,11 @@ class DecodeLinear:
     while ``fold`` is off, they run torch's own ops.
 
     ``fold`` is off by default. Folded, the 450M decode step ran 0.605 ms against 0.655 (one request), but
-    an engine of two requests with the folds gave other logits in 4 of 15 runs of the same request, where
-    the same engine without them gave the same bits in all 15 (``scripts/pdl_race_probe.py``, the probes
-    of 2026-12-04 in ``data/results/nvidia-h200/probes/``). The kernel's own roundings are torch's (the
-    interpreter's tests); what makes runs differ is not yet found, so the folds stay an experiment."""
+    an engine of two requests with the folds gave other logits in 4 of 15 runs of the same request, and
+    one without them in 3 of 10 (``scripts/pdl_race_probe.py``, ``scripts/divergence_probe.py``, the
+    probes of 2026-12-04 in ``data/results/nvidia-h200/probes/``): runs part just after an attention layer.
+    The kernel's own roundings are torch's (the interpreter's tests); until the cause is cleared, the
+    folds stay an experiment."""
 
     def __init__(self, fold: bool = False):
         self.op, self.fused_op = gemv_op(), gemv_fused_op()
