@@ -20,7 +20,6 @@ copies.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,10 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pdl_race_probe import make_engine  # noqa: E402  (this folder, first on sys.path)
+from pdl_race_probe import make_engine, run_variants  # noqa: E402  (this folder, first on sys.path)
 
-from lfm2vl_lab import build_model  # noqa: E402
-from lfm2vl_lab.measure.results import code_hash  # noqa: E402
 from lfm2vl_lab.serving.cache import bucket_len  # noqa: E402
 
 
@@ -120,15 +117,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     a = p.parse_args()
     torch.manual_seed(0)
-    model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda", text_layers="full")
-    H = model.config.text_config.hidden_size
-    lengths = [int(n) for n in a.lengths.split(",")]
-    emb = torch.randn(len(lengths), max(lengths), H, device="cuda", dtype=torch.bfloat16)
-    res = {"code_hash": code_hash(), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": []}
-    for name in a.variants.split(","):
-        res["rows"].append(localize(model, name, emb, lengths, a.runs, a.steps))
-        if a.json:
-            Path(a.json).write_text(json.dumps(res, indent=1))
+    run_variants(a, localize)
     return 0
 
 

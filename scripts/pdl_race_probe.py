@@ -147,17 +147,24 @@ def main() -> int:
     a = p.parse_args()
     torch.manual_seed(0)
     kernel = [kernel_alone(rows, a.kernel_replays) for rows in (1, 2, 4)] if a.kernel_replays else []
+    run_variants(a, run_variant, kernel=kernel)
+    return 0
+
+
+def run_variants(a, run, **extra) -> dict:
+    """The 450M model in bf16 and one batch of prompts (``a.lengths``), then ``run(model, name, emb, lengths,
+    a.runs, a.steps)`` for each of ``a.variants``: the rows, written to ``a.json`` after each."""
     model = build_model("lfm2-vl-450m", dtype=torch.bfloat16, device="cuda", text_layers="full")
     H = model.config.text_config.hidden_size
     lengths = [int(n) for n in a.lengths.split(",")]
     emb = torch.randn(len(lengths), max(lengths), H, device="cuda", dtype=torch.bfloat16)
-    res = {"code_hash": code_hash(), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-           "kernel": kernel, "rows": []}
+    res = {"code_hash": code_hash(), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), **extra,
+           "rows": []}
     for name in a.variants.split(","):
-        res["rows"].append(run_variant(model, name, emb, lengths, a.runs, a.steps))
+        res["rows"].append(run(model, name, emb, lengths, a.runs, a.steps))
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1))
-    return 0
+    return res
 
 
 if __name__ == "__main__":
