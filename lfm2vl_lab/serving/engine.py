@@ -116,8 +116,8 @@ class TextEngine:
     compiled with programmatic dependent launch, so each may start while the kernel before it ends and
     waits inside for its writes (the prefill graphs keep ordinary launches). With the GEMV's own PDL
     launches (``LFM2VL_GEMV_PDL=1``, :mod:`lfm2vl_lab.kernels.gemv`) it took the 450M decode step from
-    0.605 to 0.557 ms, but an engine with it replayed one run in seven differently (the probes of
-    2026-12-04), so it is not the kit's default until that is understood.
+    0.605 to 0.557 ms, but engines with it replayed other logits in more runs of two requests than without
+    it (the probes of 2026-12-04), so it is not the kit's default until that is understood.
     """
 
     def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET,
