@@ -5,16 +5,13 @@ run here. The GPU half (speed, and the same comparison on the real kernel) is sc
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreter import run_interpreted
 
 from lfm2vl_lab.kernels.gemv import (
     MAX_M,
@@ -27,7 +24,6 @@ from lfm2vl_lab.kernels.gemv import (
     torch_gemv,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-2  # bf16 output against an fp32 reference, relative to the output's largest magnitude
 
 # (m, n, k, config, bias): odd N and K, K split or not, one to four rows, the table's own pick (None)
@@ -78,18 +74,6 @@ INTERPRETED = textwrap.dedent("""
                      "used": sorted({key[0] for key in G._WORKSPACES if key[0] in (201, 202)})}
     print("RESULT " + json.dumps(out))
 """)
-
-
-def run_interpreted(code: str) -> dict:
-    """``code`` run by Triton's interpreter in a subprocess (``TRITON_INTERPRET=1`` must be set before
-    Triton is imported); what it printed after ``RESULT``."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed: the kernel cannot run, even in its CPU interpreter")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # torch brings its own (kernels/fused.py's kernels run there); kernels/_gemv_triton.py imports it at module
 # level and is itself imported only where Triton is found (kernels/gemv.py).
 GPU_IMAGE = {"torch", "transformers", "pytest", "numpy", "PIL", "matplotlib", "pandas", "tabulate", "triton"}
-LOCAL = {"lfm2vl_lab", "chromium", "conftest", "nbcheck", "script_loader"}
+LOCAL = {"lfm2vl_lab", "chromium", "conftest", "interpreter", "nbcheck", "script_loader"}
 NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
