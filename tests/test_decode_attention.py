@@ -1,6 +1,6 @@
 """kernels/decode_attention.py: the decode step's attention kernel, on the CPU. The kernel runs in Triton's
-interpreter (one subprocess runs every kernel check and prints its findings); the plain-torch fallback,
-the input checks and the custom op run here."""
+interpreter (one subprocess runs every kernel check, the engine's decode with it too, and prints its
+findings); the plain-torch fallback, the input checks and the custom op run here."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ INTERPRETED = textwrap.dedent("""
     from lfm2vl_lab.kernels import decode_attention as DA
     CASES = json.loads(%r)
     g = torch.Generator().manual_seed(0)
+    launches = []
+    _kernel = DA._kernel
+    DA._kernel = lambda: launches.append(1) or _kernel()
 
     def data(B, Hq, Hkv, d, S, dtype):
         # kc/vc as the engine slices them: rows and positions of a bigger cache; q transposed from [B, 1, Hq, d]
@@ -104,6 +107,25 @@ INTERPRETED = textwrap.dedent("""
             found[what] = nan_rows(DA.decode_attention(qq, kk[:B, :, :S], vv[:B, :, :S], pos, 0.125))
         out["nan"][name] = found
 
+    torch.compile = lambda fn, **options: fn  # the layer functions uncompiled: every kernel call is the engine's
+    from lfm2vl_lab import build_model
+    from lfm2vl_lab.core.capture import eager_stand_in
+    from lfm2vl_lab.serving.engine import TextEngine
+    model = build_model("tiny", text_layers=4)
+    lengths = [70, 5, 77]
+    emb = torch.randn(3, 77, model.config.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
+    runs = []
+    for eng in (TextEngine(model, max_batch=4, max_len=256),
+                TextEngine(model, max_batch=4, max_len=256, fuse=True, decode_attention="triton")):
+        eng.capture([(3, 77)], record=eager_stand_in)
+        eng.prompt(3, 77).copy_(emb)
+        eng.prefill(lengths)
+        launches.clear()
+        tokens = torch.cat([eng.sample()[:, None], eng.decode(4)], 1)
+        runs.append((tokens, eng.logits[:3].clone(), len(launches)))
+    (ta, la, na), (tb, lb, nb) = runs
+    out["engine"] = {"same_tokens": torch.equal(ta, tb), "rel": ((lb - la).norm() / la.norm()).item(),
+                     "launches": [na, nb]}
     print("RESULT " + json.dumps(out))
 """)
 
@@ -151,6 +173,15 @@ def test_a_nan_in_use_reaches_the_heads_that_read_it_and_no_other(interpreted, d
     """A NaN key at request 1's own position (KV head 3: query heads 6 and 7), a NaN value at request 2's
     position 0 (KV head 0: query heads 0 and 1), a NaN in request 0's query head 9: NaN there, nowhere else."""
     assert interpreted["nan"][dtype] == {"k": [[1, 6], [1, 7]], "v": [[2, 0], [2, 1]], "q": [[0, 9]]}
+
+
+def test_the_engine_with_the_kernel_gives_the_unfused_tokens_and_logits(interpreted):
+    """The tiny model, three requests (batch bucket 4), five tokens: the fused engine with
+    ``decode_attention="triton"``, its attention run by the kernel in the interpreter, gives the unfused
+    engine's tokens, and its last decode step's logits within 1e-5; one launch per attention layer and step."""
+    engine = interpreted["engine"]
+    assert engine["same_tokens"] and engine["rel"] < 1e-5, engine
+    assert engine["launches"] == [0, 4], engine  # the tiny model's one attention layer, four decode steps
 
 
 # --- here, without the interpreter --------------------------------------------------------------

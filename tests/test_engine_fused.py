@@ -190,6 +190,64 @@ def test_gemv_without_fuse_is_refused_in_one_line(model):
     assert TextEngine(model, max_batch=1, max_len=128).linear is None
 
 
+@torch.no_grad()
+def test_decode_attention_triton_reaches_every_attention_layer_and_gives_the_unfused_tokens(model, monkeypatch):
+    """``decode_attention="triton"``: a decode step calls the engine's decode attention (the custom op;
+    on a CPU its plain-torch fallback, the kernel itself is tests/test_decode_attention.py's) once per
+    attention layer, with the engine's own positions, and the engine gives the unfused engine's tokens
+    and logits (the first token's and the last decode step's) within 1e-5; prefill keeps torch's SDPA."""
+    from lfm2vl_lab.kernels.decode_attention import decode_attention_op
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+
+    def counting():
+        op = decode_attention_op()
+
+        def attend(q, kc, vc, pos, scale):
+            calls.append((tuple(q.shape), pos.clone(), scale))
+            return op(q, kc, vc, pos, scale)
+        return attend
+
+    monkeypatch.setattr(engine_mod, "decode_attention_op", counting)
+    fused = TextEngine(model, max_batch=4, max_len=256, fuse=True, decode_attention="triton")
+    eager = TextEngine(model, max_batch=4, max_len=256)
+    fused.capture([(3, 77)], record=eager_stand_in)
+    calls.clear()  # the capture's warm-ups
+    lengths = [70, 5, 77]
+    emb = prompts(model, lengths, 3)
+    (a, la), (b, lb) = tokens_and_logits(eager, emb, lengths, 4), tokens_and_logits(fused, emb, lengths, 4)
+    assert torch.equal(a, b) and rel(lb, la) < 1e-5 and rel(fused.logits[:3], eager.logits[:3]) < 1e-5
+    attention_layers = sum(layer.is_attention_layer for layer in fused.lm.layers)
+    assert len(calls) == 4 * attention_layers and calls[0][0] == (4, 4, 1, 16)  # bucket 4, 4 heads of 16
+    assert calls[-1][1].tolist() == [73, 8, 80, 73]  # the last step's positions; bucket rows repeat request 0
+
+
+@torch.no_grad()
+def test_decode_attention_triton_compiles_whole(model, traced):
+    """Traced by dynamo (``fullgraph``: a graph break would be an error), the custom op inside the
+    compiled attention layer gives the unfused engine's tokens."""
+    fused = TextEngine(model, max_batch=2, max_len=128, fuse=True, decode_attention="triton")
+    fused.capture([(2, 60)], record=eager_stand_in)
+    emb = prompts(model, [60, 33])
+    got = tokens_and_logits(fused, emb, [60, 33], 3)
+    want = tokens_and_logits(TextEngine(model, max_batch=2, max_len=128), emb, [60, 33], 3)
+    assert torch.equal(got[0], want[0]) and rel(got[1], want[1]) < 1e-5
+
+
+def test_decode_attention_is_sdpa_by_default_and_refuses_in_one_line(model):
+    with pytest.raises(ValueError, match=r"^decode_attention='triton' needs fuse=True: [^\n]*$"):
+        TextEngine(model, max_batch=1, max_len=128, decode_attention="triton")
+    for bad in ("flash", None, "Triton"):
+        with pytest.raises(ValueError, match=rf"^decode_attention={bad!r}: expected one of sdpa, triton$"):
+            TextEngine(model, max_batch=1, max_len=128, fuse=True, decode_attention=bad)
+    for eng in (TextEngine(model, max_batch=1, max_len=128), TextEngine(model, max_batch=1, max_len=128, fuse=True),
+                TextEngine(model, max_batch=1, max_len=128, decode_attention="sdpa")):
+        assert eng.attend is None and not any("attend" in shared for shared in eng.shared)
+    eng = TextEngine(model, max_batch=1, max_len=128, fuse=True, decode_attention="triton")
+    assert [("attend" in shared) for shared in eng.shared] == [layer.is_attention_layer for layer in eng.lm.layers]
+
+
 def test_pdl_is_refused_in_one_line_without_fuse_or_where_the_device_has_none(model):
     with pytest.raises(ValueError, match=r"^pdl=True needs fuse=True"):
         TextEngine(model, max_batch=1, max_len=128, pdl=True)

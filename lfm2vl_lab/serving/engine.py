@@ -44,6 +44,7 @@ from ..core.capture import capture_graph, prepare_capture
 from ..core.guard import WeightStamp
 from ..core.lifecycle import GraphLifecycle
 from ..core.serial import Serial, serialised
+from ..kernels.decode_attention import decode_attention_op
 from ..kernels.router import decode_linear
 from .cache import (
     BATCH_BUCKETS,
@@ -69,6 +70,7 @@ OOM_ADVICE = ("Capture fewer shapes, a smaller max_batch or max_len (the cache i
 FUSE_COMPILE = {"backend": "inductor", "fullgraph": True, "dynamic": None}
 RECOMPILE_LIMIT = 64  # dynamo's default (8 per function) is fewer than two presets' shapes
 PDL_MIN_CAPABILITY = (9, 0)  # programmatic dependent launch: Hopper and later
+DECODE_ATTENTION = ("sdpa", "triton")  # what a decode step's attention runs (TextEngine's decode_attention=)
 
 
 def pdl_available(device) -> bool:
@@ -118,10 +120,20 @@ class TextEngine:
     launches (``LFM2VL_GEMV_PDL=1``, :mod:`lfm2vl_lab.kernels.gemv`) it took the 450M decode step from
     0.605 to 0.557 ms, but engines with it replayed other logits in more runs of two requests than without
     it (the probes of 2026-12-04), so it is not the kit's default until that is understood.
+
+    ``decode_attention="triton"`` (fused only; off by default): a decode step's attention runs the kit's
+    own kernel (:mod:`lfm2vl_lab.kernels.decode_attention`) in place of torch's SDPA with a mask: it reads
+    only each request's positions in use, in a fixed order, so a graph replays the same bits; ``"sdpa"``
+    (the default) is torch's, which on the H200 picks cuDNN's attention.
     """
 
     def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET,
-                 fuse: bool = False, gemv: bool | None = None, pdl: bool = False):
+                 fuse: bool = False, gemv: bool | None = None, pdl: bool = False, decode_attention: str = "sdpa"):
+        if decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention={decode_attention!r}: expected one of {', '.join(DECODE_ATTENTION)}")
+        if decode_attention == "triton" and not fuse:
+            raise ValueError(f"decode_attention={decode_attention!r} needs fuse=True: the kernel runs inside the "
+                             "fused engine's compiled layers")
         if gemv and not fuse:
             raise ValueError(f"gemv={gemv!r} needs fuse=True: the GEMV runs inside the fused engine's compiled layers")
         if pdl and not fuse:
@@ -149,6 +161,7 @@ class TextEngine:
                              f"torch whose inductor has triton.enable_pdl; got {dev}, torch {torch.__version__}")
         self.pdl = bool(pdl)
         self.linear = decode_linear() if fuse and gemv is not False else None
+        self.attend = decode_attention_op() if decode_attention == "triton" else None
         self.fns = self._layer_functions()
         self.shared = self._shared_weights()
         self.stats = EngineStats()
@@ -170,9 +183,12 @@ class TextEngine:
         return tuple(torch.compile(fn, **FUSE_COMPILE) for fn in fns)
 
     def _shared_weights(self) -> list[dict]:
-        """What each layer's function takes besides the cache: its shared weights, and the linear (a
-        router of this engine's own, whose split-K workspaces no other engine's graphs share)."""
-        return [{**(shared_weights(layer) if self.fuse else {}), "linear": self.linear} for layer in self.lm.layers]
+        """What each layer's function takes besides the cache: its shared weights, the linear (a
+        router of this engine's own, whose split-K workspaces no other engine's graphs share), and
+        for an attention layer of a ``decode_attention="triton"`` engine, the decode attention."""
+        return [{**(shared_weights(layer) if self.fuse else {}), "linear": self.linear,
+                 **({"attend": self.attend} if self.attend is not None and layer.is_attention_layer else {})}
+                for layer in self.lm.layers]
 
     # -- the model under the graphs -------------------------------------------------------------------
     FLOAT_BUFFERS, INDEX_BUFFERS = ("embeds", "hidden", "logits"), ("last", "ids", "pos", "positions", "conv_offsets")
