@@ -24,7 +24,7 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, S, qk_scale,
     heads = hk * G + g
     q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=g_ok[:, None], other=0.0)
     q = q.to(tl.float32) * qk_scale
-    end = tl.minimum(tl.load(pos_ptr + b) + 1, S)  # positions 0..pos[b], and never one the slice lacks
+    end = tl.minimum(tl.load(pos_ptr + b) + 1, S).to(tl.int32)  # positions 0..pos[b], never one the slice lacks
     k_base = k_ptr + b.to(tl.int64) * sk_b + hk.to(tl.int64) * sk_h
     v_base = v_ptr + b.to(tl.int64) * sv_b + hk.to(tl.int64) * sv_h
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)  # running max of each row's scores (log2 units)
