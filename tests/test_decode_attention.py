@@ -1,6 +1,7 @@
 """kernels/decode_attention.py: the decode step's attention kernel, on the CPU. The kernel runs in Triton's
 interpreter (one subprocess runs every kernel check, the engine's decode with it too, and prints its
-findings); the plain-torch fallback, the input checks and the custom op run here."""
+findings); the plain-torch fallback, the input checks and the custom op run here. The GPU half (the
+450M shapes, graph replays, the engine's runs bit for bit) is tests/test_decode_attention_gpu.py."""
 
 from __future__ import annotations
 
