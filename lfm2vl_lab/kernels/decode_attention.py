@@ -13,18 +13,23 @@ Why a kernel of its own, when torch's ``F.scaled_dot_product_attention`` does th
   query heads that share it;
 * **only the positions in use.** The engine's decode graph attends over a cache span ``S`` fixed at
   capture, while request ``b`` has written positions ``0..pos[b]`` only. SDPA with a mask reads all
-  ``S`` and throws most away; the kernel reads ``pos`` on the device and stops at ``pos[b]``, so a
+  ``S`` and masks the rest; the kernel reads ``pos`` on the device and stops at ``pos[b]``, so a
   captured graph replays the right loop length as the requests grow, and positions past ``pos[b]``
   are never loaded at all (stale or garbage values there cannot reach the output);
 * **online softmax in fp32.** The keys are read chunk by chunk; each query row keeps a running
   maximum, a running sum of exponentials and an fp32 accumulator of the weighted values, rescaled
   when the maximum grows (the flash-attention recurrence). q, k and v are upcast to fp32 as they are
-  read; the scale's ``log2(e)`` is folded in so the exponentials are ``exp2``; the result is rounded
+  read; ``log2(e)`` is folded into the scale so the exponentials are ``exp2``; the result is rounded
   once, to q's dtype;
 * **a fixed reduction order.** Each output is summed by one program, chunk after chunk, in the same
   order on every call: no atomics, no split whose partial results race to be combined, no choice of
   algorithm made at run time. A captured graph replays the same bits every time, which torch does
   not promise for its fused attention backends on the GPU.
+
+The price of the fixed order: ``B * Hkv`` programs (16 for two requests of the 450M model), each
+walking its positions alone, where a GPU has over a hundred SMs. Splitting the positions over more
+programs and combining their partial softmaxes in a fixed order would fill more of it; the kernel
+does not, until a measurement says the attention's time matters next to the step's linears.
 
 :func:`decode_attention` runs the kernel where it can (a CUDA tensor with Triton, or a CPU tensor
 under ``TRITON_INTERPRET=1``, Triton's interpreter, which is how the CPU tests check it), and
@@ -45,9 +50,9 @@ from .gemv import interpreting, triton_available
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEAD_DIM = 256
 LOG2E = math.log2(math.e)
-# Elements of the [G, BLOCK_S, d] product a program holds at once: 32 fp32 registers a thread at 4 warps,
-# so chunks stay long (few loop turns) without spilling.
-PRODUCT_ELEMENTS = 16384
+# Elements of the [G, BLOCK_S, d] product a program holds at once (G rounded up to a power of two): 64 fp32
+# registers a thread at 4 warps, so chunks stay long (few loop turns) without spilling.
+PRODUCT_ELEMENTS = 8192
 
 _KERNEL = None
 
