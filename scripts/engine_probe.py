@@ -11,18 +11,19 @@ adds each one as it decoded before cache spans: every decode step's attention ov
 ``max_len`` cache (``mode@max_len/full``), so one call shows what reading only the positions in use
 saves at the TTFT grid's cache length against the engine role's.
 
-Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or
-not) with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine with its linears of at
-most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`), and the RMSNorms, the MLP's
-activation and the residual adds folded into it (``linear.fold = True``: the engine's default is off);
-a ``fused-gemv`` mode ending ``-nofold`` (before any PDL suffix) is the engine as the kit builds it, those
-ops inductor's own kernels. Programmatic dependent launch (PDL, Hopper and later: a kernel may start
-while the one before it ends, and waits inside for its writes) is an experiment: a mode ending ``-pdl``
-compiles the decode step's inductor kernels with it (``TextEngine(pdl=True)``) and captures the GEMV with it
-(:data:`lfm2vl_lab.kernels.gemv.PDL_ENV`), ``-ipdl`` the inductor kernels only, ``-gpdl`` the GEMV only.
-A torch without inductor's setting skips an ``-pdl``/``-ipdl`` mode and says so. A fused mode ending
-``-tattn`` (before ``-nofold`` and any PDL suffix, e.g. ``fused-gemv-tattn-nofold``) runs the decode
-attention as the kit's kernel (``TextEngine(decode_attention="triton")``), not torch's SDPA.
+Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or not)
+with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine with its linears of at most four
+rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`), and the RMSNorms, the MLP's activation and the
+residual adds folded into it (``linear.fold``): the engine as the kit builds it; a ``fused-gemv`` mode ending
+``-nofold`` (before any PDL suffix) keeps those ops inductor's own kernels. Programmatic dependent launch
+(PDL, Hopper and later: a kernel may start while the one before it ends, and waits inside for its writes) is
+an experiment: a mode ending ``-pdl`` compiles the decode step's inductor kernels with it
+(``TextEngine(pdl=True)``) and captures the GEMV with it (:data:`lfm2vl_lab.kernels.gemv.PDL_ENV`), ``-ipdl``
+the inductor kernels only, ``-gpdl`` the GEMV only. A torch without inductor's setting skips an
+``-pdl``/``-ipdl`` mode and says so. A fused mode ending ``-sdpa`` (before ``-nofold`` and any PDL suffix,
+e.g. ``fused-gemv-sdpa-nofold``) runs the decode attention as torch's SDPA
+(``TextEngine(decode_attention="sdpa")``), not the kit's kernel, the engine's default (in the probes of
+2026-12-04, ``-tattn`` named the kit's kernel and torch's was the default).
 
 Decode is timed two ways: ``decode`` is one call of one step (host and GPU); ``decode x16`` is a call
 of a prefill, its sample and 16 steps, less the median of ``prefill+sample``, per step: 16 steps in a
@@ -103,8 +104,8 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_
         engine_pdl, gemv_pdl = kind.endswith(("-pdl", "-ipdl")), kind.endswith(("-pdl", "-gpdl"))
         fold = not base.endswith("-nofold")
         base = base.removesuffix("-nofold")
-        attention = "triton" if base.endswith("-tattn") else "sdpa"  # the kit's decode attention kernel
-        base = base.removesuffix("-tattn")
+        attention = "sdpa" if base.endswith("-sdpa") else "triton"  # torch's SDPA, or the kit's kernel
+        base = base.removesuffix("-sdpa")
         if engine_pdl and not engine_module.pdl_available("cuda"):
             why = f"torch {torch.__version__} has no torch._inductor.config.triton.enable_pdl (or no sm90 GPU)"
             print(f"{mode}: skipped: {why}", flush=True)
@@ -207,7 +208,7 @@ def main() -> int:
     p.add_argument("--modes", default="plain,fused", help="comma list of plain, fused, fused-static, fused-gemv, "
                    "with a suffix -pdl (programmatic dependent launch: inductor's decode kernels and the GEMV), -ipdl "
                    "(inductor's only) or -gpdl (the GEMV's only), before it -nofold (the norms, activation "
-                   "and residual adds outside the GEMV), and before that -tattn (the kit's decode attention)")
+                   "and residual adds outside the GEMV), and before that -sdpa (torch's decode attention)")
     p.add_argument("--max-len", default="512", help="comma list: each mode's engine with each cache length")
     p.add_argument("--full-span", action="store_true", help="also each engine decoding over its whole cache")
     p.add_argument("--json", default=None)

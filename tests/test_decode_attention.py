@@ -218,6 +218,18 @@ def test_without_triton_or_a_gpu_it_is_the_fallback():
     assert torch.equal(decode_attention(q, kc, vc, pos, 0.25), torch_decode_attention(q, kc, vc, pos, 0.25))
 
 
+def test_float64_is_computed_in_float64_even_under_the_interpreter(monkeypatch):
+    """A model cast with ``.double()`` keeps its fused engine: float64 inputs take the plain-torch path (the
+    kernel reads at most fp32), summed in float64, not rounded through fp32 on the way."""
+    q, kc, vc = _data(dtype=torch.float64)
+    pos = torch.tensor([7, 19])
+    mask = (torch.arange(kc.shape[2])[None] <= pos[:, None])[:, None, None, :]
+    want = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=0.3, enable_gqa=True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # where the kernel would run for a 16- or 32-bit input
+    got = decode_attention(q, kc, vc, pos, 0.3)
+    assert got.dtype == torch.float64 and (got - want).abs().max().item() < 1e-12
+
+
 def _bf16(*shape):
     return torch.randn(*shape).bfloat16()
 

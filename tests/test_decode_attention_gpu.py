@@ -1,8 +1,8 @@
 """On a GPU: the decode attention kernel (kernels/decode_attention.py), compiled for the card it runs on,
 on the 450M text model's shapes: within bf16 rounding of fp32, blind to what lies past each request's
 position, and the same bits on every replay of a CUDA graph that holds it, for whatever positions the
-graph finds; and the fused 450M engine with ``decode_attention="triton"``: the unfused engine's tokens
-in fp32, and the same tokens and logits, bit for bit, on every run of the same two requests in bf16."""
+graph finds; and the fused 450M engine with it: the unfused engine's tokens in fp32 (that its graphs
+replay the same bits is tests/test_engine_fused.py's)."""
 
 import pytest
 import torch
@@ -116,36 +116,3 @@ def test_the_fused_engine_with_the_kernel_gives_the_unfused_tokens_in_fp32():
         out.append((tokens, eng.logits[:2].clone()))
         assert not eng.stats.eager
     assert torch.equal(out[0][0], out[1][0]) and rel(out[1][1], out[0][1]) < 1e-4
-
-
-@torch.no_grad()
-def test_the_fused_decode_of_two_requests_with_the_kernel_replays_the_same_bits_every_time():
-    """bf16, 450M, two requests of 280 and 211 positions, 48 decode steps, five runs: with
-    ``decode_attention="triton"`` the fused engine's decode graphs give the same tokens and last logits,
-    bit for bit, every run; a decode step's graph launches the kernel once per attention layer."""
-    from torch.profiler import ProfilerActivity, profile
-
-    model = _gpu_model(torch.bfloat16)
-    emb = torch.randn(2, 280, model.config.text_config.hidden_size, device="cuda", dtype=torch.bfloat16)
-
-    def run(eng):
-        tokens, _ = tokens_and_logits(eng, emb, [280, 211], 48)
-        return tokens, eng.logits[:2].clone()  # the last decode step's logits
-
-    torch._dynamo.reset()  # a fresh compile, as a new process makes
-    eng = TextEngine(model, max_batch=2, max_len=512, fuse=True, decode_attention="triton")
-    eng.capture([(2, 280)])
-    first = run(eng)
-    for _ in range(4):
-        again = run(eng)
-        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
-    assert not eng.stats.eager and not eng.stats.recaptures
-    assert eng.stats.replays.get("decode 2x384") == 5 * 48
-    assert torch.isfinite(first[1].float()).all()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        eng.decode(1)
-        torch.cuda.synchronize()
-    launched = sum(e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("decode_attention_kernel")
-                   for e in prof.events())
-    assert launched == sum(layer.is_attention_layer for layer in eng.lm.layers)

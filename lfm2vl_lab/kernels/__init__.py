@@ -16,5 +16,6 @@ A leaf: it imports torch (and Triton, lazily, where a GPU has it) and nothing el
   torch.compile keeps whole (:class:`~.router.DecodeLinear`)
 * :mod:`.decode_attention` — a decode step's attention (one query per request, GQA) as a Triton kernel
   that reads only each request's positions in use, in a fixed order, so a graph replays the same bits;
-  the fused engine's ``decode_attention="triton"``, as a custom op (:func:`~.decode_attention.decode_attention_op`)
+  the fused engine's default (``decode_attention="triton"``), as a custom op
+  (:func:`~.decode_attention.decode_attention_op`)
 """

@@ -46,8 +46,8 @@ import torch
 MAX_M = 4  # rows of x the kernel takes in one launch (one accumulator each)
 # Programmatic dependent launch (the kernel's ``PDL``) on request only (``LFM2VL_GEMV_PDL=1``): the kernel
 # waits for the one before it, so it is right next to any kernel, and with inductor's PDL around it the 450M
-# decode step took 0.557 ms against 0.605 (scripts/engine_probe.py); but engines whose inductor kernels used
-# PDL replayed other logits in more runs than without it (scripts/pdl_race_probe.py), so it stays an experiment.
+# decode step took 0.557 ms against 0.605 (scripts/engine_probe.py); the engines with it that replayed other
+# logits all ran cuDNN's decode attention, and PDL beside the kit's has not been probed, so it stays an experiment.
 PDL_ENV = "LFM2VL_GEMV_PDL"
 PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol: Hopper and later
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -45,6 +45,7 @@ from ..core.guard import WeightStamp
 from ..core.lifecycle import GraphLifecycle
 from ..core.serial import Serial, serialised
 from ..kernels.decode_attention import decode_attention_op
+from ..kernels.gemv import PDL_MIN_CAPABILITY
 from ..kernels.router import decode_linear
 from .cache import (
     BATCH_BUCKETS,
@@ -69,7 +70,6 @@ OOM_ADVICE = ("Capture fewer shapes, a smaller max_batch or max_len (the cache i
 # one per bucket.
 FUSE_COMPILE = {"backend": "inductor", "fullgraph": True, "dynamic": None}
 RECOMPILE_LIMIT = 64  # dynamo's default (8 per function) is fewer than two presets' shapes
-PDL_MIN_CAPABILITY = (9, 0)  # programmatic dependent launch: Hopper and later
 DECODE_ATTENTION = ("sdpa", "triton")  # what a decode step's attention runs (TextEngine's decode_attention=)
 
 
@@ -114,21 +114,27 @@ class TextEngine:
     seconds are reported apart from the capture's (``capture()["compile_s"]``). Its linears of at most
     four rows run the Triton GEMV (:mod:`.layers`' "The linears"); ``gemv=False`` keeps torch's (an A/B).
 
+    ``decode_attention``: what a decode step's attention runs. The fused engine's default, ``"triton"``, is
+    the kit's own kernel (:mod:`lfm2vl_lab.kernels.decode_attention`) in place of torch's SDPA with a mask:
+    it reads only each request's positions in use, in one fixed order, so a graph replays the same bits.
+    ``"sdpa"`` is torch's (the unfused engine's only choice), which on the H200 picks cuDNN's attention, and
+    there two requests' decode graphs replayed other last logits in 13 of 15 runs of the same request,
+    where the kit's kernel, or SDPA kept off cuDNN, gave the same bits in all 15 (the probes of
+    2026-12-04).
+
     ``pdl=True`` (fused only; an experiment, off by default): the decode graphs' inductor kernels are
     compiled with programmatic dependent launch, so each may start while the kernel before it ends and
     waits inside for its writes (the prefill graphs keep ordinary launches). With the GEMV's own PDL
     launches (``LFM2VL_GEMV_PDL=1``, :mod:`lfm2vl_lab.kernels.gemv`) it took the 450M decode step from
-    0.605 to 0.557 ms, but engines with it replayed other logits in more runs of two requests than without
-    it (the probes of 2026-12-04), so it is not the kit's default until that is understood.
-
-    ``decode_attention="triton"`` (fused only; off by default): a decode step's attention runs the kit's
-    own kernel (:mod:`lfm2vl_lab.kernels.decode_attention`) in place of torch's SDPA with a mask: it reads
-    only each request's positions in use, in a fixed order, so a graph replays the same bits; ``"sdpa"``
-    (the default) is torch's, which on the H200 picks cuDNN's attention.
+    0.605 to 0.557 ms. The runs of two requests that differed with it all ran cuDNN's decode attention; PDL
+    with the kit's has not been probed, so it stays off.
     """
 
     def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET,
-                 fuse: bool = False, gemv: bool | None = None, pdl: bool = False, decode_attention: str = "sdpa"):
+                 fuse: bool = False, gemv: bool | None = None, pdl: bool = False,
+                 decode_attention: str | None = None):
+        if decode_attention is None:  # the kit's kernel where it can run: inside the fused engine's layers
+            decode_attention = "triton" if fuse else "sdpa"
         if decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention={decode_attention!r}: expected one of {', '.join(DECODE_ATTENTION)}")
         if decode_attention == "triton" and not fuse:

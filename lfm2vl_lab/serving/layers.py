@@ -32,9 +32,10 @@ add after the out and down projections. A decode layer then runs two to three ke
 computed with torch's roundings (:mod:`lfm2vl_lab.kernels.gemv`).
 
 **The decode attention.** :func:`attention_layer` also takes ``attend``: None (torch's SDPA over the
-cache span with the decode mask, the default), or the fused engine's ``decode_attention="triton"``, the
-kit's own kernel (:mod:`lfm2vl_lab.kernels.decode_attention`), which reads each request's positions
-``0..pos`` and nothing past them, in the same order every call. Prefill runs SDPA either way.
+cache span with the decode mask: the unfused engine's, and the fused one's ``decode_attention="sdpa"``),
+or the fused engine's default, the kit's own kernel (:mod:`lfm2vl_lab.kernels.decode_attention`), which
+reads each request's positions ``0..pos`` and nothing past them, in the same order every call. Prefill
+runs SDPA either way.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None, l
     """An attention layer. Prefill (``mask is None``): ``x`` holds positions 0..L-1, written into
     ``kc``/``vc[:, :, :L]``, causal attention among them. Decode: one token per request, written at
     its own position ``pos`` and attending to the cache positions ``mask`` allows: through SDPA, or
-    with ``attend`` (``attend(q, kc, vc, pos, scale)``, the fused engine's ``decode_attention="triton"``:
+    with ``attend`` (``attend(q, kc, vc, pos, scale)``, the fused engine's default decode attention:
     :func:`~lfm2vl_lab.kernels.decode_attention.decode_attention_op`) to positions ``0..pos``, which is
     what ``mask`` allows, read from ``pos`` itself."""
     from transformers.models.lfm2.modeling_lfm2 import apply_rotary_pos_emb
