@@ -104,9 +104,10 @@ def pick_config(m: int, n: int, k: int, sms: int = SMS_DEFAULT) -> GemvConfig:
     none did in seven; but the split kernel alone replayed the same bits 2,000 times for one, two and
     four rows, and later runs of the engine without the split differed too (3 of 10), each time just
     after an attention layer (the probes of 2026-12-04 in ``data/results/nvidia-h200/probes/2026-12-04-pdl/``).
-    So the split is not known to cause anything; the table leaves two rows unsplit until the decode
-    attention, the suspect, is cleared. An explicit ``config`` still splits, for the probes and the
-    interpreter's tests."""
+    The runs parted at cuDNN's decode attention, which the fused engine no longer runs (its runs with the
+    kit's own gave the same bits in all 15), so the split is not known to cause anything; the table
+    leaves two rows unsplit until a probe on the kit's attention times and replays it. An explicit
+    ``config`` still splits, for the probes and the interpreter's tests."""
     want = 2 * sms
     block_k = min(512 if m == 1 else 256, max(16, _next_pow2(k)))
     block_n = 16 if -(-n // 16) >= want else 8
