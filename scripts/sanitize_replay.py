@@ -6,7 +6,10 @@ tiles), which captures ``varlen`` and ``dense1`` at 64; ``varlen``, ``dense1``, 
 ``dense1+varlen`` at 512; and ``dense3`` in the 768-token run budget. Then one ``encode`` per
 captured (budget, variant) with patch grids that route to it, checked against the packed eager
 encoder. Then a ``TextEngine`` capture (prefill, sample, decode for 1 and 2 requests) and its
-replays, checked against the same engine's eager bodies. Each phase prints a line before it runs,
+replays, checked against the same engine's eager bodies: the unfused engine, then the fused one, whose
+graphs hold the kit's own Triton kernels (the GEMV with its folds and split-K tile counters, the decode
+attention, inductor's kernels), so memcheck reads their loads and stores too; its eager twin runs the
+same compiled bodies without graphs, so the tokens must be equal. Each phase prints a line before it runs,
 so a sanitizer report in the same log sits under the phase that made it; a summary line ends the
 run, and the exit status is 1 when a graph was not replayed or an output is off.
 
@@ -21,12 +24,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from unittest import mock
 
 import torch
 
 from lfm2vl_lab import GraphedEncoder, build_model, random_processor_output
 from lfm2vl_lab.core.capture import capture_graph, eager_stand_in
 from lfm2vl_lab.model.parity import max_rel_error
+from lfm2vl_lab.serving import engine as engine_module
 from lfm2vl_lab.serving.engine import TextEngine
 
 BUDGETS, MAX_RUN_ITEMS, WARMUP = [64, 512], 3, 1
@@ -92,23 +97,32 @@ def text_tokens(eng, lengths: list[int], hidden: int, seed: int) -> torch.Tensor
     return torch.cat([eng.sample()[:, None], eng.decode(DECODE_STEPS)], 1)
 
 
-def text_part(model, record, problems: list[str]) -> dict:
-    hidden = model.config.text_config.hidden_size
-    graphed, eager = TextEngine(model, max_batch=2, max_len=128), TextEngine(model, max_batch=2, max_len=128)
-    say(f"== [text] capture {TEXT_SHAPES}")
+def text_part(model, record, problems: list[str], fuse: bool = False) -> dict:
+    hidden, tag = model.config.text_config.hidden_size, "text fused" if fuse else "text"
+    graphed, eager = (TextEngine(model, max_batch=2, max_len=128, fuse=fuse) for _ in range(2))
+    say(f"== [{tag}] capture {TEXT_SHAPES}")
     kw = {} if record is capture_graph else {"record": record}
     keys = graphed.capture(TEXT_SHAPES, **kw)["captured"]
     for i, lengths in enumerate(TEXT_REQUESTS):
-        say(f"== [text] replay prefill/sample/decode for prompts of {lengths}")
+        say(f"== [{tag}] replay prefill/sample/decode for prompts of {lengths}")
         got = text_tokens(graphed, lengths, hidden, seed=i)
-        say(f"== [text] eager for prompts of {lengths}")
+        say(f"== [{tag}] eager for prompts of {lengths}")
         if not torch.equal(got, text_tokens(eager, lengths, hidden, seed=i)):
-            problems.append(f"[text] prompts of {lengths}: graphed tokens differ from the eager bodies'")
+            problems.append(f"[{tag}] prompts of {lengths}: graphed tokens differ from the eager bodies'")
     s = graphed.stats
     if graphed.stats.eager or sorted(s.replays) != keys:
-        problems.append(f"[text] replays {s.replays}, eager {s.eager}, captured {keys}")
-    say(f"== [text] replays {dict(sorted(s.replays.items()))}")
+        problems.append(f"[{tag}] replays {s.replays}, eager {s.eager}, captured {keys}")
+    say(f"== [{tag}] replays {dict(sorted(s.replays.items()))}")
     return {"graphs": len(keys)}
+
+
+def fused_text_part(model, record, problems: list[str]) -> dict:
+    """:func:`text_part` for the fused engine. On a CPU its layer functions compile with dynamo's
+    ``aot_eager`` backend: the same tracing, without inductor's C++ builds, which take minutes on a
+    few cores and have nothing to do with the routing checked there."""
+    cpu = next(model.parameters()).device.type == "cpu"
+    with mock.patch.dict(engine_module.FUSE_COMPILE, {"backend": "aot_eager"} if cpu else {}):
+        return text_part(model, record, problems, fuse=True)
 
 
 def probe() -> int:
@@ -166,6 +180,7 @@ def main(argv=None) -> int:
     problems: list[str] = []
     enc = {rule: encoder_part(model, rule, record, problems) for rule in RULES}
     text = text_part(model, record, problems)
+    fused = fused_text_part(model, record, problems)
     if device == "cuda":
         torch.cuda.synchronize()
     where = f"{device} {str(dtype).removeprefix('torch.')}, {time.perf_counter() - t0:.1f} s"
@@ -174,7 +189,7 @@ def main(argv=None) -> int:
         return 1
     graphs = ", ".join(f"{rule}: {e['graphs']} encoder graphs" for rule, e in enc.items())
     say(f"sanitize_replay: ok; {graphs}, every variant replayed ({', '.join(enc[RULES[0]]['variants'])}); "
-        f"text engine: {text['graphs']} graphs replayed; {where}")
+        f"text engine: {text['graphs']} graphs replayed, fused: {fused['graphs']}; {where}")
     return 0
 
 

@@ -1,13 +1,15 @@
 """scripts/sanitize_replay.py: its batches reach every graph its encoder captures, one graph each,
-under both ``cu_seqlens`` rules (host-only: the config and the planner, no capture). The run itself is
-on the H200 (``bash scripts/h200_run.sh sanitize``); ``--cpu`` runs it here with eager stand-ins."""
+under both ``cu_seqlens`` rules (host-only: the config and the planner, no capture), and its fused text
+engine's phase replays every graph it captures with its eager twin's tokens. The run itself is on the
+H200 (``bash scripts/h200_run.sh sanitize``); ``--cpu`` runs it here with eager stand-ins."""
 
 import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
-from lfm2vl_lab import GraphedEncoder
+from lfm2vl_lab import GraphedEncoder, build_model
 from lfm2vl_lab.core.capture import eager_stand_in
 from lfm2vl_lab.core.packing import tokens_for
 from lfm2vl_lab.core.plan import plan_config
@@ -36,3 +38,25 @@ def test_every_captured_graph_gets_exactly_one_case(tiny_model, rule):
         got = cfg.budget_for(sum(tokens), len(batch))
         assert got == budget, f"{shapes}: budget {got}, want {budget}"
         assert adapter.variant_for(got, [shapes[i] for i in batch]).name == variant
+
+
+@torch.no_grad()
+def test_the_fused_text_phase_replays_every_graph_it_captures_with_the_eager_tokens(monkeypatch):
+    """The phase that puts the kit's Triton kernels under the sanitizer: a fused engine's six graphs
+    (prefill, sample and decode for one and two requests), each replayed (stand-ins here), no problem
+    reported; and a graphed engine that gives other tokens than its eager twin is reported."""
+    model = build_model("tiny", text_layers=4)
+    problems = []
+    assert san.fused_text_part(model, eager_stand_in, problems) == {"graphs": 6} and problems == []
+    real = san.text_tokens
+    calls = []
+
+    def off_by_one(eng, *args, **kwargs):  # the graphed engine's tokens (its first call of each pair) change
+        calls.append(eng)
+        out = real(eng, *args, **kwargs)
+        return out + 1 if len(calls) % 2 else out
+
+    monkeypatch.setattr(san, "text_tokens", off_by_one)
+    san.fused_text_part(model, eager_stand_in, problems)
+    assert len(problems) == 2 and all("[text fused]" in p and "differ" in p for p in problems), problems
+
