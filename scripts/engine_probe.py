@@ -11,19 +11,16 @@ adds each one as it decoded before cache spans: every decode step's attention ov
 ``max_len`` cache (``mode@max_len/full``), so one call shows what reading only the positions in use
 saves at the TTFT grid's cache length against the engine role's.
 
-Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or not)
-with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine with its linears of at most four
-rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`), and the RMSNorms, the MLP's activation and the
-residual adds folded into it (``linear.fold``): the engine as the kit builds it; a ``fused-gemv`` mode ending
-``-nofold`` (before any PDL suffix) keeps those ops inductor's own kernels. Programmatic dependent launch
-(PDL, Hopper and later: a kernel may start while the one before it ends, and waits inside for its writes) is
-an experiment: a mode ending ``-pdl`` compiles the decode step's inductor kernels with it
-(``TextEngine(pdl=True)``) and captures the GEMV with it (:data:`lfm2vl_lab.kernels.gemv.PDL_ENV`), ``-ipdl``
-the inductor kernels only, ``-gpdl`` the GEMV only. A torch without inductor's setting skips an
-``-pdl``/``-ipdl`` mode and says so. A fused mode ending ``-sdpa`` (before ``-nofold`` and any PDL suffix,
-e.g. ``fused-gemv-sdpa-nofold``) runs the decode attention as torch's SDPA
-(``TextEngine(decode_attention="sdpa")``), not the kit's kernel, the engine's default (in the probes of
-2026-12-04, ``-tattn`` named the kit's kernel and torch's was the default).
+Modes (``--modes``): ``plain`` (unfused), ``fused`` and ``fused-static`` (inductor, dynamic shapes or
+not) with torch's linears (``gemv=False``), and ``fused-gemv``: the fused engine with its linears of at
+most four rows through the Triton GEMV (:mod:`lfm2vl_lab.kernels.gemv`), and the RMSNorms, the MLP's
+activation and the residual adds folded into it (``linear.fold = True``: the engine's default is off);
+a ``fused-gemv`` mode ending ``-nofold`` (before any PDL suffix) is the engine as the kit builds it, those
+ops inductor's own kernels. Programmatic dependent launch (PDL, Hopper and later: a kernel may start
+while the one before it ends, and waits inside for its writes) is an experiment: a mode ending ``-pdl``
+compiles the decode step's inductor kernels with it (``TextEngine(pdl=True)``) and captures the GEMV with it
+(:data:`lfm2vl_lab.kernels.gemv.PDL_ENV`), ``-ipdl`` the inductor kernels only, ``-gpdl`` the GEMV only.
+A torch without inductor's setting skips an ``-pdl``/``-ipdl`` mode and says so.
 
 Decode is timed two ways: ``decode`` is one call of one step (host and GPU); ``decode x16`` is a call
 of a prefill, its sample and 16 steps, less the median of ``prefill+sample``, per step: 16 steps in a
@@ -104,8 +101,6 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_
         engine_pdl, gemv_pdl = kind.endswith(("-pdl", "-ipdl")), kind.endswith(("-pdl", "-gpdl"))
         fold = not base.endswith("-nofold")
         base = base.removesuffix("-nofold")
-        attention = "sdpa" if base.endswith("-sdpa") else "triton"  # torch's SDPA, or the kit's kernel
-        base = base.removesuffix("-sdpa")
         if engine_pdl and not engine_module.pdl_available("cuda"):
             why = f"torch {torch.__version__} has no torch._inductor.config.triton.enable_pdl (or no sm90 GPU)"
             print(f"{mode}: skipped: {why}", flush=True)
@@ -120,8 +115,7 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_
         t0 = time.perf_counter()
         fused = base != "plain"
         eng = TextEngine(model, max_batch=8, max_len=max_len, fuse=fused,
-                         gemv=(base == "fused-gemv") if fused else None, pdl=engine_pdl and fused,
-                         decode_attention=attention if fused else "sdpa")
+                         gemv=(base == "fused-gemv") if fused else None, pdl=engine_pdl and fused)
         if eng.linear is not None:
             eng.linear.fold = fold
         with gemv_launches(gemv_pdl):  # the engine compiles, and its graphs record their launches, here
@@ -133,8 +127,7 @@ def run_preset(name: str, length: int, repeats: int, fuse_modes: list[str], max_
         out["engines"][mode] = {"compile_s": info["compile_s"], "capture_s": info["capture_s"], "wall_s": wall,
                                 "max_len": eng.max_len, "graphs": sorted(info["captured"]),
                                 "inductor_pdl": fused and engine_pdl,
-                                "gemv_pdl": gemv_pdl, "fold": fold and eng.linear is not None,
-                                "decode_attention": attention if fused else "sdpa"}
+                                "gemv_pdl": gemv_pdl, "fold": fold and eng.linear is not None}
     engine_module.decode_spans = spans
     emb = torch.randn(8, length, H, device="cuda", dtype=torch.bfloat16)
 
@@ -207,8 +200,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--modes", default="plain,fused", help="comma list of plain, fused, fused-static, fused-gemv, "
                    "with a suffix -pdl (programmatic dependent launch: inductor's decode kernels and the GEMV), -ipdl "
-                   "(inductor's only) or -gpdl (the GEMV's only), before it -nofold (the norms, activation "
-                   "and residual adds outside the GEMV), and before that -sdpa (torch's decode attention)")
+                   "(inductor's only) or -gpdl (the GEMV's only), and before it -nofold (the norms, activation "
+                   "and residual adds outside the GEMV)")
     p.add_argument("--max-len", default="512", help="comma list: each mode's engine with each cache length")
     p.add_argument("--full-span", action="store_true", help="also each engine decoding over its whole cache")
     p.add_argument("--json", default=None)

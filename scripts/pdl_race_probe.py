@@ -4,12 +4,10 @@ before the kernel writing it has finished would give different bits from run to 
 
 For each variant (``--variants``: ``fold`` or ``nofold`` (the GEMV's folds, ``linear.fold``) or ``torch``
 (torch's linears, no GEMV: ``gemv=False``) or ``nosplit`` (``nofold`` with K never split) or ``split``
-(``nofold`` with K split for any number of rows, as the table split it before 2026-12-04), then ``none``,
-``gemv`` (the GEMV launched with PDL), ``inductor`` (inductor's decode kernels compiled with it) or ``both``),
-and optionally ``-sdpa`` (the decode attention as torch's SDPA, which picks cuDNN's on the H200, not the kit's
-kernel, the engine's default) or ``-nocudnn`` (torch's SDPA kept off cuDNN's attention; in the probes of
-2026-12-04, ``-tattn`` named the kit's kernel and torch's was the default), one fused 450M engine in bf16 is
-compiled and captured, and one batch of requests is run
+(``nofold`` with K split for any number of rows, as the table split it before 2026-12-04), then
+``none``, ``gemv`` (the GEMV launched with PDL), ``inductor`` (inductor's decode kernels compiled with it)
+or ``both``), and optionally ``-nocudnn`` (torch's SDPA kept off cuDNN's attention), one fused 450M
+engine in bf16 is compiled and captured, and one batch of requests is run
 ``--runs`` times from the same prompt through ``--steps`` decode steps. Each run's tokens and last logits
 are compared with the first run's: the number of runs that differ, and the largest logit difference.
 
@@ -56,9 +54,8 @@ def make_engine(model, name: str, lengths):
     puts the GEMV's table back (a ``split`` or ``nosplit`` variant swaps it while the engine is used)."""
     fold, launches, *rest = name.split("-")
     cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
-    if "nocudnn" in rest:  # torch's SDPA never picks cuDNN's attention (it is not deterministic, torch says)
+    if rest == ["nocudnn"]:  # torch's SDPA never picks cuDNN's attention (it is not deterministic, torch says)
         torch.backends.cuda.enable_cudnn_sdp(False)
-    attention = "sdpa" if "sdpa" in rest or "nocudnn" in rest else "triton"  # torch's SDPA, or the kit's kernel
     table = gemv_module.pick_config
     if fold == "nosplit":  # the GEMV never splits K (so no workspace, no counters): is the race there?
         gemv_module.pick_config = lambda *a, **k: table(*a, **k)._replace(split_k=1)
@@ -69,7 +66,7 @@ def make_engine(model, name: str, lengths):
     torch._dynamo.reset()  # this variant compiles its own decode step
     with mock.patch.dict(os.environ, {gemv_module.PDL_ENV: "1" if gemv_pdl else "0"}):
         eng = TextEngine(model, max_batch=len(lengths), max_len=512, fuse=True, pdl=inductor_pdl,
-                         gemv=fold != "torch", decode_attention=attention)
+                         gemv=fold != "torch")
         if eng.linear is not None:
             eng.linear.fold = fold == "fold"
         eng.capture([(len(lengths), max(lengths))])

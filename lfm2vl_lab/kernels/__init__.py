@@ -14,8 +14,4 @@ A leaf: it imports torch (and Triton, lazily, where a GPU has it) and nothing el
   RMSNorm or the MLP's activation before it and the residual add after it taken into the same kernel
 * :mod:`.router` — which of the fused text engine's linears run that GEMV, as custom ops that
   torch.compile keeps whole (:class:`~.router.DecodeLinear`)
-* :mod:`.decode_attention` — a decode step's attention (one query per request, GQA) as a Triton kernel
-  that reads only each request's positions in use, in a fixed order, so a graph replays the same bits;
-  the fused engine's default (``decode_attention="triton"``), as a custom op
-  (:func:`~.decode_attention.decode_attention_op`)
 """

@@ -46,8 +46,8 @@ import torch
 MAX_M = 4  # rows of x the kernel takes in one launch (one accumulator each)
 # Programmatic dependent launch (the kernel's ``PDL``) on request only (``LFM2VL_GEMV_PDL=1``): the kernel
 # waits for the one before it, so it is right next to any kernel, and with inductor's PDL around it the 450M
-# decode step took 0.557 ms against 0.605 (scripts/engine_probe.py); the engines with it that replayed other
-# logits all ran cuDNN's decode attention, and PDL beside the kit's has not been probed, so it stays an experiment.
+# decode step took 0.557 ms against 0.605 (scripts/engine_probe.py); but engines whose inductor kernels used
+# PDL replayed other logits in more runs than without it (scripts/pdl_race_probe.py), so it stays an experiment.
 PDL_ENV = "LFM2VL_GEMV_PDL"
 PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol: Hopper and later
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -104,10 +104,9 @@ def pick_config(m: int, n: int, k: int, sms: int = SMS_DEFAULT) -> GemvConfig:
     none did in seven; but the split kernel alone replayed the same bits 2,000 times for one, two and
     four rows, and later runs of the engine without the split differed too (3 of 10), each time just
     after an attention layer (the probes of 2026-12-04 in ``data/results/nvidia-h200/probes/2026-12-04-pdl/``).
-    The runs parted at cuDNN's decode attention, which the fused engine no longer runs (its runs with the
-    kit's own gave the same bits in all 15), so the split is not known to cause anything; the table
-    leaves two rows unsplit until a probe on the kit's attention times and replays it. An explicit
-    ``config`` still splits, for the probes and the interpreter's tests."""
+    So the split is not known to cause anything; the table leaves two rows unsplit until the decode
+    attention, the suspect, is cleared. An explicit ``config`` still splits, for the probes and the
+    interpreter's tests."""
     want = 2 * sms
     block_k = min(512 if m == 1 else 256, max(16, _next_pow2(k)))
     block_n = 16 if -(-n // 16) >= want else 8

@@ -76,14 +76,14 @@ class DecodeLinear:
     after it, :meth:`swiglu_linear` the MLP's activation before it (and the add after); elsewhere, and
     while ``fold`` is off, they run torch's own ops.
 
-    ``fold`` is on by default: the 450M decode step ran 0.605 ms folded against 0.655 (one request, cuDNN's
-    decode attention), and 0.658 against 0.713 with the kit's (``scripts/engine_probe.py``). An engine of
-    two requests with the folds once gave other logits in 4 of 15 runs of the same request, but one
-    without them did too, in 13 of 15, and with the kit's decode attention neither did in 15 (the probes of
-    2026-12-04 in ``data/results/nvidia-h200/probes/``): the runs parted at torch's decode attention, not
-    here. ``fold = False`` runs torch's ops beside the kernel (an A/B)."""
+    ``fold`` is off by default. Folded, the 450M decode step ran 0.605 ms against 0.655 (one request), but
+    an engine of two requests with the folds gave other logits in 4 of 15 runs of the same request, and
+    one without them in 3 of 10 (``scripts/pdl_race_probe.py``, ``scripts/divergence_probe.py``, the
+    probes of 2026-12-04 in ``data/results/nvidia-h200/probes/``): runs part just after an attention layer.
+    The kernel's own roundings are torch's (the interpreter's tests); until the cause is cleared, the
+    folds stay an experiment."""
 
-    def __init__(self, fold: bool = True):
+    def __init__(self, fold: bool = False):
         self.op, self.fused_op = gemv_op(), gemv_fused_op()
         self.on = triton_available()  # decided here, once: a call inside a traced function must not ask
         self.space = torch.tensor(next(_SPACES))
@@ -131,6 +131,6 @@ class DecodeLinear:
         return y if residual is None else residual + y
 
 
-def decode_linear(fold: bool = True) -> DecodeLinear:
+def decode_linear(fold: bool = False) -> DecodeLinear:
     """A new router (:class:`DecodeLinear`) with workspaces of its own."""
     return DecodeLinear(fold)

@@ -44,8 +44,6 @@ from ..core.capture import capture_graph, prepare_capture
 from ..core.guard import WeightStamp
 from ..core.lifecycle import GraphLifecycle
 from ..core.serial import Serial, serialised
-from ..kernels.decode_attention import decode_attention_op
-from ..kernels.gemv import PDL_MIN_CAPABILITY
 from ..kernels.router import decode_linear
 from .cache import (
     BATCH_BUCKETS,
@@ -70,7 +68,7 @@ OOM_ADVICE = ("Capture fewer shapes, a smaller max_batch or max_len (the cache i
 # one per bucket.
 FUSE_COMPILE = {"backend": "inductor", "fullgraph": True, "dynamic": None}
 RECOMPILE_LIMIT = 64  # dynamo's default (8 per function) is fewer than two presets' shapes
-DECODE_ATTENTION = ("sdpa", "triton")  # what a decode step's attention runs (TextEngine's decode_attention=)
+PDL_MIN_CAPABILITY = (9, 0)  # programmatic dependent launch: Hopper and later
 
 
 def pdl_available(device) -> bool:
@@ -114,32 +112,16 @@ class TextEngine:
     seconds are reported apart from the capture's (``capture()["compile_s"]``). Its linears of at most
     four rows run the Triton GEMV (:mod:`.layers`' "The linears"); ``gemv=False`` keeps torch's (an A/B).
 
-    ``decode_attention``: what a decode step's attention runs. The fused engine's default, ``"triton"``, is
-    the kit's own kernel (:mod:`lfm2vl_lab.kernels.decode_attention`) in place of torch's SDPA with a mask:
-    it reads only each request's positions in use, in one fixed order, so a graph replays the same bits.
-    ``"sdpa"`` is torch's (the unfused engine's only choice), which on the H200 picks cuDNN's attention, and
-    there two requests' decode graphs replayed other last logits in 13 of 15 runs of the same request,
-    where the kit's kernel, or SDPA kept off cuDNN, gave the same bits in all 15 (the probes of
-    2026-12-04).
-
     ``pdl=True`` (fused only; an experiment, off by default): the decode graphs' inductor kernels are
     compiled with programmatic dependent launch, so each may start while the kernel before it ends and
     waits inside for its writes (the prefill graphs keep ordinary launches). With the GEMV's own PDL
     launches (``LFM2VL_GEMV_PDL=1``, :mod:`lfm2vl_lab.kernels.gemv`) it took the 450M decode step from
-    0.605 to 0.557 ms. The runs of two requests that differed with it all ran cuDNN's decode attention; PDL
-    with the kit's has not been probed, so it stays off.
+    0.605 to 0.557 ms, but engines with it replayed other logits in more runs of two requests than without
+    it (the probes of 2026-12-04), so it is not the kit's default until that is understood.
     """
 
     def __init__(self, model, max_batch: int = max(BATCH_BUCKETS), max_len: int = 2048, len_bucket: int = LEN_BUCKET,
-                 fuse: bool = False, gemv: bool | None = None, pdl: bool = False,
-                 decode_attention: str | None = None):
-        if decode_attention is None:  # the kit's kernel where it can run: inside the fused engine's layers
-            decode_attention = "triton" if fuse else "sdpa"
-        if decode_attention not in DECODE_ATTENTION:
-            raise ValueError(f"decode_attention={decode_attention!r}: expected one of {', '.join(DECODE_ATTENTION)}")
-        if decode_attention == "triton" and not fuse:
-            raise ValueError(f"decode_attention={decode_attention!r} needs fuse=True: the kernel runs inside the "
-                             "fused engine's compiled layers")
+                 fuse: bool = False, gemv: bool | None = None, pdl: bool = False):
         if gemv and not fuse:
             raise ValueError(f"gemv={gemv!r} needs fuse=True: the GEMV runs inside the fused engine's compiled layers")
         if pdl and not fuse:
@@ -167,7 +149,6 @@ class TextEngine:
                              f"torch whose inductor has triton.enable_pdl; got {dev}, torch {torch.__version__}")
         self.pdl = bool(pdl)
         self.linear = decode_linear() if fuse and gemv is not False else None
-        self.attend = decode_attention_op() if decode_attention == "triton" else None
         self.fns = self._layer_functions()
         self.shared = self._shared_weights()
         self.stats = EngineStats()
@@ -189,12 +170,9 @@ class TextEngine:
         return tuple(torch.compile(fn, **FUSE_COMPILE) for fn in fns)
 
     def _shared_weights(self) -> list[dict]:
-        """What each layer's function takes besides the cache: its shared weights, the linear (a
-        router of this engine's own, whose split-K workspaces no other engine's graphs share), and
-        for an attention layer of a ``decode_attention="triton"`` engine, the decode attention."""
-        return [{**(shared_weights(layer) if self.fuse else {}), "linear": self.linear,
-                 **({"attend": self.attend} if self.attend is not None and layer.is_attention_layer else {})}
-                for layer in self.lm.layers]
+        """What each layer's function takes besides the cache: its shared weights, and the linear (a
+        router of this engine's own, whose split-K workspaces no other engine's graphs share)."""
+        return [{**(shared_weights(layer) if self.fuse else {}), "linear": self.linear} for layer in self.lm.layers]
 
     # -- the model under the graphs -------------------------------------------------------------------
     FLOAT_BUFFERS, INDEX_BUFFERS = ("embeds", "hidden", "logits"), ("last", "ids", "pos", "positions", "conv_offsets")

@@ -30,12 +30,6 @@ GEMV takes a call, the router also takes the work on either side of it into the 
 gate and up and the LM head; the MLP's ``silu(g) * u`` before its down projection; and the residual
 add after the out and down projections. A decode layer then runs two to three kernels fewer, each
 computed with torch's roundings (:mod:`lfm2vl_lab.kernels.gemv`).
-
-**The decode attention.** :func:`attention_layer` also takes ``attend``: None (torch's SDPA over the
-cache span with the decode mask: the unfused engine's, and the fused one's ``decode_attention="sdpa"``),
-or the fused engine's default, the kit's own kernel (:mod:`lfm2vl_lab.kernels.decode_attention`), which
-reads each request's positions ``0..pos`` and nothing past them, in the same order every call. Prefill
-runs SDPA either way.
 """
 
 from __future__ import annotations
@@ -103,14 +97,10 @@ def feed_forward(mlp: nn.Module, x: torch.Tensor, norm: nn.Module, w13: torch.Te
     return x + project(mlp.w2, F.silu(g) * u, linear)
 
 
-def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None, linear=None,
-                    attend=None) -> torch.Tensor:
+def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None, linear=None) -> torch.Tensor:
     """An attention layer. Prefill (``mask is None``): ``x`` holds positions 0..L-1, written into
     ``kc``/``vc[:, :, :L]``, causal attention among them. Decode: one token per request, written at
-    its own position ``pos`` and attending to the cache positions ``mask`` allows: through SDPA, or
-    with ``attend`` (``attend(q, kc, vc, pos, scale)``, the fused engine's default decode attention:
-    :func:`~lfm2vl_lab.kernels.decode_attention.decode_attention_op`) to positions ``0..pos``, which is
-    what ``mask`` allows, read from ``pos`` itself."""
+    its own position ``pos`` and attending to the cache positions ``mask`` allows."""
     from transformers.models.lfm2.modeling_lfm2 import apply_rotary_pos_emb
 
     attn = layer.self_attn
@@ -134,10 +124,7 @@ def attention_layer(layer, x, cos, sin, kc, vc, pos, mask, qkv=None, w13=None, l
         idx = pos.view(B, 1, 1, 1).expand(B, k.shape[1], 1, d)
         kc.scatter_(2, idx, k)
         vc.scatter_(2, idx, v)
-        if attend is not None:
-            o = attend(q, kc, vc, pos, attn.scaling)
-        else:
-            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+        o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
     x = added(x, attn.out_proj, o.transpose(1, 2).reshape(B, L, -1), linear)
     return feed_forward(layer.feed_forward, x, layer.ffn_norm, w13, linear)
 
