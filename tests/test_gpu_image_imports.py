@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # test module whose helpers another imports (each of them is checked here itself).
 # pandas and tabulate: the device tool's list of the H200 image's packages holds both (the report
 # layer's DataFrames need them; `record` on the device never imports that layer). triton: the image's CUDA
-# torch brings its own (kernels/fused.py's kernels run there); kernels/_gemv_triton.py and
-# _decode_attention_triton.py import it at module level and are themselves imported only where Triton is found.
+# torch brings its own (kernels/fused.py's kernels run there); kernels/_gemv_triton.py imports it at module
+# level and is itself imported only where Triton is found (kernels/gemv.py).
 GPU_IMAGE = {"torch", "transformers", "pytest", "numpy", "PIL", "matplotlib", "pandas", "tabulate", "triton"}
 LOCAL = {"lfm2vl_lab", "chromium", "conftest", "interpreter", "nbcheck", "script_loader",
          *(p.stem for p in (ROOT / "tests").glob("test_*.py"))}
