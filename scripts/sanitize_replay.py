@@ -7,8 +7,8 @@ tiles), which captures ``varlen`` and ``dense1`` at 64; ``varlen``, ``dense1``, 
 captured (budget, variant) with patch grids that route to it, checked against the packed eager
 encoder. Then a ``TextEngine`` capture (prefill, sample, decode for 1 and 2 requests) and its
 replays, checked against the same engine's eager bodies: the unfused engine, then the fused one, whose
-graphs hold the kit's own Triton kernels (the GEMV with its folds and split-K tile counters, the decode
-attention, inductor's kernels), so memcheck reads their loads and stores too; its eager twin runs the
+graphs hold the kit's own Triton GEMV with its split-K tile counters, and inductor's kernels, so memcheck
+reads their loads and stores too; its eager twin runs the
 same compiled bodies without graphs, so the tokens must be equal. Each phase prints a line before it runs,
 so a sanitizer report in the same log sits under the phase that made it; a summary line ends the
 run, and the exit status is 1 when a graph was not replayed or an output is off.
